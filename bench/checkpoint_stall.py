@@ -1,0 +1,82 @@
+"""Checkpoint stall: how long training waits for a sync save vs an async save (dcp.async_save).
+
+One process, the model and AdamW state of a flavor (one real training step
+first, so the optimizer state exists), saved ``--repeats`` times each way
+through plait's Checkpointer. "stall" is the time the training loop is
+blocked; "until committed" is until the COMMITTED marker exists.
+
+    python -m bench.checkpoint_stall --flavor 50m --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import append_section, synthetic_config, table
+
+
+def build(flavor: str, out: Path, device: str):
+    import torch
+
+    from core.prepare import prepare
+    from core.protocols import DistInfo
+    from core.trainer import Trainer
+
+    prep = prepare(str(synthetic_config(flavor, 128, 1, device, str(out))))
+    trainer = Trainer(prep, DistInfo(device=torch.device(device)))
+    trainer.build()
+    trainer.fit()  # one step: the optimizer state exists
+    return trainer
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--flavor", default="50m")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench.checkpoint_stall: --device cuda asked, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="plait-ckpt-bench-"))
+    try:
+        trainer = build(args.flavor, tmp, args.device)
+        ckpt = trainer.checkpointer
+        params = sum(p.numel() for p in trainer.model.parameters())
+        results = {"sync": [], "async": []}
+        step = 100
+        for _ in range(args.repeats):
+            for mode in ("sync", "async"):
+                step += 1
+                t0 = time.perf_counter()
+                ckpt.save(step, use_async=mode == "async")
+                stall = ckpt.last_stall_s
+                ckpt.wait()
+                results[mode].append((stall, time.perf_counter() - t0))
+        size = sum(f.stat().st_size for f in (tmp / "checkpoints" / f"step_{step:09d}").rglob("*") if f.is_file())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [
+        [mode, statistics.median(s for s, _ in r), statistics.median(t for _, t in r)]
+        for mode, r in results.items()
+    ]
+    body = table(["save", "stall s (median)", "until committed s (median)"], rows)
+    body += (f"\n\nflavor `{args.flavor}`: {params:,} parameters, checkpoint {size / 2**20:,.0f} MiB (fp32 weights + AdamW moments), "
+             f"{args.repeats} saves each way, one process, local disk.")
+    print(body)
+    if not args.no_record:
+        append_section(f"Checkpoint stall: {args.flavor} on {args.device}", body, device=args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""GPU speed of the `1b` flavor at seq 2048 on one GPU: every variant in one run, under 10 minutes.
+
+Variants: bf16 eager, bf16 + torch.compile, activation checkpointing (all
+blocks, every 2nd block), a micro-batch sweep, then fp8 (torchao tensorwise
+and rowwise). Each variant trains ``--steps`` timed steps after
+``--warmup`` steps through plait's own Trainer (one process, no data files:
+``synthetic`` random tokens), and reports tokens/s, MFU and peak memory.
+The loss is chunked (``model.loss_chunk_tokens``) so the 131072-wide logits
+never exist whole.
+
+    python -m bench.gpu_1b                    # everything, appends to docs/benchmarks.md
+    python -m bench.gpu_1b --only bf16-eager  # one variant
+
+Exits with code 2 (and prints no figure) when no CUDA device is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench.common import append_section, synthetic_config, table
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}
+
+BASE = ["--precision.name=bf16", "--optimizer.impl=fused"]
+
+VARIANTS: dict[str, list[str]] = {
+    "bf16-eager-mb4": ["--train.micro_batch=4"],
+    "bf16-compile-mb4": ["--train.micro_batch=4", "--train.compile=true"],
+    "bf16-compile-ac-full-mb16": ["--train.micro_batch=16", "--train.compile=true", "--train.activation_checkpointing=full"],
+    "bf16-compile-ac-every2-mb8": ["--train.micro_batch=8", "--train.compile=true", "--train.activation_checkpointing=full",
+                                   "--train.activation_checkpointing_every=2"],
+    "bf16-compile-mb8": ["--train.micro_batch=8", "--train.compile=true"],
+    "bf16-compile-ac-selective-mb16": ["--train.micro_batch=16", "--train.compile=true", "--train.activation_checkpointing=selective"],
+    "fp8-tensorwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=tensorwise"],
+    "fp8-rowwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=rowwise"],
+}
+
+
+def peak_tflops(name: str) -> float | None:
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
+    import torch
+
+    from core.prepare import prepare
+    from core.protocols import DistInfo
+    from core.trainer import Trainer
+
+    mb = next(int(a.split("=")[1]) for a in extra if a.startswith("--train.micro_batch="))
+    overrides = BASE + extra + [f"--train.global_batch_tokens={mb * 2048}", f"--train.steps={steps + warmup}"]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        cfg = synthetic_config("1b", 2048, mb, "cuda", "/tmp/plait-bench-gpu", loss_chunk_tokens=8192)
+        prep = prepare(str(cfg), overrides, world_size=1)
+        trainer = Trainer(prep, DistInfo(device=torch.device("cuda", 0), backend="none"))
+        trainer.build()
+        trainer.run.total_steps = warmup
+        trainer.fit()
+        torch.cuda.synchronize()
+        trainer.run.total_steps = warmup + steps
+        t0 = time.perf_counter()
+        trainer.fit()
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / steps
+    except torch.OutOfMemoryError:
+        return {"variant": name, "status": "out of memory"}
+    tokens_s = prep.tokens_per_step / dt
+    flops = prep.spec.flops_per_token(2048) * tokens_s
+    peak = peak_tflops(torch.cuda.get_device_name(0))
+    result = {
+        "variant": name, "status": "ok", "step_s": dt, "tokens_per_s": tokens_s,
+        "mfu": flops / (peak * 1e12) if peak else None,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+    }
+    del trainer
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="*", choices=list(VARIANTS), help="run only these variants")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.gpu_1b: no CUDA device; this benchmark measures GPU speed only and prints no figure", file=sys.stderr)
+        return 2
+    rows = []
+    for name in args.only or list(VARIANTS):
+        try:
+            r = run_variant(name, VARIANTS[name], args.steps, args.warmup)
+        except Exception as e:  # a variant that cannot run here (fp8 on a pre-Hopper GPU...) is reported, not faked
+            r = {"variant": name, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+        print(r, flush=True)
+        rows.append([
+            r["variant"], r["status"], r.get("tokens_per_s", "-"),
+            f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a", r.get("peak_mem_gib", "-"),
+        ])
+    body = table(["variant", "status", "tokens/s", "MFU (bf16 dense peak)", "peak GiB"], rows)
+    body += "\n\nMFU = tokens/s x FLOPs per token (docs/metrics.md) / the device's dense bf16 peak."
+    print(body)
+    if not args.no_record:
+        append_section("1b flavor, seq 2048, one GPU", body, device="cuda")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""Durable run state through ``torch.distributed.checkpoint`` (DCP).
+
+A checkpoint is a folder ``<dir>/step_000001000/`` holding
+
+* the DCP shards of ``{"model": ..., "optimizer": ...}``, written by every
+  rank and resharded on load, so a checkpoint made on N ranks (ddp or fsdp2)
+  loads on M ranks;
+* ``state.json``: step, tokens seen, wall time, best validation loss, the LR
+  schedule, the data position (global, so it is independent of world size),
+  the optimizer plugin's name, the resolved config and library versions;
+* ``rng/rank_<r>.json``: python, numpy, torch and cuda RNG states per rank;
+* ``COMMITTED``: written last, by rank 0, once every rank has finished
+  writing; it lists every file with its size. A folder without it, or whose
+  files do not match it, is never resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.errors import CheckpointError
+from core.options import option
+
+COMMIT_MARKER = "COMMITTED"
+STATE_FILE = "state.json"
+PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
+PAUSE_ENV = "PLAIT_TEST_PAUSE_BEFORE_COMMIT"
+# A single process saving or loading without a process group is intended here.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")  # test hook: "STEP:SECONDS" sleeps before that commit
+
+
+@dataclass
+class CheckpointOptions:
+    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop")
+    dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
+    async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
+    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all")
+    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder")
+    exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
+    at_end: bool = option(True, "save when training completes")
+    on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
+    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
+
+    def check(self) -> None:
+        bad = [p for p in self.exclude_from_loading if p not in PARTS]
+        if bad:
+            raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
+        if self.every < 0 or self.keep_latest < 0:
+            raise ValueError("every and keep_latest must be >= 0")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:09d}"
+
+
+def _files(path: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(path)): p.stat().st_size
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != COMMIT_MARKER
+    }
+
+
+def committed(root: Path) -> list[Path]:
+    """Folders with a commit marker, oldest first (by step)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / COMMIT_MARKER).is_file())
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Check that ``path`` is a complete checkpoint; return its state.json. Raises CheckpointError."""
+    marker = path / COMMIT_MARKER
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not marker.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
+    try:
+        manifest = json.loads(marker.read_text())
+        expected: dict[str, int] = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {COMMIT_MARKER} is corrupt ({e})") from None
+    actual = _files(path)
+    for name, size in expected.items():
+        if name not in actual:
+            raise CheckpointError(f"checkpoint {path} is missing {name}")
+        if actual[name] != size:
+            raise CheckpointError(f"checkpoint {path}: {name} is {actual[name]} bytes, expected {size} (truncated or corrupt)")
+    try:
+        return json.loads((path / STATE_FILE).read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
+
+
+def check_shapes(path: Path, model: torch.nn.Module) -> None:
+    """Compare the checkpoint's model tensors with ``model`` (may live on meta). Raises CheckpointError."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        meta = FileSystemReader(str(path)).read_metadata()
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read DCP metadata: {type(e).__name__}: {e}") from None
+    saved = {
+        k[len("model."):]: tuple(v.size)
+        for k, v in meta.state_dict_metadata.items()
+        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
+    }
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(want) - set(saved))
+    mismatched = sorted(k for k in set(want) & set(saved) if want[k] != saved[k])
+    if mismatched:
+        details = ", ".join(f"{k} {saved[k]} vs model {want[k]}" for k in mismatched[:4])
+        more = f" and {len(mismatched) - 4} more" if len(mismatched) > 4 else ""
+        raise CheckpointError(f"checkpoint {path} does not fit the model: {details}{more}")
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks model keys: {', '.join(missing[:6])}")
+
+
+def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> Path | None:
+    """The checkpoint to resume from, checked before any process group exists.
+
+    ``resume = "auto"`` tries the newest complete checkpoint and falls back to
+    older ones with a warning; an explicit path must be good or it is an error.
+    """
+    if opts.resume == "none":
+        return None
+    if opts.resume != "auto":
+        path = Path(opts.resume)
+        verify(path)
+        if model_meta is not None and "model" not in opts.exclude_from_loading:
+            check_shapes(path, model_meta)
+        return path
+    for path in reversed(committed(root)):
+        try:
+            verify(path)
+        except CheckpointError as e:  # damaged: fall back to the one before
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(f"plait: warning: skipping checkpoint: {e}", file=sys.stderr, flush=True)
+            continue
+        # A model that changed shape is the user's mistake, not damage: starting
+        # fresh here would later prune the run's real checkpoints.
+        if model_meta is not None and "model" not in opts.exclude_from_loading:
+            check_shapes(path, model_meta)
+        return path
+    return None
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: tensors (torchao keeps learning rates in tensors) become numbers."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+# --- RNG ---------------------------------------------------------------------
+
+def rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    np_state = np.random.get_state()
+    out = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state().tolist()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
+
+
+# --- saving and loading --------------------------------------------------------
+
+class Checkpointer:
+    """Saves and loads the trainer's state; one per process."""
+
+    def __init__(self, opts: CheckpointOptions, root: Path, trainer: Any) -> None:
+        self.opts = opts
+        self.root = root
+        self.t = trainer
+        self.dist = trainer.dist
+        self.pending: tuple[Any, int, Path, dict[str, Any]] | None = None  # (future, step, path, state.json)
+        self.last_saved_step = -1
+        self.last_stall_s = 0.0
+        self.group = None
+        if self.dist.world_size > 1:
+            import torch.distributed as tdist
+
+            # DCP collectives get a gloo group of their own: async saves run them
+            # from a background thread, beside the training collectives.
+            self.group = tdist.new_group(backend="gloo")
+
+    # ---- state ----
+    def _dcp_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {
+            "model": get_model_state_dict(self.t.model),
+            "optimizer": get_optimizer_state_dict(self.t.model, self.t.optimizer),
+        }
+
+    def _json_state(self) -> dict[str, Any]:
+        run = self.t.run
+        sched = {k: plain(v) for k, v in self.t.scheduler.state_dict().items() if k != "lr_lambdas"}
+        return {
+            "step": run.step,
+            "tokens_seen": run.tokens_seen,
+            "train": {k: v for k, v in run.state.items() if isinstance(v, (int, float, str, bool, list, dict))},
+            "lr_schedule": sched,
+            "data": {} if getattr(self.t.loader, "per_rank_state", False) else self.t.loader.state_dict(),
+            "optimizer_plugin": self.t.rc.slots["optimizer"].component.name,
+            "world_size": self.dist.world_size,
+            "config": run.config,
+            "versions": self.t.versions,
+            "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    # ---- save ----
+    def maybe_save(self, step: int, use_async: bool | None = None) -> None:
+        """Save at ``step`` unless it was already saved."""
+        if step == self.last_saved_step:
+            return
+        self.save(step, use_async=self.opts.async_save if use_async is None else use_async)
+
+    def save(self, step: int, use_async: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()  # one save in flight at a time
+        path = step_dir(self.root, step)
+        if self.dist.is_main:
+            if path.exists():
+                shutil.rmtree(path)  # leftovers of an interrupted save of the same step
+            (path / "rng").mkdir(parents=True)
+        self._barrier()
+        (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
+        if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
+            (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
+        state = self._dcp_state()
+        json_state = self._json_state()
+        t0 = time.perf_counter()
+        if use_async:
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
+            self.last_stall_s = time.perf_counter() - t0
+            self.pending = (future, step, path, json_state)
+        else:
+            dcp.save(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
+            self.last_stall_s = time.perf_counter() - t0
+            self._commit(step, path, json_state)
+        self.last_saved_step = step
+        if self.dist.is_main:
+            kind = "async" if use_async else "sync"
+            print(f"plait: checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s", flush=True)
+
+    def poll(self) -> None:
+        """Commit a finished async save (called at step boundaries; never blocks)."""
+        if self.pending is not None and self.pending[0].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight is written, then commit it."""
+        if self.pending is None:
+            return
+        future, step, path, json_state = self.pending
+        self.pending = None
+        future.result()
+        self._commit(step, path, json_state)
+
+    def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
+        # DCP's save returns (or its future resolves) on rank 0 only after every
+        # rank reported its writes, so rank 0 alone can commit.
+        if self.dist.is_main:
+            (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
+            pause = os.environ.get(PAUSE_ENV, "")
+            if pause and int(pause.split(":")[0]) == step:
+                time.sleep(float(pause.split(":")[1]))
+            manifest = {"step": step, "world_size": self.dist.world_size, "files": _files(path)}
+            tmp = path / (COMMIT_MARKER + ".tmp")
+            tmp.write_text(json.dumps(manifest, indent=1))
+            os.replace(tmp, path / COMMIT_MARKER)
+            self._prune()
+        self.t.on_checkpoint_saved(step, str(path))
+
+    def _prune(self) -> None:
+        done = committed(self.root)
+        if self.opts.keep_latest and len(done) > self.opts.keep_latest:
+            for old in done[: -self.opts.keep_latest]:
+                shutil.rmtree(old, ignore_errors=True)
+        if done:  # interrupted saves older than the newest complete one
+            for p in self.root.glob("step_*"):
+                if p.name < done[-1].name and not (p / COMMIT_MARKER).exists():
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def _barrier(self) -> None:
+        if self.group is not None:
+            import torch.distributed as tdist
+
+            tdist.barrier(group=self.group)
+
+    # ---- load ----
+    def load(self, path: Path) -> None:
+        """Restore the trainer from ``path`` (already verified by :func:`find_resume`)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        t, run = self.t, self.t.run
+        skip = set(self.opts.exclude_from_loading)
+        meta = verify(path)
+        current_opt = t.rc.slots["optimizer"].component.name
+        if "optimizer" not in skip and meta.get("optimizer_plugin") != current_opt:
+            skip.add("optimizer")
+            if self.dist.is_main:
+                print(
+                    f"plait: warning: checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
+                    f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh",
+                    file=sys.stderr, flush=True,
+                )
+        state: dict[str, Any] = {}
+        if "model" not in skip:
+            state["model"] = get_model_state_dict(t.model)
+        if "optimizer" not in skip:
+            state["optimizer"] = get_optimizer_state_dict(t.model, t.optimizer)
+        if state:
+            try:
+                dcp.load(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
+            except Exception as e:
+                raise CheckpointError(f"checkpoint {path} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            if "model" in state:
+                set_model_state_dict(t.model, state["model"])
+            if "optimizer" in state:
+                set_optimizer_state_dict(t.model, t.optimizer, state["optimizer"])
+        if "train" not in skip:
+            run.step = int(meta["step"])
+            run.tokens_seen = int(meta["tokens_seen"])
+            run.state.update(meta.get("train", {}))
+        if "lr_schedule" not in skip:
+            sched = t.scheduler.state_dict()
+            sched.update(meta["lr_schedule"])
+            t.scheduler.load_state_dict(sched)
+            for group, lr in zip(t.optimizer.param_groups, t.scheduler.get_last_lr()):
+                if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep lr in a tensor
+                    group["lr"].fill_(float(lr))
+                else:
+                    group["lr"] = float(lr)
+        if "data" not in skip:
+            if getattr(t.loader, "per_rank_state", False):
+                data_file = path / "rng" / f"data_rank_{self.dist.rank}.json"
+                if meta.get("world_size") != self.dist.world_size or not data_file.is_file():
+                    raise CheckpointError(f"checkpoint {path}: the streaming data position was saved on "
+                                          f"{meta.get('world_size')} ranks and cannot resume on {self.dist.world_size}")
+                t.loader.load_state_dict(json.loads(data_file.read_text()))
+            else:
+                t.loader.load_state_dict(meta["data"])
+        if "rng" not in skip:
+            rng_file = path / "rng" / f"rank_{self.dist.rank}.json"
+            if meta.get("world_size") == self.dist.world_size and rng_file.is_file():
+                set_rng_state(json.loads(rng_file.read_text()))
+            else:
+                torch.manual_seed(t.rc.train.seed + run.step * 1000 + self.dist.rank)
+        self.last_saved_step = run.step
+        if self.dist.is_main:
+            print(f"plait: resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})", flush=True)

@@ -1,0 +1,44 @@
+"""Errors that end a run before any expensive work, with exit code 2."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from typing import Iterable, NoReturn
+
+EXIT_BAD_INPUT = 2
+
+
+class PlaitError(Exception):
+    """Bad input: a config, data file, checkpoint or plugin that cannot be used.
+
+    The message is one line that names the file, key or plugin and says what
+    was expected. ``core.train`` prints it and exits with code 2.
+    """
+
+
+class ConfigError(PlaitError):
+    """A configuration file, key or value is wrong."""
+
+
+class PluginError(PlaitError):
+    """A plugin failed to load, or two plugins claim the same name."""
+
+
+class DataError(PlaitError):
+    """A data file is missing, empty or inconsistent with the model."""
+
+
+class CheckpointError(PlaitError):
+    """A checkpoint is missing, incomplete, corrupt or does not fit the model."""
+
+
+def closest(name: str, choices: Iterable[str]) -> str:
+    """A ``did you mean`` suffix for an unknown name, or an empty string."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def exit_bad_input(err: PlaitError) -> NoReturn:
+    print(f"plait: error: {err}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_BAD_INPUT)

@@ -1,0 +1,128 @@
+"""plait's plugin API: every hook a plugin can implement.
+
+The docstrings in this module are the reference. A plugin is a Python module
+(or object) named by an entry point in the group ``plait``::
+
+    [project.entry-points.plait]
+    my_plugin = "my_package.plait_plugin"
+
+and implements hooks with :data:`hookimpl`::
+
+    from core.hookspecs import hookimpl
+
+    @hookimpl
+    def plait_register(registry):
+        registry.add("monitor", "my_monitor", MyMonitor, options=MyOptions,
+                     doc="what it does, in one line")
+
+plait's own built-in plugins are registered through the same entry points
+(see ``pyproject.toml``); there is no other way in.
+
+Two kinds of hooks exist:
+
+* **Discovery** (``plait_register``) is called once per process on every
+  installed plugin module.
+* **Run events** (``plait_train_start`` ... ``plait_train_end``) are called on
+  the *monitor objects* that the run's config enables, in the order the
+  config lists them. Monitors are pluggy plugins too: any object whose methods
+  carry ``@hookimpl`` and match the names below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.registry import Registry
+    from core.run import Run
+
+PROJECT = "plait"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def plait_register(registry: "Registry") -> None:
+    """Register this plugin's components.
+
+    Call ``registry.add(slot, name, factory, options=OptionsDataclass, doc=...)``
+    once per component. ``slot`` is one of :data:`core.protocols.SLOTS`.
+    ``factory(options)`` is called with an instance of ``OptionsDataclass``
+    filled from the component's TOML section, and must return an object that
+    satisfies the slot's protocol in :mod:`core.protocols`. Each dataclass
+    field is one option; give it a one-line doc with
+    :func:`core.options.option`.
+
+    A name already claimed in the same slot by another plugin is an error
+    that names both providers.
+    """
+
+
+@hookspec
+def plait_train_start(run: "Run") -> None:
+    """The model, optimizer and data are built and the first step is next.
+
+    ``run.step`` is the step training starts from (non-zero after a resume),
+    ``run.total_steps`` the step it ends at, ``run.config`` the resolved
+    config as a dict, ``run.output_dir`` the run's folder, ``run.dist`` this
+    process's :class:`core.protocols.DistInfo`. Called on every rank; use
+    ``run.dist.is_main`` to write files once.
+    """
+
+
+@hookspec
+def plait_step_end(run: "Run", step: int, metrics: dict[str, Any]) -> None:
+    """An optimizer step finished; ``step`` counts completed steps (1-based).
+
+    ``metrics`` is filled on log steps only (``train.log_every``) and holds at
+    least ``loss`` (averaged over every token of the step on all ranks),
+    ``grad_norm``, ``lr``, ``tokens_seen``, ``tokens_per_s``, ``step_time_s``,
+    ``elapsed_s`` and ``eta_s``; on other steps it is empty, so that a hook
+    that only needs the step number costs nothing. Call
+    ``run.request_stop(reason, checkpoint=True|False)`` to end the run at
+    this step boundary; every rank follows the request of any rank.
+    """
+
+
+@hookspec
+def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float) -> str | None:
+    """Gradients of step ``step`` (1-based) are ready; the optimizer has not stepped yet.
+
+    ``loss`` is the step's loss averaged over all ranks and ``grad_norm`` the
+    global gradient norm, as floats. Implementing this hook costs one small
+    all-reduce and a device sync per step, so only monitors that must act
+    before the update (spike handling) should. Return ``"skip"`` to drop this
+    update (gradients are discarded; the step still counts), ``"rollback"``
+    to restore the last complete checkpoint while keeping the data position
+    (so the batches since then, the offending ones included, are skipped), or
+    None. Every rank receives the same values, so every rank decides alike.
+    """
+
+
+@hookspec
+def plait_validation_end(run: "Run", step: int, metrics: dict[str, Any]) -> None:
+    """A validation pass finished; ``metrics`` holds ``val_loss`` at least."""
+
+
+@hookspec
+def plait_checkpoint_saved(run: "Run", step: int, path: str) -> None:
+    """A checkpoint for ``step`` is complete on every rank and committed at ``path``."""
+
+
+@hookspec
+def plait_train_end(run: "Run", reason: str) -> None:
+    """Training stopped. ``reason`` is ``"completed"``, ``"signal"`` (SIGTERM
+    or SIGINT), ``"requested"`` (a monitor asked) or ``"error"``."""
+
+
+RUN_EVENT_HOOKS: tuple[str, ...] = (
+    "plait_train_start",
+    "plait_before_update",
+    "plait_step_end",
+    "plait_validation_end",
+    "plait_checkpoint_saved",
+    "plait_train_end",
+)
+

@@ -1,0 +1,172 @@
+"""Options of a component: a dataclass whose fields carry a one-line doc.
+
+    @dataclass
+    class AdamWOptions:
+        lr: float = option(3e-4, "peak learning rate")
+
+``build_options`` fills such a dataclass from a TOML table, refusing unknown
+keys and values of the wrong type with a message that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union, get_args, get_origin
+
+from core.errors import ConfigError, closest
+
+
+def option(default: Any, doc: str, key: str | None = None, **kwargs: Any) -> Any:
+    """A dataclass field with a one-line ``doc`` shown by ``python -m core.plugins``.
+
+    ``key`` spells the TOML key when it cannot be a Python name (``async``).
+    """
+    meta = {"doc": doc, "key": key}
+    if isinstance(default, (list, dict)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta, **kwargs)
+    return dataclasses.field(default=default, metadata=meta, **kwargs)
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """For components without options."""
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in get_args(tp))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    if tp is Any:
+        return True
+    origin = get_origin(tp)
+    if origin is Literal:
+        return value in get_args(tp)
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple):
+        args = get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return False
+        kt, vt = get_args(tp) or (Any, Any)
+        return all(_matches(k, kt) and _matches(v, vt) for k, v in value.items())
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """TOML gives ints for floats and lists for tuples: convert to the declared type."""
+    origin = get_origin(tp)
+    if tp is float and isinstance(value, int):
+        return float(value)
+    if origin is tuple and isinstance(value, list):
+        return tuple(value)
+    if origin in (Union, types.UnionType):
+        for a in get_args(tp):
+            if _matches(value, a):
+                return _coerce(value, a)
+    return value
+
+
+def fields_of(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """The TOML key of a field: its name, or the ``key`` given to :func:`option`."""
+    return f.metadata.get("key") or f.name
+
+
+def hints_of(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
+    """Fill ``cls`` from ``table``; ``where`` names the config section, e.g. ``[optimizer]``."""
+    hints = hints_of(cls)
+    known = {key_of(f): f for f in fields_of(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise ConfigError(
+                f"{where}: unknown key {key!r}{closest(key, known)}; "
+                f"expected one of: {', '.join(sorted(known)) or '(no options)'}"
+            )
+        name = known[key].name
+        tp = hints[name]
+        if not _matches(value, tp):
+            raise ConfigError(
+                f"{where}.{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"
+            )
+        kwargs[name] = _coerce(value, tp)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+    check = getattr(obj, "check", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    return obj
+
+
+def describe(cls: type) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, doc) for each option, for ``python -m core.plugins``."""
+    hints = hints_of(cls)
+    rows = []
+    for f in fields_of(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            default = "(required)"
+        rows.append((key_of(f), _type_name(hints[f.name]), default, f.metadata.get("doc", "")))
+    return rows
+
+
+def undocumented(cls: type) -> list[str]:
+    return [f.name for f in fields_of(cls) if not f.metadata.get("doc")]
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Options as their TOML table (keys spelled as in TOML)."""
+    return {key_of(f): _plain(getattr(obj, f.name)) for f in fields_of(type(obj))}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

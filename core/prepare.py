@@ -1,0 +1,167 @@
+"""From a config file to checked, instantiated components: everything before a process group.
+
+``prepare`` is shared by ``core.train`` and ``core.plan``: it reads the TOML,
+loads the plugins, validates every option, derives the batch layout and runs
+each plugin's pre-flight checks. Any problem is a :class:`PlaitError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core import config as config_io
+from core import registry as registry_mod
+from core.distributed import env_world, pick_device
+from core.checkpoint import find_resume
+from core.errors import ConfigError
+from core.run_config import RunConfig, batch_layout, resolve, total_steps
+
+
+@dataclass
+class Prepared:
+    """A run ready to start: config, components, and the numbers derived from them."""
+
+    source: str
+    raw: dict[str, Any]
+    rc: RunConfig
+    components: dict[str, Any]  # slot -> instance
+    world_size: int
+    device: torch.device
+    grad_accum: int
+    tokens_per_step: int
+    total_steps: int
+    resume_from: Path | None = None
+    micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return checkpoint_root(self.rc)
+
+    @property
+    def spec(self):
+        return self.components["model"]
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        out = self.rc.to_dict()
+        out["train"]["grad_accum"] = self.grad_accum  # derived, recorded for the reader
+        return out
+
+
+def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True) -> Prepared:
+    raw = config_io.load(path, overrides)
+    registry = registry_mod.load()
+    rc = resolve(raw, registry, source=str(path))
+    components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
+    _, env_world_size, local_rank = env_world()
+    world = world_size or env_world_size
+    device = pick_device(rc.train.device, local_rank)
+    if rc.train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{path}: [train].device = \"cuda\" but torch sees no CUDA device")
+
+    check_world = getattr(components["parallelism"], "check_world", None)
+    if check_world is not None:
+        check_world(world)
+    micro_auto: list[int] = []
+    if rc.train.micro_batch == "auto":
+        from core.micro_batch import candidates
+
+        micro_auto = candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
+        rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
+    accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
+    steps = total_steps(rc.train, rc.train.global_batch_tokens)
+
+    precision = choose_precision(rc, components, device, str(path))
+    spec = components["model"]
+    check_model = getattr(precision, "check_model", None)
+    if check_model is not None:
+        with torch.device("meta"):
+            check_model(spec.build())
+
+    spec = components["model"]
+    stages = check_seq_len_stages(rc, world, str(path))
+    max_seq = getattr(spec, "max_seq_len", None)
+    longest = max([rc.seq_len] + [seq for _, seq in stages])
+    if max_seq is not None and longest > max_seq:
+        raise ConfigError(f"{path}: data.seq_len {longest} exceeds the model's max_seq_len {max_seq}")
+    if validate_data:
+        components["data"].validate(spec.vocab_size, rc.seq_len)
+        val = rc.sections["validation"]
+        has_split = getattr(components["data"], "has_split", None)
+        if val.every and has_split is not None and not has_split(val.split):
+            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split")
+    prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
+    prep.micro_batch_candidates = micro_auto
+    for chosen in rc.monitors:  # monitors' own pre-flight checks (the budget guard's projection)
+        preflight = getattr(chosen.instantiate(), "preflight", None)
+        if preflight is not None:
+            preflight(prep, rc.sections["budget"].force)
+    if validate_data:  # a training start: find (and check) the checkpoint to resume from
+        with torch.device("meta"):
+            model_meta = spec.build()  # precision conversions keep parameter names
+        prep.resume_from = find_resume(rc.sections["checkpoint"], prep.checkpoint_root, model_meta)
+        initial = rc.sections["checkpoint"].initial_load
+        if initial and prep.resume_from is None:
+            from core.weights import weights_kind
+
+            weights_kind(Path(initial))  # exists and is a known layout
+    return prep
+
+
+def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
+    """The precision to use: the configured one, or the first supported entry of ``precision.fallback``.
+
+    Every rank asks the same question of the same kind of device, so every
+    rank gets the same answer; the trainer checks that they agree.
+    """
+    if not rc.precision_chain:
+        precision = components["precision"]
+        ok, why = precision.supported(device)
+        if not ok:
+            raise ConfigError(f"{path}: [precision] {precision.name!r} is not supported here: {why}")
+        return precision
+    reasons: dict[str, str] = {}
+    for chosen in rc.precision_chain:
+        precision = chosen.instantiate()
+        ok, why = precision.supported(device)
+        if ok:
+            rc.slots["precision"] = chosen
+            rc.precision_reasons = reasons
+            components["precision"] = precision
+            if env_world()[0] == 0:
+                skipped = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "nothing skipped"
+                print(f"plait: precision fallback chose {chosen.component.name!r} ({skipped})", flush=True)
+            return precision
+        reasons[chosen.component.name] = why
+    raise ConfigError(
+        f"{path}: [precision] nothing in fallback = {[c.component.name for c in rc.precision_chain]} is supported here: "
+        + "; ".join(f"{k}: {v}" for k, v in reasons.items())
+    )
+
+
+def check_seq_len_stages(rc: RunConfig, world: int, path: str) -> list[tuple[float, int]]:
+    """``data.seq_len_stages``: ascending start fractions from 0; each stage keeps tokens per micro-batch."""
+    stages = [tuple(s) for s in rc.core_keys["data"].get("seq_len_stages", [])]
+    if not stages:
+        return []
+    starts = [f for f, _ in stages]
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= 1:
+        raise ConfigError(f"{path}: data.seq_len_stages: start fractions must begin at 0.0, rise, and stay below 1; got {starts}")
+    if rc.train.micro_batch == "auto":
+        raise ConfigError(f"{path}: data.seq_len_stages needs a fixed train.micro_batch")
+    tokens = rc.train.micro_batch * stages[0][1]
+    for _, seq in stages:
+        if seq <= 0 or tokens % seq:
+            raise ConfigError(f"{path}: data.seq_len_stages: stage seq_len {seq} does not divide the micro-batch's "
+                              f"{tokens} tokens (micro_batch {rc.train.micro_batch} x first stage seq_len {stages[0][1]})")
+    rc.core_keys["data"]["seq_len"] = stages[0][1]
+    return stages
+
+
+def checkpoint_root(rc: RunConfig) -> Path:
+    opts = rc.sections["checkpoint"]
+    return Path(opts.dir) if opts.dir else Path(rc.train.output_dir) / "checkpoints"

@@ -1,0 +1,196 @@
+"""The seven slots of a plait run, as typed protocols.
+
+A plugin registers a *component* for a slot (see :mod:`core.hookspecs`): a
+name, an options dataclass and a factory ``factory(options) -> object``. The
+object the factory returns must satisfy the protocol of its slot below. The
+core talks to plugins only through these protocols.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+SLOTS: tuple[str, ...] = (
+    "model",
+    "parallelism",
+    "precision",
+    "data",
+    "optimizer",
+    "lr_schedule",
+    "monitor",
+)
+
+SLOT_DOCS: dict[str, str] = {
+    "model": "builds the network: architecture, flavors, init and FLOPs",
+    "parallelism": "wraps the model for data parallel training (single, ddp, fsdp2)",
+    "precision": "numeric format of the forward and backward pass (fp32, bf16, fp8...)",
+    "data": "where training tokens come from, addressed by global sample index",
+    "optimizer": "turns gradients into updates",
+    "lr_schedule": "learning-rate multiplier as a function of the step",
+    "monitor": "receives run events through pluggy hooks: logging, guards",
+}
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@runtime_checkable
+class ModelSpec(Protocol):
+    """A model family at one flavor (one set of shapes).
+
+    ``build()`` constructs the module on the current default device; the core
+    calls it under ``torch.device("meta")`` and materializes after the
+    parallelism wrappers, then calls ``init_weights``. The module's
+    ``forward(input_ids, labels)`` returns the mean cross-entropy over the
+    tokens (a 0-dim tensor); ``forward(input_ids)`` returns logits.
+    """
+
+    vocab_size: int
+
+    def build(self) -> nn.Module: ...
+
+    def init_weights(self, model: nn.Module) -> None: ...
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated transformer blocks: units of sharding, checkpointing and compile."""
+        ...
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward), convention in docs/metrics.md."""
+        ...
+
+    def activation_bytes(self, micro_batch: int, seq_len: int, bytes_per_element: int) -> int:
+        """Estimated activation memory of one micro-batch kept for the backward pass."""
+        ...
+
+
+@runtime_checkable
+class Parallelism(Protocol):
+    """Data parallel strategy. Applied after precision conversion."""
+
+    def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...
+
+    def sync_context(self, model: nn.Module, sync: bool) -> ContextManager:
+        """Context for one micro-step's backward; ``sync=False`` skips the gradient all-reduce."""
+        ...
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip gradients (max_norm <= 0: no clipping) and return the global grad norm."""
+        ...
+
+
+@runtime_checkable
+class Precision(Protocol):
+    """Numeric format. ``supported`` is asked before anything is built."""
+
+    name: str
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        """(True, "") or (False, reason) for this device and installed libraries."""
+        ...
+
+    def convert(self, model: nn.Module, spec: ModelSpec) -> nn.Module:
+        """Swap modules (e.g. fp8 linears) on the unwrapped, unsharded model."""
+        ...
+
+    def autocast(self, device: torch.device) -> ContextManager:
+        """Context around each forward pass."""
+        ...
+
+    @property
+    def param_dtype(self) -> torch.dtype | None:
+        """Dtype sharded parallelisms should compute in (None: keep fp32)."""
+        ...
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
+        """Health metrics (fp8 scales, amax) for the log interval; may be empty."""
+        ...
+
+
+@dataclass
+class LoaderSpec:
+    """What the core asks of a data source: this rank's share of each step."""
+
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    dp_rank: int
+    dp_size: int
+    seed: int
+    split: str = "train"
+    total_samples: int = 0  # global samples the whole run will draw (0: unknown); for staged sources
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks."""
+        return self.micro_batch * self.grad_accum * self.dp_size
+
+
+class DataLoaderLike(Protocol):
+    """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len]."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """A source of training tokens."""
+
+    def validate(self, vocab_size: int, seq_len: int) -> None:
+        """Check files and token ids before any process group or model exists; raise DataError."""
+        ...
+
+    def loader(self, spec: LoaderSpec) -> DataLoaderLike: ...
+
+
+@runtime_checkable
+class OptimizerBuilder(Protocol):
+    """Builds a torch optimizer from the parameter groups the core made."""
+
+    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer: ...
+
+
+@runtime_checkable
+class LRSchedule(Protocol):
+    """Learning-rate multiplier of the peak LR at a step (0-based)."""
+
+    def multiplier(self, step: int, total_steps: int) -> float: ...
+
+
+class Monitor(Protocol):
+    """A monitor is an object with pluggy ``hookimpl`` methods from
+    :mod:`core.hookspecs` (``plait_train_start``, ``plait_step_end``...).
+    It may call ``run.request_stop(reason, checkpoint=...)``."""
+
+
+def null_context() -> ContextManager:
+    return contextlib.nullcontext()

@@ -1,0 +1,171 @@
+"""Plugin discovery: entry points in the group ``plait``, loaded with pluggy.
+
+Order (as tox does it): plait's own entry points first, then third-party ones
+sorted by name, then ``check_pending`` so that a misspelled hook name in a
+plugin is an error rather than silently ignored. Set ``PLAIT_PLUGINS`` to a
+comma-separated list of entry-point names to load only those third-party
+plugins (plait's own always load); an empty value loads none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable
+
+import pluggy
+
+from core import hookspecs
+from core.errors import ConfigError, PluginError, closest
+from core.options import NoOptions, undocumented
+from core.protocols import SLOTS
+
+ENTRY_POINT_GROUP = "plait"
+OWN_DISTRIBUTION = "plait"
+ALLOW_ENV = "PLAIT_PLUGINS"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One named implementation of a slot."""
+
+    slot: str
+    name: str
+    factory: Callable[[Any], Any]
+    options: type
+    doc: str
+    plugin: str
+    distribution: str
+
+    @property
+    def provider(self) -> str:
+        return f"plugin {self.plugin!r} (distribution {self.distribution})"
+
+
+class Registry:
+    """Components by slot and name; filled through ``plait_register``."""
+
+    def __init__(self) -> None:
+        self._components: dict[str, dict[str, Component]] = {s: {} for s in SLOTS}
+        self._plugin = "?"
+        self._distribution = "?"
+
+    def add(
+        self,
+        slot: str,
+        name: str,
+        factory: Callable[[Any], Any],
+        options: type = NoOptions,
+        doc: str = "",
+    ) -> None:
+        """Register ``factory`` as component ``name`` of ``slot``."""
+        where = f"plugin {self._plugin!r} (distribution {self._distribution})"
+        if slot not in self._components:
+            raise PluginError(f"{where} registers {name!r} for unknown slot {slot!r}; slots: {', '.join(SLOTS)}")
+        if not dataclasses.is_dataclass(options):
+            raise PluginError(f"{where}: options of {slot} {name!r} must be a dataclass, got {options!r}")
+        missing = undocumented(options)
+        if missing:
+            raise PluginError(f"{where}: options of {slot} {name!r} lack a doc: {', '.join(missing)}")
+        existing = self._components[slot].get(name)
+        if existing is not None:
+            raise PluginError(
+                f"{slot} {name!r} is claimed twice: by {existing.provider} and by {where}"
+            )
+        self._components[slot][name] = Component(
+            slot, name, factory, options, doc, self._plugin, self._distribution
+        )
+
+    def get(self, slot: str, name: str, where: str) -> Component:
+        """The component, or a ConfigError listing the installed names."""
+        found = self._components[slot].get(name)
+        if found is None:
+            names = sorted(self._components[slot])
+            raise ConfigError(
+                f"{where}: no {slot} plugin named {name!r}{closest(name, names)}; "
+                f"installed: {', '.join(names) or '(none)'}"
+            )
+        return found
+
+    def names(self, slot: str) -> list[str]:
+        return sorted(self._components[slot])
+
+    def components(self, slot: str) -> list[Component]:
+        return [self._components[slot][n] for n in self.names(slot)]
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    seen: set[tuple[str, str]] = set()
+    eps = []
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        key = (ep.name, ep.value)
+        if key in seen:  # the same distribution visible twice on sys.path
+            continue
+        seen.add(key)
+        eps.append(ep)
+
+    def dist_name(ep: metadata.EntryPoint) -> str:
+        return ep.dist.name if ep.dist is not None else "?"
+
+    return sorted(eps, key=lambda ep: (dist_name(ep) != OWN_DISTRIBUTION, dist_name(ep), ep.name))
+
+
+def plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+_CACHE: dict[str | None, tuple[Registry, pluggy.PluginManager]] = {}
+
+
+def load(allow: str | None = None) -> Registry:
+    """Load every installed plugin once per process and return the registry."""
+    if allow is None:
+        allow = os.environ.get(ALLOW_ENV)
+    if allow not in _CACHE:
+        _CACHE[allow] = _load(allow)
+    return _CACHE[allow][0]
+
+
+def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
+    allowed = None if allow is None else {a.strip() for a in allow.split(",") if a.strip()}
+    pm = plugin_manager()
+    origin: dict[str, str] = {}
+    for ep in _entry_points():
+        dist = ep.dist.name if ep.dist is not None else "?"
+        if dist != OWN_DISTRIBUTION and allowed is not None and ep.name not in allowed:
+            continue
+        if pm.has_plugin(ep.name):
+            raise PluginError(
+                f"entry point {ep.name!r} is claimed twice: by distribution {origin[ep.name]} and by {dist}"
+            )
+        try:
+            module = ep.load()
+        except Exception as e:  # any import failure is that plugin's problem, reported clearly
+            raise PluginError(
+                f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        pm.register(module, name=ep.name)
+        origin[ep.name] = dist
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"plugin {e.plugin!r}: {e}") from None
+    registry = Registry()
+    for impl in reversed(pm.hook.plait_register.get_hookimpls()):  # registration order
+        registry._plugin = impl.plugin_name
+        registry._distribution = origin.get(impl.plugin_name, "?")
+        try:
+            impl.function(registry=registry)
+        except PluginError:
+            raise
+        except Exception as e:
+            raise PluginError(
+                f"plugin {impl.plugin_name!r} (distribution {registry._distribution}) failed in "
+                f"plait_register: {type(e).__name__}: {e}"
+            ) from None
+    return registry, pm

@@ -1,0 +1,462 @@
+"""The training loop: build, step, log, stop cleanly.
+
+Order of construction (torchtitan's, for one data-parallel dimension):
+model on the meta device -> precision conversion (e.g. fp8 linears) ->
+activation checkpointing -> torch.compile per block -> parallelism wrapper
+-> materialize on the device and initialize -> optimizer and schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core import config as config_io
+from core import distributed
+from core import metrics as core_metrics
+from core.checkpoint import Checkpointer
+from core.hookspecs import RUN_EVENT_HOOKS
+from core.param_groups import param_groups
+from core.parallelize import parallelize
+from core.prepare import Prepared
+from core.protocols import DistInfo, LoaderSpec
+from core.registry import plugin_manager
+from core.run import Run
+
+SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("plait", "torchao", "torchdata", "numpy", "pluggy", "safetensors"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+class MonitorHub:
+    """Calls run-event hooks on each enabled monitor in config order, naming the one that fails."""
+
+    def __init__(self, monitors: list[tuple[str, Any]], on_error: str = "stop") -> None:
+        self.pm = plugin_manager()
+        self.names = []
+        self.on_error = on_error
+        self.failed: dict[str, str] = {}  # disabled monitors and why
+        for name, obj in monitors:
+            self.pm.register(obj, name=name)
+            self.names.append(name)
+
+    def emit(self, hook: str, **kwargs: Any) -> list[Any]:
+        assert hook in RUN_EVENT_HOOKS
+        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        results = []
+        for name in self.names:
+            impl = impls.get(name)
+            if impl is None or name in self.failed:
+                continue
+            try:
+                results.append(impl.function(**{k: kwargs[k] for k in impl.argnames}))
+            except Exception as e:
+                why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
+                self.failed[name] = why
+                run = kwargs.get("run")
+                if run is not None and run.dist.is_main or run is None:
+                    action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
+                    print(f"plait: error: {why}; {action} (monitors.on_error = {self.on_error!r})", file=sys.stderr, flush=True)
+                if self.on_error == "stop" and run is not None:
+                    run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
+        return results
+
+    def implements(self, hook: str) -> bool:
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+
+class Trainer:
+    def __init__(self, prep: Prepared, dist: DistInfo) -> None:
+        self.prep = prep
+        self.dist = dist
+        self.rc = prep.rc
+        self.c = prep.components
+        self.output_dir = Path(self.rc.train.output_dir)
+        self._signal: int | None = None
+
+    # -- construction --------------------------------------------------------
+    def build(self) -> None:
+        rc, c, dist = self.rc, self.c, self.dist
+        if rc.train.deterministic:
+            torch.use_deterministic_algorithms(True)
+        seed_everything(rc.train.seed)
+        spec, precision, parallelism = c["model"], c["precision"], c["parallelism"]
+        with torch.device("meta"):
+            model = spec.build()
+        model = precision.convert(model, spec)
+        model.to_empty(device=dist.device)
+        with torch.no_grad():
+            spec.init_weights(model)
+        initial = rc.sections["checkpoint"].initial_load
+        if initial and self.prep.resume_from is None:
+            from core.weights import copy_into, load_weights
+
+            copy_into(model, load_weights(Path(initial), spec, model))
+            if dist.is_main:
+                print(f"plait: initial weights from {initial}", flush=True)
+        self.model = model
+        self.train_model = parallelize(model, spec, parallelism, precision, dist, rc.train)
+        if self.prep.micro_batch_candidates:
+            self.choose_micro_batch()
+        self.optimizer = c["optimizer"].build(param_groups(self.model, c["optimizer"].options))
+        total = self.prep.total_steps
+        schedule = c["lr_schedule"]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: schedule.multiplier(s, total)
+        )
+        self.loader_spec = LoaderSpec(
+            seq_len=rc.seq_len,
+            micro_batch=rc.train.micro_batch,
+            grad_accum=self.prep.grad_accum,
+            dp_rank=dist.dp_rank,
+            dp_size=dist.dp_size,
+            seed=rc.train.seed,
+            total_samples=total * rc.train.global_batch_tokens // rc.seq_len,
+        )
+        self.loader = c["data"].loader(self.loader_spec)
+        self.control = distributed.ControlPlane(dist)
+        self._post_optimizer_step = getattr(precision, "post_optimizer_step", None)
+        self._before_update = False  # set once the monitors exist
+        self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
+        self._measure_update = False
+        self.data_wait_s = 0.0
+        self.flops_per_token = spec.flops_per_token(rc.seq_len)
+        if self.rc.precision_chain:  # every rank must have made the same choice
+            names = [ch.component.name for ch in self.rc.precision_chain]
+            mine = names.index(self.rc.slots["precision"].component.name)
+            hi, neg_lo = self.control.max([mine, -mine])
+            if hi != -neg_lo:
+                raise RuntimeError(f"ranks chose different precisions from {names}: devices differ between ranks")
+        self.run = Run(
+            config=self.prep.resolved,
+            output_dir=self.output_dir,
+            dist=dist,
+            total_steps=total,
+            tokens_per_step=self.prep.tokens_per_step,
+            model=self.model,
+            spec=spec,
+            optimizer=self.optimizer,
+            state={"wall_time_s": 0.0, "best_val_loss": math.inf},
+        )
+        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in self.rc.monitors],
+                                   self.rc.monitors_options.on_error)
+        self._before_update = self.monitors.implements("plait_before_update")
+        self.versions = library_versions()
+        self.checkpointer = Checkpointer(self.rc.sections["checkpoint"], self.prep.checkpoint_root, self)
+        if self.prep.resume_from is not None:
+            self.checkpointer.load(self.prep.resume_from)
+
+    def choose_micro_batch(self) -> None:
+        """``micro_batch = "auto"``: probe on CUDA, agree across ranks, re-derive accumulation."""
+        from core.micro_batch import probe
+        from core.run_config import batch_layout
+
+        rc, prep, dist = self.rc, self.prep, self.dist
+        micro = rc.train.micro_batch
+        if dist.device.type == "cuda":
+            n_params = sum(p.numel() for p in self.model.parameters())
+            state = int(getattr(self.c["optimizer"], "state_bytes_per_param", 8) * n_params)
+            micro = probe(self.train_model, self.c["precision"], dist.device, prep.micro_batch_candidates,
+                          rc.seq_len, self.c["model"].vocab_size, state)
+            micro = -distributed.ControlPlane(dist).max([-micro])[0]  # the smallest rank's answer
+        rc.train.micro_batch = micro
+        prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
+        if dist.is_main:
+            print(f"plait: micro_batch = \"auto\" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}", flush=True)
+
+    def seq_len_for(self, step: int) -> int:
+        """The sequence length of ``data.seq_len_stages`` at this step (0-based), else data.seq_len."""
+        seq = self.rc.seq_len
+        for start, stage_seq in self.rc.core_keys["data"].get("seq_len_stages", []):
+            if step >= start * self.run.total_steps:
+                seq = stage_seq
+        return seq
+
+    def switch_seq_len(self, seq: int):
+        """A new stage: same tokens per micro-batch, the data position carried over."""
+        import dataclasses
+
+        spec = self.loader_spec
+        micro = spec.micro_batch * spec.seq_len // seq
+        position = self.loader.state_dict()
+        self.loader_spec = dataclasses.replace(spec, seq_len=seq, micro_batch=micro)
+        self.loader = self.c["data"].loader(self.loader_spec)
+        self.loader.load_state_dict(position)
+        self.flops_per_token = self.c["model"].flops_per_token(seq)
+        if self.dist.is_main:
+            print(f"plait: step {self.run.step + 1}: sequence length {seq}, micro-batch {micro} (stage change)", flush=True)
+        return iter(self.loader)
+
+    def spike_due(self) -> bool:
+        """Is this step inside the injected spike? Keyed on the data position, not the step
+        number, so a rollback (which keeps the data position) does not replay it."""
+        inject = self.rc.train.inject_spike_at_step
+        if inject <= 0:
+            return False
+        consumed = self.loader.state_dict().get("consumed_samples")
+        if consumed is None:
+            return inject <= self.run.step + 1 < inject + SPIKE_BATCHES
+        per_step = self.loader_spec.global_batch
+        return (inject - 1) * per_step <= consumed < (inject - 1 + SPIKE_BATCHES) * per_step
+
+    def spike_batch(self, shape, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A rehearsal spike: tokens from the top 1% of the id range (the rarest in a BPE vocabulary),
+        a pure function of (seed, step, rank, micro-step); the real batch is consumed and dropped."""
+        vocab = self.c["model"].vocab_size
+        low = max(0, vocab - max(vocab // 100, 2))
+        g = torch.Generator().manual_seed(self.rc.train.seed * 1_000_003 + self.run.step * 1009 + self.dist.rank * 31 + micro)
+        rows = torch.randint(low, vocab, (shape[0], shape[1] + 1), generator=g)
+        if micro == 0 and self.dist.is_main:
+            print(f"plait: step {self.run.step + 1}: injected spike batch (train.inject_spike_at_step)", flush=True)
+        return rows[:, :-1], rows[:, 1:]
+
+    def rollback(self) -> bool:
+        """Restore the last complete checkpoint but keep the data position. False if there is none."""
+        from core.checkpoint import committed
+
+        done = committed(self.checkpointer.root)
+        if not done:
+            if self.dist.is_main:
+                print("plait: rollback asked, but there is no checkpoint yet: skipping the update instead", flush=True)
+            return False
+        self.checkpointer.wait()
+        position = self.loader.state_dict()
+        wall = self.run.state.get("wall_time_s", 0.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        skip = set(self.checkpointer.opts.exclude_from_loading)
+        self.checkpointer.opts.exclude_from_loading = sorted(skip | {"data"})
+        try:
+            self.checkpointer.load(done[-1])
+        finally:
+            self.checkpointer.opts.exclude_from_loading = sorted(skip)
+        self.loader.load_state_dict(position)
+        self.run.state["wall_time_s"] = wall  # time keeps counting (budgets)
+        if self.dist.is_main:
+            print(f"plait: rolled back to {done[-1].name}; the data since then is skipped", flush=True)
+        return True
+
+    def validate(self, opts) -> None:
+        from core.validation import evaluate
+
+        loss = evaluate(self, opts)
+        best = min(self.run.state.get("best_val_loss", math.inf), loss)
+        self.run.state["best_val_loss"] = best
+        self.monitors.emit("plait_validation_end", run=self.run, step=self.run.step,
+                           metrics={"val_loss": loss, "best_val_loss": best})
+
+    def on_checkpoint_saved(self, step: int, path: str) -> None:
+        self.monitors.emit("plait_checkpoint_saved", run=self.run, step=step, path=path)
+
+    def write_run_files(self) -> None:
+        if not self.dist.is_main:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.resolved.toml").write_text(config_io.dumps(self.prep.resolved))
+        info = {
+            "config": self.prep.source,
+            "command": sys.argv,
+            "world_size": self.dist.world_size,
+            "device": str(self.dist.device),
+            "device_name": torch.cuda.get_device_name(self.dist.device) if self.dist.device.type == "cuda" else platform.processor() or platform.machine(),
+            "backend": self.dist.backend,
+            "versions": self.versions,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (self.output_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    # -- signals -------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        if self._signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self._signal = signum
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    # -- the loop ------------------------------------------------------------
+    def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
+        c, dev = self.c, self.dist.device
+        accum = self.prep.grad_accum
+        loss_sum = torch.zeros((), device=dev)
+        spiking = self.spike_due()
+        for m in range(accum):
+            t_wait = time.perf_counter()
+            inputs, labels = next(batches)
+            self.data_wait_s += time.perf_counter() - t_wait
+            if spiking:
+                inputs, labels = self.spike_batch(inputs.shape, m)
+            inputs = inputs.to(dev, non_blocking=True)
+            labels = labels.to(dev, non_blocking=True)
+            with c["parallelism"].sync_context(self.train_model, sync=m == accum - 1):
+                with c["precision"].autocast(dev):
+                    loss = self.train_model(inputs, labels)
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = c["parallelism"].clip_grad_norm(self.train_model, self.rc.train.grad_clip)
+        if self._before_update:
+            step = self.run.step + 1
+            global_loss = distributed.mean_across_ranks(loss_sum / accum, self.dist).item()
+            verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss,
+                                          grad_norm=float(grad_norm))
+            if "rollback" in verdicts and self.rollback():
+                return None, grad_norm
+            if "skip" in verdicts or "rollback" in verdicts:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+                if self.dist.is_main:
+                    print(f"plait: step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})", flush=True)
+                return loss_sum / accum, grad_norm
+        if self._measure_update:
+            self.update_ratio.before()
+        self.optimizer.step()
+        if self._post_optimizer_step is not None:
+            self._post_optimizer_step(self.model)
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum / accum, grad_norm
+
+    def log_metrics(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, steps_in_window: int, window_s: float) -> dict[str, Any]:
+        run = self.run
+        loss_avg = distributed.mean_across_ranks(loss, self.dist).item()
+        elapsed = run.state["wall_time_s"]
+        per_step = window_s / max(steps_in_window, 1)
+        metrics: dict[str, Any] = {
+            "step": step,
+            "loss": loss_avg,
+            "grad_norm": float(grad_norm.item()),
+            "lr": float(self.optimizer.param_groups[0]["lr"]) / self.optimizer.param_groups[0].get("lr_mult", 1.0),
+            "tokens_seen": run.tokens_seen,
+            "tokens_per_s": run.tokens_per_step * steps_in_window / max(window_s, 1e-9),
+            "step_time_s": per_step,
+            "elapsed_s": elapsed,
+            "eta_s": per_step * (run.total_steps - step),
+        }
+        per_device = metrics["tokens_per_s"] / self.dist.world_size
+        metrics["tokens_per_s_per_device"] = per_device
+        metrics["seq_len"] = self.loader_spec.seq_len
+        value = core_metrics.mfu(per_device, self.flops_per_token, self.dist.device)
+        metrics["mfu"] = value if value is not None else "n/a"
+        metrics["data_wait_s"] = self.data_wait_s / max(steps_in_window, 1)
+        self.data_wait_s = 0.0
+        metrics.update(core_metrics.memory(self.dist.device))
+        metrics.update(self.update_ratio.after())
+        metrics.update(self.c["precision"].metrics(self.model))
+        model_metrics = getattr(self.model, "extra_metrics", None)  # loss parts, MoE health (rank 0's view)
+        if model_metrics is not None:
+            metrics.update(model_metrics())
+        data_metrics = getattr(self.c["data"], "metrics", None)
+        if data_metrics is not None:
+            metrics.update(data_metrics(self.loader.state_dict().get("consumed_samples", 0)))
+        return metrics
+
+    def fit(self) -> int:
+        run, rc, ckpt = self.run, self.rc, self.checkpointer
+        self.monitors.emit("plait_train_start", run=run)
+        batches = iter(self.loader)
+        log_every, every = rc.train.log_every, ckpt.opts.every
+        reason = "completed"
+        if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
+            run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
+            run.total_steps = run.step
+        window_t0, window_steps = time.perf_counter(), 0
+        last = time.perf_counter()
+        while run.step < run.total_steps:
+            if self.seq_len_for(run.step) != self.loader_spec.seq_len:
+                batches = self.switch_seq_len(self.seq_len_for(run.step))
+            self._measure_update = (run.step + 1) % log_every == 0 or run.step + 1 == run.total_steps
+            loss, grad_norm = self.train_step(batches)
+            if loss is None:  # rolled back: the run continues from the checkpoint's step
+                batches = iter(self.loader)
+                continue
+            run.step += 1
+            run.tokens_seen += run.tokens_per_step
+            window_steps += 1
+            now = time.perf_counter()
+            run.state["wall_time_s"] += now - last  # everything since the last step, saves included
+            last = now
+            is_log = run.step % log_every == 0 or run.step == run.total_steps
+            save_due = bool(every) and run.step % every == 0 and run.step < run.total_steps
+            metrics: dict[str, Any] = {}
+            if is_log:
+                metrics = self.log_metrics(run.step, loss, grad_norm, window_steps, now - window_t0)
+            self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
+            val = rc.sections["validation"]
+            if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
+                self.validate(val)
+            if is_log:
+                window_t0, window_steps = time.perf_counter(), 0
+            # A non-finite loss must never reach a checkpoint: checked on log and save steps.
+            nonfinite = 0
+            if is_log or save_due:
+                nonfinite = int(not math.isfinite(metrics["loss"] if is_log else loss.item()))
+            ckpt.poll()
+            stop_ckpt, stop_now, sig, bad, code = self.control.max([
+                int(run.stop is not None and run.stop.checkpoint),
+                int(run.stop is not None and not run.stop.checkpoint),
+                self._signal or 0,
+                nonfinite,
+                run.stop.exit_code if run.stop is not None else 0,
+            ])
+            if bad:
+                run.stop = None
+                run.request_stop(f"non-finite loss at step {run.step}", checkpoint=False, source="trainer", exit_code=3)
+                reason = "requested"
+                break
+            if sig:
+                reason = "signal"
+                break
+            if stop_ckpt or stop_now:
+                if run.stop is None:  # another rank asked: follow it, exit code included
+                    run.request_stop("requested by another rank", checkpoint=not stop_now, exit_code=code)
+                reason = "requested"
+                break
+            if save_due:
+                ckpt.maybe_save(run.step)
+        if run.stop is not None and reason == "completed" and run.step < self.prep.total_steps:
+            reason = "requested"
+        if reason == "requested" and self.dist.is_main and run.stop is not None:
+            print(f"plait: stopping at step {run.step}: {run.stop.reason}", flush=True)
+        wants_save = {
+            "completed": ckpt.opts.at_end,
+            "signal": ckpt.opts.on_stop,
+            "requested": ckpt.opts.on_stop and run.stop is not None and run.stop.checkpoint,
+        }[reason]
+        if wants_save:
+            ckpt.maybe_save(run.step, use_async=False)
+        ckpt.wait()
+        self.monitors.emit("plait_train_end", run=run, reason=reason)
+        code = run.stop.exit_code if (run.stop is not None and reason == "requested") else 0
+        if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
+            status = {"exit_code": code, "reason": reason, "step": run.step,
+                      "detail": run.stop.reason if run.stop is not None else ""}
+            (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+        return code

@@ -1,0 +1,12 @@
+"""An example plait plugin: the entry point ``example`` in the group ``plait`` names this module."""
+
+from core.hookspecs import hookimpl
+
+from plait_example_plugin.lion import Lion, LionOptions
+from plait_example_plugin.loss_target import LossTarget, LossTargetOptions
+
+
+@hookimpl
+def plait_register(registry):
+    registry.add("optimizer", "lion", Lion, options=LionOptions, doc="Lion: sign of interpolated momentum (Chen et al. 2023)")
+    registry.add("monitor", "loss_target", LossTarget, options=LossTargetOptions, doc="stop with a checkpoint once the loss is below a target")

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# plait on one rented cloud node: verify, resume, restart, budget-aware.
+#
+#   CONFIG=train_configs/50m_a100.toml CKPT_EVERY=500 launchers/remote.sh [--section.key=value ...]
+#
+# Environment (each maps to a config override; unset means "as the config says"):
+#   CONFIG         run TOML (default train_configs/debug_cpu.toml)
+#   PRECISION      --precision.name            SEQ_LEN     --data.seq_len
+#   MICRO_BATCH    --train.micro_batch         GRAD_ACCUM  sets train.global_batch_tokens =
+#                                                          MICRO_BATCH x SEQ_LEN x NPROC x GRAD_ACCUM
+#   TARGET_TOKENS  --train.target_tokens       N_LOOPS     --model.n_loops (recurrent models)
+#   LR             --optimizer.lr              CKPT_EVERY  --checkpoint.every
+#   CKPT_DIR       --checkpoint.dir            RESUME      --checkpoint.resume (default auto)
+#   OUTPUT_DIR     --train.output_dir (default runs/remote)
+#   NPROC          processes (default: visible GPUs, else 2 on CPU)
+#   MAX_RESTARTS   restarts after a crash or pre-emption (default 3); BACKOFF_S first wait (default 10, doubles)
+#   LOG            log file (default $OUTPUT_DIR/remote.log)
+# Exit codes: 0 done; 2 bad input (never retried); 3 non-finite loss; 75/76 budget guard stops;
+# 1 when the restarts ran out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python}
+CONFIG=${CONFIG:-train_configs/debug_cpu.toml}
+OUTPUT_DIR=${OUTPUT_DIR:-runs/remote}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
+BACKOFF_S=${BACKOFF_S:-10}
+mkdir -p "$OUTPUT_DIR"
+LOG=${LOG:-$OUTPUT_DIR/remote.log}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+log() { echo "[remote.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+# 1. The installation, and what this node has.
+if ! info=$("$PY" - <<'PY'
+import importlib.metadata as md, torch
+cuda = torch.cuda.is_available()
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda if cuda else 'none'}")
+for i in range(torch.cuda.device_count()):
+    cc = torch.cuda.get_device_capability(i)
+    print(f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {cc[0]}.{cc[1]}")
+for dist in ("plait", "torchao"):
+    try:
+        print(f"{dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        print(f"{dist} not installed")
+import core.registry
+core.registry.load()
+print(f"gpus {torch.cuda.device_count()}")
+PY
+); then
+    log "installation check failed: is plait installed (pip install -e .)?"
+    exit 2
+fi
+echo "$info" | tee -a "$LOG"
+GPUS=$(echo "$info" | awk '/^gpus /{print $2}')
+if [ -z "${NPROC:-}" ]; then
+    if [ "${GPUS:-0}" -gt 0 ]; then NPROC=$GPUS; else NPROC=2; fi
+fi
+
+# 2. Environment -> overrides.
+args=("--config" "$CONFIG" "--train.output_dir=$OUTPUT_DIR" "--checkpoint.resume=${RESUME:-auto}")
+[ -n "${PRECISION:-}" ] && args+=("--precision.name=$PRECISION")
+[ -n "${SEQ_LEN:-}" ] && args+=("--data.seq_len=$SEQ_LEN")
+[ -n "${MICRO_BATCH:-}" ] && args+=("--train.micro_batch=$MICRO_BATCH")
+if [ -n "${GRAD_ACCUM:-}" ]; then
+    if [ -z "${MICRO_BATCH:-}" ] || [ -z "${SEQ_LEN:-}" ]; then
+        log "GRAD_ACCUM needs MICRO_BATCH and SEQ_LEN too"; exit 2
+    fi
+    args+=("--train.global_batch_tokens=$((MICRO_BATCH * SEQ_LEN * NPROC * GRAD_ACCUM))")
+fi
+[ -n "${TARGET_TOKENS:-}" ] && args+=("--train.target_tokens=$TARGET_TOKENS" "--train.steps=0")
+[ -n "${N_LOOPS:-}" ] && args+=("--model.n_loops=$N_LOOPS")
+[ -n "${LR:-}" ] && args+=("--optimizer.lr=$LR")
+[ -n "${CKPT_EVERY:-}" ] && args+=("--checkpoint.every=$CKPT_EVERY")
+[ -n "${CKPT_DIR:-}" ] && args+=("--checkpoint.dir=$CKPT_DIR")
+args+=("$@")
+
+# 3. Bad input is final: check it once, without a process group.
+if ! "$PY" -m core.plan "${args[@]}" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
+    log "the run's configuration is invalid; not starting"
+    exit 2
+fi
+
+# 4. Train; after a crash or a kill, resume from the last complete checkpoint.
+attempt=0
+while true; do
+    rm -f "$OUTPUT_DIR/exit_status.json"
+    log "starting (attempt $((attempt + 1)), $NPROC processes)"
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+        -m core.train "${args[@]}" 2>&1 | tee -a "$LOG"
+    code=${PIPESTATUS[0]}
+    if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
+        code=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exit_code'])" "$OUTPUT_DIR/exit_status.json")
+        log "trainer finished with exit code $code"
+        exit "$code"
+    fi
+    if [ "$attempt" -ge "$MAX_RESTARTS" ]; then
+        log "trainer failed (code $code) and $MAX_RESTARTS restarts are used up"
+        exit 1
+    fi
+    wait_s=$((BACKOFF_S * (1 << attempt)))
+    [ "$wait_s" -gt 300 ] && wait_s=300
+    log "trainer died (code $code); restarting in ${wait_s}s"
+    sleep "$wait_s"
+    attempt=$((attempt + 1))
+done

@@ -1,0 +1,1 @@
+"""Model families shipped with plait, each a plugin registered through an entry point."""

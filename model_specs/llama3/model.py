@@ -1,0 +1,213 @@
+"""A Llama-3 style decoder in one file: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Parameter names follow torchtitan's llama3 (``tok_embeddings``,
+``layers.{i}.attention.wq`` ...), and RoPE uses the "rotate half" layout of
+Hugging Face's ``LlamaForCausalLM``, so a checkpoint maps onto HF names
+one-to-one without permuting ``wq``/``wk``.
+
+The module does not initialize its weights: :class:`model_specs.llama3.spec.Llama3Spec`
+builds it on the meta device and calls :meth:`Transformer.init_weights` after
+the weights have been given real storage.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    vocab_size: int
+    rope_theta: float
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    attention: str = "sdpa"  # "sdpa" or "flash_attn" (flash-attn package, CUDA, bf16/fp16)
+    loss_chunk_tokens: int = 0  # > 0: chunked cross-entropy, never the full logits
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019); no bias, no mean."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * frequency, [max_seq_len, head_dim], in fp32.
+
+    Frequency i (of head_dim / 2) is theta^(-2i / head_dim); each appears twice,
+    once per half of the head, matching :func:`apply_rope`.
+    """
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    pos = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(pos, freqs)  # [T, head_dim / 2]
+    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[i], x[i + head_dim/2]) of x [B, T, H, head_dim] by position; math in fp32."""
+    T = x.shape[1]
+    cos, sin = cos[None, :T, None, :], sin[None, :T, None, :]
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (xf * cos + rotated * sin).type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.use_flash_attn = args.attention == "flash_attn"
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.use_flash_attn and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+            from flash_attn import flash_attn_func  # GQA natively, [B, T, H, D] layout
+
+            return self.wo(flash_attn_func(q, k, v, causal=True).reshape(B, T, -1))
+        # Share each kv head with n_heads / n_kv_heads query heads. Repeating
+        # explicitly (rather than SDPA's enable_gqa, which only the flash
+        # kernel honours) keeps every SDPA backend available, fp32 included.
+        rep = self.n_heads // self.n_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=2)
+            v = v.repeat_interleave(rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, head_dim]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+        # Derived from the shapes, not learned: left out of state_dict, and
+        # recomputed by init_buffers() after to_empty() leaves them garbage.
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def tie_weights(self) -> None:
+        """Make the output head share the embedding matrix, if tied.
+
+        ``to_empty()`` from the meta device gives each module its own new
+        Parameter, which silently unties them; init_weights() ties again.
+        """
+        if self.args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_buffers(self) -> None:
+        """(Re)compute the RoPE tables in fp32 on the device the buffers live on."""
+        a = self.args
+        cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, device=self.rope_cos.device)
+        self.rope_cos, self.rope_sin = cos, sin  # assigning a registered buffer name replaces the buffer
+
+    @torch.no_grad()
+    def init_weights(self, init_std: float = 0.02) -> None:
+        """Linears N(0, std 1/sqrt(fan_in)); the residual outputs (wo, w2) std
+        dim^-0.5 / sqrt(2 n_layers); embeddings std init_std; norms 1; an
+        untied head std dim^-0.5. Also ties the head again and recomputes the
+        RoPE buffers, both lost by ``to_empty()``."""
+        a = self.args
+        self.tie_weights()
+        self.init_buffers()
+        nn.init.normal_(self.tok_embeddings.weight, std=init_std)
+        residual_std = a.dim**-0.5 / math.sqrt(2 * a.n_layers)
+        for layer in self.layers:
+            attn, ffn = layer.attention, layer.feed_forward
+            for lin in (attn.wq, attn.wk, attn.wv, ffn.w1, ffn.w3):
+                nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)
+            nn.init.normal_(attn.wo.weight, std=residual_std)
+            nn.init.normal_(ffn.w2.weight, std=residual_std)
+            layer.attention_norm.reset_parameters()
+            layer.ffn_norm.reset_parameters()
+        self.norm.reset_parameters()
+        if not a.tie_embeddings:
+            nn.init.normal_(self.output.weight, std=a.dim**-0.5)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab] or, given labels (-100: ignored), the mean cross-entropy (fp32)."""
+        T = input_ids.shape[1]
+        if T > self.args.max_seq_len:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.args.max_seq_len}")
+        h = self.tok_embeddings(input_ids)
+        for layer in self.layers:
+            h = layer(h, self.rope_cos, self.rope_sin)
+        h = self.norm(h)
+        if labels is not None and self.args.loss_chunk_tokens > 0:
+            from core.losses import chunked_cross_entropy
+
+            return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens)
+        logits = self.output(h)
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)

@@ -1,0 +1,184 @@
+"""A looped mixture-of-experts transformer: prelude, a recurrent core applied n_loops times, coda.
+
+Attention, RoPE and RMSNorm are llama3's. Each block's FFN is a mixture of
+SwiGLU experts with top-k routing (softmax over the chosen k). Training
+minimizes ``lm + aux_weight x load_balance + z_weight x router_z`` (Switch
+Transformer's balance loss, ST-MoE's z-loss). The model keeps, detached,
+what monitors need: each loss part, tokens per expert, router entropy, the
+spread of expert outputs, and the cosine similarity of consecutive loop states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, rope_tables
+
+
+@dataclass(frozen=True)
+class MoEArgs:
+    base: ModelArgs          # shapes shared with llama3 (n_layers unused)
+    n_prelude: int
+    n_core: int
+    n_coda: int
+    n_loops: int
+    n_experts: int
+    top_k: int
+    aux_weight: float
+    z_weight: float
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts. A loop over experts: readable, and fine at debug sizes."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(dim, n_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(dim, hidden) for _ in range(n_experts))
+        self.stats: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x).float()
+        probs = logits.softmax(-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        n = len(self.experts)
+        counts = torch.bincount(chosen.flatten(), minlength=n)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            out.index_add_(0, rows, expert(x[rows]) * weights[rows, slot, None])
+        # Switch balance loss: n x sum_e (fraction of routed tokens) x (mean router prob)
+        frac = counts.float() / chosen.numel()
+        aux = n * (frac * probs.mean(0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        with torch.no_grad():
+            entropy = -(probs * probs.clamp_min(1e-9).log()).sum(-1).mean()
+            # collapse probe: every expert on the same few tokens; identical experts give spread 0
+            probe = x[:16].detach()
+            spread = torch.stack([expert(probe).float() for expert in self.experts]).std(0).mean() if n > 1 else x.new_zeros(())
+        self.stats = {"counts": counts.detach(), "entropy": entropy, "spread": spread}
+        return out.reshape(shape), aux, z
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, a: MoEArgs):
+        super().__init__()
+        b = a.base
+        self.attention_norm = RMSNorm(b.dim, b.norm_eps)
+        self.attention = Attention(b)
+        self.ffn_norm = RMSNorm(b.dim, b.norm_eps)
+        self.moe = MoE(b.dim, b.ffn_dim, a.n_experts, a.top_k)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        y, aux, z = self.moe(self.ffn_norm(x))
+        return x + y, aux, z
+
+
+def loop_cosines(states: list[torch.Tensor]) -> list[float]:
+    """Mean per-token cosine similarity of consecutive loop states."""
+    return [float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean()) for a, b in zip(states, states[1:])]
+
+
+class RecurrentMoE(nn.Module):
+    def __init__(self, a: MoEArgs):
+        super().__init__()
+        self.args = a
+        b = a.base
+        self.tok_embeddings = nn.Embedding(b.vocab_size, b.dim)
+        self.prelude = nn.ModuleList(MoEBlock(a) for _ in range(a.n_prelude))
+        self.core = nn.ModuleList(MoEBlock(a) for _ in range(a.n_core))
+        self.coda = nn.ModuleList(MoEBlock(a) for _ in range(a.n_coda))
+        self.norm = RMSNorm(b.dim, b.norm_eps)
+        self.output = nn.Linear(b.dim, b.vocab_size, bias=False)
+        cos, sin = rope_tables(b.head_dim, b.max_seq_len, b.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.losses: dict[str, torch.Tensor] = {}
+        self.loop_cos: list[float] = []
+        self._counts: torch.Tensor | None = None
+
+    def blocks(self) -> list[nn.Module]:
+        return [*self.prelude, *self.core, *self.coda]
+
+    def init_weights(self, init_std: float = 0.02) -> None:
+        b = self.args.base
+        cos, sin = rope_tables(b.head_dim, b.max_seq_len, b.rope_theta, device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        nn.init.normal_(self.tok_embeddings.weight, std=init_std)
+        depth = len(self.prelude) + len(self.core) * self.args.n_loops + len(self.coda)
+        residual_std = b.dim**-0.5 / math.sqrt(2 * depth)
+        for block in self.blocks():
+            at, moe = block.attention, block.moe
+            for lin in (at.wq, at.wk, at.wv, moe.router):
+                nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)
+            nn.init.normal_(at.wo.weight, std=residual_std)
+            for ffn in moe.experts:
+                nn.init.normal_(ffn.w1.weight, std=b.dim**-0.5)
+                nn.init.normal_(ffn.w3.weight, std=b.dim**-0.5)
+                nn.init.normal_(ffn.w2.weight, std=residual_std)
+            block.attention_norm.reset_parameters()
+            block.ffn_norm.reset_parameters()
+        self.norm.reset_parameters()
+        nn.init.normal_(self.output.weight, std=b.dim**-0.5)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        a = self.args
+        h = self.tok_embeddings(input_ids)
+        aux = h.new_zeros((), dtype=torch.float32)
+        z = h.new_zeros((), dtype=torch.float32)
+        cos, sin = self.rope_cos, self.rope_sin
+
+        def run(blocks, h, aux, z):
+            for block in blocks:
+                h, a_, z_ = block(h, cos, sin)
+                aux, z = aux + a_, z + z_
+            return h, aux, z
+
+        h, aux, z = run(self.prelude, h, aux, z)
+        states = [h.detach()]
+        for _ in range(a.n_loops):
+            h, aux, z = run(self.core, h, aux, z)
+            states.append(h.detach())
+        h, aux, z = run(self.coda, h, aux, z)
+        logits = self.output(self.norm(h))
+        if labels is None:
+            return logits
+        n_moe = len(self.prelude) + len(self.core) * a.n_loops + len(self.coda)
+        aux, z = aux / n_moe, z / n_moe
+        lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        self.losses = {"lm": lm.detach(), "aux": aux.detach(), "z": z.detach()}
+        self.loop_cos = loop_cosines(states)
+        counts = sum(block.moe.stats["counts"] for block in self.blocks())
+        self._counts = counts if self._counts is None else self._counts + counts
+        return lm + a.aux_weight * aux + a.z_weight * z
+
+    def extra_metrics(self) -> dict[str, float | list[int]]:
+        """Loss parts and health of the last forward, expert counts since the last call (for monitors)."""
+        if not self.losses:
+            return {}
+        blocks = self.blocks()
+        counts = self._counts.float()
+        self._counts = None
+        return {
+            "lm": float(self.losses["lm"]),
+            "aux": float(self.losses["aux"]),
+            "z": float(self.losses["z"]),
+            "moe/loop_cos_min": min(self.loop_cos) if self.loop_cos else 1.0,
+            "moe/expert_spread_min": min(float(b.moe.stats["spread"]) for b in blocks),
+            "moe/load_imbalance": float(counts.max() / counts.mean().clamp(min=1e-9)),
+            "moe/router_entropy": sum(float(b.moe.stats["entropy"]) for b in blocks) / len(blocks),
+            "moe/expert_tokens": [int(c) for c in counts.tolist()],
+        }

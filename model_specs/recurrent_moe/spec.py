@@ -1,0 +1,93 @@
+"""The ``recurrent_moe`` model spec: flavors, options and the ModelSpec protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch import nn
+
+from core.options import option
+from model_specs.llama3.model import ModelArgs
+from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
+
+FLAVORS: dict[str, dict[str, Any]] = {
+    "debug": dict(dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=512, rope_theta=10_000.0, max_seq_len=1024,
+                  n_prelude=1, n_core=1, n_coda=1, n_loops=3, n_experts=4, top_k=2),
+    "small": dict(dim=512, n_heads=8, n_kv_heads=4, ffn_dim=1024, vocab_size=50_257, rope_theta=10_000.0, max_seq_len=2048,
+                  n_prelude=2, n_core=2, n_coda=2, n_loops=4, n_experts=8, top_k=2),
+}
+
+
+@dataclass
+class RecurrentMoEOptions:
+    flavor: str = option("debug", "named set of shapes: debug, small")
+    n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)")
+    n_experts: int = option(0, "experts per MoE layer (0: from flavor)")
+    top_k: int = option(0, "experts each token is routed to (0: from flavor)")
+    vocab_size: int = option(0, "vocabulary size (0: from flavor)")
+    aux_weight: float = option(0.01, "weight of the load-balancing loss")
+    z_weight: float = option(0.001, "weight of the router z-loss (0 disables)")
+
+    def check(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
+        f = {**FLAVORS[self.flavor], **{k: v for k, v in (("n_experts", self.n_experts), ("top_k", self.top_k)) if v}}
+        if not 1 <= f["top_k"] <= f["n_experts"]:
+            raise ValueError(f"top_k {f['top_k']} must be between 1 and n_experts {f['n_experts']}")
+
+
+@dataclass
+class RecurrentMoESpec:
+    args: MoEArgs
+
+    @classmethod
+    def from_options(cls, o: RecurrentMoEOptions) -> "RecurrentMoESpec":
+        o.check()
+        f = dict(FLAVORS[o.flavor])
+        for key in ("n_loops", "n_experts", "top_k", "vocab_size"):
+            if getattr(o, key):
+                f[key] = getattr(o, key)
+        base = ModelArgs(n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"], dim=f["dim"], n_heads=f["n_heads"],
+                         n_kv_heads=f["n_kv_heads"], ffn_dim=f["ffn_dim"], vocab_size=f["vocab_size"],
+                         rope_theta=f["rope_theta"], max_seq_len=f["max_seq_len"])
+        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"],
+                           o.aux_weight, o.z_weight))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.base.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.args.base.max_seq_len
+
+    def build(self) -> RecurrentMoE:
+        return RecurrentMoE(self.args)
+
+    def init_weights(self, model: nn.Module) -> None:
+        getattr(model, "module", model).init_weights()
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        return getattr(model, "module", model).blocks()
+
+    def _active_params(self) -> int:
+        """Parameters a token passes through: attention + top_k experts per applied block, head."""
+        a, b = self.args, self.args.base
+        attn = 2 * b.dim * b.dim + 2 * b.dim * b.n_kv_heads * b.head_dim
+        per_block = attn + a.top_k * 3 * b.dim * b.ffn_dim + b.dim * a.n_experts
+        applied = a.n_prelude + a.n_core * a.n_loops + a.n_coda
+        return applied * per_block + b.dim * b.vocab_size
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6 x active parameters per token (loops counted as applied) + attention's 12 x L x d x T."""
+        a, b = self.args, self.args.base
+        applied = a.n_prelude + a.n_core * a.n_loops + a.n_coda
+        return 6 * self._active_params() + 12 * applied * b.dim * seq_len
+
+    def activation_bytes(self, micro_batch: int, seq_len: int, bytes_per_element: int) -> int:
+        a, b = self.args, self.args.base
+        applied = a.n_prelude + a.n_core * a.n_loops + a.n_coda
+        tokens = micro_batch * seq_len
+        per_block = tokens * (10 * b.dim + 4 * b.ffn_dim * a.top_k) * bytes_per_element
+        return applied * per_block + tokens * (3 * b.dim * bytes_per_element + 4 * b.vocab_size)

@@ -1,0 +1,1 @@
+"""plait's built-in plugins, registered through the ``plait`` entry-point group like any third-party plugin."""

@@ -1,0 +1,174 @@
+"""``text_stream``: jsonl or parquet text read lazily, tokenized on the fly, packed, resumable.
+
+Documents are numbered in file order. Shard ``k`` of ``K = world_size x
+workers`` (rank-major) takes documents ``k, k + K, k + 2K, ...``, tokenizes
+them, appends EOS, and packs the tokens into windows of ``seq_len + 1``. An
+optional shuffle buffer holds ``shuffle_buffer`` windows per shard; which one
+leaves next is drawn from ``(seed, shard, position)`` alone, never from a
+worker's RNG, so a resume continues the very same stream. torchdata's
+``StatefulDataLoader`` saves each worker's cursor, packing carry-over and
+buffer mid-epoch. At the end of the files a shard starts over, with a
+warning; the epoch is part of the saved state. (Ending the run instead is
+not offered: one rank running dry while the others are inside a step's
+collectives would hang the job.)
+
+The state belongs to the layout of shards, so a streaming run resumes at the
+same world size and worker count; use ``token_bin`` (or a ``mixture`` of
+them) for runs that change size.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from core.data import mix_seed
+from core.errors import DataError
+from core.options import option
+
+
+@dataclass
+class TextStreamOptions:
+    files: list[str] = option([], "jsonl or parquet files (globs allowed), read in this order")
+    tokenizer: str = option("bytes", "bytes | hf:PATH/tokenizer.json")
+    text_field: str = option("text", "jsonl key / parquet column with the text")
+    shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)")
+    workers: int = option(0, "loader worker processes per rank (StatefulDataLoader)")
+
+
+class _Shard(torch.utils.data.IterableDataset):
+    def __init__(self, opts: TextStreamOptions, files: list[str], seq_len: int, rank: int, world: int, seed: int, split: str):
+        self.opts, self.files, self.seq_len = opts, files, seq_len
+        self.rank, self.world, self.seed, self.split = rank, world, seed, split
+        self.state: dict[str, Any] | None = None  # per worker, set in __iter__ or by load_state_dict
+
+    def _tokenizer(self):
+        from plugins.data.prepare import Tokenizer
+
+        return Tokenizer(self.opts.tokenizer, None)
+
+    def _documents(self, start: int) -> Iterator[tuple[int, str]]:
+        from pathlib import Path
+
+        from plugins.data.prepare import documents
+
+        index = 0
+        for f in self.files:
+            for text in documents(Path(f), self.opts.text_field):
+                if index >= start:
+                    yield index, text
+                index += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        # a deep copy: the worker pickles it later, while iteration keeps mutating the lists
+        return copy.deepcopy(self.state) if self.state else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = copy.deepcopy(state) if state else None
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        workers, wid = (info.num_workers, info.id) if info else (1, 0)
+        shards, shard = self.world * workers, self.rank * workers + wid
+        if self.state and (self.state.get("shards") != shards or self.state.get("shard") != shard):
+            raise DataError(f"[data] text_stream: saved position is for shard {self.state.get('shard')} of "
+                            f"{self.state.get('shards')}, this loader is shard {shard} of {shards}: streaming sources "
+                            "resume at the same world size and worker count")
+        st = self.state or {"shard": shard, "shards": shards, "next_doc": shard, "carry": [], "buffer": [],
+                            "position": 0, "epoch": 0}
+        self.state = st
+        tok = self._tokenizer()
+        n = self.seq_len + 1
+        while True:
+            produced = False
+            for index, text in self._documents(st["next_doc"]):
+                if (index - shard) % shards:
+                    continue
+                st["next_doc"] = index + shards
+                produced = True
+                st["carry"] += tok.encode(text) + [tok.eos_id]
+                while len(st["carry"]) >= n:
+                    window, st["carry"] = st["carry"][:n], st["carry"][n:]
+                    out = self._through_buffer(st, window)
+                    if out is not None:
+                        yield torch.tensor(out, dtype=torch.int64)
+            if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
+                raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
+            st["epoch"] += 1
+            st["next_doc"] = shard
+            print(f"plait: warning: text_stream shard {shard}: end of the files, starting epoch {st['epoch']}",
+                  file=sys.stderr, flush=True)
+
+    def _through_buffer(self, st, window):
+        size = self.opts.shuffle_buffer
+        st["position"] += 1
+        if size <= 1:
+            return window
+        st["buffer"].append(window)
+        if len(st["buffer"]) < size:
+            return None
+        pick = mix_seed(self.seed, st["shard"], st["position"]) % len(st["buffer"])
+        st["buffer"][pick], st["buffer"][-1] = st["buffer"][-1], st["buffer"][pick]
+        return st["buffer"].pop()
+
+
+class StreamLoader:
+    """The DataLoaderLike the trainer iterates: (inputs, labels) micro-batches; state per rank."""
+
+    per_rank_state = True
+
+    def __init__(self, source: "TextStream", spec) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.dataset = _Shard(source.options, source.paths, spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
+        self.loader = StatefulDataLoader(self.dataset, batch_size=spec.micro_batch, num_workers=source.options.workers)
+        self._it = None
+
+    def __iter__(self):
+        self._it = iter(self.loader)
+        for batch in self._it:
+            yield batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["stream"])
+
+
+class TextStream:
+    def __init__(self, options: TextStreamOptions) -> None:
+        self.options = options
+        self.paths: list[str] = []
+
+    def validate(self, vocab_size: int, seq_len: int) -> None:
+        from plugins.data.prepare import Tokenizer
+
+        if not self.options.files:
+            raise DataError("[data] text_stream: files is empty")
+        paths = []
+        for pattern in self.options.files:
+            found = sorted(glob.glob(pattern)) or []
+            if not found:
+                raise DataError(f"[data] text_stream: {pattern} matches no file")
+            paths += found
+        bad = [p for p in paths if not p.endswith((".jsonl", ".parquet"))]
+        if bad:
+            raise DataError(f"[data] text_stream: {bad[0]} is not .jsonl or .parquet")
+        self.paths = paths
+        tok = Tokenizer(self.options.tokenizer, None)
+        if tok.vocab_size > vocab_size:
+            raise DataError(f"[data] text_stream: tokenizer {self.options.tokenizer} has {tok.vocab_size} ids, "
+                            f"more than the model's vocabulary {vocab_size}")
+
+    def has_split(self, split: str) -> bool:
+        return split == "train"
+
+    def loader(self, spec) -> StreamLoader:
+        return StreamLoader(self, spec)

@@ -1,0 +1,112 @@
+"""``token_bin``: nanoGPT's flat binary token files.
+
+``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
+(uint16, or uint32 when the vocabulary needs it), optionally described by
+``<path>/meta.json``. Sample ``i`` of a run with seed ``s`` is the window of
+``seq_len + 1`` tokens starting at ``mix_seed(s, split, i) % (n - seq_len - 1)``:
+a function of the index alone, so every world size sees the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from core.data import IndexedSource, mix_seed
+from core.errors import DataError
+from core.options import option
+
+SPLIT_IDS = {"train": 0, "val": 1}
+SCAN_CHUNK = 1 << 24
+
+
+@dataclass
+class TokenBinOptions:
+    path: str = option("", "folder holding train.bin / val.bin (relative to the working directory)")
+    dtype: Literal["auto", "uint16", "uint32"] = option("auto", "token dtype; auto reads meta.json, else uint16")
+    train_file: str = option("train.bin", "training file name inside path")
+    val_file: str = option("val.bin", "validation file name inside path")
+    check_ids: bool = option(True, "scan the files for ids >= the model's vocabulary before training")
+
+    def check(self) -> None:
+        if not self.path:
+            raise ValueError("path is required: the folder with train.bin and val.bin")
+
+
+class TokenBin(IndexedSource):
+    def __init__(self, options: TokenBinOptions) -> None:
+        self.options = options
+        self.root = Path(options.path)
+        self._arrays: dict[str, np.memmap] = {}
+        self._meta: dict | None = None
+
+    # -- checks before training ---------------------------------------------
+    def meta(self) -> dict:
+        if self._meta is None:
+            f = self.root / "meta.json"
+            try:
+                self._meta = json.loads(f.read_text()) if f.is_file() else {}
+            except json.JSONDecodeError as e:
+                raise DataError(f"{f}: not valid JSON ({e})") from None
+        return self._meta
+
+    def dtype(self) -> np.dtype:
+        meta_dtype = self.meta().get("dtype")
+        if self.options.dtype != "auto":
+            if meta_dtype and meta_dtype != self.options.dtype:
+                raise DataError(f"{self.root / 'meta.json'}: dtype is {meta_dtype}, but [data].dtype = {self.options.dtype!r}")
+            return np.dtype(self.options.dtype)
+        if meta_dtype not in (None, "uint16", "uint32"):
+            raise DataError(f"{self.root / 'meta.json'}: dtype {meta_dtype!r}; expected uint16 or uint32")
+        return np.dtype(meta_dtype or "uint16")
+
+    def file(self, split: str) -> Path:
+        return self.root / (self.options.train_file if split == "train" else self.options.val_file)
+
+    def has_split(self, split: str) -> bool:
+        return self.file(split).is_file()
+
+    def validate(self, vocab_size: int, seq_len: int) -> None:
+        if not self.root.is_dir():
+            raise DataError(f"[data] token_bin: folder {self.root} does not exist")
+        dtype = self.dtype()
+        meta_vocab = self.meta().get("vocab_size")
+        if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
+            raise DataError(f"{self.root / 'meta.json'}: vocab_size {meta_vocab} exceeds the model's vocabulary {vocab_size}")
+        for split in ("train", "val"):
+            f = self.file(split)
+            if split == "val" and not f.is_file():
+                continue  # validation is optional
+            if not f.is_file():
+                raise DataError(f"[data] token_bin: {f} not found")
+            size = f.stat().st_size
+            if size == 0:
+                raise DataError(f"{f} is empty")
+            if size % dtype.itemsize:
+                raise DataError(f"{f}: size {size} bytes is not a multiple of {dtype.name} ({dtype.itemsize} bytes); wrong dtype?")
+            n = size // dtype.itemsize
+            if n < seq_len + 2:
+                raise DataError(f"{f} holds {n} tokens, fewer than data.seq_len + 2 = {seq_len + 2}")
+            if self.options.check_ids:
+                arr = np.memmap(f, dtype=dtype, mode="r")
+                top = max(int(arr[i:i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
+                if top >= vocab_size:
+                    raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
+
+    # -- samples -------------------------------------------------------------
+    def array(self, split: str) -> np.memmap:
+        if split not in self._arrays:
+            self._arrays[split] = np.memmap(self.file(split), dtype=self.dtype(), mode="r")
+        return self._arrays[split]
+
+    def num_tokens(self, split: str) -> int:
+        return len(self.array(split))
+
+    def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
+        arr = self.array(split)
+        start = mix_seed(self.seed, SPLIT_IDS[split], index) % (len(arr) - seq_len - 1)
+        return np.asarray(arr[start:start + seq_len + 1], dtype=np.int64)

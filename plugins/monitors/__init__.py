@@ -1,0 +1,32 @@
+"""Monitors: ``console``, ``jsonl``, ``tensorboard``, ``budget_guard``, ``spikes``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
+
+from core.hookspecs import hookimpl
+
+
+@hookimpl
+def plait_register(registry):
+    from plugins.monitors.budget_guard import BudgetGuard, BudgetGuardOptions
+    from plugins.monitors.console import Console, ConsoleOptions
+    from plugins.monitors.jsonl import Jsonl, JsonlOptions
+    from plugins.monitors.mlflow_logger import MLflowLogger, MLflowOptions
+    from plugins.monitors.wandb_logger import WandbLogger, WandbOptions
+    from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMonitorOptions
+    from plugins.monitors.spikes import Spikes, SpikesOptions
+    from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
+
+    registry.add("monitor", "console", Console, options=ConsoleOptions,
+                 doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")
+    registry.add("monitor", "jsonl", Jsonl, options=JsonlOptions,
+                 doc="one JSON object per logged step in <output_dir>/metrics.jsonl")
+    registry.add("monitor", "tensorboard", TensorBoard, options=TensorBoardOptions,
+                 doc="TensorBoard scalars in <output_dir>/tensorboard")
+    registry.add("monitor", "budget_guard", BudgetGuard, options=BudgetGuardOptions,
+                 doc="dollar budget: alert, checkpoint-and-stop on projected overrun, hard stop over the cap")
+    registry.add("monitor", "spikes", Spikes, options=SpikesOptions,
+                 doc="loss and grad-norm spikes against a rolling window: log, skip the update, or roll back")
+    registry.add("monitor", "recurrent_moe", RecurrentMoEMonitor, options=RecurrentMoEMonitorOptions,
+                 doc="looped MoE health: loop drift, expert collapse, load imbalance, dead experts")
+    registry.add("monitor", "mlflow", MLflowLogger, options=MLflowOptions,
+                 doc="metrics and config to MLflow (local file store by default; extra 'mlflow')")
+    registry.add("monitor", "wandb", WandbLogger, options=WandbOptions,
+                 doc="metrics and config to Weights & Biases (offline by default; extra 'wandb')")

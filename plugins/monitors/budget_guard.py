@@ -1,0 +1,161 @@
+"""``budget_guard``: keep a rented-GPU run inside its dollar budget.
+
+Spend comes from a budget file that a sidecar keeps current
+(``{"spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd",
+"last_update_utc"}``), or, without one, from ``rate_usd_per_hr x GPUs x wall
+time`` where the wall time is cumulative across resumes (it lives in the
+train state that checkpoints save). Every ``check_every_s`` seconds rank 0
+checks, in this order:
+
+* spent over ``cap_usd``: stop at once, no checkpoint, exit code 76;
+* projected total over ``cap_usd``: checkpoint, then exit code 75;
+* spent over ``warn_usd``: an alert (log line, and ``alert_command`` if set), once.
+
+A missing, stale or malformed budget file is a warning, never a crash.
+``dry_run`` logs what would happen and never stops. Before training, a run
+whose plan already projects over the cap is refused (exit 2) unless
+``--budget.force=true``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import ConfigError
+from core.hookspecs import hookimpl
+from core.options import option
+
+EXIT_PROJECTED_OVER_CAP = 75
+EXIT_SPENT_OVER_CAP = 76
+CLOCK_ENV = "PLAIT_FAKE_CLOCK"  # tests: a file holding the current UNIX time
+
+
+def now() -> float:
+    fake = os.environ.get(CLOCK_ENV)
+    if fake:
+        return float(Path(fake).read_text().strip())
+    return time.time()
+
+
+@dataclass
+class BudgetGuardOptions:
+    budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x wall time")
+    rate_usd_per_hr: float = option(0.0, "price of one GPU-hour, for computed spend and the pre-flight projection")
+    gpus: int = option(0, "GPUs billed; 0 means the world size")
+    warn_usd: float = option(0.0, "alert once when spend passes this; 0 disables")
+    cap_usd: float = option(0.0, "hard budget; 0 disables the stops")
+    check_every_s: float = option(60.0, "seconds between checks")
+    stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)")
+    alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
+    dry_run: bool = option(False, "log what each threshold would do, never stop")
+    expected_tokens_per_s: float = option(0.0, "throughput for the pre-flight cost projection; 0 skips it")
+
+
+class BudgetGuard:
+    def __init__(self, options: BudgetGuardOptions) -> None:
+        self.options = options
+        self.last_check = -float("inf")
+        self.alerted = False
+        self.warned: set[str] = set()
+
+    # -- before training ------------------------------------------------------
+    def preflight(self, prep, force: bool) -> None:
+        o = self.options
+        if not (o.cap_usd and o.rate_usd_per_hr and o.expected_tokens_per_s):
+            return
+        gpus = o.gpus or prep.world_size
+        hours = prep.total_steps * prep.tokens_per_step / o.expected_tokens_per_s / 3600
+        cost = hours * gpus * o.rate_usd_per_hr
+        if cost > o.cap_usd and not force:
+            raise ConfigError(
+                f"[monitors.budget_guard] the plan projects ${cost:,.2f} ({hours:,.1f} h x {gpus} GPUs x ${o.rate_usd_per_hr}/h) "
+                f"over cap_usd = {o.cap_usd}; pass --budget.force=true to start anyway"
+            )
+
+    # -- during training -------------------------------------------------------
+    def _warn(self, run, key: str, text: str) -> None:
+        if key not in self.warned and run.dist.is_main:
+            self.warned.add(key)
+            print(f"plait: budget_guard: warning: {text}", file=sys.stderr, flush=True)
+
+    def read_file(self, run) -> dict | None:
+        o = self.options
+        path = Path(o.budget_file)
+        try:
+            data = json.loads(path.read_text())
+            spent = float(data["spent_usd"])
+            projected = float(data.get("projected_total_usd", spent))
+            stamp = datetime.datetime.fromisoformat(str(data["last_update_utc"]).replace("Z", "+00:00"))
+            if stamp.tzinfo is None:
+                stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        except FileNotFoundError:
+            self._warn(run, "missing", f"budget file {path} not found; using computed spend")
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self._warn(run, "malformed", f"budget file {path} is not usable ({type(e).__name__}: {e}); using computed spend")
+            return None
+        age = now() - stamp.timestamp()
+        if age > o.stale_after_s:
+            self._warn(run, "stale", f"budget file {path} is stale ({age:,.0f} s old > stale_after_s {o.stale_after_s:g})")
+            if o.rate_usd_per_hr:
+                return None
+        return {"spent": spent, "projected": projected}
+
+    def computed(self, run) -> dict:
+        o = self.options
+        gpus = o.gpus or run.dist.world_size
+        hours = run.state.get("wall_time_s", 0.0) / 3600
+        spent = hours * gpus * o.rate_usd_per_hr
+        done = max(run.step, 1)
+        remaining_h = hours / done * (run.total_steps - run.step)
+        return {"spent": spent, "projected": spent + remaining_h * gpus * o.rate_usd_per_hr}
+
+    def spend(self, run) -> dict | None:
+        figures = self.read_file(run) if self.options.budget_file else None
+        if figures is None and self.options.rate_usd_per_hr:
+            figures = self.computed(run)
+        return figures
+
+    def act(self, run, action: str, reason: str) -> None:
+        o = self.options
+        prefix = "[dry run] would " if o.dry_run else ""
+        print(f"plait: budget_guard: {prefix}{action}: {reason}", file=sys.stderr, flush=True)
+        if o.dry_run:
+            return
+        if action == "alert":
+            if o.alert_command:
+                env = dict(os.environ, PLAIT_BUDGET_REASON=reason, PLAIT_BUDGET_STEP=str(run.step))
+                subprocess.Popen(o.alert_command, shell=True, env=env)
+        elif action == "checkpoint and stop":
+            run.request_stop(f"budget: {reason}", checkpoint=True, source="budget_guard", exit_code=EXIT_PROJECTED_OVER_CAP)
+        else:
+            run.request_stop(f"budget: {reason}", checkpoint=False, source="budget_guard", exit_code=EXIT_SPENT_OVER_CAP)
+
+    @hookimpl
+    def plait_step_end(self, run, step, metrics):
+        if not run.dist.is_main:  # rank 0 decides; the trainer makes every rank follow
+            return
+        t = now()
+        if t - self.last_check < self.options.check_every_s:
+            return
+        self.last_check = t
+        figures = self.spend(run)
+        if figures is None:
+            return
+        o = self.options
+        spent, projected = figures["spent"], figures["projected"]
+        run.state["budget_spent_usd"] = spent
+        if o.cap_usd and spent > o.cap_usd:
+            self.act(run, "stop now without a checkpoint", f"spent ${spent:,.2f} > cap ${o.cap_usd:,.2f}")
+        elif o.cap_usd and projected > o.cap_usd:
+            self.act(run, "checkpoint and stop", f"projected ${projected:,.2f} > cap ${o.cap_usd:,.2f} (spent ${spent:,.2f})")
+        elif o.warn_usd and spent > o.warn_usd and not self.alerted:
+            self.alerted = True
+            self.act(run, "alert", f"spent ${spent:,.2f} > warn ${o.warn_usd:,.2f}")

@@ -1,0 +1,82 @@
+"""``jsonl``: one JSON object per event in ``<output_dir>/metrics.jsonl``, rank 0 only.
+
+Each line carries ``kind`` (``"train"``, ``"val"``, ``"checkpoint"`` or
+``"end"``), ``step`` and the metrics of the event, as Python numbers (tensors
+and numpy scalars converted; NaN and infinity written as JSON's ``NaN`` /
+``Infinity``, which ``json.loads`` reads back). Every line is flushed when
+written, so a killed run keeps what it logged.
+
+A fresh run (``run.step == 0`` at train start) truncates the file; a resumed
+run appends. Steps between the resumed checkpoint and the point where the
+earlier run stopped then appear twice, the later line being the one that
+holds for the resumed run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from core.hookspecs import hookimpl
+from core.options import option
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready value: tensors and numpy values become Python numbers or lists."""
+    if hasattr(value, "tolist") and hasattr(value, "ndim"):  # torch tensors, numpy arrays and scalars
+        value = value.item() if value.ndim == 0 else value.tolist()
+    elif isinstance(value, PurePath):
+        value = str(value)
+    elif isinstance(value, dict):
+        value = {str(k): plain(v) for k, v in value.items()}
+    elif isinstance(value, (list, tuple)):
+        value = [plain(v) for v in value]
+    return value
+
+
+@dataclass
+class JsonlOptions:
+    filename: str = option("metrics.jsonl", "file name inside train.output_dir")
+
+
+class Jsonl:
+    def __init__(self, options: JsonlOptions) -> None:
+        self.options = options
+        self.file = None
+
+    def _write(self, kind: str, step: int, record: dict[str, Any]) -> None:
+        if self.file is None:
+            return
+        row = {"kind": kind, "step": int(step), **{k: plain(v) for k, v in record.items()}}
+        self.file.write(json.dumps(row, allow_nan=True, default=str) + "\n")
+        self.file.flush()
+
+    @hookimpl
+    def plait_train_start(self, run):
+        if not run.dist.is_main:
+            return
+        run.output_dir.mkdir(parents=True, exist_ok=True)
+        path = run.output_dir / self.options.filename
+        self.file = path.open("a" if run.step > 0 else "w", buffering=1, encoding="utf-8")
+
+    @hookimpl
+    def plait_step_end(self, run, step, metrics):
+        if metrics:
+            self._write("train", step, metrics)
+
+    @hookimpl
+    def plait_validation_end(self, run, step, metrics):
+        self._write("val", step, metrics)
+
+    @hookimpl
+    def plait_checkpoint_saved(self, run, step, path):
+        self._write("checkpoint", step, {"path": str(path)})
+
+    @hookimpl
+    def plait_train_end(self, run, reason):
+        self._write("end", run.step, {"reason": reason, "tokens_seen": run.tokens_seen})
+        if self.file is not None:
+            self.file.close()
+            self.file = None

@@ -1,0 +1,68 @@
+"""``spikes``: catch loss and gradient-norm spikes before they reach the weights.
+
+Each step's loss (averaged over ranks) and global gradient norm are compared
+with a rolling window of the previous ``window`` steps: a value more than
+``sigmas`` standard deviations above the window's mean (and at least
+``min_ratio`` times the mean) is a spike. Actions: ``log`` (a warning),
+``skip`` (drop that update), ``rollback`` (restore the last complete
+checkpoint and skip the data since then). Spikes never enter the window.
+Rehearse with ``train.inject_spike_at_step``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from core.hookspecs import hookimpl
+from core.options import option
+
+
+@dataclass
+class SpikesOptions:
+    window: int = option(20, "steps in the rolling window")
+    min_steps: int = option(10, "steps seen before detection starts")
+    sigmas: float = option(5.0, "a value this many standard deviations above the window mean is a spike")
+    min_ratio: float = option(1.3, "and at least this many times the window mean")
+    watch: list[str] = option(["loss", "grad_norm"], "signals to watch: loss, grad_norm")
+    action: Literal["log", "skip", "rollback"] = option("skip", "what to do on a spike")
+
+    def check(self) -> None:
+        bad = [w for w in self.watch if w not in ("loss", "grad_norm")]
+        if bad:
+            raise ValueError(f"watch: unknown signal {bad[0]!r}; signals: loss, grad_norm")
+        if self.window < 2 or self.min_steps < 2:
+            raise ValueError("window and min_steps must be >= 2")
+
+
+class Spikes:
+    def __init__(self, options: SpikesOptions) -> None:
+        self.options = options
+        self.history = {name: deque(maxlen=options.window) for name in ("loss", "grad_norm")}
+        self.spikes = 0
+
+    def is_spike(self, name: str, value: float) -> bool:
+        h = self.history[name]
+        if len(h) < self.options.min_steps:
+            return False
+        mean = statistics.fmean(h)
+        std = statistics.pstdev(h)
+        return value > mean + self.options.sigmas * max(std, 1e-3 * abs(mean)) and value > self.options.min_ratio * mean
+
+    @hookimpl
+    def plait_before_update(self, run, step, loss, grad_norm):
+        values = {"loss": loss, "grad_norm": grad_norm}
+        hits = [n for n in self.options.watch if self.is_spike(n, values[n])]
+        if not hits:
+            for name, value in values.items():
+                self.history[name].append(value)
+            return None
+        self.spikes += 1
+        run.state["spikes"] = run.state.get("spikes", 0) + 1
+        if run.dist.is_main:
+            what = ", ".join(f"{n} {values[n]:.4g} (window mean {statistics.fmean(self.history[n]):.4g})" for n in hits)
+            print(f"plait: spikes: step {step}: spike in {what}; action: {self.options.action}", file=sys.stderr, flush=True)
+        return None if self.options.action == "log" else self.options.action

@@ -1,0 +1,39 @@
+"""``adamw``: torch.optim.AdamW over the core's parameter groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from core.options import option
+from core.param_groups import OptimizerOptions
+
+
+@dataclass
+class AdamWOptions(OptimizerOptions):
+    betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)")
+    eps: float = option(1e-8, "Adam's epsilon")
+    impl: Literal["auto", "fused", "foreach", "for-loop"] = option("auto", "kernel: auto picks fused on CUDA, foreach elsewhere")
+
+
+class AdamW:
+    state_bytes_per_param = 8  # two fp32 moments
+
+    def __init__(self, options: AdamWOptions) -> None:
+        self.options = options
+
+    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        o = self.options
+        on_cuda = all(p.is_cuda for g in param_groups for p in g["params"])
+        impl = o.impl if o.impl != "auto" else ("fused" if on_cuda else "foreach")
+        return torch.optim.AdamW(
+            param_groups,
+            lr=o.lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            fused=impl == "fused" or None,
+            foreach=False if impl == "for-loop" else (impl == "foreach" or None),
+        )

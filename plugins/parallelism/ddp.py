@@ -1,0 +1,48 @@
+"""``ddp``: torch's DistributedDataParallel. On one process it wraps nothing."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from core.options import option
+from plugins.parallelism.common import clip_grad_norm
+
+
+@dataclass
+class DDPOptions:
+    bucket_cap_mb: int = option(25, "gradient all-reduce bucket size in MiB")
+    static_graph: bool = option(False, "tell DDP the graph is the same every step (enables some optimizations)")
+    gradient_as_bucket_view: bool = option(True, "gradients are views into the all-reduce buckets (saves memory)")
+
+
+class DDP:
+    shards_parameters = False
+    wraps_before_compile = True  # DDP, then compile (the order of the seed documents)
+
+    def __init__(self, options: DDPOptions) -> None:
+        self.options = options
+
+    def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
+        if dist.world_size == 1:
+            return model
+        o = self.options
+        return DistributedDataParallel(
+            model,
+            device_ids=[dist.device.index] if dist.device.type == "cuda" else None,
+            bucket_cap_mb=o.bucket_cap_mb,
+            static_graph=o.static_graph,
+            gradient_as_bucket_view=o.gradient_as_bucket_view,
+        )
+
+    def sync_context(self, model: nn.Module, sync: bool):
+        if sync or not isinstance(model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        return clip_grad_norm(model, max_norm)

@@ -1,0 +1,52 @@
+"""``fp32`` and ``bf16``."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class FP32Options:
+    pass
+
+
+@dataclass
+class BF16Options:
+    pass
+
+
+class FP32:
+    name = "fp32"
+    param_dtype = None
+
+    def __init__(self, options: FP32Options) -> None:
+        self.options = options
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        return True, ""
+
+    def convert(self, model: nn.Module, spec) -> nn.Module:
+        return model
+
+    def autocast(self, device: torch.device):
+        return contextlib.nullcontext()
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
+        return {}
+
+
+class BF16(FP32):
+    name = "bf16"
+    param_dtype = torch.bfloat16
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return False, f"{torch.cuda.get_device_name(device)} has no bf16"
+        return True, ""
+
+    def autocast(self, device: torch.device):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -1,0 +1,120 @@
+"""``fp8``: torchao float8 training (tensorwise, rowwise, rowwise_with_gw_hp) on the eligible linears.
+
+Linears whose dimensions divide by 16 become ``Float8Linear``; everything
+else runs under bf16 autocast, as in torchtitan. The output head is skipped
+by default (its error matters most). On CUDA it needs compute capability 8.9
+(Ada, Hopper) or newer. On CPU torchao 0.18 runs the real ``torch._scaled_mm``
+kernels; ``allow_cpu = true`` permits that (slow, for tests and debugging).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from core.errors import ConfigError
+from core.options import option
+from plugins.precision.basic import BF16
+from plugins.precision.capability import quiet_torchao_import, count_eligible, cuda_capability, linear_filter
+
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+@dataclass
+class FP8Options:
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = option("tensorwise", "torchao float8 scaling recipe")
+    skip: list[str] = option(["output"], "module names (and their children) left in bf16")
+    pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
+    fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
+    allow_cpu: bool = option(False, "run on CPU (torch._scaled_mm on CPU: correct but slow; for tests)")
+
+
+class FP8(BF16):
+    name = "fp8"
+
+    def __init__(self, options: FP8Options) -> None:
+        self.options = options
+        self._fsdp_all_gather = False
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        quiet_torchao_import()
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError as e:
+            return False, f"torchao.float8 is not importable ({e})"
+        cc = cuda_capability(device)
+        if cc is None:
+            return (True, "") if self.options.allow_cpu else (False, "no CUDA device (set allow_cpu = true to run on CPU)")
+        if cc < (8, 9):
+            return False, f"compute capability {cc[0]}.{cc[1]} < 8.9 has no fp8 tensor cores"
+        return True, ""
+
+    def check_model(self, model: nn.Module) -> None:
+        multiple = 1 if self.options.pad_inner_dim else 16
+        if count_eligible(model, self.options.skip, multiple) == 0:
+            raise ConfigError(f"[precision] {self.name}: the model has no linear layer with dimensions divisible by 16 to convert")
+
+    def convert(self, model: nn.Module, spec) -> nn.Module:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        self.check_model(model)
+        config = Float8LinearConfig.from_recipe_name(self.options.recipe)
+        if self.options.pad_inner_dim:
+            config = _replace(config, pad_inner_dim=True)
+        on_cuda = torch.cuda.is_available()
+        if self.options.recipe == "tensorwise" and self.options.fsdp_float8_all_gather and on_cuda:
+            config = _replace(config, enable_fsdp_float8_all_gather=True)
+            self._fsdp_all_gather = True
+        multiple = 1 if self.options.pad_inner_dim else 16
+        return convert_to_float8_training(model, config=config, module_filter_fn=linear_filter(self.options.skip, multiple))
+
+    def autocast(self, device: torch.device):
+        # rowwise_with_gw_hp computes the weight gradient in the weights' own
+        # dtype; with fp32 master weights under bf16 autocast torchao would mix
+        # bf16 and fp32 there, so this recipe keeps the non-fp8 ops in fp32.
+        # (Under fsdp2's bf16 parameters the dtypes agree anyway.)
+        if self.options.recipe == "rowwise_with_gw_hp":
+            import contextlib
+
+            return contextlib.nullcontext()
+        return super().autocast(device)
+
+    def post_optimizer_step(self, model: nn.Module) -> None:
+        """With float8 all-gather under fsdp2, compute next step's weight scales in one go."""
+        if self._fsdp_all_gather:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            precompute_float8_dynamic_scale_for_fsdp(model)
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
+        return fp8_weight_stats(model, torch.float8_e4m3fn)
+
+
+def _replace(config, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+@torch.no_grad()
+def fp8_weight_stats(model: nn.Module, dtype: torch.dtype) -> dict[str, float]:
+    """Health of low-precision linears: weight amax and the implied scale (max representable / amax)."""
+    amaxes = []
+    for module in model.modules():
+        if type(module).__name__ in ("Float8Linear", "MXLinear") or getattr(module, "_plait_lowp", False):
+            w = module.weight
+            w = w.full_tensor() if hasattr(w, "full_tensor") else w
+            amaxes.append(w.detach().abs().max().float())
+    if not amaxes:
+        return {}
+    a = torch.stack(amaxes)
+    fmax = torch.finfo(dtype).max
+    return {
+        "fp8/weight_amax_max": float(a.max()),
+        "fp8/weight_amax_min": float(a.min()),
+        "fp8/weight_scale_min": float(fmax / a.max().clamp(min=1e-12)),
+        "fp8/linears": float(len(amaxes)),
+    }

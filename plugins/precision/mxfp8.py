@@ -1,0 +1,86 @@
+"""``mxfp8``: torchao's MXFP8 training (``MXFP8TrainingOpConfig``) on the eligible linears.
+
+Real kernels need Blackwell (compute capability 10.0 or newer). Elsewhere
+the ``emulated`` kernel (plain PyTorch quantize/dequantize and matmul) gives
+the same numerics slowly; it is allowed only when ``emulate = true`` so that a
+fallback chain never picks a slow emulation by accident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from core.errors import ConfigError
+from core.options import option
+from plugins.precision.basic import BF16
+from plugins.precision.capability import quiet_torchao_import, count_eligible, cuda_capability, linear_filter
+from plugins.precision.fp8 import fp8_weight_stats
+
+RECIPES = {
+    "rceil": "mxfp8_rceil",
+    "rceil_wgrad_with_hp": "mxfp8_rceil_wgrad_with_hp",
+}
+
+
+@dataclass
+class MXFP8Options:
+    recipe: Literal["rceil", "rceil_wgrad_with_hp"] = option("rceil_wgrad_with_hp", "MXFP8 recipe; *_wgrad_with_hp keeps the weight gradient GEMM in bf16")
+    skip: list[str] = option(["output"], "module names (and their children) left in bf16")
+    emulate: bool = option(False, "use the emulated kernel where sm100 kernels are missing (slow; CPU tests)")
+
+
+class MXFP8(BF16):
+    name = "mxfp8"
+
+    def __init__(self, options: MXFP8Options) -> None:
+        self.options = options
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        quiet_torchao_import("torchao.prototype.moe_training.config", "torchao.quantization")
+        try:
+            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig  # noqa: F401
+        except ImportError as e:
+            return False, f"torchao MXFP8 training is not importable ({e})"
+        cc = cuda_capability(device)
+        if cc is not None and cc >= (10, 0):
+            return True, ""
+        if self.options.emulate:
+            return True, ""
+        where = "no CUDA device" if cc is None else f"compute capability {cc[0]}.{cc[1]} < 10.0"
+        return False, f"{where}: no MXFP8 kernels (set emulate = true for the slow emulated kernel)"
+
+    def convert(self, model: nn.Module, spec) -> nn.Module:
+        from torchao.prototype.moe_training.config import KernelPreference, MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+        from torchao.quantization import quantize_
+
+        if count_eligible(model, self.options.skip, 32) == 0:
+            raise ConfigError("[precision] mxfp8: the model has no linear layer with dimensions divisible by 32 to convert")
+        config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(RECIPES[self.options.recipe]))
+        cc = cuda_capability(next(model.parameters()).device) if any(True for _ in model.parameters()) else None
+        import dataclasses
+
+        if cc is None or cc < (10, 0):
+            config = dataclasses.replace(config, kernel_preference=KernelPreference.EMULATED)
+        # fp32 master weights: MXFP8 GEMMs dequantize to the weights' dtype (see autocast below)
+        config = dataclasses.replace(config, out_dtype=None)
+        accept = linear_filter(self.options.skip, 32)
+        for name, module in model.named_modules():
+            if accept(module, name):
+                module._plait_lowp = True
+        quantize_(model, config, filter_fn=lambda m, fqn: accept(m, fqn))
+        return model
+
+    def autocast(self, device: torch.device):
+        # The MXFP8 ops quantize their own inputs; with fp32 master weights a
+        # bf16 autocast around them would mix bf16 activations and fp32 weights
+        # in the high-precision GEMMs, so the remaining ops run in fp32 here.
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
+        return {k.replace("fp8/", "mxfp8/"): v for k, v in fp8_weight_stats(model, torch.float8_e4m3fn).items()}

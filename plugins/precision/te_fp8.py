@@ -1,0 +1,98 @@
+"""``te_fp8``: NVIDIA Transformer Engine FP8 with delayed scaling.
+
+Eligible ``nn.Linear`` layers become ``transformer_engine.pytorch.Linear``
+(weights copied), and each forward runs under ``fp8_autocast`` with a
+``DelayedScaling`` recipe. Needs the ``te`` extra, CUDA and compute
+capability 8.9 or newer; elsewhere it reports itself unsupported with the
+reason, so a fallback chain moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from core.options import option
+from plugins.precision.basic import BF16
+from plugins.precision.capability import cuda_capability, linear_filter
+
+
+@dataclass
+class TEFP8Options:
+    format: Literal["hybrid", "e4m3"] = option("hybrid", "hybrid: E4M3 forward, E5M2 backward; e4m3: both")
+    margin: int = option(0, "scaling-factor margin (powers of two of headroom)")
+    amax_history_len: int = option(1024, "steps of amax history for delayed scaling")
+    amax_compute_algo: Literal["max", "most_recent"] = option("max", "how the scale is taken from the amax history")
+    skip: list[str] = option(["output"], "module names left in bf16")
+
+
+class TEFP8(BF16):
+    name = "te_fp8"
+
+    def __init__(self, options: TEFP8Options) -> None:
+        self.options = options
+        self._recipe = None
+
+    def supported(self, device: torch.device) -> tuple[bool, str]:
+        try:
+            import transformer_engine.pytorch  # noqa: F401
+        except ImportError as e:
+            return False, f"transformer_engine is not installed ({e}); pip install 'plait[te]'"
+        cc = cuda_capability(device)
+        if cc is None:
+            return False, "Transformer Engine needs a CUDA device"
+        if cc < (8, 9):
+            return False, f"compute capability {cc[0]}.{cc[1]} < 8.9 has no fp8 tensor cores"
+        return True, ""
+
+    def convert(self, model: nn.Module, spec) -> nn.Module:
+        import transformer_engine.pytorch as te
+
+        accept = linear_filter(self.options.skip)
+        for name, module in list(model.named_modules()):
+            for child_name, child in list(module.named_children()):
+                fqn = f"{name}.{child_name}" if name else child_name
+                if accept(child, fqn):
+                    new = te.Linear(child.in_features, child.out_features, bias=child.bias is not None, device=child.weight.device)
+                    module.register_module(child_name, new)
+        return model
+
+    def recipe(self):
+        if self._recipe is None:
+            from transformer_engine.common.recipe import DelayedScaling, Format
+
+            o = self.options
+            self._recipe = DelayedScaling(
+                fp8_format=Format.HYBRID if o.format == "hybrid" else Format.E4M3,
+                margin=o.margin, amax_history_len=o.amax_history_len, amax_compute_algo=o.amax_compute_algo,
+            )
+        return self._recipe
+
+    def autocast(self, device: torch.device):
+        import transformer_engine.pytorch as te
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+        stack.enter_context(te.fp8_autocast(enabled=True, fp8_recipe=self.recipe()))
+        return stack
+
+    def metrics(self, model: nn.Module) -> dict[str, float]:
+        fwd, bwd = [], []
+        for module in model.modules():
+            meta = getattr(module, "fp8_meta", None)
+            if not meta:
+                continue
+            if "scaling_fwd" in meta:
+                fwd.append(meta["scaling_fwd"].scale.float().min())
+            if "scaling_bwd" in meta:
+                bwd.append(meta["scaling_bwd"].scale.float().min())
+        out = {}
+        if fwd:
+            out["te/fwd_scale_min"] = float(torch.stack(fwd).min())
+        if bwd:
+            out["te/bwd_scale_min"] = float(torch.stack(bwd).min())
+        return out

@@ -1,0 +1,92 @@
+"""Shared test helpers: run plait's commands as real subprocesses (torchrun included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(extra)
+    return e
+
+
+def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-m", module, *args], cwd=cwd, env=env(**(extra_env or {})),
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    cmd = [
+        PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m", "core.train", *args,
+    ]
+    return subprocess.run(cmd, cwd=cwd, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(output_dir: Path, kind: str = "train") -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("kind", "train") == kind]
+
+
+def write_tiny_config(tmp_path: Path, name: str = "run.toml", body: str = "", **train) -> Path:
+    """A small config for a fast CPU run in ``tmp_path`` (output in ``tmp_path/out``)."""
+    out = tmp_path / "out"
+    text = f'''
+extends = "{REPO / 'train_configs' / 'base.toml'}"
+[train]
+steps = {train.get('steps', 6)}
+global_batch_tokens = {train.get('global_batch_tokens', 1024)}
+micro_batch = {train.get('micro_batch', 2)}
+output_dir = "{out}"
+device = "cpu"
+log_every = 1
+[model]
+name = "llama3"
+flavor = "debug"
+dim = 64
+n_layers = 2
+[data]
+name = "token_bin"
+path = "{REPO / 'plugins' / 'data' / 'corpus' / 'shakespeare'}"
+seq_len = 128
+[precision]
+name = "fp32"
+[monitors]
+enabled = ["console", "jsonl"]
+''' + body
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    """Write a small config for a fast CPU run and return its path; kwargs become [train] values."""
+
+    def make(name: str = "run.toml", body: str = "", **train) -> Path:
+        return write_tiny_config(tmp_path, name, body, **train)
+
+    return make

@@ -1,0 +1,158 @@
+"""The budget guard, driven by a fake clock and a budget file, through real training runs."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from conftest import read_metrics, run_module, torchrun
+
+
+def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
+    stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
+    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0,
+                                "projected_total_usd": projected, "last_update_utc": stamp}))
+    return path
+
+
+@pytest.fixture
+def guarded(tiny_config, tmp_path):
+    clock = tmp_path / "clock"
+    clock.write_text("1800000000")
+    cfg = tiny_config(steps=4, body=(
+        f'[monitors.budget_guard]\nbudget_file = "{tmp_path / "budget.json"}"\nwarn_usd = 30.0\ncap_usd = 35.0\n'
+        f'check_every_s = 0.0\nalert_command = "touch {tmp_path / "alerted"}"\n'
+    ))
+    args = ("--config", str(cfg), '--monitors.enabled=["console", "jsonl", "budget_guard"]')
+    return args, {"PLAIT_FAKE_CLOCK": str(clock)}, tmp_path
+
+
+def committed(out):
+    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
+
+
+def status(out):
+    return json.loads((out / "exit_status.json").read_text())
+
+
+def test_warn_alerts_once_and_runs_on(guarded):
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=31, projected=33)
+    proc = run_module("core.train", *args, extra_env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("budget_guard: alert: spent $31.00 > warn $30.00") == 1
+    assert (tmp / "alerted").exists()
+    assert len(read_metrics(tmp / "out")) == 4
+
+
+def test_projected_over_cap_checkpoints_and_exits_75(guarded):
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=20, projected=40)
+    proc = run_module("core.train", *args, extra_env=env)
+    assert proc.returncode == 75, proc.stderr[-2000:]
+    assert committed(tmp / "out") == ["step_000000001"]
+    assert status(tmp / "out")["exit_code"] == 75
+
+
+def test_spent_over_cap_exits_76_without_checkpoint(guarded):
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=36, projected=40)
+    proc = run_module("core.train", *args, extra_env=env)
+    assert proc.returncode == 76
+    assert committed(tmp / "out") == []
+
+
+@pytest.mark.slow
+def test_two_ranks_follow_rank_zero(guarded):
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=20, projected=40)
+    proc = torchrun(2, *args, extra_env=env)
+    assert proc.returncode != 0  # torchrun reports a non-zero child as failure
+    assert status(tmp / "out")["exit_code"] == 75 and committed(tmp / "out") == ["step_000000001"]
+
+
+def guard(tmp_path, **opts):
+    """A BudgetGuard driven directly, with a real Run object and the fake clock."""
+    from core.protocols import DistInfo
+    from core.run import Run
+    from plugins.monitors.budget_guard import BudgetGuard, BudgetGuardOptions
+
+    defaults = dict(budget_file=str(tmp_path / "budget.json"), warn_usd=30.0, cap_usd=35.0, check_every_s=0.0)
+    g = BudgetGuard(BudgetGuardOptions(**{**defaults, **opts}))
+    run = Run(config={}, output_dir=tmp_path, dist=DistInfo(), total_steps=100, tokens_per_step=1, step=10)
+    return g, run
+
+
+@pytest.fixture
+def clock(tmp_path, monkeypatch):
+    f = tmp_path / "clock"
+    f.write_text("1800000000")
+    monkeypatch.setenv("PLAIT_FAKE_CLOCK", str(f))
+    return f
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"spent_usd": "lots"}), None])
+def test_malformed_or_missing_file_warns_never_crashes(tmp_path, clock, capsys, content):
+    if content is not None:
+        (tmp_path / "budget.json").write_text(content)
+    g, run = guard(tmp_path)
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is None and "budget_guard: warning: budget file" in capsys.readouterr().err
+
+
+def test_stale_file_warns_once(tmp_path, clock, capsys):
+    budget_file(tmp_path / "budget.json", spent=1, projected=2, age_s=3600)
+    g, run = guard(tmp_path)
+    for step in (10, 11):
+        g.plait_step_end(run=run, step=step, metrics={})
+    err = capsys.readouterr().err
+    assert err.count("is stale (3,600 s old") == 1 and run.stop is None
+
+
+def test_check_interval_follows_the_clock(tmp_path, clock, capsys):
+    budget_file(tmp_path / "budget.json", spent=36, projected=40)
+    g, run = guard(tmp_path, check_every_s=60.0)
+    g.last_check = 1_800_000_000.0 - 30  # checked 30 s ago
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is None
+    clock.write_text(str(1_800_000_000 + 31))
+    budget_file(tmp_path / "budget.json", spent=36, projected=40, clock=1_800_000_031)
+    g.plait_step_end(run=run, step=11, metrics={})
+    assert run.stop is not None and run.stop.exit_code == 76 and not run.stop.checkpoint
+
+
+def test_dry_run_only_logs(tmp_path, clock, capsys):
+    budget_file(tmp_path / "budget.json", spent=36, projected=40)
+    g, run = guard(tmp_path, dry_run=True)
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is None and "[dry run] would stop now without a checkpoint" in capsys.readouterr().err
+
+
+def test_computed_spend_is_cumulative_wall_time(tmp_path, clock):
+    g, run = guard(tmp_path, budget_file="", rate_usd_per_hr=2.0, gpus=4, warn_usd=0.0, cap_usd=100.0)
+    run.state["wall_time_s"] = 3600 * 10  # 10 h so far (restored from checkpoints across resumes)
+    g.plait_step_end(run=run, step=10, metrics={})  # spent 80, projected 80 + 90 h x 8 $/h
+    assert run.state["budget_spent_usd"] == pytest.approx(80.0)
+    assert run.stop is not None and run.stop.exit_code == 75 and run.stop.checkpoint
+
+
+def test_only_rank_zero_decides(tmp_path, clock):
+    from core.protocols import DistInfo
+
+    budget_file(tmp_path / "budget.json", spent=36, projected=40)
+    g, run = guard(tmp_path)
+    run.dist = DistInfo(rank=1, world_size=2)
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is None
+
+
+def test_preflight_refuses_over_cap_unless_forced(guarded):
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=0, projected=0)
+    slow = ("--monitors.budget_guard.rate_usd_per_hr=10.0", "--monitors.budget_guard.expected_tokens_per_s=0.1")
+    proc = run_module("core.train", *args, *slow, extra_env=env)
+    assert proc.returncode == 2 and "over cap_usd = 35.0; pass --budget.force=true" in proc.stderr
+    proc = run_module("core.train", *args, *slow, "--budget.force=true", extra_env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,0 +1,114 @@
+"""TOML loading: extends, deep merge, cycles, overrides, option validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+
+from core import config
+from core.errors import ConfigError
+from core.options import build_options, describe, option
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_extends_deep_merge_relative(tmp_path):
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "base.toml", '[train]\nsteps = 5\nseed = 1\n[optimizer]\nname = "adamw"\nlr = 1.0\n')
+    write(tmp_path / "sub" / "mid.toml", 'extends = "../base.toml"\n[train]\nsteps = 7\n')
+    child = write(tmp_path / "sub" / "child.toml", 'extends = "mid.toml"\n[optimizer]\nlr = 2.0\n')
+    cfg = config.load_file(child)
+    assert cfg == {"train": {"steps": 7, "seed": 1}, "optimizer": {"name": "adamw", "lr": 2.0}}
+
+
+def test_extends_list_later_wins(tmp_path):
+    write(tmp_path / "a.toml", "[x]\nv = 1\nw = 1\n")
+    write(tmp_path / "b.toml", "[x]\nv = 2\n")
+    c = write(tmp_path / "c.toml", 'extends = ["a.toml", "b.toml"]\n')
+    assert config.load_file(c) == {"x": {"v": 2, "w": 1}}
+
+
+def test_extends_cycle_detected(tmp_path):
+    write(tmp_path / "a.toml", 'extends = "b.toml"\n')
+    write(tmp_path / "b.toml", 'extends = "a.toml"\n')
+    with pytest.raises(ConfigError, match="extends cycle: .*a.toml -> .*b.toml -> .*a.toml"):
+        config.load_file(tmp_path / "a.toml")
+
+
+def test_missing_file_and_missing_parent(tmp_path):
+    with pytest.raises(ConfigError, match="config file .*nope.toml not found"):
+        config.load_file(tmp_path / "nope.toml")
+    c = write(tmp_path / "c.toml", 'extends = "gone.toml"\n')
+    with pytest.raises(ConfigError, match="gone.toml not found \\(extended by .*c.toml\\)"):
+        config.load_file(c)
+
+
+def test_invalid_toml_names_file(tmp_path):
+    bad = write(tmp_path / "bad.toml", "[train\nsteps = 1\n")
+    with pytest.raises(ConfigError, match="bad.toml: not valid TOML"):
+        config.load_file(bad)
+
+
+def test_overrides_parse_as_toml_literals():
+    got = dict(config.parse_overrides([
+        "--optimizer.lr=1e-4", "--train.steps", "10", "--optimizer.betas=[0.9, 0.99]",
+        "--data.path=some/dir", '--model.flavor="1b"', "--budget.force", "--a.b.c=true",
+    ]))
+    assert got == {
+        "optimizer.lr": 1e-4, "train.steps": 10, "optimizer.betas": [0.9, 0.99],
+        "data.path": "some/dir", "model.flavor": "1b", "budget.force": True, "a.b.c": True,
+    }
+
+
+def test_apply_overrides_nested_and_errors():
+    cfg = config.apply_overrides({"a": {"x": 1}}, [("a.y.z", 2), ("a.x", 3)])
+    assert cfg == {"a": {"x": 3, "y": {"z": 2}}}
+    with pytest.raises(ConfigError, match="'x' is a value"):
+        config.apply_overrides({"a": {"x": 1}}, [("a.x.q", 2)])
+    with pytest.raises(ConfigError, match="expected --section.key=value"):
+        config.parse_overrides(["lr=1"])
+
+
+def test_dumps_round_trips():
+    cfg = {"train": {"steps": 3, "lr": 0.5, "name": 'a "q"', "flag": True, "betas": [0.9, 0.95]},
+           "monitors": {"enabled": ["console"], "console": {"extra": []}}, "m": {"d": {"k": 1}}}
+    assert config.tomllib.loads(config.dumps(cfg)) == cfg
+
+
+@dataclass
+class Opts:
+    lr: float = option(1e-3, "learning rate")
+    steps: int = option(1, "steps")
+    mode: Literal["a", "b"] = option("a", "mode")
+    betas: tuple[float, float] = option((0.9, 0.95), "betas")
+    names: list[str] = option([], "names")
+    is_async: bool = option(False, "async", key="async")
+
+
+def test_build_options_types_and_coercion():
+    o = build_options(Opts, {"lr": 1, "betas": [0.8, 0.9], "mode": "b", "async": True}, "[x]")
+    assert o.lr == 1.0 and isinstance(o.lr, float) and o.betas == (0.8, 0.9) and o.mode == "b" and o.is_async
+
+
+@pytest.mark.parametrize("table, match", [
+    ({"lrr": 1.0}, r"\[x\]: unknown key 'lrr' \(did you mean 'lr'\?\)"),
+    ({"steps": 1.5}, r"\[x\].steps: expected int, got float 1.5"),
+    ({"steps": True}, r"\[x\].steps: expected int, got bool"),
+    ({"mode": "c"}, r"\[x\].mode: expected 'a' \| 'b'"),
+    ({"betas": [1, 2, 3]}, r"\[x\].betas: expected tuple\[float, float\]"),
+    ({"names": [1]}, r"\[x\].names: expected list\[str\]"),
+])
+def test_build_options_errors(table, match):
+    with pytest.raises(ConfigError, match=match):
+        build_options(Opts, table, "[x]")
+
+
+def test_describe_uses_toml_keys_and_docs():
+    rows = {r[0]: r for r in describe(Opts)}
+    assert rows["async"][1:] == ("bool", False, "async")
+    assert rows["betas"][2] == (0.9, 0.95)

@@ -1,0 +1,192 @@
+"""Data sources at the loader level (no process group needed) and validation in a real run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, read_metrics, run_module
+from core.errors import ConfigError, DataError
+from core.protocols import LoaderSpec
+
+CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+
+
+def token_bin(path=CORPUS, **kw):
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    return TokenBin(TokenBinOptions(path=str(path), **kw))
+
+
+def global_rows(source, steps: int, global_batch: int, dp_size: int, seq_len: int = 32, start: int = 0, seed: int = 42):
+    """{global sample index: row} for ``steps`` steps, gathered over every rank's loader."""
+    micro = 2
+    accum = global_batch // (micro * dp_size)
+    rows = {}
+    for rank in range(dp_size):
+        loader = source.loader(LoaderSpec(seq_len, micro, accum, rank, dp_size, seed))
+        if start:
+            loader.load_state_dict({"consumed_samples": start})
+        it = iter(loader)
+        for micro_step in range(steps * accum):
+            idx = loader.indices(micro_step)
+            x, y = next(it)
+            assert x.shape == (micro, seq_len) and y.shape == (micro, seq_len)
+            assert np.array_equal(x[:, 1:].numpy(), y[:, :-1].numpy())
+            for i, row in zip(idx, x.numpy()):
+                assert i not in rows
+                rows[i] = row
+    return rows
+
+
+def test_token_bin_batches_independent_of_world_size():
+    src = token_bin()
+    src.validate(512, 32)
+    ref = global_rows(src, steps=3, global_batch=8, dp_size=1)
+    assert sorted(ref) == list(range(24))
+    for dp in (2, 4):
+        got = global_rows(src, steps=3, global_batch=8, dp_size=dp)
+        assert sorted(got) == sorted(ref)
+        assert all(np.array_equal(got[i], ref[i]) for i in ref)
+    other_seed = global_rows(src, steps=1, global_batch=8, dp_size=1, seed=7)
+    assert not all(np.array_equal(other_seed[i], ref[i]) for i in other_seed)
+
+
+def test_resume_at_other_world_size_continues_global_stream():
+    src = token_bin()
+    straight = global_rows(src, steps=4, global_batch=8, dp_size=2)
+    first = global_rows(src, steps=2, global_batch=8, dp_size=2)
+    rest = global_rows(src, steps=2, global_batch=8, dp_size=4, start=16)
+    assert sorted(first) + sorted(rest) == list(range(32))  # nothing repeated, nothing skipped
+    assert all(np.array_equal({**first, **rest}[i], straight[i]) for i in straight)
+
+
+def write(path, ids, dtype="uint16"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.asarray(ids, dtype=dtype).tofile(path)
+
+
+@pytest.mark.parametrize("setup, match", [
+    (lambda d: None, "does not exist"),
+    (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"")), "train.bin is empty"),
+    (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"\x00" * 301)), "not a multiple of uint16"),
+    (lambda d: write(d / "train.bin", list(range(600))), "train.bin holds token id 599, not below the model's vocabulary 512"),
+    (lambda d: (write(d / "train.bin", [1] * 100), (d / "meta.json").write_text('{"dtype": "uint32"}')), "meta.json: dtype is uint32"),
+    (lambda d: write(d / "train.bin", [1] * 10), "fewer than data.seq_len"),
+    (lambda d: (d.mkdir(), (d / "val.bin").write_bytes(b"\x01\x00" * 100)), "train.bin not found"),
+])
+def test_token_bin_validate_errors(tmp_path, setup, match):
+    d = tmp_path / "data"
+    setup(d)
+    dtype = "uint16" if "uint32" in match else "auto"
+    with pytest.raises(DataError, match=match):
+        token_bin(d, dtype=dtype).validate(512, 32)
+
+
+def test_shipped_corpus_is_english_bytes():
+    from plugins.data.bytes_tokenizer import decode
+
+    meta = json.loads((CORPUS / "meta.json").read_text())
+    assert meta["vocab_size"] == 257 and meta["tokens"]["train"] > 2_000_000
+    src = token_bin()
+    src.validate(257, 512)
+    text = decode(np.fromfile(CORPUS / "train.bin", dtype=np.uint16)[:20000])
+    assert " the " in text and "HAMLET" in text.upper() or "ANTONY" in text.upper()
+
+
+def test_synthetic_is_deterministic_and_learnable():
+    from plugins.data.synthetic import Synthetic, SyntheticOptions
+
+    a, b = Synthetic(SyntheticOptions()), Synthetic(SyntheticOptions())
+    for s in (a, b):
+        s.validate(100, 16)
+    ra = global_rows(a, 2, 4, 1, seq_len=16)
+    rb = global_rows(b, 2, 4, 2, seq_len=16)
+    assert all(np.array_equal(ra[i], rb[i]) for i in ra)
+    row = a.sample(3, 16, "train")
+    assert np.array_equal(row[:8], row[9:17]) and row.max() < 100  # 17 tokens: a half of 9, repeated
+    with pytest.raises(DataError, match="exceeds the model's vocabulary"):
+        Synthetic(SyntheticOptions(vocab_size=1000)).validate(512, 16)
+
+
+def mixture(weights, **extra):
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    sources = [{"name": "synthetic", "weight": w, "vocab_size": 10 + i} for i, w in enumerate(weights)]
+    return Mixture(MixtureOptions(sources=sources, **extra))
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_mixture_proportions_match_weights_in_every_window(dp):
+    weights = [0.45, 0.25, 0.2, 0.1]
+    mix = mixture(weights)
+    mix.validate(512, 16)
+    rows = global_rows(mix, steps=50, global_batch=16, dp_size=dp, seq_len=16)
+    which = mix.choose(np.arange(800))
+    # the source of a row is recognisable from its vocabulary bound (10 + i)
+    for i, row in rows.items():
+        assert row.max() < 10 + which[i]
+    for start in range(0, 800, 200):  # every window of 200 samples, not only the total
+        share = np.bincount(which[start:start + 200], minlength=4) / 200
+        assert np.abs(share - weights).max() <= 0.015, share  # stated tolerance: 1.5 points
+    total = mix.counts(800) / 800
+    assert np.abs(total - weights).max() <= 0.005
+    metrics = mix.metrics(800)
+    assert set(metrics) == {"data/0_synthetic_tokens", "data/1_synthetic_tokens", "data/2_synthetic_tokens", "data/3_synthetic_tokens"}
+
+
+def test_mixture_stages_switch_weights_by_run_fraction():
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    sources = [{"name": "synthetic", "weight": 1, "vocab_size": 10 + i} for i in range(2)]
+    mix = Mixture(MixtureOptions(sources=sources, stages=[(0.0, [1.0, 0.0]), (0.5, [0.0, 1.0])]))
+    mix.validate(512, 16)
+    mix.loader(LoaderSpec(16, 2, 1, 0, 1, 42, total_samples=1000))
+    which = mix.choose(np.arange(1000))
+    assert (which[:500] == 0).all() and (which[500:] == 1).all()
+    with pytest.raises(ConfigError, match="stage at 0.5 gives 1 weights for 2 sources"):
+        Mixture(MixtureOptions(sources=sources, stages=[(0.0, [1.0, 0.0]), (0.5, [1.0])]))
+
+
+def test_seq_len_stages_keep_tokens_per_step(tiny_config, tmp_path):
+    cfg = tiny_config(steps=6)
+    proc = run_module("core.train", "--config", str(cfg), "--train.micro_batch=4", "--train.global_batch_tokens=512",
+                      "--data.seq_len_stages=[[0.0, 64], [0.5, 128]]")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = read_metrics(tmp_path / "out")
+    assert [r["seq_len"] for r in rows] == [64, 64, 64, 128, 128, 128]
+    assert [r["tokens_seen"] for r in rows] == [512 * s for s in range(1, 7)]
+    assert "sequence length 128, micro-batch 2 (stage change)" in proc.stdout
+    bad = run_module("core.train", "--config", str(cfg), "--train.micro_batch=4", "--data.seq_len_stages=[[0.0, 64], [0.5, 96]]")
+    assert bad.returncode == 2 and "does not divide the micro-batch's 256 tokens" in bad.stderr
+
+
+def test_mixture_bad_weights_and_names():
+    with pytest.raises(ConfigError, match="weights are all zero"):
+        mixture([0, 0])
+    with pytest.raises(ConfigError, match=r"sources\[1\].weight: expected a number >= 0, got -1"):
+        mixture([1, -1])
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    with pytest.raises(ConfigError, match="no data plugin named 'tokenbin'.*did you mean 'token_bin'"):
+        Mixture(MixtureOptions(sources=[{"name": "tokenbin", "weight": 1}]))
+
+
+def test_validation_runs_and_keeps_best(tiny_config, tmp_path):
+    cfg = tiny_config(steps=6)
+    proc = run_module("core.train", "--config", str(cfg), "--validation.every=3", "--validation.batches=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    vals = read_metrics(tmp_path / "out", kind="val")
+    assert [v["step"] for v in vals] == [3, 6]
+    assert vals[1]["best_val_loss"] == min(v["val_loss"] for v in vals)
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000006" / "state.json").read_text())
+    assert state["train"]["best_val_loss"] == vals[1]["best_val_loss"]
+
+
+def test_validation_without_val_split_is_an_error(tiny_config, tmp_path):
+    d = tmp_path / "noval"
+    write(d / "train.bin", np.arange(5000) % 200)
+    proc = run_module("core.train", "--config", str(tiny_config()), f"--data.path={d}", "--validation.every=2")
+    assert proc.returncode == 2 and "no 'val' split" in proc.stderr

@@ -1,0 +1,113 @@
+"""Export to safetensors and Hugging Face layout, and starting a run from exported weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import read_metrics, run_module, torchrun
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 3-step run of a tiny untied model; returns (config path, its last checkpoint)."""
+    tmp = tmp_path_factory.mktemp("export")
+    cfg = tmp / "run.toml"
+    from conftest import REPO
+
+    cfg.write_text(f'''
+extends = "{REPO / 'train_configs' / 'debug_cpu.toml'}"
+[train]
+steps = 3
+global_batch_tokens = 512
+micro_batch = 2
+log_every = 1
+output_dir = "{tmp / 'run'}"
+[model]
+dim = 64
+[data]
+seq_len = 128
+path = "{REPO / 'plugins' / 'data' / 'corpus' / 'shakespeare'}"
+[monitors]
+enabled = ["jsonl"]
+''')
+    proc = run_module("core.train", "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr
+    return cfg, tmp / "run" / "checkpoints" / "step_000000003"
+
+
+def export(ckpt, fmt, out, *extra):
+    proc = run_module("core.export", "--checkpoint", str(ckpt), "--format", fmt, "--out", str(out), *extra)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_safetensors_reloads_byte_for_byte(trained, tmp_path):
+    from safetensors.torch import load_file
+
+    from core.weights import checkpoint_model
+
+    _, ckpt = trained
+    _, _, model = checkpoint_model(ckpt)
+    out = export(ckpt, "safetensors", tmp_path / "a")
+    loaded = load_file(str(out / "model.safetensors"))
+    for name, t in model.state_dict().items():
+        assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t), name
+    again = export(ckpt, "safetensors", tmp_path / "b")
+    assert (out / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    bf16 = load_file(str(export(ckpt, "safetensors", tmp_path / "c", "--dtype", "bf16") / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in bf16.values())
+
+
+def test_hf_export_loads_in_transformers_with_matching_logits(trained, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    from core.weights import checkpoint_model
+
+    _, ckpt = trained
+    _, _, model = checkpoint_model(ckpt)
+    out = export(ckpt, "hf", tmp_path / "hf", "--shard-gb", "0.0005")  # several shards + index
+    assert (out / "model.safetensors.index.json").is_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32)
+    ids = torch.randint(0, 257, (2, 64))
+    with torch.no_grad():
+        ours = model(ids)
+        theirs = hf(ids).logits
+    assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+
+
+def test_run_starts_from_exported_weights(trained, tmp_path):
+    """initial_load from the hf and safetensors exports and from the checkpoint give the same first loss."""
+    cfg, ckpt = trained
+    hf = export(ckpt, "hf", tmp_path / "hf")
+    st = export(ckpt, "safetensors", tmp_path / "st")
+    first = {}
+    for name, src in [("dcp", ckpt), ("hf", hf), ("st", st / "model.safetensors")]:
+        out = tmp_path / f"run_{name}"
+        proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", f"--checkpoint.initial_load={src}",
+                          "--train.steps=1")
+        assert proc.returncode == 0, proc.stderr
+        assert "initial weights from" in proc.stdout
+        first[name] = read_metrics(out)[0]["loss"]
+    fresh = tmp_path / "fresh"
+    assert run_module("core.train", "--config", str(cfg), f"--train.output_dir={fresh}", "--train.steps=1").returncode == 0
+    assert first["dcp"] == pytest.approx(first["hf"], abs=1e-6) == pytest.approx(first["st"], abs=1e-6)
+    assert abs(first["dcp"] - read_metrics(fresh)[0]["loss"]) > 1e-3  # the weights really came from the file
+
+
+def test_seed_checkpoint_from_one_process_loads_into_sharded_run(trained, tmp_path):
+    cfg, ckpt = trained
+    proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={tmp_path / 'sharded'}", f"--checkpoint.initial_load={ckpt}",
+                    "--parallelism.name=fsdp2", "--train.steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "initial weights from" in proc.stdout
+
+
+def test_bad_paths_exit_2(trained, tmp_path):
+    cfg, _ = trained
+    proc = run_module("core.export", "--checkpoint", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'r'}",
+                      f"--checkpoint.initial_load={tmp_path / 'nothing'}")
+    assert proc.returncode == 2 and "nothing not found" in proc.stderr

@@ -1,0 +1,91 @@
+"""launchers/remote.sh end to end on CPU: runs, and after a SIGKILL restarts and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, env, read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def remote_env(tmp_path, **extra):
+    e = env(PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), NPROC="2", BACKOFF_S="1", **extra)
+    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
+    return e
+
+
+def small_args(tiny_config, steps):
+    return ["--train.steps=%d" % steps, "--model.dim=64", "--data.seq_len=128", "--train.global_batch_tokens=1024",
+            "--train.micro_batch=2", "--train.log_every=1", '--monitors.enabled=["console", "jsonl"]']
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for child in Path("/proc").glob("[0-9]*"):
+            try:
+                if int((child / "stat").read_text().rsplit(")", 1)[1].split()[1]) == p:
+                    out.append(int(child.name))
+                    todo.append(int(child.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def test_remote_runs_debug_config(tiny_config, tmp_path):
+    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(tiny_config, 4)], cwd=REPO,
+                          env=remote_env(tmp_path, CKPT_EVERY="2", LR="0.002"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch " in proc.stdout and "torchao" in proc.stdout
+    rows = read_metrics(tmp_path / "out")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    resolved = (tmp_path / "out" / "config.resolved.toml").read_text()
+    assert "lr = 0.002" in resolved and "every = 2" in resolved
+    assert (tmp_path / "out" / "remote.log").stat().st_size > 0
+
+
+def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
+    proc = subprocess.Popen(["bash", "launchers/remote.sh", *small_args(tiny_config, 400)], cwd=REPO,
+                            env=remote_env(tmp_path, CKPT_EVERY="5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpts = tmp_path / "out" / "checkpoints"
+    deadline = time.time() + 180
+    while time.time() < deadline and not any((p / "COMMITTED").exists() for p in ckpts.glob("step_*")):
+        time.sleep(0.3)
+    trainers = [p for p in descendants(proc.pid)
+                if "core.train" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                and "torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert trainers, "no trainer process found"
+    for p in trainers:
+        os.kill(p, signal.SIGKILL)
+    # let it restart and resume, then stop it cleanly
+    deadline = time.time() + 180
+    log = tmp_path / "out" / "remote.log"
+    while time.time() < deadline and "resumed from" not in log.read_text():
+        time.sleep(0.3)
+    assert "trainer died" in log.read_text() and "resumed from" in log.read_text()
+    for p in descendants(proc.pid):
+        cmd = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") if Path(f"/proc/{p}").exists() else ""
+        if "core.train" in cmd and "torch.distributed.run" not in cmd:
+            os.kill(p, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and proc.returncode == 0
+    steps = [r["step"] for r in read_metrics(tmp_path / "out")]
+    assert steps[-1] == status["step"]
+
+
+def test_remote_bad_config_is_not_retried(tmp_path):
+    proc = subprocess.run(["bash", "launchers/remote.sh", "--optimizer.lrr=1"], cwd=REPO, env=remote_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown key 'lrr'" in proc.stdout + proc.stderr
+    assert "attempt" not in proc.stderr

@@ -1,0 +1,96 @@
+"""Parallelism, activation checkpointing, compile and multi-node rendezvous on CPU with gloo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, env, free_port, read_metrics, run_module, torchrun
+
+
+def losses(out):
+    return [r["loss"] for r in read_metrics(out)]
+
+
+@pytest.mark.slow
+def test_fsdp2_and_ddp_agree(tiny_config, tmp_path):
+    cfg = tiny_config(steps=5)
+    got = {}
+    for par in ("ddp", "fsdp2"):
+        proc = torchrun(2, "--config", str(cfg), f"--parallelism.name={par}", f"--train.output_dir={tmp_path / par}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[par] = losses(tmp_path / par)
+    assert len(got["ddp"]) == 5
+    assert got["fsdp2"] == pytest.approx(got["ddp"], rel=1e-5)
+    assert got["ddp"][-1] < got["ddp"][0]
+
+
+def test_hsdp_replicate_must_divide_world(tiny_config):
+    proc = run_module("core.train", "--config", str(tiny_config()), "--parallelism.name=fsdp2", "--parallelism.replicate=2")
+    assert proc.returncode == 2
+    assert "replicate = 2 does not divide the world size 1" in proc.stderr
+
+
+def test_single_refuses_many_ranks(tiny_config):
+    proc = run_module("core.plan", "--config", str(tiny_config()), "--parallelism.name=single", "--nproc=2")
+    assert proc.returncode == 2 and "'single' runs on one process, not 2" in proc.stderr
+
+
+def test_activation_checkpointing_same_losses_same_names(tiny_config, tmp_path):
+    from core.parallelize import apply_activation_checkpointing
+    from model_specs.llama3.spec import Llama3Spec
+
+    cfg = tiny_config(steps=3)
+    got = {}
+    for mode in ("none", "full", "selective"):
+        proc = run_module("core.train", "--config", str(cfg), f"--train.activation_checkpointing={mode}",
+                          f"--train.output_dir={tmp_path / mode}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got[mode] = losses(tmp_path / mode)
+    assert got["full"] == pytest.approx(got["none"], rel=1e-6)
+    assert got["selective"] == pytest.approx(got["none"], rel=1e-6)
+    spec = Llama3Spec.from_flavor("debug", dim=64)
+    model = spec.build()
+    names = list(model.state_dict())
+    apply_activation_checkpointing(model, spec, "full", 2)
+    assert list(model.state_dict()) == names  # checkpoints stay portable between AC on and off
+    assert len(spec.blocks(model)) == 2
+
+
+@pytest.mark.slow
+def test_compile_per_block_trains(tiny_config, tmp_path):
+    """One torch.compile test (15-25 s of compilation on CPU)."""
+    cfg = tiny_config(steps=3)
+    proc = run_module("core.train", "--config", str(cfg), "--train.compile=true", f"--train.output_dir={tmp_path / 'c'}",
+                      timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    eager = tmp_path / "e"
+    assert run_module("core.train", "--config", str(cfg), f"--train.output_dir={eager}").returncode == 0
+    assert losses(tmp_path / "c") == pytest.approx(losses(eager), rel=1e-3)
+    ckpt = json.loads((tmp_path / "c" / "checkpoints" / "step_000000003" / "COMMITTED").read_text())
+    assert ckpt["step"] == 3
+
+
+@pytest.mark.slow
+def test_two_nodes_c10d_rendezvous(tiny_config, tmp_path):
+    cfg = tiny_config(steps=4)
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plait-test",
+             "-m", "core.train", "--config", str(cfg)],
+            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in (0, 1)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+    info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+    assert info["world_size"] == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3, 4]

@@ -1,0 +1,64 @@
+"""Plugin discovery through real entry points, duplicate names, import failures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from core import registry as registry_mod
+from core.errors import ConfigError, PluginError
+from core.options import option
+from core.protocols import SLOTS
+
+
+def test_builtins_come_through_entry_points():
+    reg = registry_mod.load()
+    for slot, name in [("model", "llama3"), ("parallelism", "ddp"), ("parallelism", "single"),
+                       ("precision", "bf16"), ("data", "token_bin"), ("optimizer", "adamw"),
+                       ("lr_schedule", "warmup_cosine"), ("monitor", "jsonl")]:
+        comp = reg.get(slot, name, "test")
+        assert comp.distribution == "plait", comp
+    assert set(SLOTS) == {"model", "parallelism", "precision", "data", "optimizer", "lr_schedule", "monitor"}
+
+
+def test_unknown_name_lists_installed_and_closest():
+    reg = registry_mod.load()
+    with pytest.raises(ConfigError, match=r"no optimizer plugin named 'adamww' \(did you mean 'adamw'\?\); installed: .*adamw"):
+        reg.get("optimizer", "adamww", "run.toml: [optimizer]")
+
+
+@dataclass
+class O:
+    x: int = option(1, "x")
+
+
+def test_duplicate_name_names_both_providers():
+    reg = registry_mod.Registry()
+    reg._plugin, reg._distribution = "first", "dist-one"
+    reg.add("monitor", "m", object, options=O, doc="d")
+    reg._plugin, reg._distribution = "second", "dist-two"
+    with pytest.raises(PluginError, match=r"monitor 'm' is claimed twice: by plugin 'first' \(distribution dist-one\) and by plugin 'second' \(distribution dist-two\)"):
+        reg.add("monitor", "m", object, options=O, doc="d")
+
+
+def test_undocumented_option_and_bad_slot_rejected():
+    @dataclass
+    class Bare:
+        y: int = 3
+
+    reg = registry_mod.Registry()
+    with pytest.raises(PluginError, match="lack a doc: y"):
+        reg.add("monitor", "b", object, options=Bare)
+    with pytest.raises(PluginError, match="unknown slot 'monitors'"):
+        reg.add("monitors", "b", object, options=O)
+
+
+def test_every_builtin_option_is_documented():
+    reg = registry_mod.load()
+    from core.options import describe
+
+    for slot in SLOTS:
+        for comp in reg.components(slot):
+            for name, tp, default, doc in describe(comp.options):
+                assert doc and tp, (slot, comp.name, name)

@@ -1,0 +1,43 @@
+"""core.report writes every artifact from a real run."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import torch
+
+from conftest import run_module
+
+
+def test_report_writes_every_artifact(tiny_config, tmp_path):
+    cfg = tiny_config(steps=4)
+    proc = run_module("core.train", "--config", str(cfg), "--validation.every=2", "--validation.batches=1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "report"
+    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png", "throughput.png", "final.safetensors"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+        if name.endswith(".png"):
+            assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["seed"] == 42 and m["world_size"] == 1 and m["steps"] == 4 and len(m["config_sha256"]) == 64
+    assert m["versions"]["torch"] == torch.__version__ and m["best_val_loss"] is not None
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert {"step", "kind", "name", "value"} == set(rows[0])
+    assert [r["value"] for r in rows if r["name"] == "loss" and r["kind"] == "train"].__len__() == 4
+    assert any(r["name"] == "val_loss" for r in rows)
+    from safetensors.torch import load_file
+
+    from core.weights import checkpoint_model
+
+    _, _, model = checkpoint_model(tmp_path / "out" / "checkpoints" / "step_000000004")
+    final = load_file(str(out / "final.safetensors"))
+    for k, v in model.state_dict().items():
+        assert torch.equal(final[k], v), k
+
+
+def test_report_on_a_folder_that_is_not_a_run(tmp_path):
+    proc = run_module("core.report", "--run", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "config.resolved.toml not found" in proc.stderr

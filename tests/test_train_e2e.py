@@ -1,0 +1,105 @@
+"""End-to-end runs through the real commands: torchrun on 2 CPU ranks, determinism, resolved config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, read_metrics, run_module, torchrun
+from core import config
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_loss_falls(tiny_config, tmp_path):
+    cfg = tiny_config(steps=30, global_batch_tokens=2048, body="[optimizer]\nlr = 3e-3\n[lr_schedule]\nwarmup_steps = 5\n")
+    proc = torchrun(2, "--config", str(cfg), "--train.log_every=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.8, [r["loss"] for r in rows]
+    for key in ("loss", "lr", "grad_norm", "tokens_seen", "tokens_per_s", "step_time_s"):
+        assert key in rows[-1]
+    assert rows[-1]["tokens_seen"] == 30 * 2048
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["world_size"] == 2 and info["backend"] == "gloo"
+    resolved = config.tomllib.loads((out / "config.resolved.toml").read_text())
+    assert resolved["optimizer"]["lr"] == 3e-3 and resolved["train"]["log_every"] == 5
+    assert resolved["train"]["grad_accum"] == 4  # 2048 / (2 micro x 128 seq x 2 ranks)
+    assert resolved["model"]["name"] == "llama3" and resolved["data"]["seq_len"] == 128
+
+
+def test_same_seed_same_losses_and_world_size_independent(tiny_config, tmp_path):
+    losses = []
+    for i in range(2):
+        cfg = tiny_config(name=f"r{i}.toml", steps=4)
+        proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / f'o{i}'}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses.append([r["loss"] for r in read_metrics(tmp_path / f"o{i}")])
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+    other = tiny_config(name="seed.toml", steps=4)
+    proc = run_module("core.train", "--config", str(other), f"--train.output_dir={tmp_path / 'o3'}", "--train.seed=7")
+    assert proc.returncode == 0
+    assert [r["loss"] for r in read_metrics(tmp_path / "o3")] != losses[0]
+
+
+def test_plan_runs_on_every_shipped_config():
+    for name, nproc in [("debug_cpu", 2), ("50m_a100", 1), ("1b_h100", 8)]:
+        proc = run_module("core.plan", "--config", f"train_configs/{name}.toml", f"--nproc={nproc}", "--json")
+        assert proc.returncode == 0, proc.stderr
+        plan = json.loads(proc.stdout)
+        assert plan["world_size"] == nproc
+        assert plan["tokens_per_step"] == plan["micro_batch"] * plan["seq_len"] * nproc * plan["grad_accum"]
+        if name == "1b_h100":
+            assert plan["params_total"] == 1_241_581_568
+            assert plan["flops_per_token"] == 6 * plan["params_non_embedding"] + 12 * 16 * 2048 * 2048
+        assert set(plan["memory_per_rank"]) >= {"weights_gib", "grads_gib", "optimizer_gib", "activations_gib"}
+
+
+def test_plugins_listing_shows_every_slot_and_provider():
+    proc = run_module("core.plugins")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for slot in ("model:", "parallelism:", "precision:", "data:", "optimizer:", "lr_schedule:", "monitor:"):
+        assert slot in out
+    assert "llama3" in out and "[from plait, plugin 'llama3']" in out
+    assert "lr              float = 0.0003  # peak learning rate" in out
+
+
+def _failing_monitor_site(tmp_path, hook: str):
+    site = tmp_path / "site"
+    pkg = site / "failing_monitor"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from core.hookspecs import hookimpl\n"
+        "@dataclass\nclass Opts:\n    pass\n"
+        "class Boom:\n    def __init__(self, options):\n        pass\n"
+        f"    @hookimpl\n    def {hook}(self, run, step, metrics):\n        raise ValueError('sensor on fire')\n"
+        "@hookimpl\ndef plait_register(registry):\n"
+        "    registry.add('monitor', 'boom', Boom, options=Opts, doc='raises')\n"
+    )
+    dist = site / "failing_monitor-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: failing-monitor\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[plait]\nboom = failing_monitor\n")
+    import os
+
+    return {"PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.mark.parametrize("on_error", ["stop", "continue"])
+def test_a_monitor_that_raises_is_named_and_handled(tiny_config, tmp_path, on_error):
+    cfg = tiny_config(steps=4)
+    env = _failing_monitor_site(tmp_path, "plait_step_end")
+    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["jsonl", "boom"]',
+                      f"--monitors.on_error={on_error}", extra_env=env)
+    assert "monitor 'boom' failed in plait_step_end: ValueError: sensor on fire" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    steps = [r["step"] for r in read_metrics(tmp_path / "out")]
+    if on_error == "stop":
+        assert proc.returncode == 4 and steps == [1]
+        assert (tmp_path / "out" / "checkpoints" / "step_000000001" / "COMMITTED").exists()
+    else:
+        assert proc.returncode == 0 and steps == [1, 2, 3, 4]
