@@ -7,6 +7,8 @@ each plugin's pre-flight checks. Any problem is a :class:`PlaitError`.
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,7 +136,7 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
             components["precision"] = precision
             if env_world()[0] == 0:
                 skipped = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "nothing skipped"
-                print(f"plait: precision fallback chose {chosen.component.name!r} ({skipped})", flush=True)
+                print(f"plait: precision fallback chose {chosen.component.name!r} ({skipped})", file=sys.stderr, flush=True)
             return precision
         reasons[chosen.component.name] = why
     raise ConfigError(

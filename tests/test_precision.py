@@ -57,7 +57,7 @@ def test_fallback_chain_skips_unsupported_and_records_reasons(tiny_config, tmp_p
     cfg = tiny_config(steps=1)
     proc = run_module("core.train", "--config", str(cfg), '--precision.fallback=["te_fp8", "mxfp8", "fp8", "bf16"]')
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "precision fallback chose 'bf16'" in proc.stdout
+    assert "precision fallback chose 'bf16'" in proc.stderr
     resolved = config.tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())
     p = resolved["precision"]
     assert p["name"] == "bf16" and p["fallback"] == ["te_fp8", "mxfp8", "fp8", "bf16"]
