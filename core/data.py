@@ -11,6 +11,12 @@ Every step consumes the same ``G`` consecutive global indices whatever the
 world size, so a run resumed on another number of ranks continues the same
 stream with no sample repeated or skipped. Randomness belongs in
 ``sample`` and must come from ``(seed, index)`` alone.
+
+Before the first micro-batch of a step the loader calls
+``source.check_step(first, end)`` with the step's whole global index range, the
+same on every rank; a source that has run out raises :class:`DataExhausted`
+there, so every rank stops at the same step and none is left waiting inside a
+collective.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ import numpy as np
 import torch
 
 from core.protocols import LoaderSpec
+
+
+class DataExhausted(Exception):
+    """A finite source ran out and is configured to end the run (not an error: the run stops
+    with a checkpoint and exit code 0)."""
 
 
 class IndexedSource:
@@ -37,6 +48,14 @@ class IndexedSource:
     def loader(self, spec: LoaderSpec) -> "IndexedLoader":
         self.seed = spec.seed
         return IndexedLoader(self, spec)
+
+    def epoch_samples(self, seq_len: int, split: str) -> int | None:
+        """Distinct samples in one pass over the data, or None when the source never runs out."""
+        return None
+
+    def check_step(self, first: int, end: int) -> None:
+        """Called with each step's global index range ``[first, end)`` before its first
+        micro-batch, identically on every rank; raise :class:`DataExhausted` to end the run."""
 
 
 class IndexedLoader:
@@ -59,9 +78,19 @@ class IndexedLoader:
         base = self._start + step * s.global_batch + m * s.micro_batch * s.dp_size + s.dp_rank * s.micro_batch
         return list(range(base, base + s.micro_batch))
 
+    def step_range(self, micro: int) -> tuple[int, int]:
+        """The global index range of the step that micro-batch ``micro`` belongs to."""
+        first = self._start + (micro // self.spec.grad_accum) * self.spec.global_batch
+        return first, first + self.spec.global_batch
+
+    def row(self, index: int) -> np.ndarray:
+        return self.source.sample(index, self.spec.seq_len, self.spec.split)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
-            rows = [self.source.sample(i, self.spec.seq_len, self.spec.split) for i in self.indices(self._micro)]
+            if self._micro % self.spec.grad_accum == 0:
+                self.source.check_step(*self.step_range(self._micro))
+            rows = [self.row(i) for i in self.indices(self._micro)]
             self._micro += 1
             batch = torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
             yield batch[:, :-1], batch[:, 1:]
@@ -85,3 +114,21 @@ def mix_seed(*parts: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
         x = z ^ (z >> 31)
     return x
+
+
+def permute(position: int, n: int, key: int) -> int:
+    """A pseudo-random bijection of ``range(n)`` keyed by ``key``: a 4-round Feistel network on
+    the smallest even number of bits that covers ``n``, cycle-walking values outside the range.
+    O(1) memory, so shuffling an epoch of any size needs no index array."""
+    if n <= 1:
+        return 0
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = (1 << half) - 1
+    x = position
+    while True:
+        left, right = x >> half, x & mask
+        for r in range(4):
+            left, right = right, left ^ (mix_seed(key, r, right) & mask)
+        x = (left << half) | right
+        if x < n:
+            return x

@@ -303,15 +303,32 @@ class Trainer:
             signal.signal(sig, self._on_signal)
 
     # -- the loop ------------------------------------------------------------
-    def train_step(self, batches) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_step_batches(self, batches) -> tuple[list | None, str]:
+        """This step's micro-batches, fetched before any compute: ``(batches, "")``, or
+        ``(None, why)`` when the data has run out on any rank. Loaders whose end can differ
+        between ranks (``may_end``) cost one all-reduce of a flag per step; sources that end
+        deterministically raise :class:`DataExhausted` on every rank at the same step."""
+        from core.data import DataExhausted
+
+        t_wait = time.perf_counter()
+        micro, why = [], ""
+        try:
+            for _ in range(self.prep.grad_accum):
+                micro.append(next(batches))
+        except DataExhausted as e:
+            why = str(e)
+        except StopIteration:
+            why = "[data] the source reached the end of its data"
+        self.data_wait_s += time.perf_counter() - t_wait
+        if getattr(self.loader, "may_end", False) and self.control.max([int(bool(why))])[0] and not why:
+            why = "the data ran out on another rank"
+        return (None, why) if why else (micro, "")
+
+    def train_step(self, micro_batches: list, spiking: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         c, dev = self.c, self.dist.device
         accum = self.prep.grad_accum
         loss_sum = torch.zeros((), device=dev)
-        spiking = self.spike_due()
-        for m in range(accum):
-            t_wait = time.perf_counter()
-            inputs, labels = next(batches)
-            self.data_wait_s += time.perf_counter() - t_wait
+        for m, (inputs, labels) in enumerate(micro_batches):
             if spiking:
                 inputs, labels = self.spike_batch(inputs.shape, m)
             inputs = inputs.to(dev, non_blocking=True)
@@ -383,7 +400,7 @@ class Trainer:
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
         log_every, every = rc.train.log_every, ckpt.opts.every
-        reason = "completed"
+        reason, end_detail = "completed", ""
         if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
             run.total_steps = run.step
@@ -393,7 +410,14 @@ class Trainer:
             if self.seq_len_for(run.step) != self.loader_spec.seq_len:
                 batches = self.switch_seq_len(self.seq_len_for(run.step))
             self._measure_update = (run.step + 1) % log_every == 0 or run.step + 1 == run.total_steps
-            loss, grad_norm = self.train_step(batches)
+            spiking = self.spike_due()  # keyed on the data position before this step's batches
+            micro_batches, why = self.next_step_batches(batches)
+            if micro_batches is None:
+                if self.dist.is_main:
+                    print(f"plait: {why}; ending the run after step {run.step}", flush=True)
+                reason, end_detail = "data_end", why
+                break
+            loss, grad_norm = self.train_step(micro_batches, spiking)
             if loss is None:  # rolled back: the run continues from the checkpoint's step
                 batches = iter(self.loader)
                 continue
@@ -447,6 +471,7 @@ class Trainer:
             print(f"plait: stopping at step {run.step}: {run.stop.reason}", flush=True)
         wants_save = {
             "completed": ckpt.opts.at_end,
+            "data_end": ckpt.opts.at_end,
             "signal": ckpt.opts.on_stop,
             "requested": ckpt.opts.on_stop and run.stop is not None and run.stop.checkpoint,
         }[reason]
@@ -457,6 +482,6 @@ class Trainer:
         code = run.stop.exit_code if (run.stop is not None and reason == "requested") else 0
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
             status = {"exit_code": code, "reason": reason, "step": run.step,
-                      "detail": run.stop.reason if run.stop is not None else ""}
+                      "detail": run.stop.reason if run.stop is not None else end_detail}
             (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
         return code

@@ -1,21 +1,34 @@
-"""``mixture``: a weighted mixture of map-style data sources.
+"""``mixture``: a weighted mixture of data sources.
 
 Global sample ``i`` comes from the source whose weight bin holds
 ``u_i = frac(offset + i x (golden ratio - 1))``. This additive-recurrence
 sequence is equidistributed with very low discrepancy, so the share of each
 source over *any* window of consecutive samples is within a few samples of
 its weight (not only on average), and the choice depends on the index alone:
-the same at every world size and worker count, and exact on resume. The
-chosen source then serves its own ``sample(i)``, which is itself a function of
-``(seed, i)``.
+the same at every world size and worker count, and exact on resume.
+
+The chosen source serves its own *local* sample ``j``: the number of earlier
+global indices that chose it. Indexed sources (``token_bin``, ``synthetic``)
+compute ``sample(j)`` from ``(seed, j)``; a finite one (``token_bin`` with
+``order = "epochs"``) runs out after one epoch, and then either wraps into
+the next epoch (``on_exhausted = "wrap"``: warned, counted in
+``data/<label>_epochs``) or ends the run with a checkpoint (``"stop"``). The
+check sees each step's whole index range on every rank, so all ranks stop at
+the same step.
+
+A streaming source (``text_stream``) serves its next window from this rank's
+shard instead. Proportions stay exact; the stream's position is saved per
+rank, so such a mixture resumes at the same world size only.
 
 ```toml
 [data]
 name = "mixture"
 seq_len = 1024
+on_exhausted = "wrap"
 sources = [
-  {name = "token_bin", weight = 0.45, path = "data/fineweb_edu"},
-  {name = "token_bin", weight = 0.25, path = "data/cosmopedia"},
+  {name = "token_bin", weight = 0.45, path = "data/fineweb_edu", order = "epochs"},
+  {name = "token_bin", weight = 0.25, path = "data/cosmopedia", on_exhausted = "stop"},
+  {name = "text_stream", weight = 0.30, files = ["data/qa/*.jsonl"]},
 ]
 ```
 """
@@ -23,22 +36,25 @@ sources = [
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from core.data import IndexedSource, mix_seed
+from core.data import DataExhausted, IndexedLoader, IndexedSource, mix_seed
 from core.errors import ConfigError
 from core.options import option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
+BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
 
 
 @dataclass
 class MixtureOptions:
     sources: list[dict[str, Any]] = option([], "tables {name, weight, label?, ...that data plugin's options}")
     stages: list[tuple[float, list[float]]] = option([], "[[start_fraction, [weight per source]], ...]: weights that change during the run")
+    on_exhausted: Literal["wrap", "stop"] = option("wrap", "a finite source that runs out: wrap into its next epoch (warned) or stop the run with a checkpoint; a source table may override it")
 
 
 def normalized(weights: list[float], what: str) -> np.ndarray:
@@ -64,14 +80,19 @@ class Mixture(IndexedSource):
         if not options.sources:
             raise ConfigError("[data] mixture: sources is empty; give at least one {name, weight, ...} table")
         registry = registry_mod.load()
-        self.sources: list[IndexedSource] = []
+        self.options = options
+        self.sources: list[Any] = []
         self.labels: list[str] = []
+        self.on_exhausted: list[str] = []
         weights = []
         for i, table in enumerate(options.sources):
             table = dict(table)
             where = f"[data] mixture: sources[{i}]"
             name, weight = table.pop("name", None), table.pop("weight", None)
             label = table.pop("label", None) or f"{i}_{name}"
+            on_exhausted = table.pop("on_exhausted", options.on_exhausted)
+            if on_exhausted not in ("wrap", "stop"):
+                raise ConfigError(f"{where}.on_exhausted: expected \"wrap\" or \"stop\", got {on_exhausted!r}")
             if not isinstance(name, str):
                 raise ConfigError(f"{where}: needs name = \"<data plugin>\"")
             if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
@@ -80,10 +101,11 @@ class Mixture(IndexedSource):
             if component.name == "mixture":
                 raise ConfigError(f"{where}: a mixture cannot contain a mixture")
             source = component.factory(build_options(component.options, table, f"{where} ({name})"))
-            if not isinstance(source, IndexedSource):
-                raise ConfigError(f"{where}: {name!r} is not addressable by sample index (a map-style source is required)")
+            if not isinstance(source, IndexedSource) and not hasattr(source, "windows"):
+                raise ConfigError(f"{where}: {name!r} is neither addressable by sample index nor a stream of windows")
             self.sources.append(source)
             self.labels.append(label)
+            self.on_exhausted.append(on_exhausted)
             weights.append(float(weight))
         self.weights = normalized(weights, "[data] mixture: the weights")
         self.edges = edges(self.weights)
@@ -98,9 +120,13 @@ class Mixture(IndexedSource):
                     raise ConfigError(f"[data] mixture: stage at {start} gives {len(ws)} weights for {len(self.sources)} sources")
             self.stage_starts = np.asarray(starts)
             self.stage_edges = [edges(normalized(ws, f"[data] mixture: stage {f} weights")) for f, ws in options.stages]
+        self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
         self.total_samples = 0
-        self._counted_upto = 0
-        self._counts = np.zeros(len(self.sources), dtype=np.int64)
+        self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
+        self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
+        self._epochs_warned = [0] * len(self.sources)
+        self.dp_rank = 0
+        self.seq_len = 0
 
     def validate(self, vocab_size: int, seq_len: int) -> None:
         for source in self.sources:
@@ -109,12 +135,15 @@ class Mixture(IndexedSource):
     def has_split(self, split: str) -> bool:
         return all(getattr(s, "has_split", lambda _: True)(split) for s in self.sources)
 
-    def loader(self, spec):
-        for source in self.sources:
-            source.seed = spec.seed
-        self.seq_len = spec.seq_len
-        self.total_samples = spec.total_samples
-        return super().loader(spec)
+    def loader(self, spec) -> "MixtureLoader":
+        self.seed = spec.seed
+        for k, source in enumerate(self.sources):
+            source.seed = mix_seed(spec.seed, k + 1)  # two sources over the same files draw different samples
+        if spec.split == "train":  # validation loaders must not change the train stream's layout
+            if (spec.total_samples, spec.seq_len) != (self.total_samples, self.seq_len):
+                self._block_counts, self._block = self._block_counts[:1], None
+            self.seq_len, self.total_samples, self.dp_rank = spec.seq_len, spec.total_samples, spec.dp_rank
+        return MixtureLoader(self, spec)
 
     def choose(self, indices: np.ndarray) -> np.ndarray:
         offset = (mix_seed(self.seed, 0x6D6978) % 2**32) / 2**32
@@ -130,20 +159,95 @@ class Mixture(IndexedSource):
             out[mask] = np.searchsorted(e, u[mask], side="right")
         return out.clip(max=len(self.sources) - 1)
 
-    def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
-        which = int(self.choose(np.asarray([index]))[0])
-        return self.sources[which].sample(index, seq_len, split)
-
     def counts(self, consumed_samples: int) -> np.ndarray:
         """Samples drawn from each source among the first ``consumed_samples`` global indices."""
-        if consumed_samples < self._counted_upto:
-            self._counted_upto, self._counts[:] = 0, 0
-        if consumed_samples > self._counted_upto:
-            picks = self.choose(np.arange(self._counted_upto, consumed_samples))
-            self._counts += np.bincount(picks, minlength=len(self.sources))
-            self._counted_upto = consumed_samples
-        return self._counts
+        block, rest = divmod(consumed_samples, BLOCK)
+        while len(self._block_counts) <= block:  # cumulative counts, one bincount per new block
+            b = len(self._block_counts) - 1
+            picks = self.choose(np.arange(b * BLOCK, (b + 1) * BLOCK))
+            self._block_counts.append(self._block_counts[b] + np.bincount(picks, minlength=len(self.sources)))
+        tail = self.choose(np.arange(block * BLOCK, block * BLOCK + rest))
+        return self._block_counts[block] + np.bincount(tail, minlength=len(self.sources))
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(source, local sample number) of global sample ``index``."""
+        block, pos = divmod(index, BLOCK)
+        if self._block is None or self._block[0] != block:
+            picks = self.choose(np.arange(block * BLOCK, (block + 1) * BLOCK))
+            local = np.empty(BLOCK, dtype=np.int64)
+            for k in range(len(self.sources)):
+                mask = picks == k
+                local[mask] = np.arange(int(mask.sum()))
+            self._block = (block, picks, local + self.counts(block * BLOCK)[picks])
+        return int(self._block[1][pos]), int(self._block[2][pos])
+
+    def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
+        which, local = self.locate(index) if split == "train" else (int(self.choose(np.asarray([index]))[0]), index)
+        if which in self.streams:
+            raise ConfigError(f"[data] mixture: source {self.labels[which]!r} is a stream and has no indexed samples")
+        return self.sources[which].sample(local, seq_len, split)
+
+    def check_step(self, first: int, end: int) -> None:
+        """Wrap (warned once per epoch) or stop when a finite source runs out inside ``[first, end)``."""
+        used = self.counts(end)
+        for k, source in enumerate(self.sources):
+            if k in self.streams:
+                continue
+            capacity = source.epoch_samples(self.seq_len, "train")
+            if not capacity or used[k] <= capacity * (self._epochs_warned[k] + 1):
+                continue
+            if self.on_exhausted[k] == "stop":
+                raise DataExhausted(f"[data] mixture: source {self.labels[k]!r} ran out after {capacity} samples "
+                                    "(one epoch) and on_exhausted = \"stop\"")
+            self._epochs_warned[k] = int((used[k] - 1) // capacity)
+            if self.dp_rank == 0:
+                print(f"plait: warning: mixture source {self.labels[k]!r} ran out after {capacity} samples; "
+                      f"wrapping into epoch {self._epochs_warned[k] + 1}", file=sys.stderr, flush=True)
 
     def metrics(self, consumed_samples: int) -> dict[str, float]:
-        tokens = self.counts(consumed_samples) * getattr(self, "seq_len", 0)
-        return {f"data/{label}_tokens": float(t) for label, t in zip(self.labels, tokens)}
+        used = self.counts(consumed_samples)
+        out = {f"data/{label}_tokens": float(n * self.seq_len) for label, n in zip(self.labels, used)}
+        for k, source in enumerate(self.sources):
+            capacity = None if k in self.streams else source.epoch_samples(self.seq_len, "train")
+            if capacity:
+                out[f"data/{self.labels[k]}_epochs"] = float(used[k] / capacity)
+        return out
+
+
+class MixtureLoader(IndexedLoader):
+    """Indexed rows from the mixture; rows of streaming sources from this rank's shard of each stream."""
+
+    def __init__(self, mixture: Mixture, spec) -> None:
+        super().__init__(mixture, spec)
+        self.per_rank_state = bool(mixture.streams)
+        self.may_end = any(mixture.sources[k].options.on_end == "stop" for k in mixture.streams)
+        self.shards = {k: mixture.sources[k].windows(spec.seq_len, spec.dp_rank, spec.dp_size, mixture.sources[k].seed, spec.split)
+                       for k in mixture.streams}
+        self._iters: dict[int, Any] = {}
+
+    def row(self, index: int) -> np.ndarray:
+        if not self.shards:
+            return super().row(index)
+        mix: Mixture = self.source
+        which, _ = mix.locate(index) if self.spec.split == "train" else (int(mix.choose(np.asarray([index]))[0]), 0)
+        if which not in self.shards:
+            return super().row(index)
+        if which not in self._iters:
+            self._iters[which] = iter(self.shards[which])
+        try:
+            return next(self._iters[which]).numpy()
+        except StopIteration:
+            raise DataExhausted(f"[data] mixture: stream {mix.labels[which]!r} reached the end of its files "
+                                "(on_end = \"stop\")") from None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.shards:
+            state["streams"] = {self.source.labels[k]: shard.state_dict() for k, shard in self.shards.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for k, shard in self.shards.items():
+            shard.load_state_dict(state.get("streams", {}).get(self.source.labels[k], {}))
+        self._iters = {}

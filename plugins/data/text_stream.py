@@ -7,10 +7,15 @@ optional shuffle buffer holds ``shuffle_buffer`` windows per shard; which one
 leaves next is drawn from ``(seed, shard, position)`` alone, never from a
 worker's RNG, so a resume continues the very same stream. torchdata's
 ``StatefulDataLoader`` saves each worker's cursor, packing carry-over and
-buffer mid-epoch. At the end of the files a shard starts over, with a
-warning; the epoch is part of the saved state. (Ending the run instead is
-not offered: one rank running dry while the others are inside a step's
-collectives would hang the job.)
+buffer mid-epoch. At the end of the files a shard either starts over
+(``on_end = "wrap"``, with a warning; the epoch is part of the saved state) or
+ends (``on_end = "stop"``). Shards end at different moments, so a stopping
+loader sets ``may_end``: the trainer gathers each step's micro-batches first
+and all ranks agree (one all-reduce of a flag) before any compute, ending the
+run together with a checkpoint instead of one rank hanging in a collective.
+
+A ``mixture`` can hold text streams next to indexed sources: it pulls the
+windows of this rank's shard in order (no worker processes there).
 
 The state belongs to the layout of shards, so a streaming run resumes at the
 same world size and worker count; use ``token_bin`` (or a ``mixture`` of
@@ -23,7 +28,7 @@ import copy
 import glob
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import numpy as np
 import torch
@@ -40,6 +45,7 @@ class TextStreamOptions:
     text_field: str = option("text", "jsonl key / parquet column with the text")
     shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)")
     workers: int = option(0, "loader worker processes per rank (StatefulDataLoader)")
+    on_end: Literal["wrap", "stop"] = option("wrap", "at the end of the files: wrap (start a new epoch, warned) or stop the run with a checkpoint")
 
 
 class _Shard(torch.utils.data.IterableDataset):
@@ -100,6 +106,9 @@ class _Shard(torch.utils.data.IterableDataset):
                         yield torch.tensor(out, dtype=torch.int64)
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
+            if self.opts.on_end == "stop":
+                print(f"plait: text_stream shard {shard}: end of the files (on_end = \"stop\")", file=sys.stderr, flush=True)
+                return
             st["epoch"] += 1
             st["next_doc"] = shard
             print(f"plait: warning: text_stream shard {shard}: end of the files, starting epoch {st['epoch']}",
@@ -126,8 +135,10 @@ class StreamLoader:
     def __init__(self, source: "TextStream", spec) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        self.dataset = _Shard(source.options, source.paths, spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
-        self.loader = StatefulDataLoader(self.dataset, batch_size=spec.micro_batch, num_workers=source.options.workers)
+        self.may_end = source.options.on_end == "stop"
+        self.dataset = source.windows(spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
+        self.loader = StatefulDataLoader(self.dataset, batch_size=spec.micro_batch, num_workers=source.options.workers,
+                                         drop_last=self.may_end)
         self._it = None
 
     def __iter__(self):
@@ -169,6 +180,11 @@ class TextStream:
 
     def has_split(self, split: str) -> bool:
         return split == "train"
+
+    def windows(self, seq_len: int, rank: int, world: int, seed: int, split: str = "train") -> _Shard:
+        """This rank's stream of ``seq_len + 1``-token windows; ``state_dict``/``load_state_dict``
+        save and restore its position (used directly by ``mixture``)."""
+        return _Shard(self.options, self.paths, seq_len, rank, world, seed, split)
 
     def loader(self, spec) -> StreamLoader:
         return StreamLoader(self, spec)

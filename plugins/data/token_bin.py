@@ -2,9 +2,16 @@
 
 ``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
 (uint16, or uint32 when the vocabulary needs it), optionally described by
-``<path>/meta.json``. Sample ``i`` of a run with seed ``s`` is the window of
-``seq_len + 1`` tokens starting at ``mix_seed(s, split, i) % (n - seq_len - 1)``:
-a function of the index alone, so every world size sees the same batches.
+``<path>/meta.json``. Sample ``i`` is a function of ``(seed, i)`` alone, so
+every world size sees the same batches:
+
+- ``order = "random"`` (nanoGPT's way): the window of ``seq_len + 1`` tokens
+  starting at ``mix_seed(seed, split, i) % (n - seq_len - 1)``. Never runs out.
+- ``order = "epochs"``: the file is cut into ``(n - 1) // seq_len`` windows
+  (each overlapping the next by the one label token) and every epoch visits
+  each exactly once, in an order shuffled per epoch by a keyed permutation.
+  Sample ``i`` is window ``permute(i mod N, N, key(seed, epoch))``. The source
+  runs out after ``N`` samples, which a ``mixture`` can wrap or stop on.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from core.data import IndexedSource, mix_seed
+from core.data import IndexedSource, mix_seed, permute
 from core.errors import DataError
 from core.options import option
 
@@ -31,6 +38,7 @@ class TokenBinOptions:
     train_file: str = option("train.bin", "training file name inside path")
     val_file: str = option("val.bin", "validation file name inside path")
     check_ids: bool = option(True, "scan the files for ids >= the model's vocabulary before training")
+    order: Literal["random", "epochs"] = option("random", "random: windows at random offsets (never runs out); epochs: each window once per epoch, shuffled")
 
     def check(self) -> None:
         if not self.path:
@@ -106,7 +114,17 @@ class TokenBin(IndexedSource):
     def num_tokens(self, split: str) -> int:
         return len(self.array(split))
 
+    def epoch_samples(self, seq_len: int, split: str) -> int | None:
+        if self.options.order == "random":
+            return None
+        return (self.num_tokens(split) - 1) // seq_len
+
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
         arr = self.array(split)
-        start = mix_seed(self.seed, SPLIT_IDS[split], index) % (len(arr) - seq_len - 1)
+        if self.options.order == "random":
+            start = mix_seed(self.seed, SPLIT_IDS[split], index) % (len(arr) - seq_len - 1)
+        else:
+            windows = (len(arr) - 1) // seq_len
+            epoch, position = divmod(index, windows)
+            start = permute(position, windows, mix_seed(self.seed, SPLIT_IDS[split], epoch)) * seq_len
         return np.asarray(arr[start:start + seq_len + 1], dtype=np.int64)

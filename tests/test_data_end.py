@@ -1,0 +1,156 @@
+"""Finite sources: epochs in token_bin, a mixture source that runs out (wrap or stop),
+streams inside a mixture, and a streaming run whose ranks run dry at different steps."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import REPO, read_metrics, torchrun
+from core.data import DataExhausted
+from core.protocols import LoaderSpec
+
+CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+
+
+def write_bin(path, ids):
+    path.mkdir(parents=True, exist_ok=True)
+    np.asarray(ids, dtype=np.uint16).tofile(path / "train.bin")
+    return path
+
+
+def mixture(sources, **kw):
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    mix = Mixture(MixtureOptions(sources=sources, **kw))
+    mix.validate(512, 16)
+    return mix
+
+
+def run_steps(mix, steps, dp_size=1, rank=0, micro=2, accum=2, start=None, seq_len=16):
+    """Rows of ``steps`` steps from one rank's loader; also the loader (for its state)."""
+    loader = mix.loader(LoaderSpec(seq_len, micro, accum, rank, dp_size, 42))
+    if start is not None:
+        loader.load_state_dict(start)
+    it = iter(loader)
+    rows = [next(it)[0].numpy() for _ in range(steps * accum)]
+    return rows, loader
+
+
+def test_token_bin_epochs_visit_every_window_once_per_epoch(tmp_path):
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    d = write_bin(tmp_path / "d", np.arange(16 * 50 + 1))
+    src = TokenBin(TokenBinOptions(path=str(d), order="epochs"))
+    src.validate(1024, 16)
+    src.seed = 3
+    n = src.epoch_samples(16, "train")
+    assert n == 50
+    starts = [int(src.sample(j, 16, "train")[0]) for j in range(2 * n)]
+    assert sorted(starts[:n]) == [16 * k for k in range(n)]  # each window exactly once
+    assert sorted(starts[n:]) == sorted(starts[:n]) and starts[n:] != starts[:n]  # epoch 2: reshuffled
+    row = src.sample(0, 16, "train")
+    assert len(row) == 17 and np.array_equal(row, np.arange(row[0], row[0] + 17))
+    assert TokenBin(TokenBinOptions(path=str(d))).epoch_samples(16, "train") is None  # random order never ends
+
+
+def test_mixture_serves_local_indices_so_a_finite_source_is_read_without_repeats(tmp_path):
+    d = write_bin(tmp_path / "d", np.arange(16 * 40 + 1) % 500)
+    mix = mixture([{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"},
+                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
+    rows, _ = run_steps(mix, steps=10, micro=4, accum=2)  # 80 samples, about 40 from the finite source
+    windows = [int(r[0]) for batch in rows for r in batch if r.max() >= 10]
+    assert len(windows) == int(mix.counts(80)[0])
+    assert len(set(windows)) == len(windows)  # no window twice inside the first epoch
+
+
+def test_mixture_wraps_an_exhausted_source_with_a_warning_and_counts_epochs(tmp_path, capsys):
+    d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)  # 10 windows
+    mix = mixture([{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs", "label": "small"},
+                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10, "label": "big"}])
+    run_steps(mix, steps=8)  # 32 samples, about 16 from "small": one wrap
+    err = capsys.readouterr().err
+    assert err.count("mixture source 'small' ran out after 10 samples; wrapping into epoch 2") == 1
+    metrics = mix.metrics(32)
+    assert 1.0 < metrics["data/small_epochs"] < 2.0 and "data/big_epochs" not in metrics
+
+
+def test_mixture_stop_ends_every_rank_at_the_same_step(tmp_path):
+    d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)
+    sources = [{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"},
+               {"name": "synthetic", "weight": 0.5, "vocab_size": 10}]
+    ends = []
+    for rank in range(2):
+        mix = mixture(sources, on_exhausted="stop")
+        it = iter(mix.loader(LoaderSpec(16, 2, 2, rank, 2, 42)))
+        served = 0
+        with pytest.raises(DataExhausted, match="source '0_token_bin' ran out after 10 samples"):
+            while True:
+                next(it)
+                served += 1
+        ends.append(served)
+    assert ends[0] == ends[1] and ends[0] % 2 == 0 and ends[0] > 0  # whole steps, the same on both ranks
+    steps = ends[0] // 2
+    used = mixture(sources).counts(steps * 8)[0]
+    assert used <= 10 < mixture(sources).counts((steps + 1) * 8)[0]  # it stopped at the first step that would overrun
+
+
+def stream_corpus(tmp_path, docs=60):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": "z" * 40 + f" doc {i}"}) + "\n" for i in range(docs)))
+    return path
+
+
+def test_mixture_holds_a_stream_with_exact_proportions_and_resume(tmp_path):
+    corpus = stream_corpus(tmp_path)
+    sources = [{"name": "text_stream", "weight": 0.3, "files": [str(corpus)], "label": "qa"},
+               {"name": "synthetic", "weight": 0.7, "vocab_size": 10, "label": "web"}]
+    mix = mixture(sources)
+    straight, _ = run_steps(mix, steps=6)
+    flat = np.concatenate(straight)
+    from_stream = (flat.max(axis=1) >= 10).sum()
+    assert from_stream == mix.counts(24)[0]  # the rows from the stream are exactly the mixture's picks
+    assert 256 in flat  # EOS between the stream's documents
+
+    first, loader = run_steps(mixture(sources), steps=3)
+    state = json.loads(json.dumps(loader.state_dict()))  # what a checkpoint stores, per rank
+    assert "qa" in state["streams"] and loader.per_rank_state
+    rest, _ = run_steps(mixture(sources), steps=3, start=state)
+    assert all(np.array_equal(a, b) for a, b in zip(first + rest, straight))
+
+
+def test_stream_inside_mixture_that_ends_raises_data_exhausted(tmp_path):
+    corpus = stream_corpus(tmp_path, docs=4)
+    mix = mixture([{"name": "text_stream", "weight": 0.5, "files": [str(corpus)], "on_end": "stop"},
+                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
+    loader = mix.loader(LoaderSpec(16, 2, 1, 0, 1, 42))
+    assert loader.may_end
+    it = iter(loader)
+    with pytest.raises(DataExhausted, match="stream '0_text_stream' reached the end of its files"):
+        for _ in range(100):
+            next(it)
+
+
+def test_streaming_run_ends_cleanly_when_one_rank_runs_dry_first(tiny_config, tmp_path):
+    """Rank 0's shard holds more documents than rank 1's: rank 1 runs dry a step earlier.
+    Every rank must stop at the same step, save a checkpoint and exit 0 (no hang)."""
+    path = tmp_path / "uneven.jsonl"
+    docs = [("a" * 300 if i % 2 == 0 else "b" * 100) for i in range(24)]  # even docs (rank 0) are longer
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    cfg = tiny_config(steps=50, body="")
+    text = cfg.read_text().replace('name = "token_bin"', 'name = "text_stream"\non_end = "stop"\nfiles = ["%s"]' % path)
+    text = text.replace(f'path = "{CORPUS}"\n', "")
+    cfg.write_text(text)
+    proc = torchrun(2, "--config", str(cfg), "--train.global_batch_tokens=512", "--data.seq_len=64",
+                    "--checkpoint.every=0", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["reason"] == "data_end" and status["exit_code"] == 0
+    rows = read_metrics(tmp_path / "out")
+    last = rows[-1]["step"]
+    assert 0 < last < 50 and status["step"] == last
+    # rank 1 holds 12 x 101 tokens = 18 windows of 65, 4 per step: it cannot fill step 5
+    assert last == (12 * 101) // 65 // 4
+    assert (tmp_path / "out" / "checkpoints" / f"step_{last:09d}" / "COMMITTED").exists()
