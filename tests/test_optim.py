@@ -8,37 +8,52 @@ import pytest
 
 from conftest import read_metrics, run_module
 
-SMALL = ("--train.steps=30", "--optimizer.lr=3e-3", "--lr_schedule.warmup_steps=3", "--model.ffn_dim=256",
-         "--train.global_batch_tokens=512", "--checkpoint.at_end=false")
+def train_regression(name: str, steps: int = 40) -> list[float]:
+    """Build optimizer plugin ``name`` through the registry (real options, real parameter groups)
+    and fit a fixed 3-layer MLP to a fixed target. Every weight has one shape (128 x 128), so a
+    torchao low-bit optimizer compiles its step once."""
+    import torch
+    from torch import nn
 
+    from core import registry
+    from core.options import build_options
+    from core.param_groups import param_groups
 
-def final_loss(cfg, out, opt):
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", f"--optimizer.name={opt}", *SMALL,
-                      timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return read_metrics(out)[-1]["loss"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128, bias=False), nn.Tanh(), nn.Linear(128, 128, bias=False), nn.Tanh(),
+                          nn.Linear(128, 128, bias=False))
+    x = torch.randn(256, 128)
+    y = torch.sin(x @ torch.randn(128, 128) / 8)
+    component = registry.load().get("optimizer", name, "test")
+    opts = build_options(component.options, {"lr": 3e-3, "weight_decay": 0.0}, f"[optimizer] {name}")
+    optimizer = component.factory(opts).build(param_groups(model, opts))
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
 
 
 @pytest.fixture(scope="module")
-def adamw_reference(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ref")
-    cfg = tmp / "run.toml"
-    from conftest import REPO
-
-    cfg.write_text(f'extends = "{REPO / "train_configs" / "debug_cpu.toml"}"\n[monitors]\nenabled = ["jsonl"]\n'
-                   f'[train]\nlog_every = 1\nmicro_batch = 2\n[model]\ndim = 64\n[data]\nseq_len = 128\n'
-                   f'path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"\n')
-    return cfg, final_loss(cfg, tmp / "out", "adamw")
+def adamw_reference():
+    return train_regression("adamw")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["adamw8bit", "adamw4bit", "adamw_fp8", "bnb_adamw8bit"])
-def test_lowbit_adamw_tracks_adamw(adamw_reference, tmp_path, name):
+def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
     if name == "bnb_adamw8bit":
         pytest.importorskip("bitsandbytes", reason="bitsandbytes is the optional extra 'bitsandbytes' (in 'dev')")
-    cfg, ref = adamw_reference
-    got = final_loss(cfg, tmp_path / name, name)
-    assert abs(got - ref) < 0.15, (got, ref)  # stated tolerance: 0.15 nats after 30 steps
+    got = train_regression(name)
+    ref = adamw_reference
+    assert got[-1] < 0.5 * got[0]  # it optimizes
+    # stated tolerance: final loss within 0.15 x the starting loss of AdamW's final loss after 40 steps
+    # (4-bit state lags most: 0.194 vs 0.137 from 0.511), and not identical (the state is really low-bit)
+    assert abs(got[-1] - ref[-1]) <= 0.15 * ref[0], (got[-1], ref[-1])
+    assert got != ref
 
 
 @pytest.mark.slow
