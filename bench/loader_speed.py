@@ -42,12 +42,17 @@ def main(argv=None) -> int:
     from plugins.data.mixture import Mixture, MixtureOptions
     from plugins.data.token_bin import TokenBin, TokenBinOptions
 
-    single = TokenBin(TokenBinOptions(path=str(CORPUS)))
     weights = [0.45, 0.25, 0.2, 0.1]
-    mix = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": w, "path": str(CORPUS)} for w in weights]))
+
+    def mixture(order: str) -> Mixture:
+        return Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": w, "path": str(CORPUS), "order": order}
+                                               for w in weights]))
+
     rows = [
-        ["token_bin", rate(single, args.seq_len, args.micro_batch, args.batches)],
-        ["mixture (4 token_bin sources)", rate(mix, args.seq_len, args.micro_batch, args.batches)],
+        ["token_bin, order random", rate(TokenBin(TokenBinOptions(path=str(CORPUS))), args.seq_len, args.micro_batch, args.batches)],
+        ["token_bin, order epochs", rate(TokenBin(TokenBinOptions(path=str(CORPUS), order="epochs")), args.seq_len, args.micro_batch, args.batches)],
+        ["mixture of 4 token_bin, order random", rate(mixture("random"), args.seq_len, args.micro_batch, args.batches)],
+        ["mixture of 4 token_bin, order epochs", rate(mixture("epochs"), args.seq_len, args.micro_batch, args.batches)],
     ]
     body = table(["source", "tokens/s (one thread)"], rows)
     body += (f"\n\nmicro-batch {args.micro_batch} x seq {args.seq_len}, {args.batches} batches, "

@@ -483,5 +483,6 @@ class Trainer:
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
             status = {"exit_code": code, "reason": reason, "step": run.step,
                       "detail": run.stop.reason if run.stop is not None else end_detail}
+            self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
         return code
