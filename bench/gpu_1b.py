@@ -8,8 +8,14 @@ and rowwise). Each variant trains ``--steps`` timed steps after
 The loss is chunked (``model.loss_chunk_tokens``) so the 131072-wide logits
 never exist whole.
 
-    python -m bench.gpu_1b                    # everything, appends to docs/benchmarks.md
+    python -m bench.gpu_1b                    # every 1b variant, appends to docs/benchmarks.md
     python -m bench.gpu_1b --only bf16-eager  # one variant
+    python -m bench.gpu_1b --only 8b-fsdp2-offload-ac-mb1   # the 8b flavor, one GPU, fsdp2 + CPU offload
+
+The 8b variant (not in the default set) shards over a one-rank group with
+parameters, gradients and AdamW state in host memory (16 bytes per
+parameter, about 120 GiB). It first compares that with the host's available
+memory and reports "does not fit" instead of running when it cannot.
 
 Exits with code 2 (and prints no figure) when no CUDA device is present.
 """
@@ -37,6 +43,22 @@ VARIANTS: dict[str, list[str]] = {
     "fp8-tensorwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=tensorwise"],
     "fp8-rowwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=rowwise"],
 }
+OPT_IN: dict[str, list[str]] = {
+    "8b-fsdp2-offload-ac-mb1": ["--train.micro_batch=1", "--model.flavor=8b", "--parallelism.name=fsdp2",
+                                "--parallelism.cpu_offload=true", "--train.activation_checkpointing=full"],
+}
+HOST_BYTES_PER_PARAM = 16  # fp32 parameter + fp32 gradient + two fp32 AdamW moments, all offloaded
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else 0 (unknown: the check refuses)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def peak_tflops(name: str) -> float | None:
@@ -60,6 +82,13 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
     try:
         cfg = synthetic_config("1b", 2048, mb, "cuda", "/tmp/plait-bench-gpu", loss_chunk_tokens=8192)
         prep = prepare(str(cfg), overrides, world_size=1)
+        if name in OPT_IN:
+            with torch.device("meta"):
+                params = sum(p.numel() for p in prep.spec.build().parameters())
+            need, have = params * HOST_BYTES_PER_PARAM, host_available_bytes()
+            if need > 0.9 * have:
+                return {"variant": name, "status": f"does not fit: needs {need / 2**30:.0f} GiB host memory, "
+                                                   f"{have / 2**30:.0f} GiB available"}
         trainer = Trainer(prep, DistInfo(device=torch.device("cuda", 0), backend="none"))
         trainer.build()
         trainer.run.total_steps = warmup
@@ -86,7 +115,7 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", nargs="*", choices=list(VARIANTS), help="run only these variants")
+    p.add_argument("--only", nargs="*", choices=list(VARIANTS) + list(OPT_IN), help="run only these variants")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-record", action="store_true")
@@ -99,7 +128,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.only or list(VARIANTS):
         try:
-            r = run_variant(name, VARIANTS[name], args.steps, args.warmup)
+            r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup)
         except Exception as e:  # a variant that cannot run here (fp8 on a pre-Hopper GPU...) is reported, not faked
             r = {"variant": name, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
         print(r, flush=True)

@@ -6,6 +6,12 @@ and reduces gradients in fp32 (MixedPrecisionPolicy); the sharded fp32
 parameters stay the optimizer's master weights. ``replicate > 1`` gives HSDP:
 a 2-D mesh (replicate x shard) that shards within groups of
 ``world_size / replicate`` ranks and all-reduces across groups.
+
+``cpu_offload = true`` keeps the sharded fp32 parameters, their gradients
+and the optimizer state in host memory (FSDP2's ``CPUOffloadPolicy``; pinned
+on CUDA), so a model too big for one GPU's memory can still train, slowly.
+It works on one process too: the plugin then shards over a one-rank group of
+its own, which is how an 8B model is meant to fit on one 80 GB GPU.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ class FSDP2:
             )
 
     def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
-        if dist.world_size == 1:
+        o = self.options
+        if dist.world_size == 1 and not o.cpu_offload:
             return model  # nothing to shard over: behave like a single process
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-        o = self.options
+        if dist.world_size == 1:
+            one_rank_group(dist.device)
         device_type = dist.device.type
         if o.replicate > 1:
             mesh = init_device_mesh(device_type, (o.replicate, dist.world_size // o.replicate), mesh_dim_names=("replicate", "shard"))
@@ -60,12 +68,15 @@ class FSDP2:
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy()
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda")
         blocks = spec.blocks(model)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by the backward pass.
             fully_shard(block, reshard_after_forward=o.reshard_after_forward and i < len(blocks) - 1, **kwargs)
         fully_shard(model, reshard_after_forward=o.reshard_after_forward, **kwargs)
+        if o.cpu_offload and dist.is_main:
+            print(f"plait: fsdp2: parameters, gradients and optimizer state offloaded to host memory "
+                  f"({dist.world_size} rank(s))", flush=True)
         return model
 
     def sync_context(self, model: nn.Module, sync: bool):
@@ -75,3 +86,12 @@ class FSDP2:
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         return clip_grad_norm(model, max_norm)
+
+
+def one_rank_group(device: torch.device) -> None:
+    """A process group of this process alone (an in-memory store, no rendezvous), for
+    ``fully_shard`` with CPU offload in a single-process run."""
+    import torch.distributed as tdist
+
+    if not tdist.is_initialized():
+        tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=tdist.HashStore(), rank=0, world_size=1)
