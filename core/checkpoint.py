@@ -34,6 +34,7 @@ from core.errors import CheckpointError
 from core.options import option
 
 COMMIT_MARKER = "COMMITTED"
+BEST_FILE = "BEST.json"  # names the checkpoint with the best validation loss (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 PAUSE_ENV = "PLAIT_TEST_PAUSE_BEFORE_COMMIT"
@@ -51,6 +52,7 @@ class CheckpointOptions:
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
+    keep_best: bool = option(False, "save at each validation that improves best_val_loss and keep that checkpoint (named in <dir>/BEST.json) through pruning")
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
 
     def check(self) -> None:
@@ -206,6 +208,7 @@ class Checkpointer:
         self.dist = trainer.dist
         self.pending: tuple[Any, int, Path, dict[str, Any]] | None = None  # (future, step, path, state.json)
         self.last_saved_step = -1
+        self.best_step = -1
         self.last_stall_s = 0.0
         self.group = None
         if self.dist.world_size > 1:
@@ -302,14 +305,39 @@ class Checkpointer:
             tmp = path / (COMMIT_MARKER + ".tmp")
             tmp.write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, path / COMMIT_MARKER)
+            if step == self.best_step:
+                self._write_best(step, path, json_state.get("train", {}).get("best_val_loss"))
             self._prune()
         self.t.on_checkpoint_saved(step, str(path))
 
+    def save_best(self, step: int) -> None:
+        """A validation just improved best_val_loss: save this step (its commit writes
+        BEST.json), or, if this step is already committed, just point BEST.json at it."""
+        self.best_step = step
+        if step != self.last_saved_step:
+            self.maybe_save(step)
+        elif self.pending is None and self.dist.is_main:
+            self._write_best(step, step_dir(self.root, step), self.t.run.state.get("best_val_loss"))
+
+    def _write_best(self, step: int, path: Path, val_loss: Any) -> None:
+        tmp = self.root / (BEST_FILE + ".tmp")
+        tmp.write_text(json.dumps({"step": step, "path": path.name, "val_loss": val_loss}, indent=1))
+        os.replace(tmp, self.root / BEST_FILE)
+
+    def best_path(self) -> Path | None:
+        f = self.root / BEST_FILE
+        try:
+            return self.root / json.loads(f.read_text())["path"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def _prune(self) -> None:
         done = committed(self.root)
+        keep = self.best_path()
         if self.opts.keep_latest and len(done) > self.opts.keep_latest:
             for old in done[: -self.opts.keep_latest]:
-                shutil.rmtree(old, ignore_errors=True)
+                if old != keep:
+                    shutil.rmtree(old, ignore_errors=True)
         if done:  # interrupted saves older than the newest complete one
             for p in self.root.glob("step_*"):
                 if p.name < done[-1].name and not (p / COMMIT_MARKER).exists():
