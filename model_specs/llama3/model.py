@@ -61,11 +61,14 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> t
     Frequency i (of head_dim / 2) is theta^(-2i / head_dim); each appears twice,
     once per half of the head, matching :func:`apply_rope`.
     """
-    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    pos = torch.arange(max_seq_len, device=device, dtype=torch.float32)
+    # Computed on the CPU, then moved: the same values on every device, and under a meta-device
+    # build arange on meta would go through torch._refs (seconds of imports on a first call).
+    target = device if device is not None else torch.get_default_device()
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, device="cpu", dtype=torch.float32) / head_dim)
+    pos = torch.arange(max_seq_len, device="cpu", dtype=torch.float32)
     angles = torch.outer(pos, freqs)  # [T, head_dim / 2]
     angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]
-    return angles.cos(), angles.sin()
+    return angles.cos().to(target), angles.sin().to(target)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,7 +148,9 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # init_weights() initializes it; skipping Embedding's own normal_ keeps a meta-device build fast
+        # (normal_ on meta goes through torch._refs: about 2 s of imports on a first call)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)

@@ -96,7 +96,9 @@ class RecurrentMoE(nn.Module):
         super().__init__()
         self.args = a
         b = a.base
-        self.tok_embeddings = nn.Embedding(b.vocab_size, b.dim)
+        # init_weights() initializes it; skipping Embedding's own normal_ keeps a meta-device build fast
+        # (normal_ on meta goes through torch._refs: about 2 s of imports on a first call)
+        self.tok_embeddings = nn.Embedding(b.vocab_size, b.dim, _weight=torch.empty(b.vocab_size, b.dim))
         self.prelude = nn.ModuleList(MoEBlock(a) for _ in range(a.n_prelude))
         self.core = nn.ModuleList(MoEBlock(a) for _ in range(a.n_core))
         self.coda = nn.ModuleList(MoEBlock(a) for _ in range(a.n_coda))
