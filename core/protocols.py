@@ -152,7 +152,13 @@ class LoaderSpec:
 
 
 class DataLoaderLike(Protocol):
-    """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len]."""
+    """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len].
+
+    It may end (``StopIteration``, or :class:`core.data.DataExhausted`). If it can end at a
+    different step on different ranks it sets ``may_end = True``: the trainer then agrees across
+    ranks before each step's compute, and every rank stops together with a checkpoint.
+    ``per_rank_state = True`` saves ``state_dict()`` per rank (streams) instead of rank 0's.
+    """
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 

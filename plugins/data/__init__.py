@@ -15,6 +15,6 @@ def plait_register(registry):
     registry.add("data", "token_bin", TokenBin, options=TokenBinOptions,
                  doc="nanoGPT flat binary token files, memory-mapped, windows drawn from (seed, index)")
     registry.add("data", "mixture", Mixture, options=MixtureOptions,
-                 doc="weighted mixture of map-style sources; the source of each sample index is deterministic")
+                 doc="weighted mixture of indexed and streaming sources; the source of each sample index is deterministic")
     registry.add("data", "text_stream", TextStream, options=TextStreamOptions,
                  doc="jsonl/parquet read lazily, tokenized on the fly, packed, shuffle buffer; resumable mid-epoch")

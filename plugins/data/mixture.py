@@ -80,7 +80,6 @@ class Mixture(IndexedSource):
         if not options.sources:
             raise ConfigError("[data] mixture: sources is empty; give at least one {name, weight, ...} table")
         registry = registry_mod.load()
-        self.options = options
         self.sources: list[Any] = []
         self.labels: list[str] = []
         self.on_exhausted: list[str] = []
