@@ -172,6 +172,8 @@ def test_mixture_bad_weights_and_names():
 
     with pytest.raises(ConfigError, match="no data plugin named 'tokenbin'.*did you mean 'token_bin'"):
         Mixture(MixtureOptions(sources=[{"name": "tokenbin", "weight": 1}]))
+    with pytest.raises(ConfigError, match=r"sources\[0\].on_exhausted: expected \"wrap\" or \"stop\", got 'loop'"):
+        Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "on_exhausted": "loop"}]))
 
 
 def test_validation_runs_and_keeps_best(tiny_config, tmp_path):
