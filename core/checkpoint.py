@@ -34,7 +34,7 @@ from core.errors import CheckpointError
 from core.options import option
 
 COMMIT_MARKER = "COMMITTED"
-BEST_FILE = "BEST.json"  # names the checkpoint with the best validation loss (checkpoint.keep_best)
+BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 PAUSE_ENV = "PLAIT_TEST_PAUSE_BEFORE_COMMIT"
@@ -52,15 +52,15 @@ class CheckpointOptions:
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
-    keep_best: bool = option(False, "save at each validation that improves best_val_loss and keep that checkpoint (named in <dir>/BEST.json) through pruning")
+    keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
 
     def check(self) -> None:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
         if bad:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
-        if self.every < 0 or self.keep_latest < 0:
-            raise ValueError("every and keep_latest must be >= 0")
+        if self.every < 0 or self.keep_latest < 0 or self.keep_best < 0:
+            raise ValueError("every, keep_latest and keep_best must be >= 0")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -306,37 +306,39 @@ class Checkpointer:
             tmp.write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, path / COMMIT_MARKER)
             if step == self.best_step:
-                self._write_best(step, path, json_state.get("train", {}).get("best_val_loss"))
+                self._write_best()
             self._prune()
         self.t.on_checkpoint_saved(step, str(path))
 
     def save_best(self, step: int) -> None:
-        """A validation just improved best_val_loss: save this step (its commit writes
-        BEST.json), or, if this step is already committed, just point BEST.json at it."""
+        """A validation at ``step`` entered the top ``keep_best`` (``run.state["best_checkpoints"]``,
+        the same on every rank): save this step (its commit rewrites BEST.json), or, if it is
+        already committed, just rewrite BEST.json."""
         self.best_step = step
         if step != self.last_saved_step:
             self.maybe_save(step)
         elif self.pending is None and self.dist.is_main:
-            self._write_best(step, step_dir(self.root, step), self.t.run.state.get("best_val_loss"))
+            self._write_best()
 
-    def _write_best(self, step: int, path: Path, val_loss: Any) -> None:
+    def _write_best(self) -> None:
+        ranking = [{"step": int(s), "path": step_dir(self.root, int(s)).name, "val_loss": loss}
+                   for loss, s in self.t.run.state.get("best_checkpoints", [])]
         tmp = self.root / (BEST_FILE + ".tmp")
-        tmp.write_text(json.dumps({"step": step, "path": path.name, "val_loss": val_loss}, indent=1))
+        tmp.write_text(json.dumps({"best": ranking}, indent=1))
         os.replace(tmp, self.root / BEST_FILE)
 
-    def best_path(self) -> Path | None:
-        f = self.root / BEST_FILE
+    def best_paths(self) -> set[Path]:
         try:
-            return self.root / json.loads(f.read_text())["path"]
+            return {self.root / b["path"] for b in json.loads((self.root / BEST_FILE).read_text())["best"]}
         except (OSError, ValueError, KeyError, TypeError):
-            return None
+            return set()
 
     def _prune(self) -> None:
         done = committed(self.root)
-        keep = self.best_path()
+        keep = self.best_paths()
         if self.opts.keep_latest and len(done) > self.opts.keep_latest:
             for old in done[: -self.opts.keep_latest]:
-                if old != keep:
+                if old not in keep:
                     shutil.rmtree(old, ignore_errors=True)
         if done:  # interrupted saves older than the newest complete one
             for p in self.root.glob("step_*"):

@@ -267,12 +267,14 @@ class Trainer:
         from core.validation import evaluate
 
         loss = evaluate(self, opts)
-        improved = loss < self.run.state.get("best_val_loss", math.inf)  # the same on every rank (a global mean)
         best = min(self.run.state.get("best_val_loss", math.inf), loss)
         self.run.state["best_val_loss"] = best
         self.monitors.emit("plait_validation_end", run=self.run, step=self.run.step,
                            metrics={"val_loss": loss, "best_val_loss": best})
-        if improved and self.checkpointer.opts.keep_best:
+        keep = self.checkpointer.opts.keep_best
+        ranking = self.run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
+        if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees
+            ranking[:] = sorted(ranking + [[loss, self.run.step]])[:keep]
             self.checkpointer.save_best(self.run.step)
 
     def on_checkpoint_saved(self, step: int, path: str) -> None:
