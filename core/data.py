@@ -12,7 +12,7 @@ world size, so a run resumed on another number of ranks continues the same
 stream with no sample repeated or skipped. Randomness belongs in
 ``sample`` and must come from ``(seed, index)`` alone.
 
-Before the first micro-batch of a step the loader calls
+Before the first micro-batch of a training step the loader calls
 ``source.check_step(first, end)`` with the step's whole global index range, the
 same on every rank; a source that has run out raises :class:`DataExhausted`
 there, so every rank stops at the same step and none is left waiting inside a
@@ -88,7 +88,7 @@ class IndexedLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
-            if self._micro % self.spec.grad_accum == 0:
+            if self._micro % self.spec.grad_accum == 0 and self.spec.split == "train":
                 self.source.check_step(*self.step_range(self._micro))
             rows = [self.row(i) for i in self.indices(self._micro)]
             self._micro += 1
