@@ -154,3 +154,13 @@ def test_streaming_run_ends_cleanly_when_one_rank_runs_dry_first(tiny_config, tm
     # rank 1 holds 12 x 101 tokens = 18 windows of 65, 4 per step: it cannot fill step 5
     assert last == (12 * 101) // 65 // 4
     assert (tmp_path / "out" / "checkpoints" / f"step_{last:09d}" / "COMMITTED").exists()
+
+
+def test_validation_loader_never_stops_on_exhaustion(tmp_path):
+    d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)
+    np.asarray(np.arange(16 * 4 + 1) % 500, dtype=np.uint16).tofile(d / "val.bin")  # 4 windows
+    mix = mixture([{"name": "token_bin", "weight": 1.0, "path": str(d), "order": "epochs"}], on_exhausted="stop")
+    it = iter(mix.loader(LoaderSpec(16, 2, 1, 0, 1, 42, split="val")))
+    for _ in range(10):  # 20 samples from a 4-window split: wraps, the run is not stopped by validation
+        x, _ = next(it)
+        assert x.shape == (2, 16)
