@@ -8,6 +8,7 @@ group or model is built.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from core.errors import PlaitError, exit_bad_input
@@ -32,18 +33,24 @@ def main(argv: list[str] | None = None) -> int:
     from core.trainer import Trainer
 
     info = distributed.init(prep.rc.train.device)
+    trainer = None
     try:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
         trainer.build()
         trainer.write_run_files()
-        code = trainer.fit()
+        return trainer.fit()
     except PlaitError as e:
+        trainer = None
         distributed.shutdown()
         exit_bad_input(e)
     finally:
+        # Free the model, optimizer and sharding state (they hold process groups, and the trainer
+        # has reference cycles) while the interpreter is fully alive, then destroy the groups: a
+        # gloo group left to interpreter finalization can abort the process after a good run.
+        trainer = None
+        gc.collect()
         distributed.shutdown()
-    return code
 
 
 if __name__ == "__main__":
