@@ -8,7 +8,6 @@ each plugin's pre-flight checks. Any problem is a :class:`PlaitError`.
 from __future__ import annotations
 
 import sys
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

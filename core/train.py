@@ -41,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.write_run_files()
         return trainer.fit()
     except PlaitError as e:
-        trainer = None
-        distributed.shutdown()
-        exit_bad_input(e)
+        exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
     finally:
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a

@@ -180,8 +180,15 @@ class Mixture(IndexedSource):
             self._block = (block, picks, local + self.counts(block * BLOCK)[picks])
         return int(self._block[1][pos]), int(self._block[2][pos])
 
+    def pick(self, index: int, split: str) -> tuple[int, int]:
+        """(source, the sample number to ask it for). Training counts per source; validation
+        passes the global index through (it reads the same first samples each pass)."""
+        if split == "train":
+            return self.locate(index)
+        return int(self.choose(np.asarray([index]))[0]), index
+
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
-        which, local = self.locate(index) if split == "train" else (int(self.choose(np.asarray([index]))[0]), index)
+        which, local = self.pick(index, split)
         if which in self.streams:
             raise ConfigError(f"[data] mixture: source {self.labels[which]!r} is a stream and has no indexed samples")
         return self.sources[which].sample(local, seq_len, split)
@@ -228,9 +235,9 @@ class MixtureLoader(IndexedLoader):
         if not self.shards:
             return super().row(index)
         mix: Mixture = self.source
-        which, _ = mix.locate(index) if self.spec.split == "train" else (int(mix.choose(np.asarray([index]))[0]), 0)
+        which, local = mix.pick(index, self.spec.split)
         if which not in self.shards:
-            return super().row(index)
+            return mix.sources[which].sample(local, self.spec.seq_len, self.spec.split)
         if which not in self._iters:
             self._iters[which] = iter(self.shards[which])
         try:
