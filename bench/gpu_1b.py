@@ -68,7 +68,7 @@ def peak_tflops(name: str) -> float | None:
     return None
 
 
-def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
+def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: str = "") -> dict:
     import torch
 
     from core.prepare import prepare
@@ -99,6 +99,8 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
         trainer.fit()
         torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) / steps
+        if profile:
+            profile_steps(trainer, profile)
     except torch.OutOfMemoryError:
         return {"variant": name, "status": "out of memory"}
     tokens_s = prep.tokens_per_step / dt
@@ -113,12 +115,28 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int) -> dict:
     return result
 
 
+def profile_steps(trainer, path: str, steps: int = 2) -> None:
+    """Two more steps under torch.profiler: the kernels by total GPU time, written to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.run.total_steps += steps
+        trainer.fit()
+        torch.cuda.synchronize()
+    table_text = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+    with open(path, "w") as f:
+        f.write(table_text)
+    print(table_text, flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="*", choices=list(VARIANTS) + list(OPT_IN), help="run only these variants")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--profile", default="", help="after timing, profile two steps of each variant and write the kernel table here")
     args = p.parse_args(argv)
     import torch
 
@@ -128,7 +146,8 @@ def main(argv=None) -> int:
     rows = []
     for name in args.only or list(VARIANTS):
         try:
-            r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup)
+            r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup,
+                            f"{args.profile}.{name}.txt" if args.profile else "")
         except Exception as e:  # a variant that cannot run here (fp8 on a pre-Hopper GPU...) is reported, not faked
             r = {"variant": name, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
         print(r, flush=True)
