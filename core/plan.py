@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
         prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=False)
         plan = make_plan(prep)
+        from core.ownership import check_run_folders
+
+        check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # is a job writing there now?
     except PlaitError as e:
         exit_bad_input(e)
     print(json.dumps(plan, indent=2) if args.json else render(plan))

@@ -22,10 +22,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    from core import ownership
+
+    ownership.die_with_launcher()  # a rank never trains (or writes) on after its launcher is gone
     try:
+        from core.distributed import env_world
         from core.prepare import prepare
 
         prep = prepare(args.config, overrides)
+        if env_world()[0] == 0:  # one writer per run folder, held until this process ends
+            ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
     except PlaitError as e:
         exit_bad_input(e)
 
