@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.fit()
     except PlaitError as e:
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
+    except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
+        if trainer is not None:
+            trainer.fail(e)
+        raise
     finally:
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a

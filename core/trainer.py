@@ -26,13 +26,12 @@ from core import config as config_io
 from core import distributed
 from core import metrics as core_metrics
 from core.checkpoint import Checkpointer
-from core.hookspecs import RUN_EVENT_HOOKS
+from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteGuard, NonFiniteState
 from core.param_groups import param_groups
 from core.parallelize import parallelize
 from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
-from core.registry import plugin_manager
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
@@ -56,43 +55,6 @@ def library_versions() -> dict[str, str]:
     if torch.cuda.is_available():
         out["cuda"] = str(torch.version.cuda)
     return out
-
-
-class MonitorHub:
-    """Calls run-event hooks on each enabled monitor in config order, naming the one that fails."""
-
-    def __init__(self, monitors: list[tuple[str, Any]], on_error: str = "stop") -> None:
-        self.pm = plugin_manager()
-        self.names = []
-        self.on_error = on_error
-        self.failed: dict[str, str] = {}  # disabled monitors and why
-        for name, obj in monitors:
-            self.pm.register(obj, name=name)
-            self.names.append(name)
-
-    def emit(self, hook: str, **kwargs: Any) -> list[Any]:
-        assert hook in RUN_EVENT_HOOKS
-        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
-        results = []
-        for name in self.names:
-            impl = impls.get(name)
-            if impl is None or name in self.failed:
-                continue
-            try:
-                results.append(impl.function(**{k: kwargs[k] for k in impl.argnames}))
-            except Exception as e:
-                why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
-                self.failed[name] = why
-                run = kwargs.get("run")
-                if run is not None and run.dist.is_main or run is None:
-                    action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
-                    print(f"plait: error: {why}; {action} (monitors.on_error = {self.on_error!r})", file=sys.stderr, flush=True)
-                if self.on_error == "stop" and run is not None:
-                    run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
-        return results
-
-    def implements(self, hook: str) -> bool:
-        return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
 
 class Trainer:
@@ -284,6 +246,22 @@ class Trainer:
 
     def on_checkpoint_saved(self, step: int, path: str) -> None:
         self.monitors.emit("plait_checkpoint_saved", run=self.run, step=step, path=path)
+
+    def fail(self, error: BaseException) -> None:
+        """The run died of ``error``: tell the monitors (``plait_train_end`` with ``"error"``, or
+        ``"signal"`` for an immediate Ctrl-C) and write ``exit_status.json`` with exit code 1."""
+        reason = "signal" if isinstance(error, KeyboardInterrupt) else "error"
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        monitors = getattr(self, "monitors", None)
+        if monitors is not None:
+            monitors.emit("plait_train_end", run=self.run, reason=reason)
+        if self.dist.is_main:
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                status = {"exit_code": 1, "reason": reason, "step": self.run.step if hasattr(self, "run") else 0, "detail": detail}
+                (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+            except OSError:
+                pass  # a full or read-only disk: the traceback that follows says enough
 
     def write_run_files(self) -> None:
         if not self.dist.is_main:
