@@ -26,6 +26,7 @@ from core import config as config_io
 from core import distributed
 from core import metrics as core_metrics
 from core.checkpoint import Checkpointer
+from core.materialize import materialize
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteGuard, NonFiniteState
 from core.param_groups import param_groups
@@ -76,7 +77,7 @@ class Trainer:
         with torch.device("meta"):
             model = spec.build()
         model = precision.convert(model, spec)
-        model.to_empty(device=dist.device)
+        materialize(model, dist.device)  # weight ties kept
         with torch.no_grad():
             spec.init_weights(model)
         initial = rc.sections["checkpoint"].initial_load
