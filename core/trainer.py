@@ -55,6 +55,10 @@ def library_versions() -> dict[str, str]:
             pass
     if torch.cuda.is_available():
         out["cuda"] = str(torch.version.cuda)
+    from core.registry import load
+
+    for plugin, version in load().third_party.items():  # third-party plugins: "distribution version"
+        out[f"plugin:{plugin}"] = version
     return out
 
 

@@ -86,3 +86,24 @@ def test_tied_third_party_model_stays_tied(example_site, tmp_path):
         assert (model["lm_head.weight"] == model["wte.weight"]).all(), f"untied at step {step}"
         trained = sum(t.numel() for k, t in model.items() if k != "lm_head.weight")
         assert trained == planned
+
+
+def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
+    cfg = str(tiny_config())
+    proc = run_module("core.train", "--config", cfg, "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
+    assert proc.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in proc.stderr
+    proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "exmaple"})
+    assert proc.returncode == 2
+    assert "PLAIT_PLUGINS names 'exmaple', which no installed plugin provides" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
+    import json
+
+    proc = run_module("core.train", "--config", str(tiny_config(steps=2)), extra_env=example_site)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+    assert info["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000002" / "state.json").read_text())
+    assert state["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
