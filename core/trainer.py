@@ -388,6 +388,8 @@ class Trainer:
         metrics["seq_len"] = self.loader_spec.seq_len
         value = core_metrics.mfu(per_device, self.flops_per_token, self.dist.device)
         metrics["mfu"] = value if value is not None else "n/a"
+        peak = core_metrics.peak_flops(self.dist.device)
+        metrics["peak_tflops"] = peak / 1e12 if peak is not None else "n/a"
         metrics["data_wait_s"] = self.data_wait_s / max(steps_in_window, 1)
         self.data_wait_s = 0.0
         metrics.update(core_metrics.memory(self.dist.device))
