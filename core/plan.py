@@ -3,7 +3,9 @@
 A dry run that needs no process group and allocates no weights: the model is
 built on the meta device. It runs every check ``core.train`` runs before
 building (options, data files, the checkpoint to resume from, writable output
-and checkpoint folders), so bad input exits 2 here too. Prints the resolved plugins, parameter counts,
+and checkpoint folders), so bad input exits 2 here too; ``--config-only``
+skips the data, checkpoint and folder checks, to plan a run for another
+machine. Prints the resolved plugins, parameter counts,
 FLOPs per token, the batch layout, the number of steps and an estimate of
 memory per rank.
 """
@@ -101,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--config-only", action="store_true",
+                        help="check the config alone: skip the data files, the checkpoint to resume from and the "
+                             "output folders (to plan a run for another machine)")
     parser.add_argument("--plot-lr", metavar="PNG", help="draw the run's learning-rate schedule to this file (matplotlib)")
     args, overrides = parser.parse_known_args(argv)
     try:
         from core.prepare import prepare
 
-        prep = prepare(args.config, overrides, world_size=args.nproc, dry_run=True)
+        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
         plan = make_plan(prep)
         from core.ownership import check_run_folders
 
