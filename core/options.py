@@ -29,7 +29,6 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from core.errors import ConfigError, closest
 
-
 BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 

@@ -20,7 +20,6 @@ from core.options import _matches, _type_name, build_options, nonfinite, option,
 from core.registry import Component, Registry
 from core.validation import ValidationOptions
 
-
 # Checkpoint folders are step_<9 digits>, sorted by name; step counts and tokens must fit an int64.
 MAX_STEPS = 999_999_999
 MAX_TOKENS = 2**63 - 1

@@ -47,7 +47,7 @@ def output_dir_of(config: str, overrides: list[str]) -> str | None:
 
         value = config_io.load(config, overrides).get("train", {}).get("output_dir", "runs/default")
         return value if isinstance(value, str) else None
-    except Exception:
+    except (PlaitError, OSError, ValueError, RecursionError):
         return None
 
 

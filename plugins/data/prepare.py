@@ -65,6 +65,7 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                             raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
                         yield text
         else:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
             try:
@@ -80,7 +81,7 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                             yield t
             except DataError:
                 raise
-            except Exception as e:  # pyarrow's own errors: not a parquet file, corrupt pages
+            except (pa.ArrowException, OSError, ValueError) as e:  # not a parquet file, corrupt pages
                 raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
