@@ -18,6 +18,7 @@
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
 # Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
 # is refused before it reaches shell arithmetic.
+# A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
 # Exit codes: 0 done; 2 bad input (never retried, also when the trainer finds it); 3 non-finite loss;
 # 75/76 budget guard stops; 1 when the restarts ran out.
 set -uo pipefail
@@ -117,8 +118,14 @@ while true; do
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
         -m core.train "${args[@]}" "$resume" 2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
+    status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
-        code=$("$PY" -c "import json,sys; print(int(json.load(open(sys.argv[1]))['exit_code']))" "$OUTPUT_DIR/exit_status.json") || code=1
+        # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
+        status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
+                 "$OUTPUT_DIR/exit_status.json") || status="1 unreadable"
+    fi
+    if [ -n "$status" ] && [ "${status#* }" != error ]; then
+        code=${status%% *}
         if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"
         exit "$code"

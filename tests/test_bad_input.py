@@ -294,9 +294,12 @@ def test_token_bin_malformed_meta_is_one_error(tmp_path, meta):
         token_bin_source(d).validate(1024, 32)
 
 
-def test_token_bin_unknown_split_is_no_split(tmp_path):
+def test_unknown_split_is_no_split(tmp_path):
+    from plugins.data.synthetic import Synthetic, SyntheticOptions
+
     assert token_bin_source(REPO / "plugins" / "data" / "corpus" / "shakespeare").has_split("val")
     assert not token_bin_source(REPO / "plugins" / "data" / "corpus" / "shakespeare").has_split("test")
+    assert Synthetic(SyntheticOptions()).has_split("val") and not Synthetic(SyntheticOptions()).has_split("test")
 
 
 @pytest.mark.parametrize("content, expected", [
