@@ -122,7 +122,7 @@ while true; do
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
         # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
         status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
-                 "$OUTPUT_DIR/exit_status.json") || status="1 unreadable"
+                 "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
     fi
     if [ -n "$status" ] && [ "${status#* }" != error ]; then
         code=${status%% *}
