@@ -49,14 +49,54 @@ def _loads(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+class Table(dict):
+    """A TOML table that remembers, for each of its values, the folder of the file that set it
+    (``origins``; the working directory for command-line overrides). Path options resolve
+    against it (:func:`core.options.option` with ``path=True``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.origins: dict[str, Path] = {}
+
+
+def tag(data: dict[str, Any], folder: Path) -> Table:
+    """``data`` as nested Tables whose values all come from ``folder``."""
+    out = Table()
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = tag(value, folder)
+        elif isinstance(value, list):  # inline tables in arrays (mixture sources)
+            value = [tag(v, folder) if isinstance(v, dict) else v for v in value]
+        out[key] = value
+        out.origins[key] = folder
+    return out
+
+
+def subtable(table: dict[str, Any], drop: tuple[str, ...] = ()) -> Table:
+    """A copy of ``table`` without the keys in ``drop``, keeping the origins of the rest."""
+    out = Table({k: v for k, v in table.items() if k not in drop})
+    out.origins = {k: v for k, v in getattr(table, "origins", {}).items() if k not in drop}
+    return out
+
+
+def origin_of(table: dict[str, Any], key: str) -> Path | None:
+    """The folder relative paths in ``table[key]`` are relative to; None when unknown."""
+    return getattr(table, "origins", {}).get(key)
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` on top of ``base``: tables merge key by key, anything else replaces."""
     out = copy.deepcopy(base)
+    if not isinstance(out, Table):
+        out = Table(out)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
+        where = origin_of(over, key)
+        if where is not None:
+            out.origins[key] = where
     return out
 
 
@@ -79,6 +119,7 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     except OSError as e:
         raise ConfigError(f"config file {path}: unreadable ({type(e).__name__}: {e.strerror or e})") from None
     parents = data.pop("extends", None)
+    data = tag(data, resolved.parent)
     if parents is None:
         return data
     if isinstance(parents, str):
@@ -128,11 +169,13 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> di
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
+            child = node.setdefault(part, Table())
             if not isinstance(child, dict):
                 raise ConfigError(f"command line: --{key}: {part!r} is a value, not a section")
             node = child
         node[parts[-1]] = value
+        if isinstance(node, Table):
+            node.origins[parts[-1]] = Path.cwd()  # command-line paths are relative to where it runs
     return out
 
 

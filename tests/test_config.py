@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -112,3 +113,34 @@ def test_describe_uses_toml_keys_and_docs():
     rows = {r[0]: r for r in describe(Opts)}
     assert rows["async"][1:] == ("bool", False, "async")
     assert rows["betas"][2] == (0.9, 0.95)
+
+
+def test_path_options_resolve_against_the_file_that_set_them(tmp_path):
+    """A relative path in a config is relative to that config's folder (through extends too); one
+    given on the command line is relative to the working directory."""
+    from core.config import load, subtable
+    from plugins.data.token_bin import TokenBinOptions
+
+    (tmp_path / "parent").mkdir()
+    (tmp_path / "child").mkdir()
+    (tmp_path / "parent" / "base.toml").write_text('[data]\nname = "token_bin"\npath = "corpus"\n')
+    (tmp_path / "child" / "run.toml").write_text('extends = "../parent/base.toml"\n')
+    cfg = load(tmp_path / "child" / "run.toml")
+    opts = build_options(TokenBinOptions, subtable(cfg["data"], ("name",)), "[data]")
+    assert opts.path == str(tmp_path / "parent" / "corpus")
+    cfg = load(tmp_path / "child" / "run.toml", ["--data.path=here/corpus"])
+    opts = build_options(TokenBinOptions, subtable(cfg["data"], ("name",)), "[data]")
+    assert opts.path == str(Path.cwd() / "here" / "corpus")
+
+
+def test_shipped_config_runs_from_another_directory(tmp_path):
+    from conftest import REPO, read_metrics, run_module
+
+    out = tmp_path / "out"
+    r = run_module("core.train", "--config", str(REPO / "train_configs" / "debug_cpu.toml"), "--train.steps=2",
+                   f"--train.output_dir={out}", "--data.seq_len=64", "--train.global_batch_tokens=512",
+                   "--train.micro_batch=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_metrics(out)[-1]["step"] == 2
+    resolved = (out / "config.resolved.toml").read_text()
+    assert f'path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"' in resolved
