@@ -23,6 +23,7 @@ from core import config as config_io
 from core import registry as registry_mod
 from core.distributed import env_world, pick_device
 from core.checkpoint import STATE_FILE, find_resume
+from core.contract import check_component
 from core.monitor_hub import check_monitor
 from core.errors import ConfigError
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
@@ -68,6 +69,8 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     registry = registry_mod.load()
     rc = resolve(raw, registry, source=str(path))
     components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
+    for slot, component in components.items():  # what each factory returned, held to core/contract.py
+        check_component(slot, rc.slots[slot].component.name, component)
     _, env_world_size, local_rank = env_world()
     world = world_size or env_world_size
     device = pick_device(rc.train.device, local_rank)
@@ -186,6 +189,7 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
     reasons: dict[str, str] = {}
     for chosen in rc.precision_chain:
         precision = chosen.instantiate()
+        check_component("precision", chosen.component.name, precision)
         ok, why = precision.supported(device)
         if ok:
             rc.slots["precision"] = chosen
