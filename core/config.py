@@ -84,14 +84,40 @@ def origin_of(table: dict[str, Any], key: str) -> Path | None:
     return getattr(table, "origins", {}).get(key)
 
 
+UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
+
+
+def switches_plugin(base: dict[str, Any], over: dict[str, Any]) -> bool:
+    """Does ``over`` name another plugin for this section than ``base`` does? Then ``base``'s keys
+    belong to the other plugin and must not follow (a ``fallback`` chain counts as a choice too)."""
+    if "name" in over and "name" not in base and "fallback" not in base:
+        return False  # the section used its default plugin: its keys stay
+    if "name" in over:
+        return over["name"] != base.get("name") or "fallback" in base
+    return "fallback" in over and "name" in base and "fallback" not in base
+
+
+def for_new_plugin(base: dict[str, Any], name: Any) -> Table:
+    """What survives a switch to plugin ``name``: only a ``[section.<name>]`` sub-table of options
+    (how a fallback chain keeps each entry's options), hoisted into the section."""
+    sub = base.get(name) if isinstance(name, str) else None
+    return copy.deepcopy(sub) if isinstance(sub, Table) else Table(sub or {})
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``: tables merge key by key, anything else replaces."""
+    """``over`` on top of ``base``: tables merge key by key, anything else replaces; a table that
+    switches plugin (another ``name``) starts from nothing of ``base``'s; ``"@default"`` removes a key."""
     out = copy.deepcopy(base)
     if not isinstance(out, Table):
         out = Table(out)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+            start = for_new_plugin(out[key], value.get("name")) if switches_plugin(out[key], value) else out[key]
+            out[key] = deep_merge(start, value)
+        elif value == UNSET:
+            out.pop(key, None)
+            out.origins.pop(key, None)
+            continue
         else:
             out[key] = copy.deepcopy(value)
         where = origin_of(over, key)
@@ -164,7 +190,15 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Command-line values on top of ``cfg``. A ``--section.name=`` that switches plugin is applied
+    first and drops the section's keys for the old plugin; ``--section.key=@default`` removes a key."""
     out = copy.deepcopy(cfg)
+    switches = [(k, v) for k, v in overrides if k.endswith(".name") and k.count(".") == 1]
+    for key, value in switches:
+        section = key.split(".")[0]
+        current = out.get(section)
+        if isinstance(current, dict) and switches_plugin(current, {"name": value}):
+            out[section] = for_new_plugin(current, value)
     for key, value in overrides:
         node = out
         parts = key.split(".")
@@ -173,6 +207,9 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> di
             if not isinstance(child, dict):
                 raise ConfigError(f"command line: --{key}: {part!r} is a value, not a section")
             node = child
+        if value == UNSET:
+            node.pop(parts[-1], None)
+            continue
         node[parts[-1]] = value
         if isinstance(node, Table):
             node.origins[parts[-1]] = Path.cwd()  # command-line paths are relative to where it runs

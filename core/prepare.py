@@ -56,7 +56,7 @@ class Prepared:
     @property
     def resolved(self) -> dict[str, Any]:
         out = self.rc.to_dict()
-        out["train"]["grad_accum"] = self.grad_accum  # derived, recorded for the reader
+        out["derived"] = {"grad_accum": self.grad_accum, "world_size": self.world_size}  # for the reader; ignored when read
         return out
 
 

@@ -165,6 +165,7 @@ CORE_SECTION_OPTIONS: dict[str, type] = {"train": TrainOptions, "monitors": Moni
 
 def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> RunConfig:
     """Check every key of ``cfg`` and pick a component for every slot."""
+    cfg = {k: v for k, v in cfg.items() if k != "derived"}  # written by plait into config.resolved.toml for the reader
     known = set(CORE_SECTIONS) | set(SLOT_SECTIONS.values()) | set(EXTRA_SECTIONS)
     for key, value in cfg.items():
         if key not in known:
