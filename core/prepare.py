@@ -88,6 +88,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
     steps = total_steps(rc.train, rc.train.global_batch_tokens)
+    warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
     spec = components["model"]
@@ -172,6 +173,15 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
                     d.rmdir()
                 except OSError:
                     pass
+
+
+def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
+    """A schedule whose multiplier never reaches 1 in this run (warmup at or beyond the run's end)."""
+    stride = max(1, steps // 2000)
+    peak = max((schedule.multiplier(s, steps) for s in range(0, steps, stride)), default=1.0)
+    if peak < 0.999 and env_world()[0] == 0:
+        print(f"plait: warning: [lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
+              f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?", file=sys.stderr, flush=True)
 
 
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
