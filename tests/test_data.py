@@ -208,3 +208,24 @@ def test_keep_best_checkpoints_survive_pruning(tiny_config, tmp_path):
     kept = sorted(p.name for p in root.glob("step_*"))
     assert kept == sorted({b["path"] for b in best} | {"step_000000008"})  # the latest, and the best through pruning
     assert all((root / b["path"] / "COMMITTED").exists() for b in best)
+
+
+def test_mixture_refuses_sources_of_different_tokenizers(tmp_path):
+    import shutil
+
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    def prepared(name, fingerprint):
+        d = tmp_path / name
+        shutil.copytree(CORPUS, d)
+        meta = json.loads((d / "meta.json").read_text())
+        (d / "meta.json").write_text(json.dumps({**meta, "tokenizer_fingerprint": fingerprint}))
+        return str(d)
+
+    a, b, c = prepared("a", "a" * 64), prepared("b", "a" * 64), prepared("c", "c" * 64)
+    Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a},
+                                    {"name": "token_bin", "weight": 1, "path": b}])).validate(512, 32)
+    mixed = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a},
+                                            {"name": "token_bin", "weight": 1, "path": c}]))
+    with pytest.raises(DataError, match="prepared with different tokenizers"):
+        mixed.validate(512, 32)

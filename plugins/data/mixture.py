@@ -43,7 +43,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.data import DataExhausted, IndexedLoader, IndexedSource, mix_seed
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 from core.options import option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
@@ -131,6 +131,22 @@ class Mixture(IndexedSource):
     def validate(self, vocab_size: int, seq_len: int) -> None:
         for source in self.sources:
             source.validate(vocab_size, seq_len)
+        self.check_same_tokenizer()
+
+    def check_same_tokenizer(self) -> None:
+        """Sources prepared with different tokenizers would mix incompatible ids: refuse them."""
+        from plugins.data.token_bin import TokenBin
+
+        seen: dict[str, str] = {}  # fingerprint -> label
+        for label, source in zip(self.labels, self.sources):
+            if isinstance(source, TokenBin):
+                fingerprint = source.meta().get("tokenizer_fingerprint")
+                if fingerprint:
+                    seen.setdefault(str(fingerprint), label)
+        if len(seen) > 1:
+            (a, la), (b, lb) = list(seen.items())[:2]
+            raise DataError(f"[data] mixture: sources {la!r} and {lb!r} were prepared with different tokenizers "
+                            f"(meta.json tokenizer_fingerprint {a[:12]}... vs {b[:12]}...); prepare them with one tokenizer")
 
     def has_split(self, split: str) -> bool:
         return all(getattr(s, "has_split", lambda _: True)(split) for s in self.sources)
