@@ -35,12 +35,17 @@ class Prepared:
     grad_accum: int
     tokens_per_step: int
     total_steps: int
-    resume_from: Path | None = None
+    resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.resume)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
 
     @property
     def checkpoint_root(self) -> Path:
         return checkpoint_root(self.rc)
+
+    @property
+    def resume_from(self) -> Path | None:
+        """The checkpoint a resume tries first."""
+        return self.resume_candidates[0] if self.resume_candidates else None
 
     @property
     def spec(self):
@@ -104,7 +109,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     if validate_data:  # a training start: find (and check) the checkpoint to resume from
         with torch.device("meta"):
             model_meta = spec.build()  # precision conversions keep parameter names
-        prep.resume_from = find_resume(rc.sections["checkpoint"], prep.checkpoint_root, model_meta)
+        prep.resume_candidates = find_resume(rc.sections["checkpoint"], prep.checkpoint_root, model_meta)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
             from core.weights import weights_kind
