@@ -92,14 +92,19 @@ def read_manifest(path: Path) -> integrity.Manifest:
 def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     """Check that ``path`` is a complete, undamaged checkpoint; return its state.json.
 
-    Checks every listed file's size and checksum, and that state.json has the
-    keys a resume reads. ``shards=False`` leaves out the checksums of the DCP
-    shards (the bulk of the bytes): a resume checks those after the process
-    group exists, each rank a share (:mod:`core.resume`). Raises CheckpointError.
+    Checks every listed file's size and checksum, that the DCP metadata is
+    made of nothing but DCP metadata (:mod:`core.safe_dcp`), and that
+    state.json has the keys a resume reads. ``shards=False`` leaves out the
+    checksums of the DCP shards (the bulk of the bytes): a resume checks those
+    after the process group exists, each rank a share (:mod:`core.resume`).
+    Raises CheckpointError.
     """
+    from core.safe_dcp import load_metadata
+
     manifest = read_manifest(path)
     integrity.check_sizes(path, manifest, exclude=COMMIT_MARKER)
     integrity.check_checksums(path, manifest, manifest.small_files() + (manifest.shards() if shards else []))
+    load_metadata(path)
     try:
         state = json.loads((path / STATE_FILE).read_text())
     except (OSError, ValueError) as e:
