@@ -70,6 +70,8 @@ def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module |
             check_here(ckpt, path)
         except CheckpointError as e:
             error = str(e)
+        except Exception as e:  # noqa: BLE001 - every rank must reach agree(), whatever went wrong here
+            error = one_line(path, "could not be checked", e)
         error = agree(ckpt.group, error)
         if error is None:
             check_fits(ckpt.opts, path, model_meta)
@@ -86,13 +88,17 @@ def restore(ckpt: Any, path: Path, last: bool) -> bool:
     except CheckpointError as e:
         error = str(e)
     except Exception as e:  # noqa: BLE001 - whatever the trainer could not take
-        text = str(e).strip().splitlines()
-        error = f"checkpoint {path} could not be loaded: {type(e).__name__}: {text[0] if text else ''}"
+        error = one_line(path, "could not be loaded", e)
     error = agree(ckpt.group, error)
     if error is None:
         return True
     drop(ckpt, error, last)
     return False
+
+
+def one_line(path: Path, what: str, error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"checkpoint {path} {what}: {type(error).__name__}: {text[0] if text else ''}"
 
 
 def drop(ckpt: Any, error: str, last: bool) -> None:

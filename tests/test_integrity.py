@@ -171,7 +171,8 @@ def test_explicit_damaged_path_exits_2_with_one_line(shared, run, tmp_path):
                                                 f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__0_0.distcp']}): corrupt"]
 
 
-def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run):
+def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run, monkeypatch):
+    monkeypatch.setattr("core.integrity._warned_size_only", False)  # once per process: this test's process
     for step in (6, 8):  # written by an older plait: sizes only
         marker = ckpt(run, step) / "COMMITTED"
         manifest = json.loads(marker.read_text())
@@ -266,3 +267,16 @@ def test_two_ranks_agree_on_failures_found_after_the_process_group_exists(shared
     resumed = {r["step"]: r["loss"] for r in read_metrics(run)}
     assert [resumed[s] for s in (5, 6, 7, 8)] == [straight[s] for s in (5, 6, 7, 8)]  # bitwise: same world size
     assert not marker.exists()
+
+
+def test_two_ranks_explicit_path_damaged_in_a_shard_is_one_error_line(shared, run, tmp_path):
+    """The shards are checked after the process group exists, each rank a share: rank 0 alone says why."""
+    newest = ckpt(run, 8)
+    flip_bytes(newest / "__1_0.distcp")
+    proc = torchrun(2, "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
+    assert proc.returncode != 0  # torchrun turns a child's exit code 2 into 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
+    assert errors == [f"plait: error: checkpoint {newest}: __1_0.distcp does not match its checksum "
+                      f"(crc32 {checksum_file(newest / '__1_0.distcp')}, expected "
+                      f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__1_0.distcp']}): corrupt"], proc.stderr
+    assert "Traceback" not in proc.stdout
