@@ -206,6 +206,8 @@ def test_crafted_metadata_runs_nothing(shared, run, tmp_path):
     refused = f"{newest / '.metadata'} refers to posix.system"
     assert refused in exits_2_with_one_line(export_main, ["--checkpoint", str(newest), "--format", "hf", "--out", str(tmp_path / "e")])
     assert refused in exits_2_with_one_line(report_main, ["--run", str(run), "--out", str(tmp_path / "r")])
+    code, _, err = train_here(shared[0], tmp_path / "fresh", f"--checkpoint.initial_load={newest}")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and refused in err, err
     proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}",
                       f"--checkpoint.resume={newest}")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and refused in proc.stderr, proc.stderr
