@@ -72,7 +72,8 @@ def load_metadata(path: Path) -> Metadata:
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - any damage to the file
-        raise CheckpointError(f"{file} is not readable DCP metadata: {type(e).__name__}: {e}") from None
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{file} is not readable DCP metadata: {type(e).__name__}: {first[0] if first else ''}") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CheckpointError(f"{file} is not DCP metadata (it holds a {type(metadata).__name__})")
     return metadata
@@ -90,7 +91,8 @@ def load_bytes_item(data: io.BytesIO, source: str) -> Any:
         what = found.group(1) if found else str(e).splitlines()[0]
         raise CheckpointError(f"{source} holds {what}, which plait does not load from a checkpoint (weights_only)") from None
     except Exception as e:  # noqa: BLE001 - any damage to the item
-        raise CheckpointError(f"{source}: unreadable item: {type(e).__name__}: {e}") from None
+        first = str(e).strip().splitlines()
+        raise CheckpointError(f"{source}: unreadable item: {type(e).__name__}: {first[0] if first else ''}") from None
 
 
 class _SafeBytesPlanner:
