@@ -42,9 +42,9 @@ COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
-PAUSE_ENV = "PLAIT_TEST_PAUSE_BEFORE_COMMIT"
+LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
 # A single process saving or loading without a process group is intended here.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")  # test hook: "STEP:SECONDS" sleeps before that commit
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 @dataclass
@@ -53,12 +53,13 @@ class CheckpointOptions:
     dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
     async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
     keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all")
-    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder")
+    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
-    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
+    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
+    allow_foreign: bool = option(False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned")
 
     def check(self) -> None:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
@@ -77,6 +78,27 @@ def committed(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.glob("step_*") if (p / COMMIT_MARKER).is_file())
+
+
+def lineage_of(path: Path) -> str | None:
+    """The id of the run that wrote checkpoint folder ``path``; None if unknown (another tool, or plait before lineages)."""
+    try:
+        return (path / LINEAGE_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def refuse_foreign(opts: CheckpointOptions, root: Path) -> None:
+    """A fresh run must not share a checkpoint folder with another run's checkpoints unless told to."""
+    if opts.resume != "none" or opts.allow_foreign:
+        return
+    theirs = committed(root)
+    if theirs:
+        raise CheckpointError(
+            f"checkpoint folder {root} holds {len(theirs)} checkpoint(s) of another run (newest {theirs[-1].name}) and "
+            "checkpoint.resume = 'none' starts a new one: resume it (resume = 'auto'), use another checkpoint.dir or "
+            "train.output_dir, or set checkpoint.allow_foreign = true to train beside them (they are never touched)"
+        )
 
 
 def read_manifest(path: Path) -> integrity.Manifest:
@@ -111,6 +133,14 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
     integrity.check_state(state, path / STATE_FILE)
     return state
+
+
+def _verifies(path: Path) -> bool:
+    try:
+        verify(path, shards=False)  # complete and sound; the shards' checksums are read only to resume
+        return True
+    except CheckpointError:
+        return False
 
 
 def check_shapes(path: Path, model: torch.nn.Module) -> None:
@@ -158,6 +188,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     later, should the first fail the checks made after the process group
     exists, :mod:`core.resume`); each damaged one is skipped with a warning.
     """
+    refuse_foreign(opts, root)
     if opts.resume == "none":
         return []
     if opts.resume != "auto":
@@ -245,6 +276,46 @@ class Checkpointer:
             # from a background thread, beside the training collectives.
             self.group = tdist.new_group(backend="gloo")
 
+    @property
+    def lineage(self) -> str:
+        """This run's id: made at a fresh start, carried through every resume (``run.state``)."""
+        return self.t.run.state["lineage"]
+
+    def _agree(self, value: int, op: str = "min") -> int:
+        """The same integer on every rank (min or sum over the checkpoint group)."""
+        if self.group is None:
+            return value
+        import torch.distributed as tdist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MIN if op == "min" else tdist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def _check_finite(self, step: int, state: dict[str, Any]) -> None:
+        """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
+        from core.nonfinite import NonFiniteState, count_nonfinite
+
+        bad, total = count_nonfinite(state)
+        bad, total = self._agree(bad, "sum"), self._agree(total, "sum")
+        if bad:
+            done = [p for p in committed(self.root) if lineage_of(p) == self.lineage]
+            last = f"the last checkpoint, {done[-1]}, is kept" if done else "no checkpoint of this run exists yet"
+            raise NonFiniteState(f"step {step}: {bad} of {total} model/optimizer tensors hold NaN or inf; "
+                                 f"not writing a checkpoint from them ({last})")
+
+    def _claim(self, path: Path) -> bool:
+        """Make ``path`` ready for this run's save (rank 0): leftovers of this run's interrupted save
+        of the same step are replaced; a folder another run wrote is never touched (False)."""
+        if path.exists():
+            if lineage_of(path) != self.lineage:
+                print(f"plait: warning: {path} belongs to another run; not overwriting it, this save is skipped",
+                      file=sys.stderr, flush=True)
+                return False
+            shutil.rmtree(path)
+        (path / "rng").mkdir(parents=True)
+        (path / LINEAGE_FILE).write_text(self.lineage + "\n")
+        return True
+
     # ---- state ----
     def _dcp_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -283,16 +354,14 @@ class Checkpointer:
         from core.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
+        state = self._dcp_state()
+        self._check_finite(step, state)
         path = step_dir(self.root, step)
-        if self.dist.is_main:
-            if path.exists():
-                shutil.rmtree(path)  # leftovers of an interrupted save of the same step
-            (path / "rng").mkdir(parents=True)
-        self._barrier()
+        if not self._agree(int(self._claim(path)) if self.dist.is_main else 1):
+            return
         (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
         if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
             (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
-        state = self._dcp_state()
         json_state = self._json_state()
         self.writer = HashingFileSystemWriter(path)
         t0 = time.perf_counter()
@@ -328,9 +397,6 @@ class Checkpointer:
         # rank reported its writes, so rank 0 alone can commit.
         if self.dist.is_main:
             (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
-            pause = os.environ.get(PAUSE_ENV, "")
-            if pause and int(pause.split(":")[0]) == step:
-                time.sleep(float(pause.split(":")[1]))
             manifest = {"step": step, "world_size": self.dist.world_size,
                         **integrity.manifest_files(path, exclude=COMMIT_MARKER, known=self.writer.checksums)}
             tmp = path / (COMMIT_MARKER + ".tmp")
@@ -365,22 +431,24 @@ class Checkpointer:
             return set()
 
     def _prune(self) -> None:
-        done = committed(self.root)
-        keep = self.best_paths()
-        if self.opts.keep_latest and len(done) > self.opts.keep_latest:
-            for old in done[: -self.opts.keep_latest]:
+        """Retention (rank 0, after a commit). Only this run's own checkpoints are ever deleted: of its
+        verified ones the newest ``keep_latest`` stay, and so do the newest one and the ``keep_best``
+        ones; its interrupted saves older than its newest verified checkpoint go too. Checkpoints of
+        other runs, damaged ones and anything plait did not write are left alone."""
+        mine = [p for p in committed(self.root) if lineage_of(p) == self.lineage]
+        good = [p for p in mine if _verifies(p)]
+        if not good:
+            return
+        keep = self.best_paths() | {good[-1]}
+        if self.opts.keep_latest:
+            for old in good[: -self.opts.keep_latest]:
                 if old not in keep:
                     shutil.rmtree(old, ignore_errors=True)
-        if done:  # interrupted saves older than the newest complete one
-            for p in self.root.glob("step_*"):
-                if p.name < done[-1].name and not (p / COMMIT_MARKER).exists():
-                    shutil.rmtree(p, ignore_errors=True)
-
-    def _barrier(self) -> None:
-        if self.group is not None:
-            import torch.distributed as tdist
-
-            tdist.barrier(group=self.group)
+        in_flight = self.pending[2] if self.pending is not None else None
+        for p in self.root.glob("step_*"):
+            if (p.name < good[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists()
+                    and lineage_of(p) == self.lineage):
+                shutil.rmtree(p, ignore_errors=True)
 
     # ---- load ----
     def load(self, path: Path) -> None:
@@ -414,6 +482,11 @@ class Checkpointer:
             state["optimizer"] = get_optimizer_state_dict(t.model, t.optimizer)
         if state:
             safe_dcp.load(state, path, self.group)
+            from core.nonfinite import count_nonfinite
+
+            bad = self._agree(count_nonfinite(state)[0], "sum")
+            if bad:
+                raise CheckpointError(f"checkpoint {path} holds NaN or inf in {bad} tensor(s); it cannot be trained from")
             if "model" in state:
                 set_model_state_dict(t.model, state["model"])
             if "optimizer" in state:

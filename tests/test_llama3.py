@@ -133,10 +133,10 @@ def test_flops_per_token_formula(flavor):
     spec = Llama3Spec.from_flavor(flavor)
     a = spec.args
     for seq in (128, 2048):
-        assert spec.flops_per_token(seq) == 6 * spec.param_counts()[1] + 12 * a.n_layers * a.dim * seq
-    # 1b at 2048: 6 * 973,146,112 + 12 * 16 * 2048 * 2048
+        assert spec.flops_per_token(seq) == 6 * (spec.param_counts()[1] + a.vocab_size * a.dim) + 12 * a.n_layers * a.dim * seq
+    # 1b at 2048 (docs/metrics.md): 6 * (973,146,112 + 131,072 * 2048) + 12 * 16 * 2048 * 2048
     if flavor == "1b":
-        assert spec.flops_per_token(2048) == 6_644_183_040
+        assert spec.flops_per_token(2048) == 8_254_795_776
 
 
 def test_activation_estimate_matches_saved_tensors():
@@ -328,3 +328,13 @@ def test_flash_attn_request_falls_back_to_sdpa_with_reason(capsys):
         assert "flash-attn is not importable" in capsys.readouterr().err
     else:
         assert spec.args.attention == "flash_attn"
+
+
+def test_sdpa_backend_is_named():
+    """The choice SDPA makes is reported by torch's own choice function (flash on CPU for fp32;
+    on CUDA the trainer logs it at the first step)."""
+    from model_specs.llama3.model import sdpa_backend
+
+    assert sdpa_backend(4, 64, 128, torch.float32, torch.device("cpu")) in ("flash", "math")
+    if torch.cuda.is_available():
+        assert sdpa_backend(32, 64, 2048, torch.bfloat16, torch.device("cuda")) in ("flash", "cuDNN")

@@ -82,7 +82,7 @@ class Llama3Options:
     attention: Literal["sdpa", "flash_attn"] = option(
         "sdpa", "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)"
     )
-    loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)")
+    loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
     norm_eps: float = option(1e-5, "RMSNorm epsilon")
     init_std: float = option(0.02, "std of the token embedding at init")
 
@@ -184,11 +184,12 @@ class Llama3Spec:
         return non_embedding + embedding, non_embedding
 
     def flops_per_token(self, seq_len: int) -> float:
-        """6 N + 12 L d T: N non-embedding params (matmuls, forward + backward),
-        12 L d T the attention scores and weighted sum (Kaplan et al. 2020; PaLM appendix B).
-        The causal mask's halving is not counted, as is usual for MFU."""
+        """6 (N + V d) + 12 L d T (docs/metrics.md): N non-embedding params and the output
+        projection's V x d matmul (tied or not; the embedding lookup is no matmul), forward +
+        backward; 12 L d T the attention scores and weighted sum (PaLM appendix B, nanoGPT,
+        torchtitan). The causal mask's halving is not counted, as is usual for MFU."""
         a = self.args
-        return float(6 * self.param_counts()[1] + 12 * a.n_layers * a.dim * seq_len)
+        return float(6 * (self.param_counts()[1] + a.vocab_size * a.dim) + 12 * a.n_layers * a.dim * seq_len)
 
     def activation_bytes(self, micro_batch: int, seq_len: int, bytes_per_element: int) -> int:
         """Rough activation memory kept for backward by one micro-batch (no checkpointing).
