@@ -10,8 +10,12 @@ A checkpoint is a folder ``<dir>/step_000001000/`` holding
   the optimizer plugin's name, the resolved config and library versions;
 * ``rng/rank_<r>.json``: python, numpy, torch and cuda RNG states per rank;
 * ``COMMITTED``: written last, by rank 0, once every rank has finished
-  writing; it lists every file with its size. A folder without it, or whose
-  files do not match it, is never resumed from.
+  writing; it lists every file with its size and CRC-32 (each rank checksums
+  its shards while writing them, :mod:`core.safe_dcp`). A folder without it,
+  or whose files do not match it, is never resumed from (:mod:`core.integrity`).
+
+Checkpoints are read only through :class:`core.safe_dcp.SafeFileSystemReader`,
+which runs no code from the files.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core import integrity
 from core.errors import CheckpointError
 from core.options import option
 
@@ -68,14 +73,6 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:09d}"
 
 
-def _files(path: Path) -> dict[str, int]:
-    return {
-        str(p.relative_to(path)): p.stat().st_size
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != COMMIT_MARKER
-    }
-
-
 def committed(root: Path) -> list[Path]:
     """Folders with a commit marker, oldest first (by step)."""
     if not root.is_dir():
@@ -104,33 +101,43 @@ def refuse_foreign(opts: CheckpointOptions, root: Path) -> None:
         )
 
 
-def verify(path: Path) -> dict[str, Any]:
-    """Check that ``path`` is a complete checkpoint; return its state.json. Raises CheckpointError."""
-    marker = path / COMMIT_MARKER
+def read_manifest(path: Path) -> integrity.Manifest:
+    """The commit manifest of checkpoint folder ``path``. Raises CheckpointError."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    marker = path / COMMIT_MARKER
     if not marker.is_file():
         raise CheckpointError(f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
+    return integrity.read_manifest(marker)
+
+
+def verify(path: Path, shards: bool = True) -> dict[str, Any]:
+    """Check that ``path`` is a complete, undamaged checkpoint; return its state.json.
+
+    Checks every listed file's size and checksum, that the DCP metadata is
+    made of nothing but DCP metadata (:mod:`core.safe_dcp`), and that
+    state.json has the keys a resume reads. ``shards=False`` leaves out the
+    checksums of the DCP shards (the bulk of the bytes): a resume checks those
+    after the process group exists, each rank a share (:mod:`core.resume`).
+    Raises CheckpointError.
+    """
+    from core.safe_dcp import load_metadata
+
+    manifest = read_manifest(path)
+    integrity.check_sizes(path, manifest, exclude=COMMIT_MARKER)
+    integrity.check_checksums(path, manifest, manifest.small_files() + (manifest.shards() if shards else []))
+    load_metadata(path)
     try:
-        manifest = json.loads(marker.read_text())
-        expected: dict[str, int] = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {path}: {COMMIT_MARKER} is corrupt ({e})") from None
-    actual = _files(path)
-    for name, size in expected.items():
-        if name not in actual:
-            raise CheckpointError(f"checkpoint {path} is missing {name}")
-        if actual[name] != size:
-            raise CheckpointError(f"checkpoint {path}: {name} is {actual[name]} bytes, expected {size} (truncated or corrupt)")
-    try:
-        return json.loads((path / STATE_FILE).read_text())
-    except json.JSONDecodeError as e:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
+    integrity.check_state(state, path / STATE_FILE)
+    return state
 
 
 def _verifies(path: Path) -> bool:
     try:
-        verify(path)
+        verify(path, shards=False)  # complete and sound; the shards' checksums are read only to resume
         return True
     except CheckpointError:
         return False
@@ -138,13 +145,11 @@ def _verifies(path: Path) -> bool:
 
 def check_shapes(path: Path, model: torch.nn.Module) -> None:
     """Compare the checkpoint's model tensors with ``model`` (may live on meta). Raises CheckpointError."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    try:
-        meta = FileSystemReader(str(path)).read_metadata()
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read DCP metadata: {type(e).__name__}: {e}") from None
+    from core.safe_dcp import load_metadata
+
+    meta = load_metadata(path)
     saved = {
         k[len("model."):]: tuple(v.size)
         for k, v in meta.state_dict_metadata.items()
@@ -161,34 +166,55 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
         raise CheckpointError(f"checkpoint {path} lacks model keys: {', '.join(missing[:6])}")
 
 
-def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> Path | None:
-    """The checkpoint to resume from, checked before any process group exists.
+def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module | None) -> None:
+    """A model that changed shape is the user's mistake, not damage: an error, never a
+    fallback (starting fresh would later prune the run's real checkpoints)."""
+    if model_meta is not None and "model" not in opts.exclude_from_loading:
+        check_shapes(path, model_meta)
 
-    ``resume = "auto"`` tries the newest complete checkpoint and falls back to
-    older ones with a warning; an explicit path must be good or it is an error.
+
+def warn(message: str) -> None:
+    """A one-line warning, from rank 0 only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"plait: warning: {message}", file=sys.stderr, flush=True)
+
+
+def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> list[Path]:
+    """The checkpoints to try resuming from, best first, checked before any process group exists.
+
+    An explicit path must pass :func:`verify` without the shard checksums, and
+    fit the model, or it is an error. ``resume = "auto"``: the newest complete
+    checkpoint that passes the same checks, then every older one (checked
+    later, should the first fail the checks made after the process group
+    exists, :mod:`core.resume`); each damaged one is skipped with a warning.
     """
     refuse_foreign(opts, root)
     if opts.resume == "none":
-        return None
+        return []
     if opts.resume != "auto":
         path = Path(opts.resume)
-        verify(path)
-        if model_meta is not None and "model" not in opts.exclude_from_loading:
-            check_shapes(path, model_meta)
-        return path
-    for path in reversed(committed(root)):
+        verify(path, shards=False)
+        check_fits(opts, path, model_meta)
+        return [path]
+    done = list(reversed(committed(root)))
+    for i, path in enumerate(done):
         try:
-            verify(path)
+            verify(path, shards=False)
         except CheckpointError as e:  # damaged: fall back to the one before
-            if int(os.environ.get("RANK", 0)) == 0:
-                print(f"plait: warning: skipping checkpoint: {e}", file=sys.stderr, flush=True)
+            warn(f"skipping checkpoint: {e}")
             continue
-        # A model that changed shape is the user's mistake, not damage: starting
-        # fresh here would later prune the run's real checkpoints.
-        if model_meta is not None and "model" not in opts.exclude_from_loading:
-            check_shapes(path, model_meta)
-        return path
-    return None
+        check_fits(opts, path, model_meta)
+        return done[i:]
+    if done:
+        warn(f"no usable checkpoint in {root}: starting fresh")
+    return []
+
+
+def read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is not readable JSON ({e})") from None
 
 
 def plain(value: Any) -> Any:
@@ -242,6 +268,7 @@ class Checkpointer:
         self.best_step = -1
         self.last_stall_s = 0.0
         self.group = None
+        self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
         if self.dist.world_size > 1:
             import torch.distributed as tdist
 
@@ -324,6 +351,8 @@ class Checkpointer:
     def save(self, step: int, use_async: bool) -> None:
         import torch.distributed.checkpoint as dcp
 
+        from core.safe_dcp import HashingFileSystemWriter
+
         self.wait()  # one save in flight at a time
         state = self._dcp_state()
         self._check_finite(step, state)
@@ -334,13 +363,14 @@ class Checkpointer:
         if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
             (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
         json_state = self._json_state()
+        self.writer = HashingFileSystemWriter(path)
         t0 = time.perf_counter()
         if use_async:
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
+            future = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
             self.last_stall_s = time.perf_counter() - t0
             self.pending = (future, step, path, json_state)
         else:
-            dcp.save(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
+            dcp.save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
             self.last_stall_s = time.perf_counter() - t0
             self._commit(step, path, json_state)
         self.last_saved_step = step
@@ -367,7 +397,8 @@ class Checkpointer:
         # rank reported its writes, so rank 0 alone can commit.
         if self.dist.is_main:
             (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
-            manifest = {"step": step, "world_size": self.dist.world_size, "files": _files(path)}
+            manifest = {"step": step, "world_size": self.dist.world_size,
+                        **integrity.manifest_files(path, exclude=COMMIT_MARKER, known=self.writer.checksums)}
             tmp = path / (COMMIT_MARKER + ".tmp")
             tmp.write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, path / COMMIT_MARKER)
@@ -421,8 +452,8 @@ class Checkpointer:
 
     # ---- load ----
     def load(self, path: Path) -> None:
-        """Restore the trainer from ``path`` (already verified by :func:`find_resume`)."""
-        import torch.distributed.checkpoint as dcp
+        """Restore the trainer from ``path`` (its shards already checked by :mod:`core.resume`,
+        or saved by this run). May fail half-way, leaving the trainer's state mixed."""
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
             get_optimizer_state_dict,
@@ -430,9 +461,11 @@ class Checkpointer:
             set_optimizer_state_dict,
         )
 
+        from core import safe_dcp
+
         t, run = self.t, self.t.run
         skip = set(self.opts.exclude_from_loading)
-        meta = verify(path)
+        meta = verify(path, shards=False)
         current_opt = t.rc.slots["optimizer"].component.name
         if "optimizer" not in skip and meta.get("optimizer_plugin") != current_opt:
             skip.add("optimizer")
@@ -448,10 +481,7 @@ class Checkpointer:
         if "optimizer" not in skip:
             state["optimizer"] = get_optimizer_state_dict(t.model, t.optimizer)
         if state:
-            try:
-                dcp.load(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
-            except Exception as e:
-                raise CheckpointError(f"checkpoint {path} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            safe_dcp.load(state, path, self.group)
             from core.nonfinite import count_nonfinite
 
             bad = self._agree(count_nonfinite(state)[0], "sum")
@@ -480,13 +510,16 @@ class Checkpointer:
                 if meta.get("world_size") != self.dist.world_size or not data_file.is_file():
                     raise CheckpointError(f"checkpoint {path}: the streaming data position was saved on "
                                           f"{meta.get('world_size')} ranks and cannot resume on {self.dist.world_size}")
-                t.loader.load_state_dict(json.loads(data_file.read_text()))
+                t.loader.load_state_dict(read_json(data_file))
             else:
                 t.loader.load_state_dict(meta["data"])
         if "rng" not in skip:
             rng_file = path / "rng" / f"rank_{self.dist.rank}.json"
             if meta.get("world_size") == self.dist.world_size and rng_file.is_file():
-                set_rng_state(json.loads(rng_file.read_text()))
+                try:
+                    set_rng_state(read_json(rng_file))
+                except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+                    raise CheckpointError(f"{rng_file} is not an RNG state ({type(e).__name__}: {e})") from None
             else:
                 torch.manual_seed(t.rc.train.seed + run.step * 1000 + self.dist.rank)
         self.last_saved_step = run.step

@@ -42,12 +42,17 @@ class Prepared:
     grad_accum: int
     tokens_per_step: int
     total_steps: int
-    resume_from: Path | None = None
+    resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.resume)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
 
     @property
     def checkpoint_root(self) -> Path:
         return checkpoint_root(self.rc)
+
+    @property
+    def resume_from(self) -> Path | None:
+        """The checkpoint a resume tries first."""
+        return self.resume_candidates[0] if self.resume_candidates else None
 
     @property
     def spec(self):
@@ -121,7 +126,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         with torch.device("meta"):
             model_meta = spec.build()  # precision conversions keep parameter names
         ckpt = rc.sections["checkpoint"]
-        prep.resume_from = find_resume(ckpt, prep.checkpoint_root, model_meta)
+        prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
         check_resume = getattr(components["data"], "check_resume", None)
         if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
             check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)

@@ -8,6 +8,7 @@ activation checkpointing -> torch.compile per block -> parallelism wrapper
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import platform
@@ -73,9 +74,52 @@ class Trainer:
 
     # -- construction --------------------------------------------------------
     def build(self) -> None:
-        rc, c, dist = self.rc, self.c, self.dist
+        """Everything the loop needs, resumed from the first candidate checkpoint that every
+        rank finds sound and that loads (:mod:`core.resume`); a load that fails half-way is
+        followed by a fresh build of the state before the next candidate (or a fresh start)."""
+        from core import resume
+
+        rc, dist = self.rc, self.dist
         if rc.train.deterministic:
             torch.use_deterministic_algorithms(True)
+        self.control = distributed.ControlPlane(dist)
+        self.check_precision_agrees()
+        self.versions = library_versions()
+        self.checkpointer = Checkpointer(self.rc.sections["checkpoint"], self.prep.checkpoint_root, self)
+        candidates = list(self.prep.resume_candidates)
+        model_meta = self.meta_model() if candidates else None
+        while True:
+            path, candidates = resume.first_sound(self.checkpointer, candidates, model_meta)
+            self.build_state(initial_load=path is None)
+            if path is None or resume.restore(self.checkpointer, path, last=not candidates):
+                break
+            self.release_state()
+        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in self.rc.monitors],
+                                   self.rc.monitors_options.on_error)
+        self._before_update = self.monitors.implements("plait_before_update")
+
+    def meta_model(self) -> torch.nn.Module:
+        with torch.device("meta"):
+            return self.c["model"].build()  # precision conversions keep parameter names
+
+    def check_precision_agrees(self) -> None:
+        if self.rc.precision_chain:  # every rank must have made the same choice
+            names = [ch.component.name for ch in self.rc.precision_chain]
+            mine = names.index(self.rc.slots["precision"].component.name)
+            hi, neg_lo = self.control.max([mine, -mine])
+            if hi != -neg_lo:
+                raise RuntimeError(f"ranks chose different precisions from {names}: devices differ between ranks")
+
+    def release_state(self) -> None:
+        """Drop the model, optimizer, loader and run state (before building them again)."""
+        self.model = self.train_model = self.optimizer = self.scheduler = self.loader = self.run = None
+        self.update_ratio = self.guard = None
+        gc.collect()
+
+    def build_state(self, initial_load: bool) -> None:
+        """The seeded model, optimizer, schedule, loader and run state, as a fresh run has them;
+        ``initial_load``: with the weights of ``checkpoint.initial_load``, if set."""
+        rc, c, dist = self.rc, self.c, self.dist
         seed_everything(rc.train.seed)
         spec, precision, parallelism = c["model"], c["precision"], c["parallelism"]
         with torch.device("meta"):
@@ -85,7 +129,7 @@ class Trainer:
         with torch.no_grad():
             spec.init_weights(model)
         initial = rc.sections["checkpoint"].initial_load
-        if initial and self.prep.resume_from is None:
+        if initial and initial_load:
             from core.weights import copy_into, load_weights
 
             copy_into(model, load_weights(Path(initial), spec, model))
@@ -111,7 +155,6 @@ class Trainer:
             total_samples=total * rc.train.global_batch_tokens // rc.seq_len,
         )
         self.loader = c["data"].loader(self.loader_spec)
-        self.control = distributed.ControlPlane(dist)
         self._post_optimizer_step = getattr(precision, "post_optimizer_step", None)
         self._before_update = False  # set once the monitors exist
         self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
@@ -120,12 +163,6 @@ class Trainer:
         self._measure_update = False
         self.data_wait_s = 0.0
         self.flops_per_token = spec.flops_per_token(rc.seq_len)
-        if self.rc.precision_chain:  # every rank must have made the same choice
-            names = [ch.component.name for ch in self.rc.precision_chain]
-            mine = names.index(self.rc.slots["precision"].component.name)
-            hi, neg_lo = self.control.max([mine, -mine])
-            if hi != -neg_lo:
-                raise RuntimeError(f"ranks chose different precisions from {names}: devices differ between ranks")
         self.run = Run(
             config=self.prep.resolved,
             output_dir=self.output_dir,
@@ -139,13 +176,6 @@ class Trainer:
         )
         # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
         self.run.state["lineage"] = self.control.broadcast_object(uuid.uuid4().hex)
-        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in self.rc.monitors],
-                                   self.rc.monitors_options.on_error)
-        self._before_update = self.monitors.implements("plait_before_update")
-        self.versions = library_versions()
-        self.checkpointer = Checkpointer(self.rc.sections["checkpoint"], self.prep.checkpoint_root, self)
-        if self.prep.resume_from is not None:
-            self.checkpointer.load(self.prep.resume_from)
 
     def choose_micro_batch(self) -> None:
         """``micro_batch = "auto"``: probe on CUDA, agree across ranks, re-derive accumulation."""

@@ -46,18 +46,15 @@ def empty_model(spec: Any) -> torch.nn.Module:
 
 
 def read_dcp_model(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Load the ``model`` part of a committed DCP checkpoint into ``model``'s tensors."""
-    import torch.distributed.checkpoint as dcp
-
+    """Load the ``model`` part of a committed DCP checkpoint into ``model``'s tensors,
+    after checking every file against its checksum, through the safe reader."""
+    from core import safe_dcp
     from core.checkpoint import check_shapes, verify
 
     verify(path)
     check_shapes(path, model)
     sd = model.state_dict()
-    try:
-        dcp.load({"model": sd}, checkpoint_id=str(path), no_dist=True)
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path} could not be read: {type(e).__name__}: {e}") from None
+    safe_dcp.load({"model": sd}, path)
     return sd
 
 
@@ -65,7 +62,7 @@ def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any], torch.nn.Module]:
     """(spec, resolved config, model with the checkpoint's weights) for a plait checkpoint folder."""
     from core.checkpoint import verify
 
-    meta = verify(path)
+    meta = verify(path, shards=False)  # read_dcp_model checks the shards
     config = meta["config"]
     spec = spec_from_config(config, f"checkpoint {path}")
     model = empty_model(spec)

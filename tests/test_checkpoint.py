@@ -167,6 +167,8 @@ def test_async_save_matches_sync(cfg, tmp_path):
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    from core.checkpoint import verify
+
     outs = {}
     for mode in ("false", "true"):
         out = tmp_path / f"async_{mode}"
@@ -177,6 +179,7 @@ def test_async_save_matches_sync(cfg, tmp_path):
         assert f"checkpoint step 4: {kind} save stalled training" in proc.stdout
         outs[mode] = out
     for step in ("step_000000004", "step_000000008"):
+        verify(outs["true"] / "checkpoints" / step)  # the async save's write-time checksums match the files
         loaded = []
         for mode in ("false", "true"):
             sd: dict = {}
