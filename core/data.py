@@ -21,6 +21,8 @@ collective.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -101,6 +103,49 @@ class IndexedLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start = int(state["consumed_samples"])
         self._micro = 0
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """``worker_init_fn`` for DataLoader worker processes: ignore SIGINT and SIGTERM.
+
+    Workers share the process group of their rank, so a Ctrl-C or a pre-emption's
+    SIGTERM reaches them too; a worker that dies of it makes the rank crash instead of
+    stopping at the step boundary with a checkpoint. The rank's main process alone
+    decides when to stop and ends its workers; should it die, torch's worker loop
+    notices the lost parent and exits within a few seconds (a SIGKILL of the whole
+    process group still ends them at once).
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+_WORKER_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _shut_down_workers() -> None:
+    for it in list(_WORKER_ITERATORS):
+        try:
+            it._shutdown_workers()
+        except Exception:
+            pass
+
+
+def shut_down_at_exit(iterator: Any) -> Any:
+    """Register a multi-process DataLoader iterator to be shut down at interpreter exit.
+
+    Workers that ignore SIGTERM (:func:`ignore_stop_signals`) cannot be ended by
+    multiprocessing's exit hook (SIGTERM, then an unbounded join), and torch skips its
+    own orderly shutdown once the interpreter is exiting; an iterator still referenced
+    then (by a signal handler's trainer, a traceback) would hang the exit. This hook is
+    registered after torch's, so it runs first and shuts the workers down normally.
+    """
+    if hasattr(iterator, "_shutdown_workers"):
+        if not _WORKER_ITERATORS:
+            atexit.register(_shut_down_workers)  # once per process in practice; a repeat is harmless
+        _WORKER_ITERATORS.add(iterator)
+    return iterator
 
 
 def mix_seed(*parts: int) -> int:

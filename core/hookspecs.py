@@ -114,7 +114,8 @@ def plait_checkpoint_saved(run: "Run", step: int, path: str) -> None:
 @hookspec
 def plait_train_end(run: "Run", reason: str) -> None:
     """Training stopped. ``reason`` is ``"completed"``, ``"signal"`` (SIGTERM
-    or SIGINT), ``"requested"`` (a monitor asked) or ``"error"``."""
+    or SIGINT), ``"requested"`` (a monitor asked), ``"save_failed"`` (a checkpoint
+    could not be written: disk full, I/O error) or ``"error"``."""
 
 
 RUN_EVENT_HOOKS: tuple[str, ...] = (
