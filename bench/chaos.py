@@ -6,10 +6,11 @@ A debug job (``torchrun --nproc_per_node=2 -m core.train`` on a tiny CPU llama3,
 a checkpoint every ``--every`` steps, ``checkpoint.resume = "auto"``) is started in a session
 of its own and, ``--trials`` times, killed at a random moment with one of
 
-* ``sigkill``: SIGKILL to every process of its session (a lost node, an OOM killer);
-* ``sigterm``: SIGTERM to the launcher and the ranks (a scheduler's pre-emption);
-* ``ctrl_c``:  SIGINT to the whole process group, as a terminal sends it (torchrun forwards it
-  to the ranks again).
+* ``sigkill``: SIGKILL to torchrun, its ranks and their children at once (a lost node);
+* ``sigterm``: SIGTERM to torchrun and the ranks (a scheduler's pre-emption, as SLURM or a
+  container runtime sends it to every process of the job);
+* ``ctrl_c``:  SIGINT to the launcher's process group, as a terminal sends it (torch 2.13's
+  torchrun starts each rank in a session of its own and forwards the signal to them).
 
 After each kill it is started again with the same command, until it finishes; then the next
 job starts in a fresh folder (every other job uses async saves), until all trials are spent
@@ -160,17 +161,59 @@ class Job:
         return bad
 
 
-def wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
-    """True if the process group ended by itself within ``timeout``; else SIGKILL it."""
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (torchrun's ranks live in sessions of their own)."""
+    parents: dict[int, list[int]] = {}
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += parents.get(p, [])
+    return out
+
+
+def send(proc: subprocess.Popen, kind: str) -> None:
+    if kind == "ctrl_c":
+        os.killpg(proc.pid, signal.SIGINT)
+        return
+    for p in tree(proc.pid):
+        try:
+            os.kill(p, KILL[kind])
+        except OSError:
+            pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float, members: list[int] | None = None) -> bool:
+    """True if the launcher and its ranks (``members``, taken before any kill) ended by
+    themselves within ``timeout``; else SIGKILL what is left."""
+    members = members or tree(proc.pid)
+    deadline = time.time() + timeout
     try:
         proc.wait(timeout=timeout)
-        hung = False
     except subprocess.TimeoutExpired:
-        hung = True
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the session (none after a clean exit)
-    except OSError:
         pass
+    while time.time() < deadline and any(alive(p) for p in members if p != proc.pid):
+        time.sleep(0.1)
+    hung = proc.poll() is None or any(alive(p) for p in members if p != proc.pid)
+    for p in members:
+        try:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
     proc.wait()
     return not hung
 
@@ -232,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
                 while proc.poll() is None and len(rows(job.out)) <= before and time.time() - t0 < 300:
                     time.sleep(0.05)
             time.sleep(kill["delay_s"])
+            members = tree(proc.pid)
             if proc.poll() is None:
                 kill["step_logged"] = max([r["step"] for r in rows(job.out)], default=0)
-                os.killpg(proc.pid, KILL[kill["kind"]])
+                send(proc, kill["kind"])
             else:
                 kill = None  # it finished first: this attempt was not killed
-        if not wait_exit(proc, 300 if kill is None else 120):
+        else:
+            members = None
+        if not wait_exit(proc, 300 if kill is None else 120, members):
             hung += 1
         unusable += job.check_checkpoints()
         status = job.status()

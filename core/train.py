@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
+        distributed.stop_with_launcher()  # after the handlers: the launcher's death is a SIGTERM stop
         trainer.build()
         trainer.write_run_files()
         return trainer.fit()

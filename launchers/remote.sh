@@ -15,8 +15,9 @@
 #   NPROC          processes (default: visible GPUs, else 2 on CPU)
 #   MAX_RESTARTS   restarts after a crash or pre-emption (default 3); BACKOFF_S first wait (default 10, doubles)
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
-# Exit codes: 0 done; 2 bad input (never retried); 3 non-finite loss; 75/76 budget guard stops;
-# 1 when the restarts ran out.
+# Exit codes: 0 done; 2 bad input (never retried); 3 non-finite loss; 4 a monitor failed;
+# 74 a checkpoint could not be written (disk full, I/O error: never retried, restarting would
+# only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -88,6 +89,7 @@ attempt=0
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
     log "starting (attempt $((attempt + 1)), $NPROC processes)"
+    log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
         -m core.train "${args[@]}" 2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
@@ -95,6 +97,11 @@ while true; do
         code=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exit_code'])" "$OUTPUT_DIR/exit_status.json")
         log "trainer finished with exit code $code"
         exit "$code"
+    fi
+    # A failed save whose exit_status.json did not fit on the disk either: still final.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
+        log "a checkpoint could not be written (disk full?); not restarting"
+        exit 74
     fi
     if [ "$attempt" -ge "$MAX_RESTARTS" ]; then
         log "trainer failed (code $code) and $MAX_RESTARTS restarts are used up"

@@ -136,9 +136,10 @@ def torchrun_cmd(cfg: Path, *args: str) -> list[str]:
 @pytest.fixture(scope="module")
 def ctrl_c_run(tmp_path_factory):
     """A 2-rank torchrun run stopped by Ctrl-C as a terminal sends it: SIGINT to the whole
-    foreground process group (torchrun and both ranks), after which torchrun forwards its own
-    SIGINT to the ranks, so each rank receives two or three in quick succession. Checkpoints
-    every 2 steps."""
+    foreground process group. torch 2.13's torchrun starts each rank in a session of its own,
+    so that reaches torchrun, which forwards it to the ranks; launchers that leave the ranks in
+    the terminal's group (older torchrun, srun) deliver it to the ranks directly as well, so the
+    test also sends it to the ranks itself: each rank receives two. Checkpoints every 2 steps."""
     tmp = tmp_path_factory.mktemp("ctrl_c")
     cfg = write_tiny_config(tmp, steps=100000)
     out = tmp / "out"
@@ -198,6 +199,36 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
     assert time.time() - t0 < 20 and proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
     assert committed(out) == []
+
+
+def test_launcher_death_stops_the_ranks_with_a_checkpoint(tmp_path):
+    """torchrun SIGKILLed alone (its ranks live in sessions of their own): the kernel sends each
+    rank SIGTERM (PR_SET_PDEATHSIG) and they stop together at a step boundary with a checkpoint,
+    instead of training on as orphans beside a restarted job."""
+    cfg = write_tiny_config(tmp_path, steps=100000)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(torchrun_cmd(cfg), cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    ranks = []
+    try:
+        wait_for_steps(out, 3, proc)
+        ranks = children(proc.pid)
+        assert len(ranks) == 2
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.time() + 90
+        while time.time() < deadline and any(alive(r) for r in ranks):
+            time.sleep(0.2)
+        assert not any(alive(r) for r in ranks), "the ranks outlived their launcher"
+    finally:
+        for r in ranks:
+            try:
+                os.kill(r, signal.SIGKILL)
+            except OSError:
+                pass
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["exit_code"] == 0, status
+    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
 
 # --- a full disk during a save --------------------------------------------------------
