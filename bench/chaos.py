@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "trials": len(kills),
         "by_kind": {kind: sum(k["kind"] == kind for k in kills) for kind in KINDS},
         "startup_kills": sum(k["when"] == "startup" for k in kills),
+        "kills_after_completion": sum(k["status"] == "completed" for k in kills),  # landed as the job ended
         "jobs": len(jobs),
         "async_jobs": sum(j["async"] for j in jobs),
         "resumes": sum(j["attempts"] - 1 for j in jobs),
