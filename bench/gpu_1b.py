@@ -28,7 +28,6 @@ import time
 
 from bench.common import append_section, synthetic_config, table
 
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}
 
 BASE = ["--precision.name=bf16", "--optimizer.impl=fused"]
 
@@ -61,11 +60,14 @@ def host_available_bytes() -> int:
     return 0
 
 
-def peak_tflops(name: str) -> float | None:
-    for key, value in PEAK_BF16_TFLOPS.items():
-        if key in name:
-            return value
-    return None
+def peak_tflops() -> float | None:
+    """The device's dense bf16 peak in TFLOP/s from core.metrics (one table for training and benches)."""
+    import torch
+
+    from core.metrics import peak_flops
+
+    peak = peak_flops(torch.device("cuda", 0))
+    return peak / 1e12 if peak is not None else None
 
 
 def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: str = "") -> dict:
@@ -105,10 +107,10 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: s
         return {"variant": name, "status": "out of memory"}
     tokens_s = prep.tokens_per_step / dt
     flops = prep.spec.flops_per_token(2048) * tokens_s
-    peak = peak_tflops(torch.cuda.get_device_name(0))
+    peak = peak_tflops()
     result = {
         "variant": name, "status": "ok", "step_s": dt, "tokens_per_s": tokens_s,
-        "mfu": flops / (peak * 1e12) if peak else None,
+        "mfu": flops / (peak * 1e12) if peak else None, "peak_tflops": peak,
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
     del trainer
@@ -143,7 +145,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench.gpu_1b: no CUDA device; this benchmark measures GPU speed only and prints no figure", file=sys.stderr)
         return 2
-    rows = []
+    rows, rows_raw = [], []
     for name in args.only or list(VARIANTS):
         try:
             r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup,
@@ -151,12 +153,15 @@ def main(argv=None) -> int:
         except Exception as e:  # a variant that cannot run here (fp8 on a pre-Hopper GPU...) is reported, not faked
             r = {"variant": name, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
         print(r, flush=True)
+        rows_raw.append(r)
         rows.append([
             r["variant"], r["status"], r.get("tokens_per_s", "-"),
             f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a", r.get("peak_mem_gib", "-"),
         ])
     body = table(["variant", "status", "tokens/s", "MFU (bf16 dense peak)", "peak GiB"], rows)
-    body += "\n\nMFU = tokens/s x FLOPs per token (docs/metrics.md) / the device's dense bf16 peak."
+    peaks = {r.get("peak_tflops") for r in rows_raw if r.get("peak_tflops")}
+    body += ("\n\nMFU = tokens/s x FLOPs per token, output layer counted (docs/metrics.md: 8.25 GFLOP/token for 1b at "
+             f"seq 2048) / the device's dense bf16 peak ({', '.join(f'{p:g}' for p in peaks) or 'unknown'} TFLOP/s).")
     print(body)
     if not args.no_record:
         append_section("1b flavor, seq 2048, one GPU", body, device="cuda")

@@ -37,6 +37,7 @@ if [ "$part" = a ]; then
     --profile "$OUT/logs/prof"
   step overhead 60 python3 -m bench.overhead --device cuda --precision bf16
   step checkpoint_stall 100 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --repeats 2
+  step guard_cost 90 python3 -m bench.guard_cost --device cuda --flavor 1b --seq-len 2048 --micro-batch 4 --steps 10 --rounds 3
 else
   step gpu_1b_all 420 python3 -m bench.gpu_1b
   step overhead 60 python3 -m bench.overhead --device cuda --precision bf16

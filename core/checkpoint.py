@@ -37,10 +37,10 @@ COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
-PAUSE_ENV = "PLAIT_TEST_PAUSE_BEFORE_COMMIT"
+LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
 EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")  # test hook: "STEP:SECONDS" sleeps before that commit
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 @dataclass
@@ -55,6 +55,7 @@ class CheckpointOptions:
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
+    allow_foreign: bool = option(False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned")
 
     def check(self) -> None:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
@@ -118,6 +119,27 @@ def committed(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step_*") if (p / COMMIT_MARKER).is_file())
 
 
+def lineage_of(path: Path) -> str | None:
+    """The id of the run that wrote checkpoint folder ``path``; None if unknown (another tool, or plait before lineages)."""
+    try:
+        return (path / LINEAGE_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def refuse_foreign(opts: CheckpointOptions, root: Path) -> None:
+    """A fresh run must not share a checkpoint folder with another run's checkpoints unless told to."""
+    if opts.resume != "none" or opts.allow_foreign:
+        return
+    theirs = committed(root)
+    if theirs:
+        raise CheckpointError(
+            f"checkpoint folder {root} holds {len(theirs)} checkpoint(s) of another run (newest {theirs[-1].name}) and "
+            "checkpoint.resume = 'none' starts a new one: resume it (resume = 'auto'), use another checkpoint.dir or "
+            "train.output_dir, or set checkpoint.allow_foreign = true to train beside them (they are never touched)"
+        )
+
+
 def verify(path: Path) -> dict[str, Any]:
     """Check that ``path`` is a complete checkpoint; return its state.json. Raises CheckpointError."""
     marker = path / COMMIT_MARKER
@@ -140,6 +162,14 @@ def verify(path: Path) -> dict[str, Any]:
         return json.loads((path / STATE_FILE).read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
+
+
+def _verifies(path: Path) -> bool:
+    try:
+        verify(path)
+        return True
+    except CheckpointError:
+        return False
 
 
 def check_shapes(path: Path, model: torch.nn.Module) -> None:
@@ -173,6 +203,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     ``resume = "auto"`` tries the newest complete checkpoint and falls back to
     older ones with a warning; an explicit path must be good or it is an error.
     """
+    refuse_foreign(opts, root)
     if opts.resume == "none":
         return None
     if opts.resume != "auto":
@@ -254,6 +285,46 @@ class Checkpointer:
             # from a background thread, beside the training collectives.
             self.group = tdist.new_group(backend="gloo")
 
+    @property
+    def lineage(self) -> str:
+        """This run's id: made at a fresh start, carried through every resume (``run.state``)."""
+        return self.t.run.state["lineage"]
+
+    def _agree(self, value: int, op: str = "min") -> int:
+        """The same integer on every rank (min or sum over the checkpoint group)."""
+        if self.group is None:
+            return value
+        import torch.distributed as tdist
+
+        t = torch.tensor([value], dtype=torch.int64)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MIN if op == "min" else tdist.ReduceOp.SUM, group=self.group)
+        return int(t.item())
+
+    def _check_finite(self, step: int, state: dict[str, Any]) -> None:
+        """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
+        from core.nonfinite import NonFiniteState, count_nonfinite
+
+        bad, total = count_nonfinite(state)
+        bad, total = self._agree(bad, "sum"), self._agree(total, "sum")
+        if bad:
+            done = [p for p in committed(self.root) if lineage_of(p) == self.lineage]
+            last = f"the last checkpoint, {done[-1]}, is kept" if done else "no checkpoint of this run exists yet"
+            raise NonFiniteState(f"step {step}: {bad} of {total} model/optimizer tensors hold NaN or inf; "
+                                 f"not writing a checkpoint from them ({last})")
+
+    def _claim(self, path: Path) -> bool:
+        """Make ``path`` ready for this run's save (rank 0): leftovers of this run's interrupted save
+        of the same step are replaced; a folder another run wrote is never touched (False)."""
+        if path.exists():
+            if lineage_of(path) != self.lineage:
+                print(f"plait: warning: {path} belongs to another run; not overwriting it, this save is skipped",
+                      file=sys.stderr, flush=True)
+                return False
+            shutil.rmtree(path)
+        (path / "rng").mkdir(parents=True)
+        (path / LINEAGE_FILE).write_text(self.lineage + "\n")
+        return True
+
     # ---- state ----
     def _dcp_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -290,24 +361,26 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save in flight at a time
+        state = self._dcp_state()
+        self._check_finite(step, state)
         path = step_dir(self.root, step)
         error: BaseException | None = None
+        claimed = 1
         try:
             if self.dist.is_main:
-                if path.exists():
-                    shutil.rmtree(path)  # leftovers of an interrupted save of the same step
-                (path / "rng").mkdir(parents=True)
+                claimed = int(self._claim(path))
         except OSError as e:
             error = e
-        self._barrier()
+        self._fail_together(error, step, path)
+        if not self._agree(claimed):
+            return
         try:
             (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
             if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
                 (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
         except OSError as e:
-            error = error or e
-        self._agree(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
-        state = self._dcp_state()
+            error = e
+        self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
         json_state = self._json_state()
         t0 = time.perf_counter()
         try:
@@ -323,7 +396,7 @@ class Checkpointer:
             error = io_error(e)
             if error is None:
                 raise
-        self._agree(error, step, path)
+        self._fail_together(error, step, path)
         self.last_saved_step = step
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
@@ -355,9 +428,9 @@ class Checkpointer:
             error = io_error(e)
             if error is None:
                 raise
-        self._agree(error, step, path)
+        self._fail_together(error, step, path)
 
-    def _agree(self, error: BaseException | None, step: int, path: Path) -> None:
+    def _fail_together(self, error: BaseException | None, step: int, path: Path) -> None:
         """Every rank learns whether any rank failed to write this save. If one did, rank 0
         removes what this save wrote (its own step folder, never an older checkpoint) unless
         it was already committed, and every rank raises :class:`SaveFailed`."""
@@ -380,7 +453,7 @@ class Checkpointer:
         if self.dist.is_main:
             if (path / COMMIT_MARKER).is_file():
                 kept = f"; {path.name} was committed before the error and is kept"
-            else:
+            elif lineage_of(path) in (None, self.lineage):  # this run's (None: the LINEAGE write itself failed)
                 shutil.rmtree(path, ignore_errors=True)
             (self.root / (BEST_FILE + ".tmp")).unlink(missing_ok=True)
         done = [p.name for p in committed(self.root)]
@@ -393,9 +466,6 @@ class Checkpointer:
         # rank reported its writes, so rank 0 alone can commit.
         if self.dist.is_main:
             (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
-            pause = os.environ.get(PAUSE_ENV, "")
-            if pause and int(pause.split(":")[0]) == step:
-                time.sleep(float(pause.split(":")[1]))
             manifest = {"step": step, "world_size": self.dist.world_size, "files": _files(path)}
             tmp = path / (COMMIT_MARKER + ".tmp")
             tmp.write_text(json.dumps(manifest, indent=1))
@@ -429,22 +499,24 @@ class Checkpointer:
             return set()
 
     def _prune(self) -> None:
-        done = committed(self.root)
-        keep = self.best_paths()
-        if self.opts.keep_latest and len(done) > self.opts.keep_latest:
-            for old in done[: -self.opts.keep_latest]:
+        """Retention (rank 0, after a commit). Only this run's own checkpoints are ever deleted: of its
+        verified ones the newest ``keep_latest`` stay, and so do the newest one and the ``keep_best``
+        ones; its interrupted saves older than its newest verified checkpoint go too. Checkpoints of
+        other runs, damaged ones and anything plait did not write are left alone."""
+        mine = [p for p in committed(self.root) if lineage_of(p) == self.lineage]
+        good = [p for p in mine if _verifies(p)]
+        if not good:
+            return
+        keep = self.best_paths() | {good[-1]}
+        if self.opts.keep_latest:
+            for old in good[: -self.opts.keep_latest]:
                 if old not in keep:
                     shutil.rmtree(old, ignore_errors=True)
-        if done:  # interrupted saves older than the newest complete one
-            for p in self.root.glob("step_*"):
-                if p.name < done[-1].name and not (p / COMMIT_MARKER).exists():
-                    shutil.rmtree(p, ignore_errors=True)
-
-    def _barrier(self) -> None:
-        if self.group is not None:
-            import torch.distributed as tdist
-
-            tdist.barrier(group=self.group)
+        in_flight = self.pending[2] if self.pending is not None else None
+        for p in self.root.glob("step_*"):
+            if (p.name < good[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists()
+                    and lineage_of(p) == self.lineage):
+                shutil.rmtree(p, ignore_errors=True)
 
     # ---- load ----
     def load(self, path: Path) -> None:
@@ -479,6 +551,11 @@ class Checkpointer:
                 dcp.load(state, checkpoint_id=str(path), process_group=self.group, no_dist=self.group is None)
             except Exception as e:
                 raise CheckpointError(f"checkpoint {path} could not be loaded: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            from core.nonfinite import count_nonfinite
+
+            bad = self._agree(count_nonfinite(state)[0], "sum")
+            if bad:
+                raise CheckpointError(f"checkpoint {path} holds NaN or inf in {bad} tensor(s); it cannot be trained from")
             if "model" in state:
                 set_model_state_dict(t.model, state["model"])
             if "optimizer" in state:

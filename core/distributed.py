@@ -26,28 +26,6 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def stop_with_launcher() -> None:
-    """Under torchrun on Linux: have the kernel send this rank SIGTERM when its launcher dies.
-
-    torchrun starts each rank in a session of its own, so a launcher killed alone (SIGKILL,
-    OOM killer) would leave its ranks training on as orphans, beside the restarted job, in
-    the same folder. With this they stop at the next step boundary with a checkpoint instead.
-    """
-    import sys
-
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the launcher died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def init(preference: str = "auto", timeout_s: int = 1800) -> DistInfo:
     rank, world, local = env_world()
     device = pick_device(preference, local)

@@ -113,9 +113,21 @@ def plait_checkpoint_saved(run: "Run", step: int, path: str) -> None:
 
 @hookspec
 def plait_train_end(run: "Run", reason: str) -> None:
-    """Training stopped. ``reason`` is ``"completed"``, ``"signal"`` (SIGTERM
-    or SIGINT), ``"requested"`` (a monitor asked), ``"save_failed"`` (a checkpoint
-    could not be written: disk full, I/O error) or ``"error"``."""
+    """Training stopped; called once on every rank, also when the run fails.
+
+    ``reason`` is one of:
+
+    * ``"completed"``: the last step is done;
+    * ``"data_end"``: the data source ran out (``on_exhausted``/``on_end = "stop"``);
+    * ``"signal"``: SIGTERM or SIGINT (a checkpoint was saved first, unless a
+      second Ctrl-C stopped the run at once);
+    * ``"requested"``: ``run.request_stop`` was called (by a monitor, or by
+      plait itself for non-finite values; ``run.stop`` says why);
+    * ``"save_failed"``: a checkpoint could not be written (disk full, I/O
+      error): every rank stops without a checkpoint, exit code 74;
+    * ``"error"``: an exception ended the run; the process still exits with
+      its error after this hook returns.
+    """
 
 
 RUN_EVENT_HOOKS: tuple[str, ...] = (

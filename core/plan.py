@@ -85,7 +85,7 @@ def render(plan: dict[str, Any]) -> str:
         "  plugins     " + ", ".join(f"{k}={v}" for k, v in plan["plugins"].items()),
         "  monitors    " + ", ".join(plan["monitors"]),
         f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
-        f"  FLOPs/token {human(plan['flops_per_token'])} (6 x non-embedding params + 12 x layers x d x seq)",
+        f"  FLOPs/token {human(plan['flops_per_token'])} (6 x matmul params incl. the output head + 12 x layers x d x seq)",
         f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
         f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
         prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=False)
         plan = make_plan(prep)
+        from core.ownership import check_run_folders
+
+        check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # is a job writing there now?
     except PlaitError as e:
         exit_bad_input(e)
     print(json.dumps(plan, indent=2) if args.json else render(plan))

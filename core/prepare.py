@@ -18,6 +18,7 @@ from core import config as config_io
 from core import registry as registry_mod
 from core.distributed import env_world, pick_device
 from core.checkpoint import find_resume
+from core.monitor_hub import check_monitor
 from core.errors import ConfigError
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
 
@@ -97,8 +98,10 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split")
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
-    for chosen in rc.monitors:  # monitors' own pre-flight checks (the budget guard's projection)
-        preflight = getattr(chosen.instantiate(), "preflight", None)
+    for chosen in rc.monitors:  # the hook contract, then monitors' own pre-flight checks (the budget guard's projection)
+        monitor = chosen.instantiate()
+        check_monitor(chosen.component.name, monitor)
+        preflight = getattr(monitor, "preflight", None)
         if preflight is not None:
             preflight(prep, rc.sections["budget"].force)
     if validate_data:  # a training start: find (and check) the checkpoint to resume from

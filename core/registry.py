@@ -4,7 +4,8 @@ Order (as tox does it): plait's own entry points first, then third-party ones
 sorted by name, then ``check_pending`` so that a misspelled hook name in a
 plugin is an error rather than silently ignored. Set ``PLAIT_PLUGINS`` to a
 comma-separated list of entry-point names to load only those third-party
-plugins (plait's own always load); an empty value loads none.
+plugins (plait's own always load); an empty value loads none, and a name
+that no installed plugin provides is an error.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Registry:
         self._components: dict[str, dict[str, Component]] = {s: {} for s in SLOTS}
         self._plugin = "?"
         self._distribution = "?"
+        self.hidden: list[str] = []  # installed third-party plugins left out by PLAIT_PLUGINS
+        self.third_party: dict[str, str] = {}  # loaded third-party plugin -> "distribution version"
 
     def add(
         self,
@@ -83,9 +86,11 @@ class Registry:
         found = self._components[slot].get(name)
         if found is None:
             names = sorted(self._components[slot])
+            hidden = (f"; {ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')!r} leaves out the installed plugin(s) "
+                      f"{', '.join(self.hidden)}" if self.hidden else "")
             raise ConfigError(
                 f"{where}: no {slot} plugin named {name!r}{closest(name, names)}; "
-                f"installed: {', '.join(names) or '(none)'}"
+                f"installed: {', '.join(names) or '(none)'}{hidden}"
             )
         return found
 
@@ -134,10 +139,22 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
     allowed = None if allow is None else {a.strip() for a in allow.split(",") if a.strip()}
     pm = plugin_manager()
     origin: dict[str, str] = {}
-    for ep in _entry_points():
+    hidden: list[str] = []
+    versions: dict[str, str] = {}
+    eps = _entry_points()
+    if allowed is not None:
+        third = {ep.name for ep in eps if (ep.dist.name if ep.dist is not None else "?") != OWN_DISTRIBUTION}
+        unknown = sorted(allowed - third)
+        if unknown:
+            raise PluginError(f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin provides; "
+                              f"installed third-party plugins: {', '.join(sorted(third)) or '(none)'}")
+    for ep in eps:
         dist = ep.dist.name if ep.dist is not None else "?"
         if dist != OWN_DISTRIBUTION and allowed is not None and ep.name not in allowed:
+            hidden.append(ep.name)
             continue
+        if dist != OWN_DISTRIBUTION:
+            versions[ep.name] = f"{dist} {ep.dist.version if ep.dist is not None else '?'}"
         if pm.has_plugin(ep.name):
             raise PluginError(
                 f"entry point {ep.name!r} is claimed twice: by distribution {origin[ep.name]} and by {dist}"
@@ -156,6 +173,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
     except pluggy.PluginValidationError as e:
         raise PluginError(f"plugin {e.plugin!r}: {e}") from None
     registry = Registry()
+    registry.hidden, registry.third_party = hidden, versions
     for impl in reversed(pm.hook.plait_register.get_hookimpls()):  # registration order
         registry._plugin = impl.plugin_name
         registry._distribution = origin.get(impl.plugin_name, "?")

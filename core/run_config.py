@@ -32,6 +32,8 @@ class TrainOptions:
     output_dir: str = option("runs/default", "folder for the resolved config, metrics and checkpoints")
     log_every: int = option(10, "steps between metric lines (the last step is always logged)")
     grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping")
+    max_nonfinite_steps: int = option(
+        3, "steps in a row with a NaN/inf loss or gradient norm that are skipped (update not applied) before the run stops with exit 3")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu")
     deterministic: bool = option(False, "ask torch for deterministic kernels (slower on GPU)")
     activation_checkpointing: Literal["none", "full", "selective"] = option(
@@ -47,6 +49,8 @@ class TrainOptions:
             raise ValueError("set steps or target_tokens")
         if self.micro_batch != "auto" and self.micro_batch <= 0:
             raise ValueError("micro_batch must be > 0 or \"auto\"")
+        if self.max_nonfinite_steps < 0:
+            raise ValueError("max_nonfinite_steps must be >= 0")
         if self.global_batch_tokens <= 0 or self.micro_batch_max <= 0 or self.log_every <= 0 or self.activation_checkpointing_every <= 0:
             raise ValueError("global_batch_tokens, micro_batch_max, log_every and activation_checkpointing_every must be > 0")
 

@@ -22,10 +22,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    from core import ownership
+
+    ownership.die_with_launcher()  # a rank never trains (or writes) on after its launcher is gone
     try:
+        from core.distributed import env_world
         from core.prepare import prepare
 
         prep = prepare(args.config, overrides)
+        if env_world()[0] == 0:  # one writer per run folder, held until this process ends
+            ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
     except PlaitError as e:
         exit_bad_input(e)
 
@@ -38,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
-        distributed.stop_with_launcher()  # after the handlers: the launcher's death is a SIGTERM stop
         trainer.build()
         trainer.write_run_files()
         return trainer.fit()
@@ -46,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return trainer.save_failed(e)
     except PlaitError as e:
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
+    except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
+        if trainer is not None:
+            trainer.fail(e)
+        raise
     finally:
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a

@@ -15,6 +15,7 @@ import random
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ from core import config as config_io
 from core import distributed
 from core import metrics as core_metrics
 from core.checkpoint import Checkpointer
-from core.hookspecs import RUN_EVENT_HOOKS
+from core.materialize import materialize
+from core.monitor_hub import MonitorHub
+from core.nonfinite import EXIT_NONFINITE, NonFiniteGuard, NonFiniteState
 from core.param_groups import param_groups
 from core.parallelize import parallelize
 from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
-from core.registry import plugin_manager
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
@@ -56,44 +58,11 @@ def library_versions() -> dict[str, str]:
             pass
     if torch.cuda.is_available():
         out["cuda"] = str(torch.version.cuda)
+    from core.registry import load
+
+    for plugin, version in load().third_party.items():  # third-party plugins: "distribution version"
+        out[f"plugin:{plugin}"] = version
     return out
-
-
-class MonitorHub:
-    """Calls run-event hooks on each enabled monitor in config order, naming the one that fails."""
-
-    def __init__(self, monitors: list[tuple[str, Any]], on_error: str = "stop") -> None:
-        self.pm = plugin_manager()
-        self.names = []
-        self.on_error = on_error
-        self.failed: dict[str, str] = {}  # disabled monitors and why
-        for name, obj in monitors:
-            self.pm.register(obj, name=name)
-            self.names.append(name)
-
-    def emit(self, hook: str, **kwargs: Any) -> list[Any]:
-        assert hook in RUN_EVENT_HOOKS
-        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
-        results = []
-        for name in self.names:
-            impl = impls.get(name)
-            if impl is None or name in self.failed:
-                continue
-            try:
-                results.append(impl.function(**{k: kwargs[k] for k in impl.argnames}))
-            except Exception as e:
-                why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
-                self.failed[name] = why
-                run = kwargs.get("run")
-                if run is not None and run.dist.is_main or run is None:
-                    action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
-                    print(f"plait: error: {why}; {action} (monitors.on_error = {self.on_error!r})", file=sys.stderr, flush=True)
-                if self.on_error == "stop" and run is not None:
-                    run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
-        return results
-
-    def implements(self, hook: str) -> bool:
-        return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
 
 class Trainer:
@@ -116,7 +85,7 @@ class Trainer:
         with torch.device("meta"):
             model = spec.build()
         model = precision.convert(model, spec)
-        model.to_empty(device=dist.device)
+        materialize(model, dist.device)  # weight ties kept
         with torch.no_grad():
             spec.init_weights(model)
         initial = rc.sections["checkpoint"].initial_load
@@ -150,6 +119,7 @@ class Trainer:
         self._post_optimizer_step = getattr(precision, "post_optimizer_step", None)
         self._before_update = False  # set once the monitors exist
         self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
+        self.guard = NonFiniteGuard(self.optimizer, dist)
         self._measure_update = False
         self.data_wait_s = 0.0
         self.flops_per_token = spec.flops_per_token(rc.seq_len)
@@ -170,6 +140,8 @@ class Trainer:
             optimizer=self.optimizer,
             state={"wall_time_s": 0.0, "best_val_loss": math.inf},
         )
+        # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
+        self.run.state["lineage"] = self.control.broadcast_object(uuid.uuid4().hex)
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in self.rc.monitors],
                                    self.rc.monitors_options.on_error)
         self._before_update = self.monitors.implements("plait_before_update")
@@ -244,9 +216,9 @@ class Trainer:
 
     def rollback(self) -> bool:
         """Restore the last complete checkpoint but keep the data position. False if there is none."""
-        from core.checkpoint import committed
+        from core.checkpoint import committed, lineage_of
 
-        done = committed(self.checkpointer.root)
+        done = [p for p in committed(self.checkpointer.root) if lineage_of(p) == self.checkpointer.lineage]
         if not done:
             if self.dist.is_main:
                 print("plait: rollback asked, but there is no checkpoint yet: skipping the update instead", flush=True)
@@ -283,6 +255,22 @@ class Trainer:
 
     def on_checkpoint_saved(self, step: int, path: str) -> None:
         self.monitors.emit("plait_checkpoint_saved", run=self.run, step=step, path=path)
+
+    def fail(self, error: BaseException) -> None:
+        """The run died of ``error``: tell the monitors (``plait_train_end`` with ``"error"``, or
+        ``"signal"`` for an immediate Ctrl-C) and write ``exit_status.json`` with exit code 1."""
+        reason = "signal" if isinstance(error, KeyboardInterrupt) else "error"
+        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        monitors = getattr(self, "monitors", None)
+        if monitors is not None:
+            monitors.emit("plait_train_end", run=self.run, reason=reason)
+        if self.dist.is_main:
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                status = {"exit_code": 1, "reason": reason, "step": self.run.step if hasattr(self, "run") else 0, "detail": detail}
+                (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+            except OSError:
+                pass  # a full or read-only disk: the traceback that follows says enough
 
     def write_run_files(self) -> None:
         if not self.dist.is_main:
@@ -368,6 +356,7 @@ class Trainer:
                 (loss / accum).backward()
             loss_sum += loss.detach()
         grad_norm = c["parallelism"].clip_grad_norm(self.train_model, self.rc.train.grad_clip)
+        bad = self.guard.flag(loss_sum, grad_norm)  # NaN/inf on any rank: no update (no host sync)
         if self._before_update:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss_sum / accum, self.dist).item()
@@ -383,12 +372,24 @@ class Trainer:
                 return loss_sum / accum, grad_norm
         if self._measure_update:
             self.update_ratio.before()
-        self.optimizer.step()
+        self.guard.step(self.optimizer, bad)
         if self._post_optimizer_step is not None:
             self._post_optimizer_step(self.model)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum / accum, grad_norm
+
+    def save_checkpoint(self, step: int, use_async: bool | None = None) -> bool:
+        """Save unless the state is non-finite; then ask for a stop with exit 3 and return False."""
+        try:
+            self.checkpointer.maybe_save(step, use_async)
+            return True
+        except NonFiniteState as e:
+            if self.dist.is_main:
+                print(f"plait: error: {e}", file=sys.stderr, flush=True)
+            self.run.stop = None
+            self.run.request_stop(str(e), checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
+            return False
 
     def log_metrics(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, steps_in_window: int, window_s: float) -> dict[str, Any]:
         run = self.run
@@ -411,6 +412,8 @@ class Trainer:
         metrics["seq_len"] = self.loader_spec.seq_len
         value = core_metrics.mfu(per_device, self.flops_per_token, self.dist.device)
         metrics["mfu"] = value if value is not None else "n/a"
+        peak = core_metrics.peak_flops(self.dist.device)
+        metrics["peak_tflops"] = peak / 1e12 if peak is not None else "n/a"
         metrics["data_wait_s"] = self.data_wait_s / max(steps_in_window, 1)
         self.data_wait_s = 0.0
         metrics.update(core_metrics.memory(self.dist.device))
@@ -458,30 +461,35 @@ class Trainer:
             last = now
             is_log = run.step % log_every == 0 or run.step == run.total_steps
             save_due = bool(every) and run.step % every == 0 and run.step < run.total_steps
+            skipped = worst = 0
+            if is_log or save_due:  # the host syncs here anyway: read the skipped-step counters
+                skipped, worst = self.guard.read()
+                if skipped and self.dist.is_main:
+                    print(f"plait: warning: step {run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
+                          "norm and were skipped (update not applied)", file=sys.stderr, flush=True)
             metrics: dict[str, Any] = {}
             if is_log:
                 metrics = self.log_metrics(run.step, loss, grad_norm, window_steps, now - window_t0)
+                metrics["skipped_steps"] = skipped
             self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
             val = rc.sections["validation"]
             if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
                 self.validate(val)
             if is_log:
                 window_t0, window_steps = time.perf_counter(), 0
-            # A non-finite loss must never reach a checkpoint: checked on log and save steps.
-            nonfinite = 0
-            if is_log or save_due:
-                nonfinite = int(not math.isfinite(metrics["loss"] if is_log else loss.item()))
             ckpt.poll()
-            stop_ckpt, stop_now, sig, bad, code = self.control.max([
+            stop_ckpt, stop_now, sig, diverged, code = self.control.max([
                 int(run.stop is not None and run.stop.checkpoint),
                 int(run.stop is not None and not run.stop.checkpoint),
                 self._signal or 0,
-                nonfinite,
+                int(worst > rc.train.max_nonfinite_steps),
                 run.stop.exit_code if run.stop is not None else 0,
             ])
-            if bad:
+            if diverged:
                 run.stop = None
-                run.request_stop(f"non-finite loss at step {run.step}", checkpoint=False, source="trainer", exit_code=3)
+                run.request_stop(f"{worst} steps in a row had a non-finite loss or gradient norm at step {run.step} "
+                                 f"(train.max_nonfinite_steps = {rc.train.max_nonfinite_steps})",
+                                 checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
                 reason = "requested"
                 break
             if sig:
@@ -492,8 +500,9 @@ class Trainer:
                     run.request_stop("requested by another rank", checkpoint=not stop_now, exit_code=code)
                 reason = "requested"
                 break
-            if save_due:
-                ckpt.maybe_save(run.step)
+            if save_due and not self.save_checkpoint(run.step):
+                reason = "requested"
+                break
         if run.stop is not None and reason == "completed" and run.step < self.prep.total_steps:
             reason = "requested"
         if reason == "requested" and self.dist.is_main and run.stop is not None:
@@ -504,8 +513,8 @@ class Trainer:
             "signal": ckpt.opts.on_stop,
             "requested": ckpt.opts.on_stop and run.stop is not None and run.stop.checkpoint,
         }[reason]
-        if wants_save:
-            ckpt.maybe_save(run.step, use_async=False)
+        if wants_save and not self.save_checkpoint(run.step, use_async=False):
+            reason = "requested"
         ckpt.wait()
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason == "requested") else 0

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from core.errors import CheckpointError
+from core.materialize import materialize
 import core.checkpoint  # noqa: F401  (its warning filter)
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -38,7 +39,7 @@ def spec_from_config(config: dict[str, Any], where: str) -> Any:
 def empty_model(spec: Any) -> torch.nn.Module:
     with torch.device("meta"):
         model = spec.build()
-    model.to_empty(device="cpu")
+    materialize(model, torch.device("cpu"))
     with torch.no_grad():
         spec.init_weights(model)
     return model

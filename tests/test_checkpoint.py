@@ -16,6 +16,8 @@ import torch
 
 from conftest import REPO, env, free_port, read_metrics, run_module, torchrun, write_tiny_config
 
+SEAMS = REPO / "tests" / "seams"
+
 pytestmark = pytest.mark.slow
 
 
@@ -113,13 +115,13 @@ def test_sigkill_during_save_resumes_from_last_complete(cfg, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg),
            f"--train.output_dir={out}", "--checkpoint.every=2"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60"),
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60", PYTHONPATH=str(SEAMS)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     target = out / "checkpoints" / "step_000000004"
     deadline = time.time() + 120
-    while time.time() < deadline and not (target / "state.json").exists():
+    while time.time() < deadline and not (target / ".metadata").exists():
         time.sleep(0.2)
-    assert (target / "state.json").exists(), "the save of step 4 never started"
+    assert (target / ".metadata").exists(), "the save of step 4 never wrote its shards"
     assert not (target / "COMMITTED").exists()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)

@@ -48,3 +48,62 @@ def test_allow_list_hides_third_party(example_site, tiny_config):
     proc = run_module("core.train", "--config", str(tiny_config()), "--optimizer.name=lion",
                       extra_env={**example_site, "PLAIT_PLUGINS": ""})
     assert proc.returncode == 2 and "no optimizer plugin named 'lion'" in proc.stderr
+
+
+def tied_config(tmp_path):
+    from conftest import write_tiny_config
+
+    path = write_tiny_config(tmp_path, steps=6)
+    text = path.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n',
+                                    'name = "tiny_gpt"\nvocab_size = 512\ndim = 64\nn_layers = 2\nmax_seq_len = 128\n')
+    assert "tiny_gpt" in text
+    path.write_text(text)
+    return path
+
+
+def flat_checkpoint(path):
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(path.parent / "flat.pt"))
+    return torch.load(path.parent / "flat.pt", weights_only=False)["model"]
+
+
+def test_tied_third_party_model_stays_tied(example_site, tmp_path):
+    """The standard `lm_head.weight = wte.weight` tie survives plait's meta-device build, training
+    and resume, and plan counts the parameters the run trains."""
+    cfg = tied_config(tmp_path)
+    out = tmp_path / "out"
+    plan = run_module("core.plan", "--config", str(cfg), "--json", extra_env=example_site)
+    assert plan.returncode == 0, plan.stderr
+    planned = __import__("json").loads(plan.stdout)["params_total"]
+    proc = run_module("core.train", "--config", str(cfg), "--checkpoint.every=3", extra_env=example_site)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("core.train", "--config", str(cfg), "--train.steps=8", extra_env=example_site)
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
+    for step in (3, 6, 8):
+        model = flat_checkpoint(out / "checkpoints" / f"step_{step:09d}")
+        assert (model["lm_head.weight"] == model["wte.weight"]).all(), f"untied at step {step}"
+        trained = sum(t.numel() for k, t in model.items() if k != "lm_head.weight")
+        assert trained == planned
+
+
+def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
+    cfg = str(tiny_config())
+    proc = run_module("core.train", "--config", cfg, "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
+    assert proc.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in proc.stderr
+    proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "exmaple"})
+    assert proc.returncode == 2
+    assert "PLAIT_PLUGINS names 'exmaple', which no installed plugin provides" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
+    import json
+
+    proc = run_module("core.train", "--config", str(tiny_config(steps=2)), extra_env=example_site)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+    assert info["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000002" / "state.json").read_text())
+    assert state["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"

@@ -133,10 +133,10 @@ def test_flops_per_token_formula(flavor):
     spec = Llama3Spec.from_flavor(flavor)
     a = spec.args
     for seq in (128, 2048):
-        assert spec.flops_per_token(seq) == 6 * spec.param_counts()[1] + 12 * a.n_layers * a.dim * seq
-    # 1b at 2048: 6 * 973,146,112 + 12 * 16 * 2048 * 2048
+        assert spec.flops_per_token(seq) == 6 * (spec.param_counts()[1] + a.vocab_size * a.dim) + 12 * a.n_layers * a.dim * seq
+    # 1b at 2048 (docs/metrics.md): 6 * (973,146,112 + 131,072 * 2048) + 12 * 16 * 2048 * 2048
     if flavor == "1b":
-        assert spec.flops_per_token(2048) == 6_644_183_040
+        assert spec.flops_per_token(2048) == 8_254_795_776
 
 
 def test_activation_estimate_matches_saved_tensors():

@@ -53,7 +53,7 @@ def test_plan_runs_on_every_shipped_config():
         assert plan["tokens_per_step"] == plan["micro_batch"] * plan["seq_len"] * nproc * plan["grad_accum"]
         if name == "1b_h100":
             assert plan["params_total"] == 1_241_581_568
-            assert plan["flops_per_token"] == 6 * plan["params_non_embedding"] + 12 * 16 * 2048 * 2048
+            assert plan["flops_per_token"] == 6 * (plan["params_non_embedding"] + 131_072 * 2048) + 12 * 16 * 2048 * 2048
         assert set(plan["memory_per_rank"]) >= {"weights_gib", "grads_gib", "optimizer_gib", "activations_gib"}
 
 

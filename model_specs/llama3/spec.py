@@ -184,11 +184,12 @@ class Llama3Spec:
         return non_embedding + embedding, non_embedding
 
     def flops_per_token(self, seq_len: int) -> float:
-        """6 N + 12 L d T: N non-embedding params (matmuls, forward + backward),
-        12 L d T the attention scores and weighted sum (Kaplan et al. 2020; PaLM appendix B).
-        The causal mask's halving is not counted, as is usual for MFU."""
+        """6 (N + V d) + 12 L d T (docs/metrics.md): N non-embedding params and the output
+        projection's V x d matmul (tied or not; the embedding lookup is no matmul), forward +
+        backward; 12 L d T the attention scores and weighted sum (PaLM appendix B, nanoGPT,
+        torchtitan). The causal mask's halving is not counted, as is usual for MFU."""
         a = self.args
-        return float(6 * self.param_counts()[1] + 12 * a.n_layers * a.dim * seq_len)
+        return float(6 * (self.param_counts()[1] + a.vocab_size * a.dim) + 12 * a.n_layers * a.dim * seq_len)
 
     def activation_bytes(self, micro_batch: int, seq_len: int, bytes_per_element: int) -> int:
         """Rough activation memory kept for backward by one micro-batch (no checkpointing).

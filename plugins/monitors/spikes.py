@@ -11,6 +11,7 @@ Rehearse with ``train.inject_spike_at_step``.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from collections import deque
@@ -38,6 +39,9 @@ class SpikesOptions:
             raise ValueError("window and min_steps must be >= 2")
 
 
+WINDOW_KEY = "spikes_window"  # run.state entry: the rolling windows, saved with each checkpoint
+
+
 class Spikes:
     def __init__(self, options: SpikesOptions) -> None:
         self.options = options
@@ -53,12 +57,24 @@ class Spikes:
         return value > mean + self.options.sigmas * max(std, 1e-3 * abs(mean)) and value > self.options.min_ratio * mean
 
     @hookimpl
+    def plait_train_start(self, run):
+        """After a resume the window is the one the checkpoint saved (``run.state``), so detection
+        goes on exactly where it was."""
+        saved = run.state.get(WINDOW_KEY, {})
+        for name, values in saved.items():
+            if name in self.history:
+                self.history[name].extend(float(v) for v in values)
+
+    @hookimpl
     def plait_before_update(self, run, step, loss, grad_norm):
         values = {"loss": loss, "grad_norm": grad_norm}
+        if not all(math.isfinite(v) for v in values.values()):
+            return None  # the trainer skips non-finite steps itself; they never enter the window
         hits = [n for n in self.options.watch if self.is_spike(n, values[n])]
         if not hits:
             for name, value in values.items():
                 self.history[name].append(value)
+            run.state[WINDOW_KEY] = {name: list(h) for name, h in self.history.items()}  # saved in checkpoints
             return None
         self.spikes += 1
         run.state["spikes"] = run.state.get("spikes", 0) + 1

@@ -4,9 +4,11 @@ from core.hookspecs import hookimpl
 
 from plait_example_plugin.lion import Lion, LionOptions
 from plait_example_plugin.loss_target import LossTarget, LossTargetOptions
+from plait_example_plugin.tiny_gpt import TinyGPT, TinyGPTOptions
 
 
 @hookimpl
 def plait_register(registry):
     registry.add("optimizer", "lion", Lion, options=LionOptions, doc="Lion: sign of interpolated momentum (Chen et al. 2023)")
+    registry.add("model", "tiny_gpt", TinyGPT, options=TinyGPTOptions, doc="a GPT-2 style model with tied embeddings")
     registry.add("monitor", "loss_target", LossTarget, options=LossTargetOptions, doc="stop with a checkpoint once the loss is below a target")

@@ -1,0 +1,98 @@
+"""Calling the monitors' run-event hooks, and checking a monitor before the run starts.
+
+Monitors are pluggy plugins whose ``@hookimpl`` methods implement the run
+events of :mod:`core.hookspecs`. :func:`register_monitor` holds each one to
+that contract before anything expensive happens: every ``plait_*`` method is
+a known run-event hook, carries ``@hookimpl``, asks only for arguments the
+hook passes, and is a plain call (run events are notifications; a
+``wrapper``/``hookwrapper`` would never run its body here).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import sys
+from typing import Any
+
+import pluggy
+
+from core.errors import PluginError
+from core.hookspecs import PROJECT, RUN_EVENT_HOOKS
+from core.registry import plugin_manager
+
+
+def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
+    """Register monitor ``obj`` as ``name`` on ``pm``, or raise PluginError naming what is wrong."""
+    marker = PROJECT + "_impl"  # set by core.hookspecs.hookimpl
+    for attr in dir(type(obj)):
+        if not attr.startswith("plait_"):
+            continue
+        method = getattr(obj, attr, None)
+        if not callable(method):
+            continue
+        opts = getattr(method, marker, None)
+        if attr not in RUN_EVENT_HOOKS:
+            close = difflib.get_close_matches(attr, RUN_EVENT_HOOKS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(f"monitor {name!r}: {attr!r} is not a run-event hook{hint}; "
+                              f"the hooks are {', '.join(RUN_EVENT_HOOKS)}")
+        if opts is None:
+            raise PluginError(f"monitor {name!r}: {attr} lacks @hookimpl (from core.hookspecs import hookimpl), "
+                              "so it would never be called")
+        if opts.get("wrapper") or opts.get("hookwrapper"):
+            raise PluginError(f"monitor {name!r}: {attr} is a wrapper hook; run-event hooks are plain calls")
+        spec_args = set(inspect.signature(getattr(sys.modules["core.hookspecs"], attr)).parameters)
+        args = [a for a in inspect.signature(method).parameters]
+        unknown = [a for a in args if a not in spec_args]
+        if unknown:
+            raise PluginError(f"monitor {name!r}: {attr}({', '.join(args)}) asks for {unknown[0]!r}; "
+                              f"the hook passes {', '.join(sorted(spec_args))}")
+    try:
+        pm.register(obj, name=name)
+    except (pluggy.PluginValidationError, ValueError) as e:
+        raise PluginError(f"monitor {name!r}: {e}") from None
+
+
+def check_monitor(name: str, obj: Any) -> None:
+    """What prepare asks of each enabled monitor (a fresh plugin manager: nothing stays registered)."""
+    register_monitor(plugin_manager(), name, obj)
+
+
+class MonitorHub:
+    """Calls run-event hooks on each enabled monitor in config order, naming the one that fails."""
+
+    def __init__(self, monitors: list[tuple[str, Any]], on_error: str = "stop") -> None:
+        self.pm = plugin_manager()
+        self.names = []
+        self.on_error = on_error
+        self.failed: dict[str, str] = {}  # disabled monitors and why
+        for name, obj in monitors:
+            register_monitor(self.pm, name, obj)
+            self.names.append(name)
+
+    def emit(self, hook: str, **kwargs: Any) -> list[Any]:
+        assert hook in RUN_EVENT_HOOKS
+        impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
+        results = []
+        for name in self.names:
+            impl = impls.get(name)
+            if impl is None or name in self.failed:
+                continue
+            try:
+                results.append(impl.function(**{k: kwargs[k] for k in impl.argnames}))
+            except Exception as e:
+                why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
+                self.failed[name] = why
+                run = kwargs.get("run")
+                if run is not None and run.dist.is_main or run is None:
+                    action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
+                    print(f"plait: error: {why}; {action} (monitors.on_error = {self.on_error!r})", file=sys.stderr, flush=True)
+                if self.on_error == "stop" and run is not None:
+                    run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
+        return results
+
+    def implements(self, hook: str) -> bool:
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+

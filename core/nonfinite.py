@@ -1,0 +1,98 @@
+"""Keeping non-finite numbers away from the weights and the checkpoints.
+
+Every step, the loss and the global gradient norm are checked on the device.
+A step where either is NaN or infinite on any rank is *skipped*: the update is
+not applied, and every rank skips the same step. This costs no host sync where
+the optimizer can skip on the device (torch's fused Adam, AdamW and SGD take a
+``found_inf`` flag, the contract ``torch.amp.GradScaler`` uses); other
+optimizers need the flag on the host once per step (free on CPU, one small
+sync per step on GPU).
+
+The host reads the counters only where it syncs anyway (log and save steps):
+more than ``train.max_nonfinite_steps`` skipped steps in a row stops the run
+with exit code 3 and no checkpoint. A checkpoint is only written from finite
+parameters and optimizer state (:func:`state_is_finite`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from core.protocols import DistInfo
+
+EXIT_NONFINITE = 3
+
+
+class NonFiniteGuard:
+    """The per-step check: ``flag()`` after the gradient norm, ``step()`` instead of ``optimizer.step()``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, dist: DistInfo) -> None:
+        # torch's own declaration that step() honours a found_inf tensor (fused kernels)
+        self.on_device = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self.dist = dist
+        zero = torch.zeros((), device=dist.device)
+        self.in_a_row = zero.clone()  # skipped steps in a row, up to now
+        self.worst = zero.clone()  # longest run of skipped steps since the last read
+        self.skipped = zero.clone()  # skipped steps since the last read
+
+    def flag(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """1.0 if this step must be skipped on every rank, else 0.0 (a device tensor, no sync)."""
+        finite = torch.isfinite(loss.detach().float()) & torch.isfinite(grad_norm.detach().float())
+        bad = (~finite).float().reshape(())
+        if self.dist.world_size > 1:  # the loss is per rank: every rank must make the same choice
+            tdist.all_reduce(bad, op=tdist.ReduceOp.MAX)
+        self.in_a_row = (self.in_a_row + bad) * bad
+        self.worst = torch.maximum(self.worst, self.in_a_row)
+        self.skipped = self.skipped + bad
+        return bad
+
+    def step(self, optimizer: torch.optim.Optimizer, bad: torch.Tensor) -> None:
+        """``optimizer.step()``, unless ``bad``."""
+        if self.on_device:
+            optimizer.grad_scale = None  # type: ignore[attr-defined]
+            optimizer.found_inf = bad  # type: ignore[attr-defined]
+            try:
+                optimizer.step()
+            finally:
+                optimizer.found_inf = None  # type: ignore[attr-defined]
+        elif not bool(bad):
+            optimizer.step()
+
+    def read(self) -> tuple[int, int]:
+        """(steps skipped, longest run of skipped steps) since the last read; a host sync."""
+        skipped, worst = int(self.skipped), int(self.worst)
+        self.skipped.zero_()
+        self.worst.copy_(self.in_a_row)
+        return skipped, worst
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _float_tensors(state: Any):
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point():
+            yield _local(state)
+    elif isinstance(state, dict):
+        for v in state.values():
+            yield from _float_tensors(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            yield from _float_tensors(v)
+
+
+def count_nonfinite(state: Any) -> tuple[int, int]:
+    """(tensors holding a NaN or inf, floating tensors) in a nested state dict; this rank's shards."""
+    tensors = list(_float_tensors(state))
+    if not tensors:
+        return 0, 0
+    bad = torch.stack([(~torch.isfinite(t)).any() for t in tensors])
+    return int(bad.sum()), len(tensors)
+
+
+class NonFiniteState(RuntimeError):
+    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""

@@ -1,0 +1,39 @@
+"""Test seams, outside plait's code: put this folder on PYTHONPATH to activate them.
+
+``PLAIT_TEST_CRASH_AT_STEP=N`` raises in the step that would make step N.
+``PLAIT_TEST_PAUSE_BEFORE_COMMIT=STEP:SECONDS`` sleeps before the commit of that
+step's checkpoint (its shards and ``.metadata`` are written, ``COMMITTED`` is
+not), so a test can kill the job mid-save.
+"""
+
+import os
+
+_pause = os.environ.get("PLAIT_TEST_PAUSE_BEFORE_COMMIT", "")
+if _pause:
+    import time
+
+    from core.checkpoint import Checkpointer
+
+    _step, _seconds = int(_pause.split(":")[0]), float(_pause.split(":")[1])
+    _commit = Checkpointer._commit
+
+    def _paused_commit(self, step, path, json_state):
+        if step == _step:
+            time.sleep(_seconds)
+        return _commit(self, step, path, json_state)
+
+    Checkpointer._commit = _paused_commit
+
+# ``PLAIT_TEST_CRASH_AT_STEP=N`` raises inside the training step that would make step N.
+_crash = os.environ.get("PLAIT_TEST_CRASH_AT_STEP", "")
+if _crash:
+    from core.trainer import Trainer
+
+    _train_step = Trainer.train_step
+
+    def _crashing_step(self, *args, **kwargs):
+        if self.run.step + 1 == int(_crash):
+            raise RuntimeError("planted crash (tests/seams)")
+        return _train_step(self, *args, **kwargs)
+
+    Trainer.train_step = _crashing_step

@@ -1,0 +1,260 @@
+"""Durability: non-finite values never reach weights or checkpoints, pruning only touches the
+run's own verified checkpoints, one writer per run folder, ranks die with their launcher.
+
+Real DCP checkpoints, real files, real torchrun; the in-process tests build plait's own
+Trainer on one CPU process (no process group is mocked: one process has none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, env, free_port, run_module, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def trainer_for(cfg: Path, *overrides: str):
+    from core.prepare import prepare
+    from core.protocols import DistInfo
+    from core.trainer import Trainer
+
+    t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
+    t.build()
+    return t
+
+
+def ckpt_dirs(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+
+
+def committed_steps(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
+
+
+def nonfinite_tensors(path: Path) -> int:
+    """NaN/inf tensors in a DCP checkpoint, read with DCP's own single-process loader."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(path.parent / "flat.pt"))
+    flat = torch.load(path.parent / "flat.pt", weights_only=False)
+    (path.parent / "flat.pt").unlink()
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from walk(v)
+
+    return sum(int(not torch.isfinite(t).all()) for t in walk(flat) if t.is_floating_point())
+
+
+def poison_gradients(model: torch.nn.Module):
+    """Every backward fills one weight's gradient with NaN (as an overflow would)."""
+    p = next(model.parameters())
+    return p.register_hook(lambda g: torch.full_like(g, float("nan")))
+
+
+# --- non-finite ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])  # on-device skip (found_inf), host check
+def test_nan_gradient_is_never_applied_with_clipping_off(tmp_path, impl):
+    cfg = write_tiny_config(tmp_path, steps=4)
+    t = trainer_for(cfg, "--train.grad_clip=0", f"--optimizer.impl={impl}", "--checkpoint.at_end=false")
+    assert t.guard.on_device == (impl == "fused")
+    batches = iter(t.loader)
+    t.train_step(t.next_step_batches(batches)[0])  # one good step: the optimizer state exists
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    steps_before = [s["step"].clone() for s in t.optimizer.state.values()]
+    hook = poison_gradients(t.model)
+    loss, grad_norm = t.train_step(t.next_step_batches(batches)[0])
+    hook.remove()
+    assert not torch.isfinite(grad_norm)
+    for n, p in t.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), f"{n} changed by a NaN step"
+    assert [s["step"] for s in t.optimizer.state.values()] == steps_before
+    assert t.guard.read() == (1, 1)
+    t.train_step(t.next_step_batches(batches)[0])  # training goes on
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())
+
+
+def test_nonfinite_steps_in_a_row_stop_with_exit_3_and_checkpoints_stay_finite(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=20)
+    t = trainer_for(cfg, "--checkpoint.every=1", "--train.max_nonfinite_steps=2", "--checkpoint.keep_latest=0")
+    t.run.total_steps = 3
+    assert t.fit() == 0
+    poison_gradients(t.model)
+    t.run.total_steps = 20
+    code = t.fit()
+    status = json.loads((t.output_dir / "exit_status.json").read_text())
+    assert code == 3 and status["exit_code"] == 3 and "non-finite" in status["detail"]
+    assert status["step"] == 6  # steps 4, 5, 6 skipped: more than 2 in a row
+    out = t.output_dir
+    for name in committed_steps(out):
+        assert nonfinite_tensors(out / "checkpoints" / name) == 0, name
+
+
+def test_no_checkpoint_from_nonfinite_parameters(tmp_path, capsys):
+    cfg = write_tiny_config(tmp_path, steps=4)
+    t = trainer_for(cfg)
+    assert t.fit() == 0  # the end-of-run checkpoint, step 4
+    with torch.no_grad():
+        next(t.model.parameters()).fill_(float("nan"))  # what a diverged update leaves
+    assert not t.save_checkpoint(5, use_async=False)
+    assert t.run.stop is not None and t.run.stop.exit_code == 3
+    assert ckpt_dirs(t.output_dir) == ["step_000000004"]  # nothing written, not even a folder
+    err = capsys.readouterr().err
+    assert "hold NaN or inf" in err and "step_000000004" in err
+
+
+def test_huge_learning_rate_never_writes_a_poisoned_checkpoint(tmp_path):
+    """The reported case: lr 1e6 with a save every step once wrote NaN weights, and auto-resume
+    then failed at once, forever."""
+    cfg = write_tiny_config(tmp_path, steps=12)
+    out = tmp_path / "out"
+    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=1e6", "--checkpoint.every=1",
+                   "--checkpoint.keep_latest=0", "--train.max_nonfinite_steps=0")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert json.loads((out / "exit_status.json").read_text())["exit_code"] == 3
+    for name in committed_steps(out):
+        assert nonfinite_tensors(out / "checkpoints" / name) == 0, name
+
+
+def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
+    from core.errors import CheckpointError
+
+    cfg = write_tiny_config(tmp_path, steps=2)
+    t = trainer_for(cfg)
+    t.fit()
+    with torch.no_grad():
+        next(t.model.parameters()).fill_(float("nan"))
+    # an older plait wrote such checkpoints: write one the way it did, without the check
+    t.checkpointer._check_finite = lambda step, state: None
+    t.checkpointer.save(3, use_async=False)
+    with pytest.raises(CheckpointError, match="NaN or inf"):
+        t.checkpointer.load(t.output_dir / "checkpoints" / "step_000000003")
+
+
+# --- lineage and pruning --------------------------------------------------------------
+
+def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6)
+    out = tmp_path / "out"
+    assert run_module("core.train", "--config", str(cfg), "--checkpoint.every=3").returncode == 0
+    before = committed_steps(out)
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.resume=none", "--train.steps=2")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another run" in lines[0] and "allow_foreign" in lines[0], r.stderr
+    # explicitly allowed: the new run keeps its own final checkpoint and never touches the old run's
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.resume=none", "--train.steps=2",
+                   "--checkpoint.allow_foreign=true", "--checkpoint.every=1", "--checkpoint.keep_latest=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert committed_steps(out) == sorted(before + ["step_000000002"])
+
+
+def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
+    from core.checkpoint import LINEAGE_FILE
+
+    cfg = write_tiny_config(tmp_path, steps=8)
+    t = trainer_for(cfg, "--checkpoint.keep_latest=0")
+    t.run.total_steps = 3
+    root = t.checkpointer.root
+    for s in (1, 2, 3):
+        t.run.total_steps = s
+        t.fit()
+        t.checkpointer.save(s, use_async=False)
+    # another run's checkpoint at a higher step, and a damaged one of ours
+    foreign = root / "step_000000009"
+    foreign.mkdir()
+    (foreign / "COMMITTED").write_text(json.dumps({"step": 9, "files": {}}))
+    (foreign / LINEAGE_FILE).write_text("someone-else\n")
+    shard = next((root / "step_000000003").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    t.checkpointer.opts.keep_latest = 2
+    t.run.total_steps = 4
+    t.fit()
+    t.checkpointer.save(4, use_async=False)
+    # verified of ours: 1, 2, 4 -> the newest 2 stay; damaged 3 and foreign 9 are not ours to judge
+    assert ckpt_dirs(t.output_dir) == ["step_000000002", "step_000000003", "step_000000004", "step_000000009"]
+
+
+# --- one writer, and no orphans -------------------------------------------------------
+
+HOLDER = """
+import sys, time
+from core.ownership import lock_run_folders
+lock_run_folders([sys.argv[1]])
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_second_job_on_a_locked_folder_exits_2_naming_the_holder(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], cwd=REPO, env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for module in ("core.train", "core.plan"):
+            r = run_module(module, "--config", str(cfg))
+            assert r.returncode == 2, (module, r.stderr)
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "in use" in lines[0], r.stderr
+        assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+    r = run_module("core.train", "--config", str(cfg))  # the lock died with its holder
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_ranks_die_with_a_killed_launcher(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=100_000)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg),
+           "--checkpoint.every=2", "--train.log_every=1"]
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not committed_steps(out):
+        time.sleep(0.2)
+    ranks = _children(launcher.pid)
+    assert len(ranks) == 2 and committed_steps(out), "the job never trained"
+    launcher.send_signal(signal.SIGKILL)  # what `kill -9` of the launcher's process group reaches
+    launcher.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(Path(f"/proc/{r}").exists() and "Z" not in _state(r) for r in ranks):
+        time.sleep(0.2)
+    alive = [r for r in ranks if Path(f"/proc/{r}").exists() and "Z" not in _state(r)]
+    assert not alive, f"ranks {alive} outlived their launcher"
+    written = ckpt_dirs(out)
+    time.sleep(2)
+    assert ckpt_dirs(out) == written  # nothing writes after the launcher is gone
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=" + str(int(committed_steps(out)[-1][5:]) + 1))
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
