@@ -1,7 +1,9 @@
 """TOML files with ``extends`` inheritance and ``--section.key=value`` overrides.
 
 This module knows files and dicts only; what the keys mean is decided in
-:mod:`core.run_config` and by each plugin's options dataclass.
+:mod:`core.run_config` and by each plugin's options dataclass. A config may
+nest tables and arrays at most :data:`MAX_DEPTH` levels deep and chain at
+most :data:`MAX_EXTENDS` files through ``extends``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,33 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from core.errors import ConfigError
+
+MAX_EXTENDS = 64  # files in one extends chain
+MAX_DEPTH = 64  # nesting levels of tables and arrays
+
+
+def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels deep (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        if d > limit:
+            return True
+        stack.extend((c, d + 1) for c in children)
+    return False
+
+
+def _loads(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(text)
+    except RecursionError:
+        data = None
+    if data is None or depth_exceeds(data):
+        raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH} levels of tables and arrays")
+    return data
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -38,13 +67,17 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     if resolved in _chain:
         cycle = " -> ".join(str(p) for p in (*_chain, resolved))
         raise ConfigError(f"extends cycle: {cycle}")
+    if len(_chain) >= MAX_EXTENDS:
+        raise ConfigError(f"{_chain[0]}: extends chain longer than {MAX_EXTENDS} files (at {path}); expected at most {MAX_EXTENDS}")
     if not path.is_file():
         via = f" (extended by {_chain[-1]})" if _chain else ""
         raise ConfigError(f"config file {path} not found{via}")
     try:
-        data = tomllib.loads(path.read_text())
+        data = _loads(path.read_text(), str(path))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: unreadable ({type(e).__name__}: {e.strerror or e})") from None
     parents = data.pop("extends", None)
     if parents is None:
         return data
@@ -61,7 +94,7 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
 def parse_value(text: str) -> Any:
     """A CLI value as a TOML literal (``3e-4``, ``true``, ``[1, 2]``, ``"x"``); else a bare string."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        return _loads(f"v = {text}", "command line")["v"]
     except tomllib.TOMLDecodeError:
         return text
 
@@ -104,7 +137,10 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> di
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    return apply_overrides(load_file(path), parse_overrides(overrides or []))
+    cfg = apply_overrides(load_file(path), parse_overrides(overrides or []))
+    if depth_exceeds(cfg):
+        raise ConfigError(f"command line: an override nests more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    return cfg
 
 
 # --- writing ---------------------------------------------------------------

@@ -122,6 +122,7 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
 
 
 _WORKER_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_HOOKED = False
 
 
 def _shut_down_workers() -> None:
@@ -141,9 +142,11 @@ def shut_down_at_exit(iterator: Any) -> Any:
     then (by a signal handler's trainer, a traceback) would hang the exit. This hook is
     registered after torch's, so it runs first and shuts the workers down normally.
     """
+    global _HOOKED
     if hasattr(iterator, "_shutdown_workers"):
-        if not _WORKER_ITERATORS:
-            atexit.register(_shut_down_workers)  # once per process in practice; a repeat is harmless
+        if not _HOOKED:
+            atexit.register(_shut_down_workers)
+            _HOOKED = True
         _WORKER_ITERATORS.add(iterator)
     return iterator
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from typing import Iterable, NoReturn
@@ -42,3 +43,15 @@ def closest(name: str, choices: Iterable[str]) -> str:
 def exit_bad_input(err: PlaitError) -> NoReturn:
     print(f"plait: error: {err}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_BAD_INPUT)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for plait's commands: no abbreviations (``--c`` is not ``--config``, ``--=5`` is an
+    override that fails as one), and a command-line mistake is plait's one line with exit code 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        exit_bad_input(ConfigError(f"command line: {message} (see {self.prog} --help)"))

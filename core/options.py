@@ -5,25 +5,43 @@
         lr: float = option(3e-4, "peak learning rate")
 
 ``build_options`` fills such a dataclass from a TOML table, refusing unknown
-keys and values of the wrong type with a message that names the key.
+keys, values of the wrong type, NaN anywhere in a float, and values outside an
+option's declared bounds with a message that names the key::
+
+    lr: float = option(3e-4, "peak learning rate", gt=0)
+    betas: tuple[float, float] = option((0.9, 0.95), "Adam's betas", ge=0, lt=1)  # each element
+    filename: str = option("metrics.jsonl", "file inside output_dir", inside=True)
+
+Bounds (``ge``, ``gt``, ``le``, ``lt``) apply to a number, or to each element
+of a list or tuple, or to each value of a dict, and imply a finite number. ``inside=True`` asks for a
+relative path that stays inside its folder (no ``..``, not absolute). A
+dataclass may also define ``check()`` for rules across fields; it raises
+``ValueError`` with the message.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
 from core.errors import ConfigError, closest
 
+BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
-def option(default: Any, doc: str, key: str | None = None, **kwargs: Any) -> Any:
+
+def option(default: Any, doc: str, key: str | None = None, *, ge: float | None = None, gt: float | None = None,
+           le: float | None = None, lt: float | None = None, inside: bool = False, **kwargs: Any) -> Any:
     """A dataclass field with a one-line ``doc`` shown by ``python -m core.plugins``.
 
     ``key`` spells the TOML key when it cannot be a Python name (``async``).
+    ``ge``/``gt``/``le``/``lt`` bound a number (each element of a list, tuple
+    or dict); ``inside`` asks for a relative path that stays in its folder.
     """
-    meta = {"doc": doc, "key": key}
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    meta = {"doc": doc, "key": key, "bounds": bounds, "inside": inside}
     if isinstance(default, (list, dict)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta, **kwargs)
@@ -94,6 +112,58 @@ def _coerce(value: Any, tp: Any) -> Any:
     return value
 
 
+def _numbers(value: Any) -> list[Any]:
+    """The numbers of a value: itself, or the elements of a list/tuple, or a dict's values."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _numbers(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def nonfinite(value: Any) -> float | None:
+    """The first NaN in ``value`` (a number, or inside lists, tuples and dicts), else None."""
+    for n in _numbers(value):
+        if isinstance(n, float) and math.isnan(n):
+            return n
+    return None
+
+
+def bounds_text(bounds: dict[str, float]) -> str:
+    """``{"ge": 0, "lt": 1}`` -> ``">= 0 and < 1"``."""
+    return " and ".join(f"{BOUNDS[k]} {v if isinstance(v, int) else f'{v:g}'}" for k, v in bounds.items())
+
+
+def check_value(key: str, value: Any, bounds: dict[str, float], inside: bool = False) -> str | None:
+    """Why ``value`` breaks the option's constraints (NaN, bounds, a path leaving its folder), or None."""
+    if nonfinite(value) is not None:
+        return f"{key}: expected a number, got nan (not a number)"
+    for n in _numbers(value):
+        ok = math.isfinite(n) and all({"ge": n >= b, "gt": n > b, "le": n <= b, "lt": n < b}[k] for k, b in bounds.items())
+        if not ok:
+            each = "each must be" if isinstance(value, (list, tuple, dict)) else "must be"
+            return f"{key}: {each} {bounds_text(bounds)}, got {n!r}"
+    if inside and isinstance(value, str):
+        why = escapes(value)
+        if why:
+            return f"{key}: expected a relative path inside its folder, got {value!r} ({why})"
+    return None
+
+
+def escapes(name: str) -> str:
+    """Why the relative path ``name`` would leave its folder ('' when it stays inside)."""
+    import os
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    if not name:
+        return "empty"
+    if os.path.isabs(name) or PurePosixPath(name).is_absolute() or PureWindowsPath(name).drive:
+        return "absolute"
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        return "'..' leaves the folder"
+    return ""
+
+
 def fields_of(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.init]
 
@@ -124,6 +194,10 @@ def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
             raise ConfigError(
                 f"{where}.{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"
             )
+        meta = known[key].metadata
+        why = check_value(key, value, meta.get("bounds") or {}, meta.get("inside", False))
+        if why:
+            raise ConfigError(f"{where}.{why}")
         kwargs[name] = _coerce(value, tp)
     try:
         obj = cls(**kwargs)
@@ -149,7 +223,13 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
             default = f.default_factory()  # type: ignore[misc]
         else:
             default = "(required)"
-        rows.append((key_of(f), _type_name(hints[f.name]), default, f.metadata.get("doc", "")))
+        doc = f.metadata.get("doc", "")
+        bounds = f.metadata.get("bounds")
+        if bounds:
+            doc += f" ({'each ' if get_origin(hints[f.name]) in (list, tuple, dict) else ''}{bounds_text(bounds)})"
+        if f.metadata.get("inside"):
+            doc += " (a relative path inside its folder)"
+        rows.append((key_of(f), _type_name(hints[f.name]), default, doc))
     return rows
 
 

@@ -24,17 +24,15 @@ KINDS = ("matrix", "embedding", "norm", "bias")
 class OptimizerOptions:
     """Options every optimizer plugin shares; subclass it for your own."""
 
-    lr: float = option(3e-4, "peak learning rate (the schedule multiplies it)")
-    weight_decay: float = option(0.1, "decoupled weight decay for the kinds not in no_decay")
+    lr: float = option(3e-4, "peak learning rate (the schedule multiplies it)", gt=0)
+    weight_decay: float = option(0.1, "decoupled weight decay for the kinds not in no_decay", ge=0)
     no_decay: list[str] = option(["embedding", "norm", "bias"], "parameter kinds without weight decay")
-    lr_multipliers: dict[str, float] = option({}, "LR multiplier per parameter kind (matrix, embedding, norm, bias)")
+    lr_multipliers: dict[str, float] = option({}, "LR multiplier per parameter kind (matrix, embedding, norm, bias)", ge=0)
 
     def check(self) -> None:
         for kind in list(self.no_decay) + list(self.lr_multipliers):
             if kind not in KINDS:
                 raise ValueError(f"unknown parameter kind {kind!r}; kinds: {', '.join(KINDS)}")
-        if self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError("lr must be > 0 and weight_decay >= 0")
 
 
 def classify(model: nn.Module) -> dict[str, list[nn.Parameter]]:

@@ -1,14 +1,17 @@
 """``python -m core.plan --config F [--nproc N] [--json] [--section.key=value ...]``
 
 A dry run that needs no process group and allocates no weights: the model is
-built on the meta device. Prints the resolved plugins, parameter counts,
+built on the meta device. It runs every check ``core.train`` runs before
+building (options, data files, the checkpoint to resume from, writable output
+and checkpoint folders), so bad input exits 2 here too; ``--config-only``
+skips the data, checkpoint and folder checks, to plan a run for another
+machine. Prints the resolved plugins, parameter counts,
 FLOPs per token, the batch layout, the number of steps and an estimate of
 memory per rank.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.errors import PlaitError, exit_bad_input
+from core.errors import ArgumentParser, PlaitError, exit_bad_input
 
 GiB = 2**30
 
@@ -96,16 +99,19 @@ def render(plan: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.plan", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m core.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--config-only", action="store_true",
+                        help="check the config alone: skip the data files, the checkpoint to resume from and the "
+                             "output folders (to plan a run for another machine)")
     parser.add_argument("--plot-lr", metavar="PNG", help="draw the run's learning-rate schedule to this file (matplotlib)")
     args, overrides = parser.parse_known_args(argv)
     try:
         from core.prepare import prepare
 
-        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=False)
+        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
         plan = make_plan(prep)
         from core.ownership import check_run_folders
 

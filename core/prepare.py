@@ -2,11 +2,16 @@
 
 ``prepare`` is shared by ``core.train`` and ``core.plan``: it reads the TOML,
 loads the plugins, validates every option, derives the batch layout and runs
-each plugin's pre-flight checks. Any problem is a :class:`PlaitError`.
+each plugin's pre-flight checks, checks the data and the checkpoint to resume
+from, and probes that the output and checkpoint folders can be created and
+written. Any problem is a :class:`PlaitError`.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +22,7 @@ import torch
 from core import config as config_io
 from core import registry as registry_mod
 from core.distributed import env_world, pick_device
-from core.checkpoint import find_resume
+from core.checkpoint import STATE_FILE, find_resume
 from core.monitor_hub import check_monitor
 from core.errors import ConfigError
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
@@ -54,7 +59,11 @@ class Prepared:
         return out
 
 
-def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True) -> Prepared:
+def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True,
+            dry_run: bool = False) -> Prepared:
+    """``validate_data``: check the data, the resume checkpoint and the output folders (what
+    ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
+    the folders it created instead of leaving them for the run."""
     raw = config_io.load(path, overrides)
     registry = registry_mod.load()
     rc = resolve(raw, registry, source=str(path))
@@ -107,13 +116,59 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     if validate_data:  # a training start: find (and check) the checkpoint to resume from
         with torch.device("meta"):
             model_meta = spec.build()  # precision conversions keep parameter names
-        prep.resume_from = find_resume(rc.sections["checkpoint"], prep.checkpoint_root, model_meta)
+        ckpt = rc.sections["checkpoint"]
+        prep.resume_from = find_resume(ckpt, prep.checkpoint_root, model_meta)
+        check_resume = getattr(components["data"], "check_resume", None)
+        if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
+            check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
-            from core.weights import weights_kind
+            from core.weights import HF_INDEX, hf_index_files, weights_kind
 
-            weights_kind(Path(initial))  # exists and is a known layout
+            if weights_kind(Path(initial)) == "hf" and (Path(initial) / HF_INDEX).is_file():  # exists, known layout
+                hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
+        probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
+        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints",
+                     keep=not dry_run)
     return prep
+
+
+def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
+    """Create ``folder`` (with missing parents) and write and delete a file in it, so that a folder
+    that cannot be written fails now, not at the first save. Removes the probe file, and with
+    ``keep=False`` the folders it created itself; nothing else is touched."""
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():
+        raise ConfigError(f"{what} = {folder}: {p} is a file, expected a folder")
+    created: list[Path] = []
+    probe = folder / f".plait-write-probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+                created.append(d)
+            except FileExistsError:  # another rank made it
+                pass
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, b"plait")
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{what} = {folder}: cannot create or write a file there "
+                          f"({type(e).__name__}: {e.strerror or e}); expected a writable folder") from None
+    finally:
+        if not keep:
+            for d in reversed(created):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
 
 
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:

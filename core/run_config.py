@@ -16,43 +16,43 @@ from typing import Any, Literal
 
 from core.checkpoint import CheckpointOptions
 from core.errors import ConfigError, PluginError, closest
-from core.options import _matches, _type_name, build_options, option, to_dict
+from core.options import _matches, _type_name, build_options, nonfinite, option, to_dict
 from core.registry import Component, Registry
 from core.validation import ValidationOptions
+
+# Checkpoint folders are step_<9 digits>, sorted by name; step counts and tokens must fit an int64.
+MAX_STEPS = 999_999_999
+MAX_TOKENS = 2**63 - 1
+# The seed reaches random.seed, numpy (mod 2**32), torch.manual_seed and per-step generators
+# (seed x 1_000_003 + ...), all of which a 32-bit seed keeps inside torch's 64-bit range.
+MAX_SEED = 2**32 - 1
 
 
 @dataclass
 class TrainOptions:
-    steps: int = option(0, "optimizer steps to run; 0 derives them from target_tokens")
-    target_tokens: int = option(0, "tokens to train on when steps is 0")
-    global_batch_tokens: int = option(65536, "tokens per optimizer step, summed over all ranks")
-    micro_batch: int | Literal["auto"] = option(8, "sequences per forward pass on each rank, or \"auto\": the largest that fits")
-    micro_batch_max: int = option(64, "with micro_batch = \"auto\": the largest micro-batch tried (on CPU: the one used)")
-    seed: int = option(42, "seed for init, data order and dropout")
+    steps: int = option(0, "optimizer steps to run; 0 derives them from target_tokens", ge=0, le=MAX_STEPS)
+    target_tokens: int = option(0, "tokens to train on when steps is 0", ge=0)
+    global_batch_tokens: int = option(65536, "tokens per optimizer step, summed over all ranks", gt=0)
+    micro_batch: int | Literal["auto"] = option(8, "sequences per forward pass on each rank, or \"auto\": the largest that fits", gt=0)
+    micro_batch_max: int = option(64, "with micro_batch = \"auto\": the largest micro-batch tried (on CPU: the one used)", gt=0)
+    seed: int = option(42, "seed for init, data order and dropout", ge=0, le=MAX_SEED)
     output_dir: str = option("runs/default", "folder for the resolved config, metrics and checkpoints")
-    log_every: int = option(10, "steps between metric lines (the last step is always logged)")
-    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping")
+    log_every: int = option(10, "steps between metric lines (the last step is always logged)", gt=0)
+    grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping", ge=0)
     max_nonfinite_steps: int = option(
-        3, "steps in a row with a NaN/inf loss or gradient norm that are skipped (update not applied) before the run stops with exit 3")
+        3, "steps in a row with a NaN/inf loss or gradient norm that are skipped (update not applied) before the run stops with exit 3",
+        ge=0)
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu")
     deterministic: bool = option(False, "ask torch for deterministic kernels (slower on GPU)")
     activation_checkpointing: Literal["none", "full", "selective"] = option(
         "none", "recompute activations in the backward pass: full blocks, or all but matmul/attention outputs")
-    activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)")
+    activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
     compile: bool = option(False, "torch.compile each block")
-    inject_spike_at_step: int = option(0, "rehearsal: replace the batches of this step and the next 4 with rare tokens (0: off)")
+    inject_spike_at_step: int = option(0, "rehearsal: replace the batches of this step and the next 4 with rare tokens (0: off)", ge=0)
 
     def check(self) -> None:
-        if self.steps < 0 or self.target_tokens < 0:
-            raise ValueError("steps and target_tokens must be >= 0")
         if self.steps == 0 and self.target_tokens == 0:
             raise ValueError("set steps or target_tokens")
-        if self.micro_batch != "auto" and self.micro_batch <= 0:
-            raise ValueError("micro_batch must be > 0 or \"auto\"")
-        if self.max_nonfinite_steps < 0:
-            raise ValueError("max_nonfinite_steps must be >= 0")
-        if self.global_batch_tokens <= 0 or self.micro_batch_max <= 0 or self.log_every <= 0 or self.activation_checkpointing_every <= 0:
-            raise ValueError("global_batch_tokens, micro_batch_max, log_every and activation_checkpointing_every must be > 0")
 
 
 @dataclass
@@ -198,6 +198,8 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
                 raise ConfigError(f"{source}: [{section}].{key}: expected a positive int, got {value!r}")
             if tp is not int and not _matches(value, tp):
                 raise ConfigError(f"{source}: [{section}].{key}: expected {_type_name(tp)}, got {value!r}")
+            if nonfinite(value) is not None:
+                raise ConfigError(f"{source}: [{section}].{key}: expected numbers, got nan (not a number) in {value!r}")
             ck[key] = value
         core_keys[slot] = ck
         where = f"{source}: [{section}]"
@@ -208,6 +210,9 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
     mon_table = dict(cfg.get("monitors", {}))
     mon_opts_tables = {k: mon_table.pop(k) for k in list(mon_table) if isinstance(mon_table[k], dict)}
     monitors_options = build_options(MonitorsOptions, mon_table, f"{source}: [monitors]")
+    twice = sorted({n for n in monitors_options.enabled if monitors_options.enabled.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{source}: [monitors].enabled lists {twice[0]!r} twice; expected each monitor once")
     monitors = []
     for name in monitors_options.enabled:
         component = registry.get("monitor", name, f"{source}: monitors.enabled")
@@ -257,6 +262,11 @@ def batch_layout(global_batch_tokens: int, micro_batch: int, seq_len: int, world
 
 
 def total_steps(train: TrainOptions, tokens_per_step: int) -> int:
-    if train.steps:
-        return train.steps
-    return -(-train.target_tokens // tokens_per_step)
+    steps = train.steps or -(-train.target_tokens // tokens_per_step)
+    if steps > MAX_STEPS:
+        raise ConfigError(f"[train].target_tokens = {train.target_tokens} needs {steps} steps of {tokens_per_step} tokens; "
+                          f"expected at most {MAX_STEPS} steps (checkpoint folders count steps in 9 digits)")
+    if steps * tokens_per_step > MAX_TOKENS:
+        raise ConfigError(f"[train] {steps} steps x {tokens_per_step} tokens overflow the 64-bit token counter; "
+                          f"expected at most {MAX_TOKENS} tokens")
+    return steps

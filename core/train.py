@@ -9,15 +9,46 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import sys
+from pathlib import Path
 
-from core.errors import PlaitError, exit_bad_input
+from core.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="run TOML file")
     return parser.parse_known_args(argv)
+
+
+def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
+    """Under torchrun, ``<output_dir>/exit_status.json`` with exit code 2 (when that folder
+    exists), so that a launcher that sees only torchrun's exit code (1 for any failed child)
+    never retries bad input. Best effort: the folder itself may be the bad input."""
+    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    try:
+        out = Path(output_dir)
+        if not out.is_dir():
+            return
+        tmp = out / f"exit_status.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"exit_code": EXIT_BAD_INPUT, "reason": "bad_input", "step": 0, "detail": str(err)}) + "\n")
+        os.replace(tmp, out / "exit_status.json")
+    except OSError:
+        pass
+
+
+def output_dir_of(config: str, overrides: list[str]) -> str | None:
+    """train.output_dir of a config that failed to prepare, when it can be read at all."""
+    try:
+        from core import config as config_io
+
+        value = config_io.load(config, overrides).get("train", {}).get("output_dir", "runs/default")
+        return value if isinstance(value, str) else None
+    except (PlaitError, OSError, ValueError, RecursionError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if env_world()[0] == 0:  # one writer per run folder, held until this process ends
             ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
     except PlaitError as e:
+        record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
     from core import distributed
@@ -50,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
         return trainer.save_failed(e)
     except PlaitError as e:
+        if info.is_main:
+            record_bad_input(e, prep.rc.train.output_dir)
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
     except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
         if trainer is not None:

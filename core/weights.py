@@ -178,7 +178,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module) -> dict[str, tor
             sd[alias] = sd[source]
     else:
         index = path / HF_INDEX
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else [SAFETENSORS_FILE]
+        files = hf_index_files(index) if index.is_file() else [SAFETENSORS_FILE]
         hf: dict[str, torch.Tensor] = {}
         for name in files:
             hf.update(load_file(str(path / name)))
@@ -191,6 +191,22 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module) -> dict[str, tor
             raise CheckpointError(f"{path}: {e.args[0]}") from None
     check_against(sd, model, path)
     return sd
+
+
+def hf_index_files(index: Path) -> list[str]:
+    """The shard files that ``model.safetensors.index.json`` names, each a plain file of its folder."""
+    from core.options import escapes
+
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: expected a JSON object with a weight_map of tensor -> file name ({type(e).__name__}: {e})") from None
+    for name in names:
+        why = escapes(name) if isinstance(name, str) else "not a string"
+        if why:
+            raise CheckpointError(f"{index}: weight_map names {name!r}, expected a file inside {index.parent} ({why})")
+    return names
 
 
 class _StateHolder(torch.nn.Module):

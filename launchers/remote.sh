@@ -10,14 +10,18 @@
 #                                                          MICRO_BATCH x SEQ_LEN x NPROC x GRAD_ACCUM
 #   TARGET_TOKENS  --train.target_tokens       N_LOOPS     --model.n_loops (recurrent models)
 #   LR             --optimizer.lr              CKPT_EVERY  --checkpoint.every
-#   CKPT_DIR       --checkpoint.dir            RESUME      --checkpoint.resume (default auto)
+#   CKPT_DIR       --checkpoint.dir            RESUME      --checkpoint.resume of the first attempt
+#                                                          (default auto; restarts always use auto)
 #   OUTPUT_DIR     --train.output_dir (default runs/remote)
 #   NPROC          processes (default: visible GPUs, else 2 on CPU)
 #   MAX_RESTARTS   restarts after a crash or pre-emption (default 3); BACKOFF_S first wait (default 10, doubles)
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
-# Exit codes: 0 done; 2 bad input (never retried); 3 non-finite loss; 4 a monitor failed;
-# 74 a checkpoint could not be written (disk full, I/O error: never retried, restarting would
-# only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
+# Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
+# is refused before it reaches shell arithmetic.
+# A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
+# Exit codes: 0 done; 2 bad input (never retried, also when the trainer finds it); 3 non-finite loss;
+# 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error: never retried,
+# restarting would only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +36,18 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 log() { echo "[remote.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+# 0. Numbers from the environment, checked before any shell arithmetic sees them: bash
+#    evaluates an arithmetic operand such as 'x[$(cmd)]', running cmd.
+bad_env() { log "plait: error: remote.sh: $1 = '$2': expected $3"; exit 2; }
+INT_RE='^(0|[1-9][0-9]{0,17})$'
+for name in SEQ_LEN GRAD_ACCUM TARGET_TOKENS N_LOOPS CKPT_EVERY NPROC MAX_RESTARTS BACKOFF_S; do
+    value=${!name:-}
+    if [ -n "$value" ] && ! [[ $value =~ $INT_RE ]]; then bad_env "$name" "$value" "a non-negative decimal integer"; fi
+done
+if [ -n "${MICRO_BATCH:-}" ] && ! [[ $MICRO_BATCH =~ $INT_RE || $MICRO_BATCH == auto ]]; then
+    bad_env MICRO_BATCH "$MICRO_BATCH" "a non-negative decimal integer or auto"
+fi
 
 # 1. The installation, and what this node has.
 if ! info=$("$PY" - <<'PY'
@@ -56,18 +72,19 @@ PY
 fi
 echo "$info" | tee -a "$LOG"
 GPUS=$(echo "$info" | awk '/^gpus /{print $2}')
+[[ ${GPUS:-} =~ $INT_RE ]] || GPUS=0
 if [ -z "${NPROC:-}" ]; then
-    if [ "${GPUS:-0}" -gt 0 ]; then NPROC=$GPUS; else NPROC=2; fi
+    if [ "$GPUS" -gt 0 ]; then NPROC=$GPUS; else NPROC=2; fi
 fi
 
 # 2. Environment -> overrides.
-args=("--config" "$CONFIG" "--train.output_dir=$OUTPUT_DIR" "--checkpoint.resume=${RESUME:-auto}")
+args=("--config" "$CONFIG" "--train.output_dir=$OUTPUT_DIR")
 [ -n "${PRECISION:-}" ] && args+=("--precision.name=$PRECISION")
 [ -n "${SEQ_LEN:-}" ] && args+=("--data.seq_len=$SEQ_LEN")
 [ -n "${MICRO_BATCH:-}" ] && args+=("--train.micro_batch=$MICRO_BATCH")
 if [ -n "${GRAD_ACCUM:-}" ]; then
-    if [ -z "${MICRO_BATCH:-}" ] || [ -z "${SEQ_LEN:-}" ]; then
-        log "GRAD_ACCUM needs MICRO_BATCH and SEQ_LEN too"; exit 2
+    if [ -z "${MICRO_BATCH:-}" ] || [ -z "${SEQ_LEN:-}" ] || [ "$MICRO_BATCH" = auto ]; then
+        log "plait: error: remote.sh: GRAD_ACCUM needs a numeric MICRO_BATCH and SEQ_LEN too"; exit 2
     fi
     args+=("--train.global_batch_tokens=$((MICRO_BATCH * SEQ_LEN * NPROC * GRAD_ACCUM))")
 fi
@@ -76,10 +93,19 @@ fi
 [ -n "${LR:-}" ] && args+=("--optimizer.lr=$LR")
 [ -n "${CKPT_EVERY:-}" ] && args+=("--checkpoint.every=$CKPT_EVERY")
 [ -n "${CKPT_DIR:-}" ] && args+=("--checkpoint.dir=$CKPT_DIR")
-args+=("$@")
+for arg in "$@"; do  # a --checkpoint.resume=... flag is RESUME: first attempt only
+    case $arg in
+        --checkpoint.resume=*) RESUME=${arg#--checkpoint.resume=} ;;
+        *) args+=("$arg") ;;
+    esac
+done
 
-# 3. Bad input is final: check it once, without a process group.
-if ! "$PY" -m core.plan "${args[@]}" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
+# An explicit RESUME is for the first attempt; a restart resumes from the run's own latest checkpoint.
+first_resume="--checkpoint.resume=${RESUME:-auto}"
+
+# 3. Bad input is final: check it once, without a process group (core.plan runs every check that
+#    core.train runs before building: options, data, the checkpoint to resume from, output folders).
+if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
     log "the run's configuration is invalid; not starting"
     exit 2
 fi
@@ -88,13 +114,21 @@ fi
 attempt=0
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
-    log "starting (attempt $((attempt + 1)), $NPROC processes)"
+    if [ "$attempt" -eq 0 ]; then resume=$first_resume; else resume="--checkpoint.resume=auto"; fi
+    log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
-        -m core.train "${args[@]}" 2>&1 | tee -a "$LOG"
+        -m core.train "${args[@]}" "$resume" 2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
+    status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
-        code=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['exit_code'])" "$OUTPUT_DIR/exit_status.json")
+        # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
+        status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
+                 "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
+    fi
+    if [ -n "$status" ] && [ "${status#* }" != error ]; then
+        code=${status%% *}
+        if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"
         exit "$code"
     fi

@@ -107,3 +107,312 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
     proc = run_module("core.plugins", extra_env={"PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     msg = one_error_line(proc)
     assert "optimizer 'adamw' is claimed twice" in msg and "distribution plait" in msg and "distribution dup-plait-plugin" in msg
+
+
+# --- checks that used to let bad input through (issue #10), in-process and cheap -------------
+
+def plan_error(capsys, *args: str) -> str:
+    """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line."""
+    from core import plan
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        plan.main(list(args))
+    out = capsys.readouterr()
+    assert exc.value.code == 2, out
+    lines = [l for l in out.err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: "), out.err
+    assert out.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["--optimizer.betas=[1.5, 0.99]"], "[optimizer] (optimizer 'adamw').betas: each must be >= 0 and < 1, got 1.5"),
+    (["--optimizer.lr=nan"], ".lr: expected a number, got nan"),
+    (["--optimizer.lr=inf"], ".lr: must be > 0, got inf"),
+    (["--optimizer.eps=-1"], ".eps: must be >= 0, got -1"),
+    (["--optimizer.weight_decay=nan"], ".weight_decay: expected a number, got nan"),
+    (["--optimizer.lr_multipliers={embedding = -0.5}"], ".lr_multipliers: each must be >= 0, got -0.5"),
+    (["--optimizer.name=adamw8bit", "--optimizer.betas=[0.9, 1.0]"], "(optimizer 'adamw8bit').betas: each must be >= 0 and < 1, got 1.0"),
+    (["--train.grad_clip=nan"], "[train].grad_clip: expected a number, got nan"),
+    (["--lr_schedule.warmup_fraction=nan"], ".warmup_fraction: expected a number, got nan"),
+    (["--lr_schedule.name=wsd", "--lr_schedule.decay_fraction=nan"], ".decay_fraction: expected a number, got nan"),
+    (["--data.seq_len_stages=[[0.0, 128], [nan, 64]]"], "[data].seq_len_stages: expected numbers, got nan"),
+    (["--model.loss_chunk_tokens=-1"], ".loss_chunk_tokens: must be >= 0, got -1"),
+    (["--train.seed=-1"], "[train].seed: must be >= 0 and <= 4294967295, got -1"),
+    (["--train.seed=4294967296"], "[train].seed: must be >= 0 and <= 4294967295, got 4294967296"),
+    (["--train.steps=1000000000"], "[train].steps: must be >= 0 and <= 999999999, got 1000000000"),
+    (["--train.steps=0", "--train.target_tokens=9000000000000000000"], "expected at most 999999999 steps"),
+    (['--monitors.enabled=["console", "jsonl", "console"]'], "[monitors].enabled lists 'console' twice"),
+    (["--validation.every=2", "--validation.split=test"], "the data source has no 'test' split"),
+    (["--monitors.jsonl.filename=../../x"], "[monitors.jsonl].filename: expected a relative path inside its folder, got '../../x'"),
+    (["--monitors.jsonl.filename=/tmp/x.jsonl"], "expected a relative path inside its folder, got '/tmp/x.jsonl' (absolute)"),
+    (["--data.train_file=../train.bin"], ".train_file: expected a relative path inside its folder"),
+    (['--monitors.enabled=["budget_guard"]', "--monitors.budget_guard.cap_usd=-1"], "[monitors.budget_guard].cap_usd: must be >= 0, got -1"),
+    (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
+    (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
+    (["--=5"], "command line: bad key in '--=5'"),
+    (["--nproc", "x"], "command line: argument --nproc: invalid int value: 'x'"),
+])
+def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):
+    assert expected in plan_error(capsys, "--config", str(tiny_config()), *overrides)
+
+
+def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--train.output_dir={tmp_path / 'afile' / 'out'}")
+    assert "afile is a file, expected a folder" in msg
+
+
+def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
+    from core import plan
+    from core.prepare import probe_folder
+
+    (tmp_path / "keep").mkdir()
+    out = tmp_path / "keep" / "a" / "b"
+    assert plan.main(["--config", str(tiny_config()), f"--train.output_dir={out}"]) == 0
+    assert not (tmp_path / "keep" / "a").exists() and (tmp_path / "keep").is_dir()
+    assert list((tmp_path / "keep").iterdir()) == []
+    probe_folder(out, "[train].output_dir")  # core.train's probe keeps the folders for the run, not the probe file
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_resume_checkpoint_checked_by_plan(tiny_config, tmp_path, capsys):
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--checkpoint.resume={tmp_path / 'nope'}")
+    assert "checkpoint" in msg and "nope does not exist" in msg
+
+
+def test_data_checked_by_plan(tiny_config, tmp_path, capsys):
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--data.path={tmp_path / 'nodata'}")
+    assert "nodata" in msg and "does not exist" in msg
+
+
+def test_bounds_are_listed_by_core_plugins():
+    from core.options import describe
+    from plugins.optim.adamw import AdamWOptions
+
+    docs = {name: doc for name, _tp, _default, doc in describe(AdamWOptions)}
+    assert docs["betas"].endswith("(each >= 0 and < 1)") and docs["lr"].endswith("(> 0)")
+
+
+# --- configs and the command line ----------------------------------------------------------------
+
+def test_config_nested_thousands_deep_is_one_error(tmp_path):
+    from core import config as config_io
+    from core.errors import ConfigError
+
+    (tmp_path / "arrays.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        config_io.load(tmp_path / "arrays.toml")
+    (tmp_path / "tables.toml").write_text("[" + ".".join(["t"] * 3000) + "]\nx = 1\n")
+    with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
+        config_io.load(tmp_path / "tables.toml")
+    (tmp_path / "ok.toml").write_text("[train]\nsteps = 1\n")
+    with pytest.raises(ConfigError, match="command line: an override nests more than 64"):
+        config_io.load(tmp_path / "ok.toml", ["--" + ".".join(["k"] * 3000) + "=1"])
+
+
+def test_extends_chain_of_a_thousand_files(tmp_path):
+    from core import config as config_io
+    from core.errors import ConfigError
+
+    for i in range(1000):
+        (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i + 1}.toml"\n' if i < 999 else "[train]\nsteps = 1\n")
+    with pytest.raises(ConfigError, match="extends chain longer than 64 files"):
+        config_io.load(tmp_path / "c0.toml")
+    assert config_io.load(tmp_path / "c960.toml") == {"train": {"steps": 1}}  # 40 files are fine
+
+
+def test_train_argparse_errors_are_one_line(capsys):
+    from core import train
+
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--config"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1
+    assert err[0].startswith("plait: error: command line: argument --config: expected one argument")
+
+
+def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, monkeypatch):
+    """Under torchrun a child's exit code 2 becomes 1: exit_status.json tells remote.sh not to retry."""
+    import json
+
+    from core import train
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--config", str(tiny_config()), "--optimizer.eps=-1"])
+    assert exc.value.code == 2
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["exit_code"] == 2 and status["reason"] == "bad_input" and "eps" in status["detail"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--optimizer.betas=[1.5, 0.99]"], "betas: each must be >= 0 and < 1, got 1.5"),
+    (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
+    (["--=5"], "bad key in '--=5'"),
+])
+def test_train_exits_2_with_one_line(tiny_config, args, expected):
+    assert expected in one_error_line(train("--config", str(tiny_config()), *args))
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+def token_bin_source(d, **opts):
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    return TokenBin(TokenBinOptions(path=str(d), **opts))
+
+
+def test_token_bin_uint32_read_as_uint16_is_refused(tmp_path):
+    from core.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(1, 500, 4000).astype(np.uint32).tofile(d / "train.bin")
+    with pytest.raises(DataError, match="every other uint16 token is 0 .* looks like uint32 data read as uint16"):
+        token_bin_source(d).validate(512, 32)
+    with pytest.raises(DataError, match="looks like uint32"):
+        token_bin_source(d, dtype="uint16").validate(512, 32)
+    token_bin_source(d, dtype="uint32").validate(512, 32)  # read right, it is fine
+    (d / "meta.json").write_text('{"dtype": "uint32"}')
+    token_bin_source(d).validate(512, 32)
+    (d / "meta.json").write_text('{"dtype": "uint16"}')  # the file says so: believed
+    token_bin_source(d).validate(512, 32)
+
+
+@pytest.mark.parametrize("meta", ["[1, 2]", '"uint16"', "{oops"])
+def test_token_bin_malformed_meta_is_one_error(tmp_path, meta):
+    from core.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.arange(1, 1000, dtype=np.uint16).tofile(d / "train.bin")
+    (d / "meta.json").write_text(meta)
+    with pytest.raises(DataError, match="meta.json: (expected a JSON object|not valid JSON)"):
+        token_bin_source(d).validate(1024, 32)
+
+
+def test_unknown_split_is_no_split(tmp_path):
+    from plugins.data.synthetic import Synthetic, SyntheticOptions
+
+    assert token_bin_source(REPO / "plugins" / "data" / "corpus" / "shakespeare").has_split("val")
+    assert not token_bin_source(REPO / "plugins" / "data" / "corpus" / "shakespeare").has_split("test")
+    assert Synthetic(SyntheticOptions()).has_split("val") and not Synthetic(SyntheticOptions()).has_split("test")
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"text": 5}\n', r"a.jsonl:1: 'text' is int '5', expected a string"),
+    ('{"text": "ok"}\n{"body": "x"}\n', r"a.jsonl:2: not a JSON object with a 'text' string \(KeyError"),
+    ('{"text": "ok"}\n{oops\n', r"a.jsonl:2: not a JSON object with a 'text' string \(JSONDecodeError"),
+    ('[1, 2]\n', r"a.jsonl:1: not a JSON object"),
+    ("", r"a.jsonl holds no document \(empty file\)"),
+    ("\n\n", r"a.jsonl holds no document"),
+])
+def test_text_stream_checks_first_records_before_training(tmp_path, content, expected):
+    from core.errors import DataError
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    (tmp_path / "a.jsonl").write_text(content)
+    with pytest.raises(DataError, match=expected):
+        TextStream(TextStreamOptions(files=[str(tmp_path / "a.jsonl")])).validate(512, 32)
+
+
+def test_text_stream_parquet_column_checked(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from core.errors import DataError
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match="a.parquet: no column 'text'; columns: body"):
+        TextStream(TextStreamOptions(files=[str(tmp_path / "a.parquet")])).validate(512, 32)
+    pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match="column 'text' holds int values, expected strings"):
+        TextStream(TextStreamOptions(files=[str(tmp_path / "b.parquet")])).validate(512, 32)
+    (tmp_path / "c.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match="c.parquet: not a readable parquet file"):
+        TextStream(TextStreamOptions(files=[str(tmp_path / "c.parquet")])).validate(512, 32)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ({"workers": -1}, r"\[data\].workers: must be >= 0, got -1"),
+    ({"shuffle_buffer": -2}, r"\[data\].shuffle_buffer: must be >= 0, got -2"),
+])
+def test_text_stream_negative_counts(table, expected):
+    from core.errors import ConfigError
+    from core.options import build_options
+    from plugins.data.text_stream import TextStreamOptions
+
+    with pytest.raises(ConfigError, match=expected):
+        build_options(TextStreamOptions, table, "[data]")
+
+
+def test_text_stream_resume_with_other_workers_is_refused():
+    from core.errors import DataError
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    saved = {"world_size": 2, "config": {"data": {"name": "text_stream", "workers": 2}}}
+    TextStream(TextStreamOptions(workers=2)).check_resume(saved, 2)
+    with pytest.raises(DataError, match=r"saved with 2 ranks x workers = 2, this run has 2 x workers = 1"):
+        TextStream(TextStreamOptions(workers=1)).check_resume(saved, 2)
+    with pytest.raises(DataError, match=r"this run has 4 x workers = 2"):
+        TextStream(TextStreamOptions(workers=2)).check_resume(saved, 4)
+
+
+# --- weights --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "shards/../../x.safetensors"])
+def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
+    import json
+
+    from core.errors import CheckpointError
+    from core.weights import HF_INDEX, hf_index_files
+
+    (tmp_path / HF_INDEX).write_text(json.dumps({"weight_map": {"a.weight": "model-1.safetensors", "b.weight": name}}))
+    with pytest.raises(CheckpointError, match="weight_map names .* expected a file inside"):
+        hf_index_files(tmp_path / HF_INDEX)
+    (tmp_path / HF_INDEX).write_text('{"weight_map": [1]}')
+    with pytest.raises(CheckpointError, match="expected a JSON object with a weight_map"):
+        hf_index_files(tmp_path / HF_INDEX)
+
+
+def test_initial_load_hf_index_checked_before_training(tiny_config, tmp_path, capsys):
+    import json
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../secret.safetensors"}}))
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--checkpoint.initial_load={hf}")
+    assert "weight_map names '../secret.safetensors'" in msg
+
+
+# --- launchers/remote.sh: numbers from the environment ------------------------------------------
+
+@pytest.mark.parametrize("var, value", [("MICRO_BATCH", "HOME[$(touch {marker})]"), ("GRAD_ACCUM", "PATH[$(touch {marker})]"),
+                                        ("BACKOFF_S", "08"), ("NPROC", "2; touch {marker}")])
+def test_remote_refuses_non_numeric_environment(tmp_path, var, value):
+    import os
+    import subprocess
+    import sys
+
+    marker = tmp_path / "pwned"
+    e = dict(os.environ, PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), MICRO_BATCH="2", SEQ_LEN="128",
+             GRAD_ACCUM="1")
+    e[var] = value.format(marker=marker)
+    proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"plait: error: remote.sh: {var} = " in proc.stderr and "expected a non-negative decimal integer" in proc.stderr
+    assert not marker.exists() and "torch " not in proc.stdout  # refused before python or arithmetic ran
+
+
+def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
+    from core import plan
+
+    args = ["--config", str(tiny_config()), f"--data.path={tmp_path / 'elsewhere'}"]
+    assert "does not exist" in plan_error(capsys, *args)
+    assert plan.main([*args, "--config-only"]) == 0

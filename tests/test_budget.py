@@ -156,3 +156,51 @@ def test_preflight_refuses_over_cap_unless_forced(guarded):
     assert proc.returncode == 2 and "over cap_usd = 35.0; pass --budget.force=true" in proc.stderr
     proc = run_module("core.train", *args, *slow, "--budget.force=true", extra_env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def write_budget(path, clock=1_800_000_000.0, age_s=0.0, **fields):
+    stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
+    path.write_text(json.dumps({"last_update_utc": stamp, **fields}))
+
+
+@pytest.mark.parametrize("fields, age_s, warning", [
+    ({"spent_usd": float("nan"), "projected_total_usd": 1.0}, 0.0, "spent_usd = nan, expected a finite number >= 0"),
+    ({"spent_usd": -5.0, "projected_total_usd": -5.0}, 0.0, "spent_usd = -5.0, expected a finite number >= 0"),
+    ({"spent_usd": 1.0, "projected_total_usd": float("inf")}, 0.0, "projected_total_usd = inf"),
+    ({"spent_usd": "lots"}, 0.0, "spent_usd = 'lots'"),
+    ({"spent_usd": True}, 0.0, "spent_usd = True"),
+    ({"spent_usd": 1.0, "projected_total_usd": 2.0}, -7200.0, "is 7,200 s in the future"),
+])
+def test_bad_budget_figures_never_disable_the_cap(tmp_path, clock, capsys, fields, age_s, warning):
+    """NaN, negative, non-numeric or future-dated figures: one warning, and the computed spend
+    (here $40 > the $35 cap) still stops the run."""
+    write_budget(tmp_path / "budget.json", age_s=age_s, **fields)
+    g, run = guard(tmp_path, rate_usd_per_hr=4.0, gpus=1)
+    run.state["wall_time_s"] = 10 * 3600
+    for step in (10, 11):
+        g.plait_step_end(run=run, step=step, metrics={})
+    err = [l for l in capsys.readouterr().err.splitlines() if "warning" in l]
+    assert len(err) == 1 and warning in err[0], err
+    assert run.stop is not None and run.stop.exit_code == 76
+
+
+def test_bad_budget_file_keeps_the_last_good_figures(tmp_path, clock, capsys):
+    write_budget(tmp_path / "budget.json", spent_usd=30.0, projected_total_usd=34.0)
+    g, run = guard(tmp_path)
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is None and run.state["budget_spent_usd"] == 30.0
+    write_budget(tmp_path / "budget.json", spent_usd=float("nan"), projected_total_usd=float("nan"))
+    g.plait_step_end(run=run, step=11, metrics={})
+    assert run.state["budget_spent_usd"] == 30.0 and "keeping the last good figures (spent $30.00)" in capsys.readouterr().err
+    write_budget(tmp_path / "budget.json", spent_usd=36.0)  # good again: the cap holds
+    g.plait_step_end(run=run, step=12, metrics={})
+    assert run.stop is not None and run.stop.exit_code == 76
+
+
+def test_no_figures_at_all_is_said_once(tmp_path, clock, capsys):
+    (tmp_path / "budget.json").write_text('{"spent_usd": null}')
+    g, run = guard(tmp_path)
+    for step in (10, 11):
+        g.plait_step_end(run=run, step=step, metrics={})
+    err = capsys.readouterr().err
+    assert err.count("cap_usd/warn_usd cannot be checked yet") == 1 and run.stop is None

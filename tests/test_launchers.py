@@ -56,7 +56,7 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
 
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
     proc = subprocess.Popen(["bash", "launchers/remote.sh", *small_args(tiny_config, 400)], cwd=REPO,
-                            env=remote_env(tmp_path, CKPT_EVERY="5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=remote_env(tmp_path, CKPT_EVERY="5", RESUME="none"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpts = tmp_path / "out" / "checkpoints"
     deadline = time.time() + 180
     while time.time() < deadline and not any((p / "COMMITTED").exists() for p in ckpts.glob("step_*")):
@@ -73,6 +73,9 @@ def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
     while time.time() < deadline and "resumed from" not in log.read_text():
         time.sleep(0.3)
     assert "trainer died" in log.read_text() and "resumed from" in log.read_text()
+    # RESUME is the first attempt's only: the restart resumes with "auto"
+    assert "attempt 1, 2 processes, checkpoint.resume=none" in log.read_text()
+    assert "attempt 2, 2 processes, checkpoint.resume=auto" in log.read_text()
     for p in descendants(proc.pid):
         cmd = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") if Path(f"/proc/{p}").exists() else ""
         if "core.train" in cmd and "torch.distributed.run" not in cmd:

@@ -328,3 +328,13 @@ def test_flash_attn_request_falls_back_to_sdpa_with_reason(capsys):
         assert "flash-attn is not importable" in capsys.readouterr().err
     else:
         assert spec.args.attention == "flash_attn"
+
+
+def test_sdpa_backend_is_named():
+    """The choice SDPA makes is reported by torch's own choice function (flash on CPU for fp32;
+    on CUDA the trainer logs it at the first step)."""
+    from model_specs.llama3.model import sdpa_backend
+
+    assert sdpa_backend(4, 64, 128, torch.float32, torch.device("cpu")) in ("flash", "math")
+    if torch.cuda.is_available():
+        assert sdpa_backend(32, 64, 2048, torch.bfloat16, torch.device("cuda")) in ("flash", "cuDNN")

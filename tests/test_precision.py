@@ -102,3 +102,23 @@ def test_te_fp8_reports_itself_unsupported_without_te():
     ok, why = TEFP8(TEFP8Options()).supported(torch.device("cpu"))
     assert not ok
     assert ("not installed" in why) if importlib.util.find_spec("transformer_engine") is None else ("CUDA" in why)
+
+
+def test_fp8_small_gemm_filter_keeps_small_linears_in_bf16():
+    """torchao's size thresholds: on the 1b shape the key/value projections (2048 -> 512) and the
+    output head stay bf16 under tensorwise; rowwise keeps only the big FFN input GEMMs."""
+    import torch
+
+    from model_specs.llama3.spec import Llama3Spec
+    from plugins.precision.capability import linear_filter
+    from plugins.precision.fp8 import with_size_filter
+
+    with torch.device("meta"):
+        model = Llama3Spec.from_flavor("1b").build()
+
+    def kinds(recipe):
+        accept = with_size_filter(linear_filter(["output"]), recipe)
+        return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if accept(m, n)})
+
+    assert kinds("tensorwise") == ["w1", "w2", "w3", "wo", "wq"]
+    assert kinds("rowwise") == ["w1", "w3"]

@@ -79,7 +79,7 @@ def test_warmup_cosine_check(table, match):
 def test_options_from_toml_and_constant_check():
     o = build_options(WarmupCosineOptions, {"warmup_fraction": 0, "min_lr_ratio": 0}, "[lr_schedule]")
     assert o.warmup_fraction == 0.0 and isinstance(o.min_lr_ratio, float)
-    with pytest.raises(ConfigError, match=r"\[lr_schedule\]: warmup_steps"):
+    with pytest.raises(ConfigError, match=r"\[lr_schedule\]\.warmup_steps: must be >= 0, got -3"):
         build_options(ConstantOptions, {"warmup_steps": -3}, "[lr_schedule]")
 
 

@@ -81,6 +81,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * cos + rotated * sin).type_as(x)
 
 
+SDPA_BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
+
+
+def sdpa_backend(n_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel ``F.scaled_dot_product_attention`` picks for causal attention of this shape
+    (torch's own choice function, the one SDPA calls); on CUDA it should be flash or cuDNN."""
+    q = torch.empty(1, n_heads, seq_len, head_dim, dtype=dtype, device=device)
+    return SDPA_BACKENDS.get(int(torch._fused_sdp_choice(q, q, q, None, 0.0, True)), "unknown")
+
+
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE."""
 
@@ -155,11 +165,24 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
+        self._attention_logged = False
         # Derived from the shapes, not learned: left out of state_dict, and
         # recomputed by init_buffers() after to_empty() leaves them garbage.
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def log_attention_backend(self, seq_len: int, device: torch.device) -> None:
+        """Say which SDPA kernel the attention runs on (rank 0, stderr)."""
+        import os
+        import sys
+
+        if self.args.attention == "flash_attn" or int(os.environ.get("RANK", 0)) != 0:
+            return
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.tok_embeddings.weight.dtype
+        backend = sdpa_backend(self.args.n_heads, self.args.head_dim, seq_len, dtype, device)
+        print(f"plait: attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, "
+              f"seq {seq_len})", file=sys.stderr, flush=True)
 
     def tie_weights(self) -> None:
         """Make the output head share the embedding matrix, if tied.
@@ -204,6 +227,9 @@ class Transformer(nn.Module):
         T = input_ids.shape[1]
         if T > self.args.max_seq_len:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.args.max_seq_len}")
+        if input_ids.is_cuda and not self._attention_logged:  # once, outside the compiled blocks
+            self._attention_logged = True
+            self.log_attention_backend(T, input_ids.device)
         h = self.tok_embeddings(input_ids)
         for layer in self.layers:
             h = layer(h, self.rope_cos, self.rope_sin)

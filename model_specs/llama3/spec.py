@@ -82,7 +82,7 @@ class Llama3Options:
     attention: Literal["sdpa", "flash_attn"] = option(
         "sdpa", "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)"
     )
-    loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)")
+    loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
     norm_eps: float = option(1e-5, "RMSNorm epsilon")
     init_std: float = option(0.02, "std of the token embedding at init")
 

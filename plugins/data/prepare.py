@@ -57,14 +57,32 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                 for n, line in enumerate(f, 1):
                     if line.strip():
                         try:
-                            yield json.loads(line)[text_field]
-                        except (json.JSONDecodeError, KeyError, TypeError) as e:
-                            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string ({e})") from None
+                            text = json.loads(line)[text_field]
+                        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
+                            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string "
+                                            f"({type(e).__name__}: {e})") from None
+                        if not isinstance(text, str):
+                            raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
+                        yield text
         else:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(path).iter_batches(columns=[text_field]):
-                yield from (t for t in batch.column(0).to_pylist() if t)
+            try:
+                pf = pq.ParquetFile(path)
+                if text_field not in pf.schema_arrow.names:
+                    raise DataError(f"{path}: no column {text_field!r}; columns: {', '.join(pf.schema_arrow.names)}")
+                batches = pf.iter_batches(columns=[text_field])
+                for batch in batches:
+                    for t in batch.column(0).to_pylist():
+                        if t and not isinstance(t, str):
+                            raise DataError(f"{path}: column {text_field!r} holds {type(t).__name__} values, expected strings")
+                        if t:
+                            yield t
+            except DataError:
+                raise
+            except (pa.ArrowException, OSError, ValueError) as e:  # not a parquet file, corrupt pages
+                raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
 

@@ -18,7 +18,7 @@ from core.options import option
 
 @dataclass
 class SyntheticOptions:
-    vocab_size: int = option(0, "token ids are drawn below this; 0 uses the model's vocabulary")
+    vocab_size: int = option(0, "token ids are drawn below this; 0 uses the model's vocabulary", ge=0)
     kind: Literal["copy", "random"] = option("copy", "copy: second half repeats the first (learnable); random: noise")
 
 
@@ -31,6 +31,9 @@ class Synthetic(IndexedSource):
         if self.options.vocab_size > vocab_size:
             raise DataError(f"[data] synthetic: vocab_size {self.options.vocab_size} exceeds the model's vocabulary {vocab_size}")
         self.vocab = self.options.vocab_size or vocab_size
+
+    def has_split(self, split: str) -> bool:
+        return split in ("train", "val")
 
     def loader(self, spec):
         if not self.vocab:

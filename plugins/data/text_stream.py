@@ -17,8 +17,12 @@ run together with a checkpoint instead of one rank hanging in a collective.
 A ``mixture`` can hold text streams next to indexed sources: it pulls the
 windows of this rank's shard in order (no worker processes there).
 
+Before training, the first documents of every file are read (valid JSON
+objects with a string ``text_field``, or a parquet string column; an empty file
+is refused), so a wrong format fails with one line instead of in a worker.
+
 The state belongs to the layout of shards, so a streaming run resumes at the
-same world size and worker count; use ``token_bin`` (or a ``mixture`` of
+same world size and worker count (checked before training); use ``token_bin`` (or a ``mixture`` of
 them) for runs that change size.
 """
 
@@ -37,14 +41,16 @@ from core.data import ignore_stop_signals, mix_seed, shut_down_at_exit
 from core.errors import DataError
 from core.options import option
 
+PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format fails at once
+
 
 @dataclass
 class TextStreamOptions:
     files: list[str] = option([], "jsonl or parquet files (globs allowed), read in this order")
     tokenizer: str = option("bytes", "bytes | hf:PATH/tokenizer.json")
     text_field: str = option("text", "jsonl key / parquet column with the text")
-    shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)")
-    workers: int = option(0, "loader worker processes per rank (StatefulDataLoader)")
+    shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)", ge=0)
+    workers: int = option(0, "loader worker processes per rank (StatefulDataLoader); a resume needs the same number", ge=0)
     on_end: Literal["wrap", "stop"] = option("wrap", "at the end of the files: wrap (start a new epoch, warned) or stop the run with a checkpoint")
 
 
@@ -174,10 +180,31 @@ class TextStream:
         if bad:
             raise DataError(f"[data] text_stream: {bad[0]} is not .jsonl or .parquet")
         self.paths = paths
+        for p in paths:
+            self.peek(p)
         tok = Tokenizer(self.options.tokenizer, None)
         if tok.vocab_size > vocab_size:
             raise DataError(f"[data] text_stream: tokenizer {self.options.tokenizer} has {tok.vocab_size} ids, "
                             f"more than the model's vocabulary {vocab_size}")
+
+    def peek(self, path: str) -> None:
+        """Read the first documents of ``path``: a malformed line or an empty file is a DataError now."""
+        from itertools import islice
+        from pathlib import Path
+
+        from plugins.data.prepare import documents
+
+        if not list(islice(documents(Path(path), self.options.text_field), PEEK_DOCUMENTS)):
+            raise DataError(f"[data] text_stream: {path} holds no document (empty file)")
+
+    def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
+        """Before resuming from a checkpoint whose state.json is ``saved``: same world size and workers."""
+        saved_workers = saved.get("config", {}).get("data", {}).get("workers", 0)
+        saved_world = saved.get("world_size")
+        if saved_world != world_size or saved_workers != self.options.workers:
+            raise DataError(f"[data] text_stream: the checkpoint's stream position was saved with {saved_world} ranks x "
+                            f"workers = {saved_workers}, this run has {world_size} x workers = {self.options.workers}; "
+                            "resume with the same world size and [data].workers (or --checkpoint.exclude_from_loading='[\"data\"]')")
 
     def has_split(self, split: str) -> bool:
         return split == "train"

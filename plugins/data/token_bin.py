@@ -2,7 +2,10 @@
 
 ``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
 (uint16, or uint32 when the vocabulary needs it), optionally described by
-``<path>/meta.json``. Sample ``i`` is a function of ``(seed, i)`` alone, so
+``<path>/meta.json``. Without a dtype in ``meta.json``, a uint16 file whose
+every other token is 0 over its first 65536 tokens is refused: that is uint32
+data read as uint16 (``[id, 0, id, 0, ...]``); ``dtype = "uint32"`` (or a
+``meta.json`` that says which) settles it. Sample ``i`` is a function of ``(seed, i)`` alone, so
 every world size sees the same batches:
 
 - ``order = "random"`` (nanoGPT's way): the window of ``seq_len + 1`` tokens
@@ -29,14 +32,15 @@ from core.options import option
 
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24
+WIDTH_SAMPLE = 1 << 16  # uint16 tokens looked at for the uint32-read-as-uint16 check
 
 
 @dataclass
 class TokenBinOptions:
     path: str = option("", "folder holding train.bin / val.bin (relative to the working directory)")
     dtype: Literal["auto", "uint16", "uint32"] = option("auto", "token dtype; auto reads meta.json, else uint16")
-    train_file: str = option("train.bin", "training file name inside path")
-    val_file: str = option("val.bin", "validation file name inside path")
+    train_file: str = option("train.bin", "training file name inside path", inside=True)
+    val_file: str = option("val.bin", "validation file name inside path", inside=True)
     check_ids: bool = option(True, "scan the files for ids >= the model's vocabulary before training")
     order: Literal["random", "epochs"] = option("random", "random: windows at random offsets (never runs out); epochs: each window once per epoch, shuffled")
 
@@ -57,9 +61,14 @@ class TokenBin(IndexedSource):
         if self._meta is None:
             f = self.root / "meta.json"
             try:
-                self._meta = json.loads(f.read_text()) if f.is_file() else {}
-            except json.JSONDecodeError as e:
+                meta = json.loads(f.read_text()) if f.is_file() else {}
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise DataError(f"{f}: not valid JSON ({e})") from None
+            except OSError as e:
+                raise DataError(f"{f}: unreadable ({e})") from None
+            if not isinstance(meta, dict):
+                raise DataError(f"{f}: expected a JSON object with dtype and vocab_size, got {type(meta).__name__}")
+            self._meta = meta
         return self._meta
 
     def dtype(self) -> np.dtype:
@@ -76,7 +85,7 @@ class TokenBin(IndexedSource):
         return self.root / (self.options.train_file if split == "train" else self.options.val_file)
 
     def has_split(self, split: str) -> bool:
-        return self.file(split).is_file()
+        return split in SPLIT_IDS and self.file(split).is_file()
 
     def validate(self, vocab_size: int, seq_len: int) -> None:
         if not self.root.is_dir():
@@ -99,11 +108,24 @@ class TokenBin(IndexedSource):
             n = size // dtype.itemsize
             if n < seq_len + 2:
                 raise DataError(f"{f} holds {n} tokens, fewer than data.seq_len + 2 = {seq_len + 2}")
+            if dtype == np.uint16 and self.meta().get("dtype") is None:
+                self.check_width(f, n)
             if self.options.check_ids:
                 arr = np.memmap(f, dtype=dtype, mode="r")
                 top = max(int(arr[i:i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
                 if top >= vocab_size:
                     raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
+
+    def check_width(self, f: Path, n: int) -> None:
+        """uint32 token files read as uint16 look like ``[id, 0, id, 0, ...]`` (little-endian ids
+        below 65536): refuse when every odd position of the first tokens is 0 and some even one is not."""
+        k = min(n, WIDTH_SAMPLE) // 2 * 2
+        if k < 128:
+            return  # too few tokens to tell
+        head = np.fromfile(f, dtype=np.uint16, count=k)
+        if not head[1::2].any() and head[0::2].any():
+            raise DataError(f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
+                            f"read as uint16; set [data].dtype = \"uint32\" (or write \"dtype\" in {self.root / 'meta.json'})")
 
     # -- samples -------------------------------------------------------------
     def array(self, split: str) -> np.memmap:

@@ -11,7 +11,11 @@ checks, in this order:
 * projected total over ``cap_usd``: checkpoint, then exit code 75;
 * spent over ``warn_usd``: an alert (log line, and ``alert_command`` if set), once.
 
-A missing, stale or malformed budget file is a warning, never a crash.
+A missing, stale or malformed budget file is a warning, never a crash, and
+never switches the cap off: a file whose figures are not finite numbers >= 0,
+or whose ``last_update_utc`` lies in the future, is not used; the guard goes on
+with the last good figures it read (or the computed spend, whichever is
+higher), and says so when it has nothing to enforce the cap with.
 ``dry_run`` logs what would happen and never stops. Before training, a run
 whose plan already projects over the cap is refused (exit 2) unless
 ``--budget.force=true``.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,6 +40,15 @@ from core.options import option
 EXIT_PROJECTED_OVER_CAP = 75
 EXIT_SPENT_OVER_CAP = 76
 CLOCK_ENV = "PLAIT_FAKE_CLOCK"  # tests: a file holding the current UNIX time
+FUTURE_TOLERANCE_S = 300.0  # clock skew allowed between the sidecar and this node
+
+
+def amount(data: dict, key: str) -> float:
+    """A dollar figure of the budget file: a finite number >= 0 (ValueError otherwise)."""
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{key} = {value!r}, expected a finite number >= 0")
+    return float(value)
 
 
 def now() -> float:
@@ -47,15 +61,15 @@ def now() -> float:
 @dataclass
 class BudgetGuardOptions:
     budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x wall time")
-    rate_usd_per_hr: float = option(0.0, "price of one GPU-hour, for computed spend and the pre-flight projection")
-    gpus: int = option(0, "GPUs billed; 0 means the world size")
-    warn_usd: float = option(0.0, "alert once when spend passes this; 0 disables")
-    cap_usd: float = option(0.0, "hard budget; 0 disables the stops")
-    check_every_s: float = option(60.0, "seconds between checks")
+    rate_usd_per_hr: float = option(0.0, "price of one GPU-hour, for computed spend and the pre-flight projection", ge=0)
+    gpus: int = option(0, "GPUs billed; 0 means the world size", ge=0)
+    warn_usd: float = option(0.0, "alert once when spend passes this; 0 disables", ge=0)
+    cap_usd: float = option(0.0, "hard budget; 0 disables the stops", ge=0)
+    check_every_s: float = option(60.0, "seconds between checks", ge=0)
     stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)")
     alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
     dry_run: bool = option(False, "log what each threshold would do, never stop")
-    expected_tokens_per_s: float = option(0.0, "throughput for the pre-flight cost projection; 0 skips it")
+    expected_tokens_per_s: float = option(0.0, "throughput for the pre-flight cost projection; 0 skips it", ge=0)
 
 
 class BudgetGuard:
@@ -64,6 +78,7 @@ class BudgetGuard:
         self.last_check = -float("inf")
         self.alerted = False
         self.warned: set[str] = set()
+        self.last_good: dict | None = None  # the last usable figures of the budget file
 
     # -- before training ------------------------------------------------------
     def preflight(self, prep, force: bool) -> None:
@@ -90,23 +105,35 @@ class BudgetGuard:
         path = Path(o.budget_file)
         try:
             data = json.loads(path.read_text())
-            spent = float(data["spent_usd"])
-            projected = float(data.get("projected_total_usd", spent))
+            if not isinstance(data, dict):
+                raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+            spent = amount(data, "spent_usd")
+            projected = max(amount(data, "projected_total_usd"), spent) if "projected_total_usd" in data else spent
             stamp = datetime.datetime.fromisoformat(str(data["last_update_utc"]).replace("Z", "+00:00"))
             if stamp.tzinfo is None:
                 stamp = stamp.replace(tzinfo=datetime.timezone.utc)
         except FileNotFoundError:
-            self._warn(run, "missing", f"budget file {path} not found; using computed spend")
+            self._warn(run, "missing", f"budget file {path} not found; {self._fallback()}")
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            self._warn(run, "malformed", f"budget file {path} is not usable ({type(e).__name__}: {e}); using computed spend")
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
+            self._warn(run, "malformed", f"budget file {path} is not usable ({type(e).__name__}: {e}); {self._fallback()}")
             return None
         age = now() - stamp.timestamp()
+        if age < -FUTURE_TOLERANCE_S:
+            self._warn(run, "future", f"budget file {path}: last_update_utc {stamp.isoformat()} is {-age:,.0f} s in the future; "
+                                      f"not using it, {self._fallback()}")
+            return None
         if age > o.stale_after_s:
             self._warn(run, "stale", f"budget file {path} is stale ({age:,.0f} s old > stale_after_s {o.stale_after_s:g})")
             if o.rate_usd_per_hr:
                 return None
-        return {"spent": spent, "projected": projected}
+        self.last_good = {"spent": spent, "projected": projected}
+        return self.last_good
+
+    def _fallback(self) -> str:
+        if self.last_good is not None:
+            return f"keeping the last good figures (spent ${self.last_good['spent']:,.2f})"
+        return "using computed spend" if self.options.rate_usd_per_hr else "no spend figure to check the cap against yet"
 
     def computed(self, run) -> dict:
         o = self.options
@@ -118,9 +145,17 @@ class BudgetGuard:
         return {"spent": spent, "projected": spent + remaining_h * gpus * o.rate_usd_per_hr}
 
     def spend(self, run) -> dict | None:
-        figures = self.read_file(run) if self.options.budget_file else None
-        if figures is None and self.options.rate_usd_per_hr:
-            figures = self.computed(run)
+        """The figures to check: the budget file's; when it is unusable, the higher of the last
+        good figures and the computed spend; None (warned) when there is nothing to go on."""
+        o = self.options
+        figures = self.read_file(run) if o.budget_file else None
+        if figures is None:
+            options = [f for f in (self.last_good if o.budget_file else None,
+                                   self.computed(run) if o.rate_usd_per_hr else None) if f is not None]
+            figures = max(options, key=lambda f: (f["spent"], f["projected"])) if options else None
+        if figures is None and (o.cap_usd or o.warn_usd):
+            self._warn(run, "no_figures", "cap_usd/warn_usd cannot be checked yet: no usable budget file and "
+                                          "rate_usd_per_hr is 0")
         return figures
 
     def act(self, run, action: str, reason: str) -> None:

@@ -38,7 +38,7 @@ def plain(value: Any) -> Any:
 
 @dataclass
 class JsonlOptions:
-    filename: str = option("metrics.jsonl", "file name inside train.output_dir")
+    filename: str = option("metrics.jsonl", "file name inside train.output_dir", inside=True)
 
 
 class Jsonl:

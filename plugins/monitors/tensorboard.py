@@ -31,7 +31,7 @@ def scalar(value: Any) -> float | None:
 
 @dataclass
 class TensorBoardOptions:
-    subdir: str = option("tensorboard", "folder inside train.output_dir for the event files")
+    subdir: str = option("tensorboard", "folder inside train.output_dir for the event files", inside=True)
 
 
 class TensorBoard:

@@ -13,8 +13,8 @@ from core.param_groups import OptimizerOptions
 
 @dataclass
 class AdamWOptions(OptimizerOptions):
-    betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)")
-    eps: float = option(1e-8, "Adam's epsilon")
+    betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)", ge=0, lt=1)
+    eps: float = option(1e-8, "Adam's epsilon", ge=0)
     impl: Literal["auto", "fused", "foreach", "for-loop"] = option("auto", "kernel: auto picks fused on CUDA, foreach elsewhere")
 
 

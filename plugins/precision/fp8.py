@@ -9,6 +9,8 @@ kernels; ``allow_cpu = true`` permits that (slow, for tests and debugging).
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +32,8 @@ class FP8Options:
     pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
     fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
     allow_cpu: bool = option(False, "run on CPU (torch._scaled_mm on CPU: correct but slow; for tests)")
+    small_gemm_filter: bool = option(
+        True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
 
 
 class FP8(BF16):
@@ -69,7 +73,16 @@ class FP8(BF16):
             config = _replace(config, enable_fsdp_float8_all_gather=True)
             self._fsdp_all_gather = True
         multiple = 1 if self.options.pad_inner_dim else 16
-        return convert_to_float8_training(model, config=config, module_filter_fn=linear_filter(self.options.skip, multiple))
+        accept = linear_filter(self.options.skip, multiple)
+        if self.options.small_gemm_filter and on_cuda and self.options.recipe in ("tensorwise", "rowwise"):
+            accept = with_size_filter(accept, self.options.recipe)
+        eligible = count_eligible(model, self.options.skip, multiple)
+        converted = sum(accept(m, name) for name, m in model.named_modules())
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
+                  + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else ""),
+                  file=sys.stderr, flush=True)
+        return convert_to_float8_training(model, config=config, module_filter_fn=accept)
 
     def autocast(self, device: torch.device):
         # rowwise_with_gw_hp computes the weight gradient in the weights' own
@@ -91,6 +104,17 @@ class FP8(BF16):
 
     def metrics(self, model: nn.Module) -> dict[str, float]:
         return fp8_weight_stats(model, torch.float8_e4m3fn)
+
+
+def with_size_filter(accept, recipe: str):
+    """``accept`` and torchao's small-GEMM filter for ``recipe``: a linear whose matmuls are too small
+    for float8 to beat bf16 (its quantization overhead dominates) stays in bf16."""
+    try:
+        from torchao.float8 import _auto_filter_for_recipe  # experimental in torchao; absent in old releases
+    except ImportError:
+        return accept
+    too_small = _auto_filter_for_recipe(recipe, filter_fqns=[])
+    return lambda module, fqn: accept(module, fqn) and too_small(module, fqn)
 
 
 def _replace(config, **changes):

@@ -64,9 +64,9 @@ def _check_warmup_and_ratio(o) -> None:
 
 @dataclass
 class WarmupCosineOptions:
-    warmup_steps: int = option(0, "steps of linear warmup")
-    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0")
-    min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak")
+    warmup_steps: int = option(0, "steps of linear warmup", ge=0)
+    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0", ge=0, le=1)
+    min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak", ge=0, le=1)
 
     def check(self) -> None:
         _check_warmup_and_ratio(self)
@@ -85,7 +85,7 @@ class WarmupCosine:
 
 @dataclass
 class ConstantOptions:
-    warmup_steps: int = option(0, "steps of linear warmup before the constant LR")
+    warmup_steps: int = option(0, "steps of linear warmup before the constant LR", ge=0)
 
     def check(self) -> None:
         if self.warmup_steps < 0:
@@ -120,11 +120,11 @@ def decay(progress: float, shape: str, min_ratio: float) -> float:
 
 @dataclass
 class WSDOptions:
-    warmup_steps: int = option(0, "steps of linear warmup")
-    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0")
-    decay_fraction: float = option(0.2, "the last fraction of steps that decays")
+    warmup_steps: int = option(0, "steps of linear warmup", ge=0)
+    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0", ge=0, le=1)
+    decay_fraction: float = option(0.2, "the last fraction of steps that decays", gt=0, le=1)
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = option("1-sqrt", "shape of the decay")
-    min_lr_ratio: float = option(0.0, "final LR as a fraction of the peak")
+    min_lr_ratio: float = option(0.0, "final LR as a fraction of the peak", ge=0, le=1)
 
     def check(self) -> None:
         _check_warmup_and_ratio(self)
@@ -152,9 +152,9 @@ class WSD:
 
 @dataclass
 class LinearOptions:
-    warmup_steps: int = option(0, "steps of linear warmup")
-    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0")
-    min_lr_ratio: float = option(0.0, "final LR as a fraction of the peak")
+    warmup_steps: int = option(0, "steps of linear warmup", ge=0)
+    warmup_fraction: float = option(0.0, "warmup as a fraction of all steps, used when warmup_steps is 0", ge=0, le=1)
+    min_lr_ratio: float = option(0.0, "final LR as a fraction of the peak", ge=0, le=1)
 
     def check(self) -> None:
         _check_warmup_and_ratio(self)
