@@ -179,7 +179,7 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=100000)
     out = tmp_path / "out"
     proc = subprocess.Popen([PY, "-m", "core.train", "--config", str(cfg), "--checkpoint.every=2"], cwd=REPO,
-                            env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="2:60", PYTHONPATH=str(REPO / "tests" / "seams")), stdout=subprocess.PIPE,
+                            env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="2:60", PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120  # the seam pauses after the shards and .metadata, before the commit
