@@ -36,8 +36,9 @@ from core.protocols import DistInfo, LoaderSpec
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
-# A terminal's Ctrl-C reaches torchrun and every rank, and torchrun forwards it again: signals
-# within this many seconds of the first are the same stop; a Ctrl-C after it stops at once.
+# One Ctrl-C can reach a rank more than once (directly from the terminal, and forwarded by the
+# launcher): signals within this many seconds of the first are the same stop; a Ctrl-C after
+# it stops at once.
 SIGNAL_WINDOW_S = 3.0
 
 
@@ -311,7 +312,7 @@ class Trainer:
         if self._signal is not None:
             if signum == signal.SIGINT and time.monotonic() - self._signal_t > SIGNAL_WINDOW_S:
                 raise KeyboardInterrupt  # a deliberate second Ctrl-C stops at once
-            return  # the same stop, delivered twice (terminal + torchrun's forwarding)
+            return  # the same stop, delivered again (terminal and launcher)
         self._signal = signum
         self._signal_t = time.monotonic()
 
