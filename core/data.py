@@ -117,8 +117,13 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     """
     import signal
 
+    from core import ownership
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A forked worker inherits rank 0's run-folder lock (flock); closing its copies leaves the
+    # rank's lock in place, but a worker outliving a killed rank no longer keeps the folder locked.
+    ownership.release_run_folders()
 
 
 _WORKER_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()

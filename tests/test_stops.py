@@ -3,6 +3,7 @@ a full disk during a save. Real processes, real torchrun (gloo), real files."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -58,8 +59,8 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
     sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
     with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
-    checkpoint). Then the resumed run's rank is SIGKILLed alone: its workers notice the lost
-    parent and exit by themselves."""
+    checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
+    (the workers hold no copy of its lock), and the workers notice the lost parent and exit."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n"
                               for i in range(400)))
@@ -112,6 +113,9 @@ enabled = ["jsonl"]
         assert len(workers) == 2
         os.kill(proc.pid, signal.SIGKILL)  # the rank alone, not its group
         proc.wait(timeout=30)
+        with (out / "plait.lock").open("a+") as lock:  # the workers hold no copy of the run-folder lock
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
         deadline = time.time() + 20  # torch's worker loop checks its parent every 5 s
         while time.time() < deadline and any(alive(w) for w in workers):
             time.sleep(0.2)
