@@ -254,3 +254,19 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
         sd: dict = {}
         _load_state_dict(sd, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
         assert any(k.startswith("model") for k in sd)
+
+
+def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
+    """launchers/remote.sh reads exit code 74 from exit_status.json and stops: no restart loop."""
+    out = tmp_path / "out"
+    e = env(PYTHON=PY, OUTPUT_DIR=str(out), NPROC="2", BACKOFF_S="1", MAX_RESTARTS="2", CKPT_EVERY="2")
+    e["PATH"] = str(Path(PY).parent) + os.pathsep + e["PATH"]
+    args = ["--train.steps=6", "--model.dim=64", "--data.seq_len=128", "--train.global_batch_tokens=1024",
+            "--train.micro_batch=2", "--train.log_every=1", '--monitors.enabled=["console", "jsonl"]']
+    proc = subprocess.run(["bash", "launchers/remote.sh", *args], cwd=REPO, env=e, capture_output=True, text=True,
+                          timeout=300, preexec_fn=limited_file_size)
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
+    log = (out / "remote.log").read_text()
+    assert log.count("starting (attempt") == 1 and "trainer finished with exit code 74" in log
+    assert committed(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
