@@ -22,6 +22,7 @@ collective.
 from __future__ import annotations
 
 import atexit
+import sys
 import weakref
 from typing import Any, Iterator
 
@@ -126,7 +127,7 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     ownership.release_run_folders()
 
 
-_WORKER_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_WORKER_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 _HOOKED = False
 
 
@@ -134,8 +135,8 @@ def _shut_down_workers() -> None:
     for it in list(_WORKER_ITERATORS):
         try:
             it._shutdown_workers()
-        except Exception:
-            pass
+        except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
+            print(f"plait: warning: shutting down loader workers: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def shut_down_at_exit(iterator: Any) -> Any:

@@ -10,7 +10,6 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -95,7 +94,7 @@ enabled = ["jsonl"]
         wait_for_steps(out, 3, proc)
         assert len(children(proc.pid)) == 2  # the loader's two workers
         os.killpg(proc.pid, signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -168,7 +167,7 @@ def ctrl_c_run(tmp_path_factory):
 
 
 def test_ctrl_c_to_the_process_group_under_torchrun_stops_cleanly(ctrl_c_run):
-    cfg, out, output = ctrl_c_run
+    _, out, output = ctrl_c_run
     assert "KeyboardInterrupt" not in output and "Traceback" not in output.split("Sending process")[0], output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
@@ -236,7 +235,8 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     stopped = json.loads((out / "exit_status.json").read_text())["step"]
     proc = subprocess.run(torchrun_cmd(cfg, f"--train.output_dir={out}", "--checkpoint.every=2",
                                        f"--train.steps={stopped + 6}", f"--checkpoint.async={mode == 'async'}".lower()),
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=180, preexec_fn=limited_file_size)
+                          check=False, cwd=REPO, env=env(), capture_output=True, text=True, timeout=180,
+                          preexec_fn=limited_file_size)
     assert proc.returncode != 0  # torchrun reports any failing rank as 1; launchers read exit_status.json
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "save_failed" and status["exit_code"] == 74, status
@@ -263,8 +263,8 @@ def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     e["PATH"] = str(Path(PY).parent) + os.pathsep + e["PATH"]
     args = ["--train.steps=6", "--model.dim=64", "--data.seq_len=128", "--train.global_batch_tokens=1024",
             "--train.micro_batch=2", "--train.log_every=1", '--monitors.enabled=["console", "jsonl"]']
-    proc = subprocess.run(["bash", "launchers/remote.sh", *args], cwd=REPO, env=e, capture_output=True, text=True,
-                          timeout=300, preexec_fn=limited_file_size)
+    proc = subprocess.run(["bash", "launchers/remote.sh", *args], check=False, cwd=REPO, env=e, capture_output=True,
+                          text=True, timeout=300, preexec_fn=limited_file_size)
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
     log = (out / "remote.log").read_text()
