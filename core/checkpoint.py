@@ -49,12 +49,12 @@ class CheckpointOptions:
     dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
     async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
     keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all")
-    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder")
+    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
-    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder")
+    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
     allow_foreign: bool = option(False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned")
 
     def check(self) -> None:

@@ -49,14 +49,80 @@ def _loads(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+class Table(dict):
+    """A TOML table that remembers, for each of its values, the folder of the file that set it
+    (``origins``; the working directory for command-line overrides). Path options resolve
+    against it (:func:`core.options.option` with ``path=True``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.origins: dict[str, Path] = {}
+
+
+def tag(data: dict[str, Any], folder: Path) -> Table:
+    """``data`` as nested Tables whose values all come from ``folder``."""
+    out = Table()
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = tag(value, folder)
+        elif isinstance(value, list):  # inline tables in arrays (mixture sources)
+            value = [tag(v, folder) if isinstance(v, dict) else v for v in value]
+        out[key] = value
+        out.origins[key] = folder
+    return out
+
+
+def subtable(table: dict[str, Any], drop: tuple[str, ...] = ()) -> Table:
+    """A copy of ``table`` without the keys in ``drop``, keeping the origins of the rest."""
+    out = Table({k: v for k, v in table.items() if k not in drop})
+    out.origins = {k: v for k, v in getattr(table, "origins", {}).items() if k not in drop}
+    return out
+
+
+def origin_of(table: dict[str, Any], key: str) -> Path | None:
+    """The folder relative paths in ``table[key]`` are relative to; None when unknown."""
+    return getattr(table, "origins", {}).get(key)
+
+
+UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
+
+
+def switches_plugin(base: dict[str, Any], over: dict[str, Any]) -> bool:
+    """Does ``over`` name another plugin for this section than ``base`` does? Then ``base``'s keys
+    belong to the other plugin and must not follow (a ``fallback`` chain counts as a choice too)."""
+    if "name" in over and "name" not in base and "fallback" not in base:
+        return False  # the section used its default plugin: its keys stay
+    if "name" in over:
+        return over["name"] != base.get("name") or "fallback" in base
+    return "fallback" in over and "name" in base and "fallback" not in base
+
+
+def for_new_plugin(base: dict[str, Any], name: Any) -> Table:
+    """What survives a switch to plugin ``name``: only a ``[section.<name>]`` sub-table of options
+    (how a fallback chain keeps each entry's options), hoisted into the section."""
+    sub = base.get(name) if isinstance(name, str) else None
+    return copy.deepcopy(sub) if isinstance(sub, Table) else Table(sub or {})
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` on top of ``base``: tables merge key by key, anything else replaces."""
+    """``over`` on top of ``base``: tables merge key by key, anything else replaces; a table that
+    switches plugin (another ``name``) starts from nothing of ``base``'s; ``"@default"`` removes a key."""
     out = copy.deepcopy(base)
+    if not isinstance(out, Table):
+        out = Table(out)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+            start = for_new_plugin(out[key], value.get("name")) if switches_plugin(out[key], value) else out[key]
+            out[key] = deep_merge(start, value)
+        elif value == UNSET:
+            out.pop(key, None)
+            out.origins.pop(key, None)
+            continue
         else:
             out[key] = copy.deepcopy(value)
+        where = origin_of(over, key)
+        if where is not None:
+            out.origins[key] = where
     return out
 
 
@@ -79,6 +145,7 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
     except OSError as e:
         raise ConfigError(f"config file {path}: unreadable ({type(e).__name__}: {e.strerror or e})") from None
     parents = data.pop("extends", None)
+    data = tag(data, resolved.parent)
     if parents is None:
         return data
     if isinstance(parents, str):
@@ -123,16 +190,29 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Command-line values on top of ``cfg``. A ``--section.name=`` that switches plugin is applied
+    first and drops the section's keys for the old plugin; ``--section.key=@default`` removes a key."""
     out = copy.deepcopy(cfg)
+    switches = [(k, v) for k, v in overrides if k.endswith(".name") and k.count(".") == 1]
+    for key, value in switches:
+        section = key.split(".")[0]
+        current = out.get(section)
+        if isinstance(current, dict) and switches_plugin(current, {"name": value}):
+            out[section] = for_new_plugin(current, value)
     for key, value in overrides:
         node = out
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
+            child = node.setdefault(part, Table())
             if not isinstance(child, dict):
                 raise ConfigError(f"command line: --{key}: {part!r} is a value, not a section")
             node = child
+        if value == UNSET:
+            node.pop(parts[-1], None)
+            continue
         node[parts[-1]] = value
+        if isinstance(node, Table):
+            node.origins[parts[-1]] = Path.cwd()  # command-line paths are relative to where it runs
     return out
 
 

@@ -75,8 +75,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def _float_tensors(state: Any):
     if isinstance(state, torch.Tensor):
-        if state.is_floating_point():
-            yield _local(state)
+        t = _local(state)
+        if type(t) is not torch.Tensor and hasattr(t, "dequantize"):  # low-bit optimizer states (torchao)
+            t = t.dequantize()
+        if t.is_floating_point():
+            yield t
     elif isinstance(state, dict):
         for v in state.values():
             yield from _float_tensors(v)
@@ -90,8 +93,13 @@ def count_nonfinite(state: Any) -> tuple[int, int]:
     tensors = list(_float_tensors(state))
     if not tensors:
         return 0, 0
-    bad = torch.stack([(~torch.isfinite(t)).any() for t in tensors])
-    return int(bad.sum()), len(tensors)
+    flags = []
+    for t in tensors:
+        try:
+            flags.append((~torch.isfinite(t)).any())
+        except (NotImplementedError, RuntimeError):  # a tensor subclass without isfinite: not judged
+            continue
+    return (int(torch.stack(flags).sum()) if flags else 0), len(tensors)
 
 
 class NonFiniteState(RuntimeError):

@@ -33,15 +33,19 @@ BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
 def option(default: Any, doc: str, key: str | None = None, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None, inside: bool = False, **kwargs: Any) -> Any:
+           le: float | None = None, lt: float | None = None, inside: bool = False, path: bool = False,
+           **kwargs: Any) -> Any:
     """A dataclass field with a one-line ``doc`` shown by ``python -m core.plugins``.
 
     ``key`` spells the TOML key when it cannot be a Python name (``async``).
     ``ge``/``gt``/``le``/``lt`` bound a number (each element of a list, tuple
     or dict); ``inside`` asks for a relative path that stays in its folder.
+    ``path`` marks a file or folder: a relative value is resolved against the
+    folder of the config file that set it (the working directory for a
+    command-line override), so a config runs the same from any directory.
     """
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
-    meta = {"doc": doc, "key": key, "bounds": bounds, "inside": inside}
+    meta = {"doc": doc, "key": key, "bounds": bounds, "inside": inside, "path": path}
     if isinstance(default, (list, dict)):
         value = default
         return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta, **kwargs)
@@ -198,6 +202,8 @@ def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
         why = check_value(key, value, meta.get("bounds") or {}, meta.get("inside", False))
         if why:
             raise ConfigError(f"{where}.{why}")
+        if meta.get("path"):
+            value = resolve_path(value, table, key)
         kwargs[name] = _coerce(value, tp)
     try:
         obj = cls(**kwargs)
@@ -210,6 +216,29 @@ def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
     return obj
+
+
+def resolve_path(value: Any, table: dict[str, Any], key: str) -> Any:
+    """A path option's value (a string, or each string of a list/dict) made absolute against the
+    folder of the file that set it; values with no known origin stay as they are (cwd-relative)."""
+    import os
+
+    from core.config import origin_of
+
+    folder = origin_of(table, key)
+    if folder is None:
+        return value
+
+    def one(v: Any) -> Any:
+        if not isinstance(v, str) or not v or os.path.isabs(v) or "://" in v or v in ("auto", "none"):
+            return v
+        return os.path.expanduser(v) if v.startswith("~") else os.path.normpath(folder / v)
+
+    if isinstance(value, list):
+        return [one(v) for v in value]
+    if isinstance(value, dict):
+        return {k: one(v) for k, v in value.items()}
+    return one(value)
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:
@@ -229,6 +258,8 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
             doc += f" ({'each ' if get_origin(hints[f.name]) in (list, tuple, dict) else ''}{bounds_text(bounds)})"
         if f.metadata.get("inside"):
             doc += " (a relative path inside its folder)"
+        if f.metadata.get("path"):
+            doc += " (a path: relative to the config file that sets it)"
         rows.append((key_of(f), _type_name(hints[f.name]), default, doc))
     return rows
 

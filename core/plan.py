@@ -56,6 +56,7 @@ def make_plan(prep) -> dict[str, Any]:
     fpt = spec.flops_per_token(rc.seq_len)
     return {
         "config": prep.source,
+        "output_dir": str(rc.train.output_dir),
         "plugins": {chosen.section: chosen.component.name for chosen in rc.slots.values()},
         "monitors": [m.component.name for m in rc.monitors],
         "params_total": total,

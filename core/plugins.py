@@ -62,8 +62,14 @@ def render(slot_filter: str | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m core.plugins", description=__doc__.split("\n\n")[0])
     parser.add_argument("--slot", choices=SLOTS, help="show one slot only")
+    parser.add_argument("--contract", action="store_true", help="print what the core reads from each slot's object (core/contract.py)")
     args = parser.parse_args(argv)
     try:
+        if args.contract:
+            from core.contract import describe_contract
+
+            print(describe_contract())
+            return 0
         print(render(args.slot))
     except PlaitError as e:
         exit_bad_input(e)

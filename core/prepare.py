@@ -23,6 +23,7 @@ from core import config as config_io
 from core import registry as registry_mod
 from core.distributed import env_world, pick_device
 from core.checkpoint import STATE_FILE, find_resume
+from core.contract import check_component
 from core.monitor_hub import check_monitor
 from core.errors import ConfigError
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
@@ -55,7 +56,7 @@ class Prepared:
     @property
     def resolved(self) -> dict[str, Any]:
         out = self.rc.to_dict()
-        out["train"]["grad_accum"] = self.grad_accum  # derived, recorded for the reader
+        out["derived"] = {"grad_accum": self.grad_accum, "world_size": self.world_size}  # for the reader; ignored when read
         return out
 
 
@@ -68,6 +69,8 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     registry = registry_mod.load()
     rc = resolve(raw, registry, source=str(path))
     components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
+    for slot, component in components.items():  # what each factory returned, held to core/contract.py
+        check_component(slot, rc.slots[slot].component.name, component)
     _, env_world_size, local_rank = env_world()
     world = world_size or env_world_size
     device = pick_device(rc.train.device, local_rank)
@@ -85,6 +88,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
     steps = total_steps(rc.train, rc.train.global_batch_tokens)
+    warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
     spec = components["model"]
@@ -171,6 +175,15 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
                     pass
 
 
+def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
+    """A schedule whose multiplier never reaches 1 in this run (warmup at or beyond the run's end)."""
+    stride = max(1, steps // 2000)
+    peak = max((schedule.multiplier(s, steps) for s in range(0, steps, stride)), default=1.0)
+    if peak < 0.999 and env_world()[0] == 0:
+        print(f"plait: warning: [lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
+              f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?", file=sys.stderr, flush=True)
+
+
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
     """The precision to use: the configured one, or the first supported entry of ``precision.fallback``.
 
@@ -186,6 +199,7 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
     reasons: dict[str, str] = {}
     for chosen in rc.precision_chain:
         precision = chosen.instantiate()
+        check_component("precision", chosen.component.name, precision)
         ok, why = precision.supported(device)
         if ok:
             rc.slots["precision"] = chosen

@@ -4,6 +4,11 @@ A plugin registers a *component* for a slot (see :mod:`core.hookspecs`): a
 name, an options dataclass and a factory ``factory(options) -> object``. The
 object the factory returns must satisfy the protocol of its slot below. The
 core talks to plugins only through these protocols.
+
+The protocols below are the required members. ``core/contract.py`` lists
+them together with every optional member the core may read (and what it
+does without one), and checks each component against that list before a
+run starts; ``python -m core.plugins --contract`` prints it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from core.checkpoint import CheckpointOptions
 from core.errors import ConfigError, PluginError, closest
+from core.config import subtable
 from core.options import _matches, _type_name, build_options, nonfinite, option, to_dict
 from core.registry import Component, Registry
 from core.validation import ValidationOptions
@@ -164,6 +165,7 @@ CORE_SECTION_OPTIONS: dict[str, type] = {"train": TrainOptions, "monitors": Moni
 
 def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> RunConfig:
     """Check every key of ``cfg`` and pick a component for every slot."""
+    cfg = {k: v for k, v in cfg.items() if k != "derived"}  # written by plait into config.resolved.toml for the reader
     known = set(CORE_SECTIONS) | set(SLOT_SECTIONS.values()) | set(EXTRA_SECTIONS)
     for key, value in cfg.items():
         if key not in known:
@@ -177,7 +179,7 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
     core_keys: dict[str, dict[str, Any]] = {}
     precision_chain: list[Chosen] = []
     for slot, section in SLOT_SECTIONS.items():
-        table = dict(cfg.get(section, {}))
+        table = subtable(cfg.get(section, {}))  # keeps where each value came from (path options)
         name = table.pop("name", DEFAULT_PLUGIN[slot])
         if name is None:
             raise ConfigError(f"{source}: [{section}] needs name = \"...\"; installed: {', '.join(registry.names(slot))}")

@@ -121,6 +121,7 @@ class Trainer:
         self._before_update = False  # set once the monitors exist
         self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
         self.guard = NonFiniteGuard(self.optimizer, dist)
+        self.applied_lr = self.optimizer.param_groups[0]["lr"]
         self._measure_update = False
         self.data_wait_s = 0.0
         self.flops_per_token = spec.flops_per_token(rc.seq_len)
@@ -373,6 +374,8 @@ class Trainer:
                 return loss_sum / accum, grad_norm
         if self._measure_update:
             self.update_ratio.before()
+        lr = self.optimizer.param_groups[0]["lr"]  # this step's LR: the scheduler moves it on after the update
+        self.applied_lr = lr.clone() if isinstance(lr, torch.Tensor) else lr
         self.guard.step(self.optimizer, bad)
         if self._post_optimizer_step is not None:
             self._post_optimizer_step(self.model)
@@ -401,7 +404,7 @@ class Trainer:
             "step": step,
             "loss": loss_avg,
             "grad_norm": float(grad_norm.item()),
-            "lr": float(self.optimizer.param_groups[0]["lr"]) / self.optimizer.param_groups[0].get("lr_mult", 1.0),
+            "lr": float(self.applied_lr) / self.optimizer.param_groups[0].get("lr_mult", 1.0),
             "tokens_seen": run.tokens_seen,
             "tokens_per_s": run.tokens_per_step * steps_in_window / max(window_s, 1e-9),
             "step_time_s": per_step,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -112,3 +113,68 @@ def test_describe_uses_toml_keys_and_docs():
     rows = {r[0]: r for r in describe(Opts)}
     assert rows["async"][1:] == ("bool", False, "async")
     assert rows["betas"][2] == (0.9, 0.95)
+
+
+def test_path_options_resolve_against_the_file_that_set_them(tmp_path):
+    """A relative path in a config is relative to that config's folder (through extends too); one
+    given on the command line is relative to the working directory."""
+    from core.config import load, subtable
+    from plugins.data.token_bin import TokenBinOptions
+
+    (tmp_path / "parent").mkdir()
+    (tmp_path / "child").mkdir()
+    (tmp_path / "parent" / "base.toml").write_text('[data]\nname = "token_bin"\npath = "corpus"\n')
+    (tmp_path / "child" / "run.toml").write_text('extends = "../parent/base.toml"\n')
+    cfg = load(tmp_path / "child" / "run.toml")
+    opts = build_options(TokenBinOptions, subtable(cfg["data"], ("name",)), "[data]")
+    assert opts.path == str(tmp_path / "parent" / "corpus")
+    cfg = load(tmp_path / "child" / "run.toml", ["--data.path=here/corpus"])
+    opts = build_options(TokenBinOptions, subtable(cfg["data"], ("name",)), "[data]")
+    assert opts.path == str(Path.cwd() / "here" / "corpus")
+
+
+def test_shipped_config_runs_from_another_directory(tmp_path):
+    from conftest import REPO, read_metrics, run_module
+
+    out = tmp_path / "out"
+    r = run_module("core.train", "--config", str(REPO / "train_configs" / "debug_cpu.toml"), "--train.steps=2",
+                   f"--train.output_dir={out}", "--data.seq_len=64", "--train.global_batch_tokens=512",
+                   "--train.micro_batch=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_metrics(out)[-1]["step"] == 2
+    resolved = (out / "config.resolved.toml").read_text()
+    assert f'path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"' in resolved
+
+
+def test_switching_a_plugin_drops_the_old_plugins_keys(tmp_path):
+    (tmp_path / "parent.toml").write_text(
+        '[data]\nname = "token_bin"\npath = "corpus"\nseq_len = 64\n'
+        '[lr_schedule]\nname = "warmup_cosine"\nmin_lr_ratio = 0.1\n'
+        '[precision]\nfallback = ["mxfp8", "fp8", "bf16"]\n[precision.fp8]\nrecipe = "rowwise"\n'
+        '[optimizer]\nlr = 1e-3\n')
+    (tmp_path / "child.toml").write_text(
+        'extends = "parent.toml"\n[data]\nname = "mixture"\nsources = []\n[optimizer]\nname = "adamw"\n')
+    cfg = config.load(tmp_path / "child.toml")
+    assert "path" not in cfg["data"]
+    assert cfg["optimizer"]["lr"] == 1e-3  # naming the default plugin is no switch: its keys stay
+    cfg = config.load(tmp_path / "child.toml", ["--lr_schedule.name=constant", "--lr_schedule.warmup_steps=5"])
+    assert dict(cfg["lr_schedule"]) == {"name": "constant", "warmup_steps": 5}
+    # an explicit precision wins over the fallback chain, keeping that entry's own options
+    cfg = config.load(tmp_path / "parent.toml", ["--precision.name=fp8"])
+    assert dict(cfg["precision"]) == {"name": "fp8", "recipe": "rowwise"}
+    # "@default" removes an inherited key
+    cfg = config.load(tmp_path / "parent.toml", ["--optimizer.lr=@default"])
+    assert "lr" not in cfg["optimizer"]
+
+
+def test_resolved_config_reruns_the_run(tmp_path):
+    """config.resolved.toml is a complete config: training from it gives the same losses."""
+    from conftest import read_metrics, run_module, write_tiny_config
+
+    cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512)
+    first = tmp_path / "out"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    again = tmp_path / "again"
+    r = run_module("core.train", "--config", str(first / "config.resolved.toml"), f"--train.output_dir={again}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [row["loss"] for row in read_metrics(again)] == [row["loss"] for row in read_metrics(first)]

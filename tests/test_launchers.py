@@ -92,3 +92,18 @@ def test_remote_bad_config_is_not_retried(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown key 'lrr'" in proc.stdout + proc.stderr
     assert "attempt" not in proc.stderr
+
+
+def test_k8s_entrypoint_passes_the_trainers_exit_code(tiny_config, tmp_path):
+    """torchrun reports 1 for any failure; the pod must exit with the trainer's own code so the
+    Job's podFailurePolicy can refuse to retry bad input and diverged runs."""
+    from conftest import free_port
+
+    cfg = tiny_config(steps=8)
+    env = dict(os.environ, PY=sys.executable, NNODES="1", NPROC_PER_NODE="2", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", OMP_NUM_THREADS="1")
+    script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
+    bad = subprocess.run(["bash", script, str(cfg), "--optimizer.lr=-1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    diverged = subprocess.run(["bash", script, str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0"],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert diverged.returncode == 3, diverged.stderr[-3000:]

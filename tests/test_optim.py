@@ -126,4 +126,4 @@ def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'micro_batch = "auto" chose 8 (accumulation 3)' in proc.stdout
     resolved = config.tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())
-    assert resolved["train"]["micro_batch"] == 8 and resolved["train"]["grad_accum"] == 3
+    assert resolved["train"]["micro_batch"] == 8 and resolved["derived"]["grad_accum"] == 3

@@ -93,3 +93,24 @@ def test_registered():
     comp = registry.get("lr_schedule", "warmup_cosine", "[lr_schedule]")
     sched = comp.factory(comp.options(warmup_steps=2))
     assert sched.multiplier(1, 10) == 1.0
+
+
+def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
+    from conftest import read_metrics, run_module
+    from core.plan import lr_values
+    from core.prepare import prepare
+
+    cfg = tiny_config(steps=6)
+    args = ["--lr_schedule.warmup_steps=4", "--optimizer.lr=1e-3"]
+    r = run_module("core.train", "--config", str(cfg), *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    applied = lr_values(prepare(str(cfg), args, validate_data=False))  # the LR of each step, as plan draws it
+    rows = read_metrics(tmp_path / "out")
+    assert [round(row["lr"], 12) for row in rows] == [round(v, 12) for v in applied]
+
+
+def test_warmup_beyond_the_run_is_warned(tiny_config):
+    from conftest import run_module
+
+    r = run_module("core.plan", "--config", str(tiny_config(steps=6)), "--lr_schedule.warmup_steps=10")
+    assert r.returncode == 0 and "never reaches its peak" in r.stderr

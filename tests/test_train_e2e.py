@@ -26,7 +26,7 @@ def test_torchrun_two_ranks_loss_falls(tiny_config, tmp_path):
     assert info["world_size"] == 2 and info["backend"] == "gloo"
     resolved = config.tomllib.loads((out / "config.resolved.toml").read_text())
     assert resolved["optimizer"]["lr"] == 3e-3 and resolved["train"]["log_every"] == 5
-    assert resolved["train"]["grad_accum"] == 4  # 2048 / (2 micro x 128 seq x 2 ranks)
+    assert resolved["derived"]["grad_accum"] == 4  # 2048 / (2 micro x 128 seq x 2 ranks)
     assert resolved["model"]["name"] == "llama3" and resolved["data"]["seq_len"] == 128
 
 

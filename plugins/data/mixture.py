@@ -75,6 +75,7 @@ def edges(weights: np.ndarray) -> np.ndarray:
 class Mixture(IndexedSource):
     def __init__(self, options: MixtureOptions) -> None:
         from core import registry as registry_mod
+        from core.config import subtable
         from core.options import build_options
 
         if not options.sources:
@@ -85,7 +86,7 @@ class Mixture(IndexedSource):
         self.on_exhausted: list[str] = []
         weights = []
         for i, table in enumerate(options.sources):
-            table = dict(table)
+            table = subtable(table)  # keeps where each value came from (path options)
             where = f"[data] mixture: sources[{i}]"
             name, weight = table.pop("name", None), table.pop("weight", None)
             label = table.pop("label", None) or f"{i}_{name}"

@@ -46,7 +46,7 @@ PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format 
 
 @dataclass
 class TextStreamOptions:
-    files: list[str] = option([], "jsonl or parquet files (globs allowed), read in this order")
+    files: list[str] = option([], "jsonl or parquet files (globs allowed), read in this order", path=True)
     tokenizer: str = option("bytes", "bytes | hf:PATH/tokenizer.json")
     text_field: str = option("text", "jsonl key / parquet column with the text")
     shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)", ge=0)

@@ -37,7 +37,7 @@ WIDTH_SAMPLE = 1 << 16  # uint16 tokens looked at for the uint32-read-as-uint16 
 
 @dataclass
 class TokenBinOptions:
-    path: str = option("", "folder holding train.bin / val.bin (relative to the working directory)")
+    path: str = option("", "folder holding train.bin / val.bin", path=True)
     dtype: Literal["auto", "uint16", "uint32"] = option("auto", "token dtype; auto reads meta.json, else uint16")
     train_file: str = option("train.bin", "training file name inside path", inside=True)
     val_file: str = option("val.bin", "validation file name inside path", inside=True)

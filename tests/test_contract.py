@@ -1,0 +1,89 @@
+"""What a factory returns is held to core/contract.py before anything is built: one line naming
+the plugin and the member, for a missing member, a wrong arity or a malformed optional one."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.contract import CONTRACT, check_component, describe_contract
+from core.errors import PluginError
+from core.registry import load
+
+
+class Spec:
+    vocab_size = 512
+
+    def build(self): ...
+    def init_weights(self, model): ...
+    def blocks(self, model): ...
+    def flops_per_token(self, seq_len): return 1.0
+    def activation_bytes(self, micro_batch, seq_len, bytes_per_element): return 0
+
+
+class NoActivationBytes(Spec):
+    activation_bytes = None  # type: ignore[assignment]
+
+
+class DictCounts(Spec):
+    def param_counts(self):  # an innocent helper with a declared name, but the wrong shape
+        return {"total": 1}
+
+
+class WrongArity(Spec):
+    def flops_per_token(self):  # type: ignore[override]
+        return 1.0
+
+
+class BadMaxSeq(Spec):
+    max_seq_len = "2048"
+
+
+class NoMultiplier:
+    def multiply(self, step, total):
+        return 1.0
+
+
+NEEDS = {  # components whose defaults need input
+    ("data", "mixture"): {"sources": [{"name": "synthetic", "weight": 1.0}]},
+    ("data", "token_bin"): {"path": "plugins/data/corpus/shakespeare"},
+    ("data", "text_stream"): {"files": ["x.jsonl"]},
+}
+
+
+def test_every_builtin_component_meets_the_contract():
+    from core.options import build_options
+
+    registry = load()
+    checked = 0
+    for slot in CONTRACT:
+        for component in registry.components(slot):
+            table = NEEDS.get((slot, component.name), {})
+            obj = component.factory(build_options(component.options, table, component.name))
+            check_component(slot, component.name, obj)
+            checked += 1
+    assert checked >= 15
+
+
+def test_a_complete_spec_passes():
+    check_component("model", "mine", Spec())
+
+
+@pytest.mark.parametrize("slot, obj, words", [
+    ("model", NoActivationBytes(), ["model plugin 'mine'", "activation_bytes must be a method"]),
+    ("model", DictCounts(), ["param_counts() must return (total, non_embedding)", "{'total': 1}"]),
+    ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
+    ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
+    ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
+])
+def test_breaches_are_one_line_errors(slot, obj, words):
+    with pytest.raises(PluginError) as e:
+        check_component(slot, "mine", obj)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_the_contract_is_printed():
+    text = describe_contract()
+    assert "[model]" in text and "param_counts: method, 0 argument(s), optional" in text
