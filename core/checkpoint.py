@@ -43,6 +43,7 @@ BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
+EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
@@ -67,6 +68,41 @@ class CheckpointOptions:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
         if self.every < 0 or self.keep_latest < 0 or self.keep_best < 0:
             raise ValueError("every, keep_latest and keep_best must be >= 0")
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written (disk full, quota, I/O error). Raised on every rank
+    together, after the partial folder of this save was removed; the run stops without a
+    checkpoint and exits with :data:`EXIT_SAVE_FAILED`."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+# torch's zip writer reports a failed write (ENOSPC, EFBIG) as a RuntimeError; once DCP has
+# pickled it across ranks its OSError context is gone, so it is recognised by its text.
+_WRITER_ERRORS = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
+
+
+def io_error(e: BaseException, depth: int = 0) -> BaseException | None:
+    """The write error behind a failed save: an OSError (``e`` itself, its context, or one
+    inside DCP's ``CheckpointException``, a BaseException carrying each failing rank's
+    error), or torch's file writer's RuntimeError for a failed write. None for anything else."""
+    if isinstance(e, OSError):
+        return e
+    if depth > 4:
+        return None
+    for failure in (getattr(e, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException) and (found := io_error(inner, depth + 1)) is not None:
+            return found
+    cause = e.__cause__ or e.__context__
+    if cause is not None and (found := io_error(cause, depth + 1)) is not None:
+        return found
+    if isinstance(e, RuntimeError) and any(m in str(e) for m in _WRITER_ERRORS):
+        return e
+    return None
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -357,30 +393,55 @@ class Checkpointer:
         state = self._dcp_state()
         self._check_finite(step, state)
         path = step_dir(self.root, step)
-        if not self._agree(int(self._claim(path)) if self.dist.is_main else 1):
+        error: BaseException | None = None
+        claimed = 1
+        try:
+            if self.dist.is_main:
+                claimed = int(self._claim(path))
+        except OSError as e:
+            error = e
+        self._fail_together(error, step, path)
+        if not self._agree(claimed):
             return
-        (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
-        if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
-            (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
+        try:
+            (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
+            if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
+                (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
+        except OSError as e:
+            error = e
+        self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
         json_state = self._json_state()
         self.writer = HashingFileSystemWriter(path)
         t0 = time.perf_counter()
-        if use_async:
-            future = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
-            self.last_stall_s = time.perf_counter() - t0
-            self.pending = (future, step, path, json_state)
-        else:
-            dcp.save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
-            self.last_stall_s = time.perf_counter() - t0
-            self._commit(step, path, json_state)
+        try:
+            if use_async:
+                future = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
+                self.last_stall_s = time.perf_counter() - t0
+                self.pending = (future, step, path, json_state)
+            else:
+                dcp.save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
+                self.last_stall_s = time.perf_counter() - t0
+                self._commit(step, path, json_state)
+        except BaseException as e:  # DCP wraps each rank's error in a CheckpointException (a BaseException)
+            error = io_error(e)
+            if error is None:
+                raise
+        self._fail_together(error, step, path)
         self.last_saved_step = step
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
             print(f"plait: checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s", flush=True)
 
     def poll(self) -> None:
-        """Commit a finished async save (called at step boundaries; never blocks)."""
-        if self.pending is not None and self.pending[0].done():
+        """Commit a finished async save (called at step boundaries; never blocks). While a
+        save is in flight, one small all-reduce per step makes every rank commit (and agree
+        on a failure) at the same step."""
+        if self.pending is None:
+            return
+        not_done = int(not self.pending[0].done())
+        if self.dist.world_size > 1:
+            not_done = self.t.control.max([not_done])[0]
+        if not not_done:
             self.wait()
 
     def wait(self) -> None:
@@ -389,8 +450,46 @@ class Checkpointer:
             return
         future, step, path, json_state = self.pending
         self.pending = None
-        future.result()
-        self._commit(step, path, json_state)
+        error = None
+        try:
+            future.result()
+            self._commit(step, path, json_state)
+        except BaseException as e:
+            error = io_error(e)
+            if error is None:
+                raise
+        self._fail_together(error, step, path)
+
+    def _fail_together(self, error: BaseException | None, step: int, path: Path) -> None:
+        """Every rank learns whether any rank failed to write this save. If one did, rank 0
+        removes what this save wrote (its own step folder, never an older checkpoint) unless
+        it was already committed, and every rank raises :class:`SaveFailed`."""
+        mine = f"{type(error).__name__}: {error}" if error is not None else ""
+        if isinstance(error, RuntimeError):
+            mine = f"torch's file writer failed, disk full? ({str(error).splitlines()[0]})"
+        if self.dist.world_size > 1:
+            import torch.distributed as tdist
+
+            if not self.t.control.max([int(error is not None)])[0]:
+                return
+            errors: list[str] = [""] * self.dist.world_size
+            tdist.all_gather_object(errors, mine, group=self.t.control.group)
+        elif error is None:
+            return
+        else:
+            errors = [mine]
+        rank = next(r for r, m in enumerate(errors) if m)
+        kept = ""
+        if self.dist.is_main:
+            if (path / COMMIT_MARKER).is_file():
+                kept = f"; {path.name} was committed before the error and is kept"
+            elif lineage_of(path) in (None, self.lineage):  # this run's (None: the LINEAGE write itself failed)
+                shutil.rmtree(path, ignore_errors=True)
+            (self.root / (BEST_FILE + ".tmp")).unlink(missing_ok=True)
+        done = [p.name for p in committed(self.root)]
+        last = f"the last complete checkpoint is {done[-1]}" if done else "there is no complete checkpoint"
+        raise SaveFailed(f"checkpoint save at step {step} failed on rank {rank}: {errors[rank]}{kept}; "
+                         f"{last}; stopping (exit code {EXIT_SAVE_FAILED})", step)
 
     def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
         # DCP's save returns (or its future resolves) on rank 0 only after every

@@ -21,6 +21,9 @@ collective.
 
 from __future__ import annotations
 
+import atexit
+import sys
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -101,6 +104,57 @@ class IndexedLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start = int(state["consumed_samples"])
         self._micro = 0
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """``worker_init_fn`` for DataLoader worker processes: ignore SIGINT and SIGTERM.
+
+    Workers share the process group of their rank, so a Ctrl-C or a pre-emption's
+    SIGTERM reaches them too; a worker that dies of it makes the rank crash instead of
+    stopping at the step boundary with a checkpoint. The rank's main process alone
+    decides when to stop and ends its workers; should it die, torch's worker loop
+    notices the lost parent and exits within a few seconds (a SIGKILL of the whole
+    process group still ends them at once).
+    """
+    import signal
+
+    from core import ownership
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A forked worker inherits rank 0's run-folder lock (flock); closing its copies leaves the
+    # rank's lock in place, but a worker outliving a killed rank no longer keeps the folder locked.
+    ownership.release_run_folders()
+
+
+_WORKER_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+_HOOKED = False
+
+
+def _shut_down_workers() -> None:
+    for it in list(_WORKER_ITERATORS):
+        try:
+            it._shutdown_workers()
+        except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
+            print(f"plait: warning: shutting down loader workers: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def shut_down_at_exit(iterator: Any) -> Any:
+    """Register a multi-process DataLoader iterator to be shut down at interpreter exit.
+
+    Workers that ignore SIGTERM (:func:`ignore_stop_signals`) cannot be ended by
+    multiprocessing's exit hook (SIGTERM, then an unbounded join), and torch skips its
+    own orderly shutdown once the interpreter is exiting; an iterator still referenced
+    then (by a signal handler's trainer, a traceback) would hang the exit. This hook is
+    registered after torch's, so it runs first and shuts the workers down normally.
+    """
+    global _HOOKED
+    if hasattr(iterator, "_shutdown_workers"):
+        if not _HOOKED:
+            atexit.register(_shut_down_workers)
+            _HOOKED = True
+        _WORKER_ITERATORS.add(iterator)
+    return iterator
 
 
 def mix_seed(*parts: int) -> int:

@@ -123,6 +123,8 @@ def plait_train_end(run: "Run", reason: str) -> None:
       second Ctrl-C stopped the run at once);
     * ``"requested"``: ``run.request_stop`` was called (by a monitor, or by
       plait itself for non-finite values; ``run.stop`` says why);
+    * ``"save_failed"``: a checkpoint could not be written (disk full, I/O
+      error): every rank stops without a checkpoint, exit code 74;
     * ``"error"``: an exception ended the run; the process still exits with
       its error after this hook returns.
     """

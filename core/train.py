@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_bad_input(e)
 
     from core import distributed
+    from core.checkpoint import SaveFailed
     from core.trainer import Trainer
 
     info = distributed.init(prep.rc.train.device)
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.build()
         trainer.write_run_files()
         return trainer.fit()
+    except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
+        return trainer.save_failed(e)
     except PlaitError as e:
         if info.is_main:
             record_bad_input(e, prep.rc.train.output_dir)

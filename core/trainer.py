@@ -37,6 +37,10 @@ from core.protocols import DistInfo, LoaderSpec
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
+# One Ctrl-C can reach a rank more than once (directly from the terminal, and forwarded by the
+# launcher): signals within this many seconds of the first are the same stop; a Ctrl-C after
+# it stops at once.
+SIGNAL_WINDOW_S = 3.0
 
 
 def seed_everything(seed: int) -> None:
@@ -71,6 +75,7 @@ class Trainer:
         self.c = prep.components
         self.output_dir = Path(self.rc.train.output_dir)
         self._signal: int | None = None
+        self._signal_t = 0.0
 
     # -- construction --------------------------------------------------------
     def build(self) -> None:
@@ -316,11 +321,31 @@ class Trainer:
         }
         (self.output_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
+    def save_failed(self, err: Exception) -> int:
+        """A checkpoint could not be written (``SaveFailed``, raised on every rank together):
+        one line, ``exit_status.json`` with reason ``save_failed``, and its exit code."""
+        from core.checkpoint import EXIT_SAVE_FAILED
+
+        if self.dist.is_main:
+            print(f"plait: error: {err}", file=sys.stderr, flush=True)
+        self.monitors.emit("plait_train_end", run=self.run, reason="save_failed")
+        if self.dist.is_main:  # the partial folder is gone by now, so this small file usually fits
+            status = {"exit_code": EXIT_SAVE_FAILED, "reason": "save_failed", "step": self.run.step, "detail": str(err)}
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+                (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+            except OSError as e:
+                print(f"plait: error: cannot write exit_status.json either ({e})", file=sys.stderr, flush=True)
+        return EXIT_SAVE_FAILED
+
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
-        if self._signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        if self._signal is not None:
+            if signum == signal.SIGINT and time.monotonic() - self._signal_t > SIGNAL_WINDOW_S:
+                raise KeyboardInterrupt  # a deliberate second Ctrl-C stops at once
+            return  # the same stop, delivered again (terminal and launcher)
         self._signal = signum
+        self._signal_t = time.monotonic()
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,7 +20,8 @@
 # is refused before it reaches shell arithmetic.
 # A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
 # Exit codes: 0 done; 2 bad input (never retried, also when the trainer finds it); 3 non-finite loss;
-# 75/76 budget guard stops; 1 when the restarts ran out.
+# 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error: never retried,
+# restarting would only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -115,6 +116,7 @@ while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
     if [ "$attempt" -eq 0 ]; then resume=$first_resume; else resume="--checkpoint.resume=auto"; fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume#--})"
+    log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
         -m core.train "${args[@]}" "$resume" 2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
@@ -129,6 +131,11 @@ while true; do
         if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"
         exit "$code"
+    fi
+    # A failed save whose exit_status.json did not fit on the disk either: still final.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
+        log "a checkpoint could not be written (disk full?); not restarting"
+        exit 74
     fi
     if [ "$attempt" -ge "$MAX_RESTARTS" ]; then
         log "trainer failed (code $code) and $MAX_RESTARTS restarts are used up"

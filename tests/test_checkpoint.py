@@ -115,7 +115,7 @@ def test_sigkill_during_save_resumes_from_last_complete(cfg, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg),
            f"--train.output_dir={out}", "--checkpoint.every=2"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60", PYTHONPATH=str(SEAMS)),
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60", PYTHONPATH=os.pathsep.join([str(SEAMS), str(REPO)])),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     target = out / "checkpoints" / "step_000000004"
     deadline = time.time() + 120

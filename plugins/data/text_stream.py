@@ -37,7 +37,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from core.data import mix_seed
+from core.data import ignore_stop_signals, mix_seed, shut_down_at_exit
 from core.errors import DataError
 from core.options import option
 
@@ -144,11 +144,12 @@ class StreamLoader:
         self.may_end = source.options.on_end == "stop"
         self.dataset = source.windows(spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
         self.loader = StatefulDataLoader(self.dataset, batch_size=spec.micro_batch, num_workers=source.options.workers,
-                                         drop_last=self.may_end)
+                                         drop_last=self.may_end,
+                                         worker_init_fn=ignore_stop_signals if source.options.workers else None)
         self._it = None
 
     def __iter__(self):
-        self._it = iter(self.loader)
+        self._it = shut_down_at_exit(iter(self.loader))
         for batch in self._it:
             yield batch[:, :-1], batch[:, 1:]
 
