@@ -183,8 +183,10 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
 def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
     """A schedule whose multiplier never reaches 1 in this run (warmup at or beyond the run's end)."""
     stride = max(1, steps // 2000)
-    peak = max((schedule.multiplier(s, steps) for s in range(0, steps, stride)), default=1.0)
-    if peak < 0.999 and env_world()[0] == 0:
+    values = [schedule.multiplier(s, steps) for s in [*range(0, steps - 1, stride), steps - 1]]
+    peak = max(values, default=1.0)
+    still_rising = bool(values) and values[-1] >= peak and len(values) > 1 and values[-1] > values[0]
+    if peak < 0.999 and still_rising and env_world()[0] == 0:  # the warmup outlasts the run
         print(f"plait: warning: [lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
               f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?", file=sys.stderr, flush=True)
 
