@@ -121,8 +121,11 @@ def plait_train_end(run: "Run", reason: str) -> None:
     * ``"data_end"``: the data source ran out (``on_exhausted``/``on_end = "stop"``);
     * ``"signal"``: SIGTERM or SIGINT (a checkpoint was saved first, unless a
       second Ctrl-C stopped the run at once);
-    * ``"requested"``: ``run.request_stop`` was called (by a monitor, or by
-      plait itself for non-finite values; ``run.stop`` says why);
+    * ``"requested"``: ``run.request_stop`` was called (by a monitor;
+      ``run.stop`` says why);
+    * ``"diverged"``: more than ``train.max_nonfinite_steps`` steps in a row
+      had a non-finite loss or gradient norm, or the state to save held NaN
+      or inf; no checkpoint is written, exit code 3;
     * ``"save_failed"``: a checkpoint could not be written (disk full, I/O
       error): every rank stops without a checkpoint, exit code 74;
     * ``"error"``: an exception ended the run; the process still exits with

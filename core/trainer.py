@@ -34,6 +34,7 @@ from core.param_groups import param_groups
 from core.parallelize import parallelize
 from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
+from core import stop_policy as policy
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
@@ -164,6 +165,7 @@ class Trainer:
         self._before_update = False  # set once the monitors exist
         self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
         self.guard = NonFiniteGuard(self.optimizer, dist)
+        self.last_skipped = 0  # steps skipped (non-finite) in the last log window
         self.applied_lr = self.optimizer.param_groups[0]["lr"]
         self._measure_update = False
         self.data_wait_s = 0.0
@@ -462,11 +464,12 @@ class Trainer:
         return metrics
 
     def fit(self) -> int:
+        """Train to ``run.total_steps``: fetch, step, count, log, validate, decide, save."""
         run, rc, ckpt = self.run, self.rc, self.checkpointer
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
         log_every, every = rc.train.log_every, ckpt.opts.every
-        reason, end_detail = "completed", ""
+        reason, end_detail = policy.COMPLETED, ""
         if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
             run.total_steps = run.step
@@ -475,13 +478,13 @@ class Trainer:
         while run.step < run.total_steps:
             if self.seq_len_for(run.step) != self.loader_spec.seq_len:
                 batches = self.switch_seq_len(self.seq_len_for(run.step))
-            self._measure_update = (run.step + 1) % log_every == 0 or run.step + 1 == run.total_steps
+            self._measure_update = policy.is_log_step(run.step + 1, log_every, run.total_steps)
             spiking = self.spike_due()  # keyed on the data position before this step's batches
             micro_batches, why = self.next_step_batches(batches)
             if micro_batches is None:
                 if self.dist.is_main:
                     print(f"plait: {why}; ending the run after step {run.step}", flush=True)
-                reason, end_detail = "data_end", why
+                reason, end_detail = policy.DATA_END, why
                 break
             loss, grad_norm = self.train_step(micro_batches, spiking)
             if loss is None:  # rolled back: the run continues from the checkpoint's step
@@ -493,65 +496,77 @@ class Trainer:
             now = time.perf_counter()
             run.state["wall_time_s"] += now - last  # everything since the last step, saves included
             last = now
-            is_log = run.step % log_every == 0 or run.step == run.total_steps
-            save_due = bool(every) and run.step % every == 0 and run.step < run.total_steps
-            skipped = worst = 0
-            if is_log or save_due:  # the host syncs here anyway: read the skipped-step counters
-                skipped, worst = self.guard.read()
-                if skipped and self.dist.is_main:
-                    print(f"plait: warning: step {run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
-                          "norm and were skipped (update not applied)", file=sys.stderr, flush=True)
+            is_log = policy.is_log_step(run.step, log_every, run.total_steps)
+            save_due = policy.save_due(run.step, every, run.total_steps)
+            worst = self.read_skipped_steps() if is_log or save_due else 0  # the host syncs there anyway
             metrics: dict[str, Any] = {}
             if is_log:
                 metrics = self.log_metrics(run.step, loss, grad_norm, window_steps, now - window_t0)
-                metrics["skipped_steps"] = skipped
+                metrics["skipped_steps"] = self.last_skipped
+                window_t0, window_steps = time.perf_counter(), 0
             self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
             val = rc.sections["validation"]
             if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
                 self.validate(val)
-            if is_log:
-                window_t0, window_steps = time.perf_counter(), 0
             ckpt.poll()
-            stop_ckpt, stop_now, sig, diverged, code = self.control.max([
-                int(run.stop is not None and run.stop.checkpoint),
-                int(run.stop is not None and not run.stop.checkpoint),
-                self._signal or 0,
-                int(worst > rc.train.max_nonfinite_steps),
-                run.stop.exit_code if run.stop is not None else 0,
-            ])
-            if diverged:
-                run.stop = None
-                run.request_stop(f"{worst} steps in a row had a non-finite loss or gradient norm at step {run.step} "
-                                 f"(train.max_nonfinite_steps = {rc.train.max_nonfinite_steps})",
-                                 checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
-                reason = "requested"
-                break
-            if sig:
-                reason = "signal"
-                break
-            if stop_ckpt or stop_now:
-                if run.stop is None:  # another rank asked: follow it, exit code included
-                    run.request_stop("requested by another rank", checkpoint=not stop_now, exit_code=code)
-                reason = "requested"
+            agreed = self.agree(diverged=worst > rc.train.max_nonfinite_steps)
+            stop = policy.stop_reason(agreed)
+            if stop is not None:
+                reason = self.follow_stop(stop, agreed, worst)
                 break
             if save_due and not self.save_checkpoint(run.step):
-                reason = "requested"
+                reason = policy.DIVERGED
                 break
-        if run.stop is not None and reason == "completed" and run.step < self.prep.total_steps:
-            reason = "requested"
-        if reason == "requested" and self.dist.is_main and run.stop is not None:
+        return self.finish(reason, end_detail)
+
+    def read_skipped_steps(self) -> int:
+        """Read the guard's counters (a host sync); warn of skipped steps; the longest run of them."""
+        skipped, worst = self.guard.read()
+        self.last_skipped = skipped
+        if skipped and self.dist.is_main:
+            print(f"plait: warning: step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
+                  "norm and were skipped (update not applied)", file=sys.stderr, flush=True)
+        return worst
+
+    def agree(self, diverged: bool) -> policy.Agreed:
+        """What every rank knows after this step, the same on every rank (one small all-reduce)."""
+        run = self.run
+        mine = policy.Agreed(
+            stop_with_checkpoint=int(run.stop is not None and run.stop.checkpoint),
+            stop_without_checkpoint=int(run.stop is not None and not run.stop.checkpoint),
+            signal=self._signal or 0,
+            diverged=int(diverged),
+            exit_code=run.stop.exit_code if run.stop is not None else 0,
+        )
+        return policy.Agreed.from_list(self.control.max(mine.as_list()))
+
+    def follow_stop(self, reason: str, agreed: policy.Agreed, worst: int) -> str:
+        """Make ``run.stop`` say why on every rank (another rank's request is followed, exit code included)."""
+        run, rc = self.run, self.rc
+        if reason == policy.DIVERGED:
+            run.stop = None
+            run.request_stop(f"{worst} steps in a row had a non-finite loss or gradient norm at step {run.step} "
+                             f"(train.max_nonfinite_steps = {rc.train.max_nonfinite_steps})",
+                             checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
+        elif reason == policy.REQUESTED and run.stop is None:
+            run.request_stop("requested by another rank", checkpoint=not agreed.stop_without_checkpoint,
+                             exit_code=agreed.exit_code)
+        return reason
+
+    def finish(self, reason: str, end_detail: str) -> int:
+        """The end of the run: the final save the policy asks for, the hooks, exit_status.json."""
+        run, ckpt = self.run, self.checkpointer
+        if run.stop is not None and reason == policy.COMPLETED and run.step < self.prep.total_steps:
+            reason = policy.REQUESTED
+        if reason in (policy.REQUESTED, policy.DIVERGED) and self.dist.is_main and run.stop is not None:
             print(f"plait: stopping at step {run.step}: {run.stop.reason}", flush=True)
-        wants_save = {
-            "completed": ckpt.opts.at_end,
-            "data_end": ckpt.opts.at_end,
-            "signal": ckpt.opts.on_stop,
-            "requested": ckpt.opts.on_stop and run.stop is not None and run.stop.checkpoint,
-        }[reason]
-        if wants_save and not self.save_checkpoint(run.step, use_async=False):
-            reason = "requested"
+        wants = run.stop is not None and run.stop.checkpoint
+        if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and \
+                not self.save_checkpoint(run.step, use_async=False):
+            reason = policy.DIVERGED
         ckpt.wait()
         self.monitors.emit("plait_train_end", run=run, reason=reason)
-        code = run.stop.exit_code if (run.stop is not None and reason == "requested") else 0
+        code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
             status = {"exit_code": code, "reason": reason, "step": run.step,
                       "detail": run.stop.reason if run.stop is not None else end_detail}

@@ -44,7 +44,7 @@ def test_bf16_compiled_matches_eager(bf16_rows, tmp_path):
     assert abs(eager - compiled) < 0.1, (eager, compiled)
 
 
-@pytest.mark.skipif(not HOPPER, reason="fp8 needs compute capability 8.9 or newer")
+@pytest.mark.skipif(not HOPPER, reason="fp8 needs a CUDA device of compute capability 8.9 or newer (none visible)")
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_fp8_tracks_bf16_on_cuda(bf16_rows, tmp_path, recipe):
     rows = _train(tmp_path, recipe, "--precision.name=fp8", f"--precision.recipe={recipe}", "--train.compile=true")
