@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import read_metrics, run_module, torchrun
+from conftest import REPO, read_metrics, run_module, torchrun
 
 
 def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
@@ -26,7 +26,7 @@ def guarded(tiny_config, tmp_path):
         f'check_every_s = 0.0\nalert_command = "touch {tmp_path / "alerted"}"\n'
     ))
     args = ("--config", str(cfg), '--monitors.enabled=["console", "jsonl", "budget_guard"]')
-    return args, {"PLAIT_FAKE_CLOCK": str(clock)}, tmp_path
+    return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": str(REPO / "tests" / "seams")}, tmp_path
 
 
 def committed(out):
@@ -89,7 +89,9 @@ def guard(tmp_path, **opts):
 def clock(tmp_path, monkeypatch):
     f = tmp_path / "clock"
     f.write_text("1800000000")
-    monkeypatch.setenv("PLAIT_FAKE_CLOCK", str(f))
+    import plugins.monitors.budget_guard as budget_guard
+
+    monkeypatch.setattr(budget_guard, "now", lambda: float(f.read_text().strip()))
     return f
 
 

@@ -1,5 +1,6 @@
 """Test seams, outside plait's code: put this folder on PYTHONPATH to activate them.
 
+``PLAIT_TEST_CLOCK_FILE=PATH`` gives the budget guard the clock in that file.
 ``PLAIT_TEST_CRASH_AT_STEP=N`` raises in the step that would make step N.
 ``PLAIT_TEST_PAUSE_BEFORE_COMMIT=STEP:SECONDS`` sleeps before the commit of that
 step's checkpoint (its shards and ``.metadata`` are written, ``COMMITTED`` is
@@ -37,3 +38,12 @@ if _crash:
         return _train_step(self, *args, **kwargs)
 
     Trainer.train_step = _crashing_step
+
+# ``PLAIT_TEST_CLOCK_FILE=PATH``: the budget guard's clock reads the UNIX time written in PATH.
+_clock = os.environ.get("PLAIT_TEST_CLOCK_FILE", "")
+if _clock:
+    from pathlib import Path
+
+    import plugins.monitors.budget_guard as _budget_guard
+
+    _budget_guard.now = lambda: float(Path(_clock).read_text().strip())
