@@ -85,6 +85,9 @@ def origin_of(table: dict[str, Any], key: str) -> Path | None:
 
 
 UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
+# Keys of a slot section that belong to the core, not to the plugin, so they survive a plugin
+# switch (filled by core.run_config: data.seq_len, data.seq_len_stages).
+KEEP_ON_SWITCH: dict[str, tuple[str, ...]] = {}
 
 
 def switches_plugin(base: dict[str, Any], over: dict[str, Any]) -> bool:
@@ -97,11 +100,15 @@ def switches_plugin(base: dict[str, Any], over: dict[str, Any]) -> bool:
     return "fallback" in over and "name" in base and "fallback" not in base
 
 
-def for_new_plugin(base: dict[str, Any], name: Any) -> Table:
-    """What survives a switch to plugin ``name``: only a ``[section.<name>]`` sub-table of options
-    (how a fallback chain keeps each entry's options), hoisted into the section."""
+def for_new_plugin(base: dict[str, Any], name: Any, keep: tuple[str, ...] = ()) -> Table:
+    """What survives a switch to plugin ``name``: the core's own keys of the section (``keep``) and
+    a ``[section.<name>]`` sub-table of options (how a fallback chain keeps each entry's options),
+    hoisted into the section."""
+    out = subtable(base, tuple(k for k in base if k not in keep))
     sub = base.get(name) if isinstance(name, str) else None
-    return copy.deepcopy(sub) if isinstance(sub, Table) else Table(sub or {})
+    if isinstance(sub, dict):
+        out = deep_merge(out, sub)
+    return out
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +119,8 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         out = Table(out)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            start = for_new_plugin(out[key], value.get("name")) if switches_plugin(out[key], value) else out[key]
+            switch = switches_plugin(out[key], value)
+            start = for_new_plugin(out[key], value.get("name"), KEEP_ON_SWITCH.get(key, ())) if switch else out[key]
             out[key] = deep_merge(start, value)
         elif value == UNSET:
             out.pop(key, None)
@@ -198,7 +206,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[tuple[str, Any]]) -> di
         section = key.split(".")[0]
         current = out.get(section)
         if isinstance(current, dict) and switches_plugin(current, {"name": value}):
-            out[section] = for_new_plugin(current, value)
+            out[section] = for_new_plugin(current, value, KEEP_ON_SWITCH.get(section, ()))
     for key, value in overrides:
         node = out
         parts = key.split(".")

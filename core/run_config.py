@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from core.checkpoint import CheckpointOptions
 from core.errors import ConfigError, PluginError, closest
+from core import config as config_io
 from core.config import subtable
 from core.options import _matches, _type_name, build_options, nonfinite, option, to_dict
 from core.registry import Component, Registry
@@ -74,6 +75,7 @@ SLOT_CORE_KEYS: dict[str, dict[str, tuple[Any, Any, str]]] = {
         "seq_len_stages": (list[tuple[float, int]], [], "[[start_fraction, seq_len], ...]: longer sequences later, tokens per step kept"),
     },
 }
+config_io.KEEP_ON_SWITCH.update({slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()})  # the core's, not the plugin's
 
 # Listed by `python -m core.plugins`; read by resolve_precision_chain and core.prepare.
 PRECISION_CHAIN_DOC = {

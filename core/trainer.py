@@ -357,12 +357,15 @@ class Trainer:
     def next_step_batches(self, batches) -> tuple[list | None, str]:
         """This step's micro-batches, fetched before any compute: ``(batches, "")``, or
         ``(None, why)`` when the data has run out on any rank. Loaders whose end can differ
-        between ranks (``may_end``) cost one all-reduce of a flag per step; sources that end
-        deterministically raise :class:`DataExhausted` on every rank at the same step."""
+        between ranks (``may_end``) cost one all-reduce per step; sources that end
+        deterministically raise :class:`DataExhausted` on every rank at the same step.
+        A bad record found mid-run (:class:`DataError`: a line past the ones checked at start)
+        stops every rank with a checkpoint and exit code 2, naming the file and line."""
         from core.data import DataExhausted
+        from core.errors import DataError
 
         t_wait = time.perf_counter()
-        micro, why = [], ""
+        micro, why, bad = [], "", 0
         try:
             for _ in range(self.prep.grad_accum):
                 micro.append(next(batches))
@@ -370,9 +373,17 @@ class Trainer:
             why = str(e)
         except StopIteration:
             why = "[data] the source reached the end of its data"
+        except DataError as e:
+            why, bad = f"bad data: {e}", 2
+            print(f"plait: error: rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}",
+                  file=sys.stderr, flush=True)
         self.data_wait_s += time.perf_counter() - t_wait
-        if getattr(self.loader, "may_end", False) and self.control.max([int(bool(why))])[0] and not why:
-            why = "the data ran out on another rank"
+        if getattr(self.loader, "may_end", False):
+            ended, bad = self.control.max([int(bool(why)), bad])
+            if ended and not why:
+                why = "bad data on another rank" if bad else "the data ran out on another rank"
+        if bad:
+            self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
         return (None, why) if why else (micro, "")
 
     def train_step(self, micro_batches: list, spiking: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -484,7 +495,7 @@ class Trainer:
             if micro_batches is None:
                 if self.dist.is_main:
                     print(f"plait: {why}; ending the run after step {run.step}", flush=True)
-                reason, end_detail = policy.DATA_END, why
+                reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
                 break
             loss, grad_norm = self.train_step(micro_batches, spiking)
             if loss is None:  # rolled back: the run continues from the checkpoint's step

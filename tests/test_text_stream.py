@@ -121,3 +121,36 @@ enabled = ["jsonl"]
     a = {r["step"]: r["loss"] for r in read_metrics(straight)}
     b = {r["step"]: r["loss"] for r in read_metrics(out)}
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
+
+
+def test_a_bad_line_found_mid_run_stops_with_a_checkpoint_and_exit_2(tiny_config, tmp_path):
+    """Only the first documents of each file are checked at start; a bad line later must not lose
+    the run's work: every rank stops at a step boundary with a checkpoint, exit 2, naming file:line."""
+    good = "".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(400))
+    path = tmp_path / "docs.jsonl"
+    path.write_text(good + "{not json\n" + good)
+    base = tiny_config(steps=200)
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(f'extends = "{base}"\n[data]\nname = "text_stream"\nfiles = ["{path}"]\n')  # switches plugin: path goes
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=0")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"{path}:401" in r.stderr
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["exit_code"] == 2 and status["step"] > 0
+    assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
+
+
+def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path):
+    from conftest import torchrun
+
+    good = "".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(400))
+    path = tmp_path / "docs.jsonl"
+    path.write_text(good + "{not json\n" + good)
+    base = tiny_config(steps=200)
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(f'extends = "{base}"\n[data]\nname = "text_stream"\nfiles = ["{path}"]\n')
+    r = torchrun(2, "--config", str(cfg), "--checkpoint.every=0", timeout=300)
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert r.returncode != 0 and status["exit_code"] == 2, r.stderr[-3000:]
+    assert f"{path}:401" in r.stderr
+    assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
