@@ -624,3 +624,12 @@ class Checkpointer:
         self.last_saved_step = run.step
         if self.dist.is_main:
             print(f"plait: resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})", flush=True)
+            lr = t.optimizer.param_groups[0]["lr"]
+            position = t.loader.state_dict() if not getattr(t.loader, "per_rank_state", False) else {}
+            data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
+            parts = [f"tokens seen {run.tokens_seen:,}", f"lr {float(lr):.3g}", f"data at {data}"]
+            if "optimizer" in skip:
+                parts.append("optimizer started fresh")
+            if skip - {"optimizer"}:
+                parts.append(f"not restored: {', '.join(sorted(skip - {'optimizer'}))}")
+            print(f"plait: restored {'; '.join(parts)}", flush=True)

@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.install_signal_handlers()
         trainer.build()
         trainer.write_run_files()
+        if info.is_main:
+            print(trainer.summary(), flush=True)
         return trainer.fit()
     except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
         return trainer.save_failed(e)

@@ -306,6 +306,24 @@ class Trainer:
             except OSError:
                 pass  # a full or read-only disk: the traceback that follows says enough
 
+    def summary(self) -> str:
+        """What is active, in a few lines: printed once at start (rank 0)."""
+        rc, c, prep = self.rc, self.c, self.prep
+        name = lambda slot: rc.slots[slot].component.name  # noqa: E731
+        params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
+        reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
+        precision = name("precision") + (f" (fallback skipped {reasons})" if reasons else "")
+        train = rc.train
+        ac = train.activation_checkpointing + (f" every {train.activation_checkpointing_every}" if train.activation_checkpointing == "full" and train.activation_checkpointing_every > 1 else "")
+        return "\n".join([
+            f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {self.dist.world_size} rank(s), "
+            f"{self.dist.device} | precision {precision}",
+            f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
+            f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
+            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {self.dist.world_size} ranks x {prep.grad_accum} "
+            f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {self.run.step} -> {self.run.total_steps}",
+        ])
+
     def write_run_files(self) -> None:
         if not self.dist.is_main:
             return

@@ -105,3 +105,15 @@ def test_a_monitor_that_raises_is_named_and_handled(tiny_config, tmp_path, on_er
         assert (tmp_path / "out" / "checkpoints" / "step_000000001" / "COMMITTED").exists()
     else:
         assert proc.returncode == 0 and steps == [1, 2, 3, 4]
+
+
+def test_start_summary_and_resume_line_say_what_is_active_and_restored(tiny_config, tmp_path):
+    cfg = tiny_config(steps=2)
+    first = run_module("core.train", "--config", str(cfg))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "plait: model llama3," in first.stdout and "precision fp32" in first.stdout
+    assert "compile off" in first.stdout and "tokens/step | steps 0 -> 2" in first.stdout
+    again = run_module("core.train", "--config", str(cfg), "--train.steps=3", '--checkpoint.exclude_from_loading=["optimizer"]')
+    assert again.returncode == 0, again.stderr[-2000:]
+    line = next(x for x in again.stdout.splitlines() if x.startswith("plait: restored"))
+    assert "tokens seen" in line and "lr " in line and "data at sample" in line and "optimizer started fresh" in line
