@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 
 from core import integrity
+from core import log
 from core.errors import CheckpointError
 from core.options import option
 
@@ -212,7 +212,7 @@ def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module 
 def warn(message: str) -> None:
     """A one-line warning, from rank 0 only."""
     if int(os.environ.get("RANK", 0)) == 0:
-        print(f"plait: warning: {message}", file=sys.stderr, flush=True)
+        log.warn(f"{message}")
 
 
 def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> list[Path]:
@@ -344,8 +344,7 @@ class Checkpointer:
         of the same step are replaced; a folder another run wrote is never touched (False)."""
         if path.exists():
             if lineage_of(path) != self.lineage:
-                print(f"plait: warning: {path} belongs to another run; not overwriting it, this save is skipped",
-                      file=sys.stderr, flush=True)
+                log.warn(f"{path} belongs to another run; not overwriting it, this save is skipped")
                 return False
             shutil.rmtree(path)
         (path / "rng").mkdir(parents=True)
@@ -430,7 +429,7 @@ class Checkpointer:
         self.last_saved_step = step
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
-            print(f"plait: checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s", flush=True)
+            log.info(f"checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s")
 
     def poll(self) -> None:
         """Commit a finished async save (called at step boundaries; never blocks). While a
@@ -568,12 +567,8 @@ class Checkpointer:
         current_opt = t.rc.slots["optimizer"].component.name
         if "optimizer" not in skip and meta.get("optimizer_plugin") != current_opt:
             skip.add("optimizer")
-            if self.dist.is_main:
-                print(
-                    f"plait: warning: checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
-                    f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh",
-                    file=sys.stderr, flush=True,
-                )
+            log.warn(f"checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
+                f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh")
         state: dict[str, Any] = {}
         if "model" not in skip:
             state["model"] = get_model_state_dict(t.model)
@@ -623,7 +618,7 @@ class Checkpointer:
                 torch.manual_seed(t.rc.train.seed + run.step * 1000 + self.dist.rank)
         self.last_saved_step = run.step
         if self.dist.is_main:
-            print(f"plait: resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})", flush=True)
+            log.info(f"resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})")
             lr = t.optimizer.param_groups[0]["lr"]
             position = t.loader.state_dict() if not getattr(t.loader, "per_rank_state", False) else {}
             data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
@@ -632,4 +627,4 @@ class Checkpointer:
                 parts.append("optimizer started fresh")
             if skip - {"optimizer"}:
                 parts.append(f"not restored: {', '.join(sorted(skip - {'optimizer'}))}")
-            print(f"plait: restored {'; '.join(parts)}", flush=True)
+            log.info(f"restored {'; '.join(parts)}")

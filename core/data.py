@@ -22,13 +22,13 @@ collective.
 from __future__ import annotations
 
 import atexit
-import sys
 import weakref
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from core import log
 from core.protocols import LoaderSpec
 
 
@@ -136,7 +136,7 @@ def _shut_down_workers() -> None:
         try:
             it._shutdown_workers()
         except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
-            print(f"plait: warning: shutting down loader workers: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            log.warn(f"shutting down loader workers: {type(e).__name__}: {e}")
 
 
 def shut_down_at_exit(iterator: Any) -> Any:

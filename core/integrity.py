@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core import log
 from core.errors import CheckpointError
 
 ALGORITHM = "crc32"
@@ -126,8 +126,8 @@ def warn_size_only(folder: Path) -> None:
     """Once per process, on rank 0."""
     global _warned_size_only
     if not _warned_size_only and int(os.environ.get("RANK", 0)) == 0:
-        print(f"plait: warning: checkpoint {folder} has no checksums (written by an older plait): "
-              "only file sizes are checked", file=sys.stderr, flush=True)
+        log.warn(f"checkpoint {folder} has no checksums (written by an older plait): "
+              "only file sizes are checked")
     _warned_size_only = True
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pluggy
 
+from core import log
 from core.errors import PluginError
 from core.hookspecs import PROJECT, RUN_EVENT_HOOKS
 from core.registry import plugin_manager
@@ -87,7 +88,7 @@ class MonitorHub:
                 run = kwargs.get("run")
                 if run is not None and run.dist.is_main or run is None:
                     action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
-                    print(f"plait: error: {why}; {action} (monitors.on_error = {self.on_error!r})", file=sys.stderr, flush=True)
+                    log.error(f"{why}; {action} (monitors.on_error = {self.on_error!r})")
                 if self.on_error == "stop" and run is not None:
                     run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
         return results

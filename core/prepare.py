@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 
 from core import config as config_io
 from core import registry as registry_mod
+from core import log
 from core.distributed import env_world, pick_device
 from core.checkpoint import STATE_FILE, find_resume
 from core.contract import check_component
@@ -187,8 +187,8 @@ def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
     peak = max(values, default=1.0)
     still_rising = bool(values) and values[-1] >= peak and len(values) > 1 and values[-1] > values[0]
     if peak < 0.999 and still_rising and env_world()[0] == 0:  # the warmup outlasts the run
-        print(f"plait: warning: [lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
-              f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?", file=sys.stderr, flush=True)
+        log.warn(f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
+              f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?")
 
 
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
@@ -212,9 +212,8 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
             rc.slots["precision"] = chosen
             rc.precision_reasons = reasons
             components["precision"] = precision
-            if env_world()[0] == 0:
-                skipped = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "nothing skipped"
-                print(f"plait: precision fallback chose {chosen.component.name!r} ({skipped})", file=sys.stderr, flush=True)
+            skipped = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "nothing skipped"
+            log.note(f"precision fallback chose {chosen.component.name!r} ({skipped})")
             return precision
         reasons[chosen.component.name] = why
     raise ConfigError(

@@ -26,6 +26,7 @@ import torch
 from core import config as config_io
 from core import distributed
 from core import metrics as core_metrics
+from core import log
 from core.checkpoint import Checkpointer
 from core.materialize import materialize
 from core.monitor_hub import MonitorHub
@@ -140,7 +141,7 @@ class Trainer:
 
             copy_into(model, load_weights(Path(initial), spec, model))
             if dist.is_main:
-                print(f"plait: initial weights from {initial}", flush=True)
+                log.info(f"initial weights from {initial}")
         self.model = model
         self.train_model = parallelize(model, spec, parallelism, precision, dist, rc.train)
         if self.prep.micro_batch_candidates:
@@ -200,7 +201,7 @@ class Trainer:
         rc.train.micro_batch = micro
         prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
         if dist.is_main:
-            print(f"plait: micro_batch = \"auto\" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}", flush=True)
+            log.info(f"micro_batch = \"auto\" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}")
 
     def seq_len_for(self, step: int) -> int:
         """The sequence length of ``data.seq_len_stages`` at this step (0-based), else data.seq_len."""
@@ -221,8 +222,7 @@ class Trainer:
         self.loader = self.c["data"].loader(self.loader_spec)
         self.loader.load_state_dict(position)
         self.flops_per_token = self.c["model"].flops_per_token(seq)
-        if self.dist.is_main:
-            print(f"plait: step {self.run.step + 1}: sequence length {seq}, micro-batch {micro} (stage change)", flush=True)
+        log.info(f"step {self.run.step + 1}: sequence length {seq}, micro-batch {micro} (stage change)")
         return iter(self.loader)
 
     def spike_due(self) -> bool:
@@ -245,7 +245,7 @@ class Trainer:
         g = torch.Generator().manual_seed(self.rc.train.seed * 1_000_003 + self.run.step * 1009 + self.dist.rank * 31 + micro)
         rows = torch.randint(low, vocab, (shape[0], shape[1] + 1), generator=g)
         if micro == 0 and self.dist.is_main:
-            print(f"plait: step {self.run.step + 1}: injected spike batch (train.inject_spike_at_step)", flush=True)
+            log.info(f"step {self.run.step + 1}: injected spike batch (train.inject_spike_at_step)")
         return rows[:, :-1], rows[:, 1:]
 
     def rollback(self) -> bool:
@@ -254,8 +254,7 @@ class Trainer:
 
         done = [p for p in committed(self.checkpointer.root) if lineage_of(p) == self.checkpointer.lineage]
         if not done:
-            if self.dist.is_main:
-                print("plait: rollback asked, but there is no checkpoint yet: skipping the update instead", flush=True)
+            log.info("rollback asked, but there is no checkpoint yet: skipping the update instead")
             return False
         self.checkpointer.wait()
         position = self.loader.state_dict()
@@ -269,8 +268,7 @@ class Trainer:
             self.checkpointer.opts.exclude_from_loading = sorted(skip)
         self.loader.load_state_dict(position)
         self.run.state["wall_time_s"] = wall  # time keeps counting (budgets)
-        if self.dist.is_main:
-            print(f"plait: rolled back to {done[-1].name}; the data since then is skipped", flush=True)
+        log.info(f"rolled back to {done[-1].name}; the data since then is skipped")
         return True
 
     def validate(self, opts) -> None:
@@ -308,7 +306,7 @@ class Trainer:
 
     def summary(self) -> str:
         """What is active, in a few lines: printed once at start (rank 0)."""
-        rc, c, prep = self.rc, self.c, self.prep
+        rc, prep = self.rc, self.prep
         name = lambda slot: rc.slots[slot].component.name  # noqa: E731
         params = sum(p.numel() for p in {id(p): p for p in self.model.parameters()}.values())
         reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
@@ -346,8 +344,7 @@ class Trainer:
         one line, ``exit_status.json`` with reason ``save_failed``, and its exit code."""
         from core.checkpoint import EXIT_SAVE_FAILED
 
-        if self.dist.is_main:
-            print(f"plait: error: {err}", file=sys.stderr, flush=True)
+        log.error(f"{err}")
         self.monitors.emit("plait_train_end", run=self.run, reason="save_failed")
         if self.dist.is_main:  # the partial folder is gone by now, so this small file usually fits
             status = {"exit_code": EXIT_SAVE_FAILED, "reason": "save_failed", "step": self.run.step, "detail": str(err)}
@@ -355,7 +352,7 @@ class Trainer:
                 self.output_dir.mkdir(parents=True, exist_ok=True)
                 (self.output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
             except OSError as e:
-                print(f"plait: error: cannot write exit_status.json either ({e})", file=sys.stderr, flush=True)
+                log.error(f"cannot write exit_status.json either ({e})")
         return EXIT_SAVE_FAILED
 
     # -- signals -------------------------------------------------------------
@@ -393,8 +390,7 @@ class Trainer:
             why = "[data] the source reached the end of its data"
         except DataError as e:
             why, bad = f"bad data: {e}", 2
-            print(f"plait: error: rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}",
-                  file=sys.stderr, flush=True)
+            log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
         self.data_wait_s += time.perf_counter() - t_wait
         if getattr(self.loader, "may_end", False):
             ended, bad = self.control.max([int(bool(why)), bad])
@@ -430,8 +426,7 @@ class Trainer:
             if "skip" in verdicts or "rollback" in verdicts:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scheduler.step()
-                if self.dist.is_main:
-                    print(f"plait: step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})", flush=True)
+                log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
                 return loss_sum / accum, grad_norm
         if self._measure_update:
             self.update_ratio.before()
@@ -450,8 +445,7 @@ class Trainer:
             self.checkpointer.maybe_save(step, use_async)
             return True
         except NonFiniteState as e:
-            if self.dist.is_main:
-                print(f"plait: error: {e}", file=sys.stderr, flush=True)
+            log.error(f"{e}")
             self.run.stop = None
             self.run.request_stop(str(e), checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
             return False
@@ -511,8 +505,7 @@ class Trainer:
             spiking = self.spike_due()  # keyed on the data position before this step's batches
             micro_batches, why = self.next_step_batches(batches)
             if micro_batches is None:
-                if self.dist.is_main:
-                    print(f"plait: {why}; ending the run after step {run.step}", flush=True)
+                log.info(f"{why}; ending the run after step {run.step}")
                 reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
                 break
             loss, grad_norm = self.train_step(micro_batches, spiking)
@@ -553,8 +546,8 @@ class Trainer:
         skipped, worst = self.guard.read()
         self.last_skipped = skipped
         if skipped and self.dist.is_main:
-            print(f"plait: warning: step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
-                  "norm and were skipped (update not applied)", file=sys.stderr, flush=True)
+            log.warn(f"step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
+                  "norm and were skipped (update not applied)")
         return worst
 
     def agree(self, diverged: bool) -> policy.Agreed:
@@ -588,7 +581,7 @@ class Trainer:
         if run.stop is not None and reason == policy.COMPLETED and run.step < self.prep.total_steps:
             reason = policy.REQUESTED
         if reason in (policy.REQUESTED, policy.DIVERGED) and self.dist.is_main and run.stop is not None:
-            print(f"plait: stopping at step {run.step}: {run.stop.reason}", flush=True)
+            log.info(f"stopping at step {run.step}: {run.stop.reason}")
         wants = run.stop is not None and run.stop.checkpoint
         if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and \
                 not self.save_checkpoint(run.step, use_async=False):

@@ -8,7 +8,6 @@ Trainer on one CPU process (no process group is mocked: one process has none).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -43,7 +43,7 @@ def test_bytes_round_trip_and_idempotent(tmp_path):
 
 
 def test_hf_tokenizer_round_trip_jsonl_and_parquet(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers is in the dev extra")
+    pytest.importorskip("tokenizers", reason="tokenizers is in the dev extra")
     pa = pytest.importorskip("pyarrow", reason="pyarrow is in the dev extra")
     import pyarrow.parquet as pq
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import REPO, read_metrics, run_module, torchrun
+from conftest import read_metrics, run_module, torchrun
 from core import config
 
 

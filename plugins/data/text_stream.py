@@ -34,7 +34,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
-import numpy as np
 import torch
 
 from core.data import ignore_stop_signals, mix_seed, shut_down_at_exit
