@@ -23,9 +23,8 @@ from typing import Any
 import torch
 
 from core.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, exit_bad_input
+from core.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
 from core.text_codec import Codec, TokenizerRecord, find_in_config, resolve
-
-PLAIT_FILE = "plait.json"  # written by core.export next to the weights: model section and tokenizer
 
 
 @dataclass
