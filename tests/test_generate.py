@@ -207,3 +207,13 @@ def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):
     # not weights at all
     (tmp_path / "empty").mkdir()
     assert "not a committed plait checkpoint" in one_line_error(capsys, "--checkpoint", tmp_path / "empty")
+
+
+def test_crafted_checkpoint_runs_nothing(bytes_ckpt, tmp_path, capsys):
+    from test_integrity import craft_metadata
+
+    ckpt = shutil.copytree(bytes_ckpt, tmp_path / "step_000000003")
+    marker = tmp_path / "pwned"
+    craft_metadata(ckpt, marker)
+    assert f"{ckpt / '.metadata'} refers to posix.system" in one_line_error(capsys, "--checkpoint", ckpt, "--prompt", "x")
+    assert not marker.exists()
