@@ -37,11 +37,11 @@ class Loaded:
 
 def export_record(path: Path) -> dict[str, Any]:
     """The ``plait.json`` of an export folder (or next to an export file), or {}."""
-    from core.text_codec import _read_json
+    from core.text_codec import read_json
 
     folder = path if path.is_dir() else path.parent
     file = folder / PLAIT_FILE
-    return _read_json(file) if file.is_file() else {}
+    return read_json(file) if file.is_file() else {}
 
 
 def _export_tokenizer(record: dict[str, Any], folder: Path) -> TokenizerRecord | None:

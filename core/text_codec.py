@@ -72,7 +72,7 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
     return f"{kind}:{found[0]}"
 
 
-def _read_json(file: Path) -> dict[str, Any]:
+def read_json(file: Path) -> dict[str, Any]:
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -98,7 +98,7 @@ def _from_section(section: dict[str, Any], where: str) -> list[TokenizerRecord]:
     path = section.get("path")
     if isinstance(path, str) and path and (Path(path) / "meta.json").is_file():
         meta_file = Path(path) / "meta.json"
-        meta = _read_json(meta_file)
+        meta = read_json(meta_file)
         spec = meta.get("tokenizer")
         if isinstance(spec, str) and spec:
             resolved = resolve(spec, [Path.cwd(), meta_file.parent], str(meta_file), meta.get("tokenizer_fingerprint"))

@@ -217,3 +217,35 @@ def test_crafted_checkpoint_runs_nothing(bytes_ckpt, tmp_path, capsys):
     craft_metadata(ckpt, marker)
     assert f"{ckpt / '.metadata'} refers to posix.system" in one_line_error(capsys, "--checkpoint", ckpt, "--prompt", "x")
     assert not marker.exists()
+
+
+def test_tokenizer_lookup_through_data_sections(tmp_path):
+    """meta.json's tokenizer: relative paths from the data folder, the fingerprint checked, a
+    text_stream's own key, mixture sources that must agree; tiktoken decodes."""
+    import base64
+    import hashlib
+
+    from core.errors import DataError
+    from core.text_codec import Codec, find_in_config
+
+    ranks = tmp_path / "data" / "bytes.tiktoken"
+    ranks.parent.mkdir()
+    ranks.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+    digest = hashlib.sha256(ranks.read_bytes()).hexdigest()
+    meta = {"tokenizer": "tiktoken:bytes.tiktoken", "eos_id": 256, "tokenizer_fingerprint": digest}
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    data = {"name": "token_bin", "path": str(tmp_path / "data")}
+    record = find_in_config({"data": data}, "ckpt")
+    assert record.spec == f"tiktoken:{ranks}" and record.eos_id == 256
+    codec = Codec(record)
+    assert codec.decode(codec.encode("Ye gods, it doth amaze me") + [256]) == "Ye gods, it doth amaze me"
+    assert find_in_config({"data": {"name": "synthetic"}}, "ckpt") is None
+    stream = {"name": "text_stream", "tokenizer": "bytes"}
+    assert find_in_config({"data": stream}, "ckpt").spec == "bytes"
+    mixed = {"name": "mixture", "sources": [data, stream]}
+    with pytest.raises(DataError, match="different tokenizers"):
+        find_in_config({"data": mixed}, "ckpt")
+    assert find_in_config({"data": {"name": "mixture", "sources": [data, dict(data)]}}, "ckpt").spec == record.spec
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(dict(meta, tokenizer_fingerprint="0" * 64)))
+    with pytest.raises(DataError, match="differs from the one the data was prepared with"):
+        find_in_config({"data": data}, "ckpt")
