@@ -102,13 +102,15 @@ def save_safetensors(sd: dict[str, torch.Tensor], out: Path, model_section: dict
     return path
 
 
-def save_hf(spec: Any, sd: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None, shard_bytes: int) -> list[Path]:
-    """transformers' layout: config.json and safetensors shards with HF names."""
+def save_hf(spec: Any, sd: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None, shard_bytes: int,
+            extra_config: dict[str, Any] | None = None) -> list[Path]:
+    """transformers' layout: config.json (the spec's fields, then ``extra_config``, e.g. token ids)
+    and safetensors shards with HF names."""
     from safetensors.torch import save_file
 
     hf = cast(spec.to_hf_state_dict(sd), dtype)
     hf_dtype = next(v.dtype for v in hf.values() if v.is_floating_point())
-    config = dict(spec.hf_config(), torch_dtype=str(hf_dtype).replace("torch.", ""))
+    config = dict(spec.hf_config(), torch_dtype=str(hf_dtype).replace("torch.", ""), **(extra_config or {}))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     shards: list[dict[str, torch.Tensor]] = [{}]

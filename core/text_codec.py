@@ -1,0 +1,164 @@
+"""The tokenizer a model was trained with: found from a checkpoint's config, loaded, decoded.
+
+The data preparation (``plugins.data.prepare``) records its tokenizer in
+``<data path>/meta.json`` (``tokenizer``: ``bytes``, ``hf:PATH/tokenizer.json``
+or ``tiktoken:FILE``, with ``eos_id`` and the file's sha256 as
+``tokenizer_fingerprint``); ``text_stream`` names it in the data section
+itself (``tokenizer``). :func:`find_in_config` follows a resolved config's
+``[data]`` section (and a mixture's ``sources``) to that record, generically:
+a section's ``tokenizer`` key, or the ``meta.json`` in its ``path`` folder.
+
+Encoding is :class:`plugins.data.prepare.Tokenizer`'s (one definition of
+what the data holds); decoding is added here. Nothing here runs code from a
+checkpoint or an export: only JSON is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import DataError
+
+KINDS = ("bytes", "hf", "tiktoken")
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    """A tokenizer spec with every file path absolute, its EOS id if recorded, and where it was found."""
+
+    spec: str
+    eos_id: int | None
+    source: str
+
+    @property
+    def kind(self) -> str:
+        return self.spec.partition(":")[0]
+
+    @property
+    def file(self) -> Path | None:
+        kind, _, path = self.spec.partition(":")
+        return Path(path) if kind != "bytes" else None
+
+
+def fingerprint(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | None = None) -> str:
+    """``spec`` with its file as an absolute path: as given when absolute, else the first of
+    ``base / path`` for ``bases`` that exists (and has ``want_fingerprint``, when given)."""
+    kind, _, path = spec.partition(":")
+    if kind not in KINDS or (kind == "bytes") != (not path):
+        raise DataError(f"{where}: tokenizer {spec!r}: expected bytes, hf:PATH or tiktoken:PATH")
+    if kind == "bytes":
+        return "bytes"
+    p = Path(path).expanduser()
+    candidates = [p] if p.is_absolute() else [b / p for b in bases]
+    found = [c.resolve() for c in candidates if c.is_file()]
+    if not found:
+        looked = ", ".join(str(c) for c in candidates)
+        raise DataError(f"{where}: tokenizer {spec!r} not found (looked at {looked}); pass --tokenizer SPEC")
+    if want_fingerprint:
+        matching = [f for f in found if fingerprint(f) == want_fingerprint]
+        if not matching:
+            raise DataError(f"{where}: tokenizer file {found[0]} differs from the one the data was prepared with "
+                            "(sha256 fingerprint); pass --tokenizer SPEC to use it anyway")
+        found = matching
+    return f"{kind}:{found[0]}"
+
+
+def read_json(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{file}: not readable JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _eos(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{where}: eos_id {value!r} is not a token id")
+    return value
+
+
+def _from_section(section: dict[str, Any], where: str) -> list[TokenizerRecord]:
+    found: list[TokenizerRecord] = []
+    tok = section.get("tokenizer")
+    if isinstance(tok, str) and tok:
+        found.append(TokenizerRecord(resolve(tok, [Path.cwd()], f"{where} tokenizer"), None, f"{where} tokenizer"))
+    path = section.get("path")
+    if isinstance(path, str) and path and (Path(path) / "meta.json").is_file():
+        meta_file = Path(path) / "meta.json"
+        meta = read_json(meta_file)
+        spec = meta.get("tokenizer")
+        if isinstance(spec, str) and spec:
+            resolved = resolve(spec, [Path.cwd(), meta_file.parent], str(meta_file), meta.get("tokenizer_fingerprint"))
+            found.append(TokenizerRecord(resolved, _eos(meta.get("eos_id"), str(meta_file)), str(meta_file)))
+    for i, source in enumerate(section.get("sources") or []):
+        if isinstance(source, dict):
+            found += _from_section(source, f"{where} sources[{i}]")
+    return found
+
+
+def find_in_config(config: dict[str, Any], where: str) -> TokenizerRecord | None:
+    """The tokenizer of a resolved config's data, or None when it names none (synthetic data,
+    a token_bin folder without meta.json). Sources that disagree are a DataError."""
+    section = config.get("data")
+    if not isinstance(section, dict):
+        return None
+    found = _from_section(section, f"{where} [data]")
+    specs = sorted({r.spec for r in found})
+    if len(specs) > 1:
+        raise DataError(f"{where}: the data sources use different tokenizers ({', '.join(specs)}); pass --tokenizer SPEC")
+    if not found:
+        return None
+    eos = {r.eos_id for r in found if r.eos_id is not None}
+    if len(eos) > 1:
+        raise DataError(f"{where}: the data sources record different EOS ids {sorted(eos)}; pass --tokenizer SPEC")
+    return TokenizerRecord(specs[0], eos.pop() if eos else None, found[0].source)
+
+
+class Codec:
+    """Text <-> ids with the tokenizer of ``record``: ``encode``, ``decode``, ``eos_id``, ``vocab_size``."""
+
+    def __init__(self, record: TokenizerRecord) -> None:
+        from plugins.data.prepare import Tokenizer
+
+        self.record = record
+        tok = Tokenizer(record.spec, record.eos_id)  # DataError for a bad spec or a missing file
+        self.encode = tok.encode
+        self.eos_id: int = tok.eos_id
+        self.vocab_size: int = tok.vocab_size
+        self._decode_hf = None
+        self._ranks: dict[int, bytes] = {}
+        if record.kind == "hf":
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._decode_hf = HFTokenizer.from_file(str(record.file))
+        elif record.kind == "tiktoken":
+            self._ranks = {int(rank): base64.b64decode(token)
+                           for token, rank in (line.split() for line in record.file.read_text().splitlines() if line)}
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``; the EOS id and ids the tokenizer does not know are left out."""
+        ids = [int(i) for i in ids if int(i) != self.eos_id and 0 <= int(i) < self.vocab_size]
+        if self.record.kind == "bytes":
+            from plugins.data.bytes_tokenizer import decode
+
+            return decode(ids)
+        if self._decode_hf is not None:
+            return self._decode_hf.decode(ids, skip_special_tokens=False)
+        return b"".join(self._ranks.get(i, b"") for i in ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str | None:
+        """The EOS token's string form for a Hugging Face tokenizer (None for bytes / tiktoken)."""
+        return self._decode_hf.id_to_token(token_id) if self._decode_hf is not None else None

@@ -1,0 +1,251 @@
+"""core.generate: text from a tiny trained checkpoint, the same greedy tokens as transformers on the
+Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, run_module, write_tiny_config
+
+SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+PROMPT = "ROMEO: What"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two shared CPU cores: intra-op threads only contend here (a step of the tiny model takes ~1 ms on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train(tmp, data_path=SHAKESPEARE):
+    cfg = write_tiny_config(tmp, steps=3, global_batch_tokens=512)
+    cfg.write_text(cfg.read_text().replace(str(SHAKESPEARE), str(data_path)))
+    proc = run_module("core.train", "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "out" / "checkpoints" / "step_000000003"
+
+
+@pytest.fixture(scope="module")
+def bytes_ckpt(tmp_path_factory):
+    """3 steps on the shipped Shakespeare corpus (its meta.json: the bytes tokenizer)."""
+    return train(tmp_path_factory.mktemp("gen_bytes"))
+
+
+@pytest.fixture(scope="module")
+def bpe_ckpt(tmp_path_factory):
+    """A 300-token byte-level BPE trained here (no download), a corpus prepared with it, 3 steps on that."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from plugins.data.prepare import main as prepare
+
+    tmp = tmp_path_factory.mktemp("gen_bpe")
+    text = bytes(np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:120_000].astype(np.uint8)).decode("utf-8", "replace")
+    docs = [d for d in text.split("\n\n") if d.strip()]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    (tmp / "tok").mkdir()
+    tok.save(str(tmp / "tok" / "tokenizer.json"))
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    assert prepare(["--input", str(corpus), "--out", str(tmp / "data"), "--tokenizer", f"hf:{tmp / 'tok' / 'tokenizer.json'}",
+                    "--workers", "1", "--val-fraction", "0.1"]) == 0
+    return train(tmp, tmp / "data")
+
+
+def export(ckpt, out, fmt="hf"):
+    from core.export import main
+
+    assert main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(out)]) == 0
+    return out
+
+
+def cli(capsys, *args):
+    """``python -m core.generate`` in this process (the real command line is run in test_errors_one_line_exit_2)."""
+    from core.generate import main
+
+    capsys.readouterr()  # drop what came before (export's lines)
+    assert main(list(map(str, args))) == 0
+    return capsys.readouterr().out
+
+
+def ours_greedy(path, prompt, n):
+    from core.generate import generate, load
+    from core.text_codec import Codec
+
+    loaded = load(path)
+    codec = Codec(loaded.tokenizer)
+    ids = codec.encode(prompt)
+    return codec, ids, generate(loaded.model, ids, n, max_seq_len=loaded.spec.max_seq_len, eos_id=codec.eos_id,
+                                vocab_limit=codec.vocab_size)
+
+
+def hf_greedy(folder, ids, n):
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, capsys):
+    text = cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0)
+    assert text.startswith(PROMPT) and text == cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", PROMPT,
+                                                   "--max-new-tokens", 24, "--temperature", 0)
+    codec, ids, new = ours_greedy(bytes_ckpt, PROMPT, 24)
+    assert codec.record.spec == "bytes" and ids == list(PROMPT.encode())
+    assert text == PROMPT + codec.decode(new) + "\n"
+    out = export(bytes_ckpt, tmp_path / "hf")
+    assert "no Hugging Face form" in capsys.readouterr().out
+    assert not (out / "tokenizer.json").exists()
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
+    assert hf_greedy(out, ids, 24) == new
+    # the export itself generates the same text (its plait.json names the tokenizer)
+    assert cli(capsys, "--checkpoint", out, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0) == text
+
+
+def test_greedy_bpe_checkpoint_matches_transformers_with_its_tokenizer(bpe_ckpt, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    codec, ids, new = ours_greedy(bpe_ckpt, PROMPT, 16)
+    assert codec.record.kind == "hf" and codec.vocab_size == 300 and len(ids) < len(PROMPT)
+    out = export(bpe_ckpt, tmp_path / "hf")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert hf_tok.encode(PROMPT, add_special_tokens=False) == ids
+    assert hf_tok.eos_token_id == codec.eos_id
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["suppress_tokens"] == list(range(300, 512))  # the padded ids of the 512-entry embedding
+    theirs = hf_greedy(out, ids, 16)
+    assert theirs == new
+    assert hf_tok.decode(theirs) == codec.decode(new)
+    text = cli(capsys, "--checkpoint", bpe_ckpt, "--prompt", PROMPT, "--max-new-tokens", 16, "--temperature", 0)
+    assert text == PROMPT + codec.decode(new) + "\n"
+    # the export folder alone is enough: its copied tokenizer.json, found through plait.json
+    moved = shutil.copytree(out, tmp_path / "moved")
+    assert cli(capsys, "--checkpoint", moved, "--prompt", PROMPT, "--max-new-tokens", 16, "--temperature", 0) == text
+
+
+def test_sampling_is_seeded(bytes_ckpt, tmp_path, capsys):
+    from core.generate import generate, load
+
+    def sample(seed, path=bytes_ckpt):
+        return cli(capsys, "--checkpoint", path, "--prompt", PROMPT, "--max-new-tokens", 40, "--temperature", 1.0,
+                   "--top-k", 20, "--seed", seed)
+
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+    st = export(bytes_ckpt, tmp_path / "st", "safetensors")
+    assert sample(1, st / "model.safetensors") == sample(1)  # the same weights from plait's safetensors export
+    loaded = load(bytes_ckpt)
+    ids = list(PROMPT.encode())
+    kw = dict(max_seq_len=loaded.spec.max_seq_len, vocab_limit=257)
+    greedy = generate(loaded.model, ids, 12, **kw)
+    assert generate(loaded.model, ids, 12, temperature=1.5, top_k=1, seed=5, **kw) == greedy  # top-1 is greedy
+
+
+class Recorder(torch.nn.Module):
+    """forward(ids) -> logits that favour id 300 (past a 257-token vocabulary), then id (last + 1) % 256."""
+
+    def __init__(self):
+        super().__init__()
+        self.lengths = []
+
+    def forward(self, ids):
+        self.lengths.append(ids.shape[1])
+        logits = torch.zeros(ids.shape[0], ids.shape[1], 512)
+        logits[..., 300] = 10.0
+        logits[0, -1, (int(ids[0, -1]) + 1) % 256] = 5.0
+        return logits
+
+
+def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
+    from core.generate import generate
+
+    model = Recorder()
+    out = generate(model, [1, 2, 3], 20, max_seq_len=8, vocab_limit=257)
+    assert out == list(range(4, 24))
+    assert model.lengths == [min(3 + i, 8) for i in range(20)]
+    assert generate(Recorder(), [250], 20, max_seq_len=8, vocab_limit=257, eos_id=253) == [251, 252, 253]  # stops at EOS
+
+
+def one_line_error(capsys, *args):
+    from core.generate import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("plait: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):
+    proc = run_module("core.generate", "--checkpoint", str(tmp_path / "missing"), "--prompt", "x")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"plait: error: checkpoint {tmp_path / 'missing'} does not exist"]
+    assert "--max-new-tokens must be >= 1" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--max-new-tokens", 0)
+    assert "--temperature must be a finite" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--temperature", "nan")
+    assert "--top-k must be >= 0" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--top-k", -3)
+    assert "invalid int value" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--seed", "x")
+    assert "not found" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--tokenizer", f"hf:{tmp_path / 'none.json'}")
+    assert "expected bytes, hf:PATH" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--tokenizer", "gpt2")
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in one_line_error(capsys, "--checkpoint", bytes_ckpt, "--device", "cuda")
+    # an export whose plait.json records no tokenizer
+    st = export(bytes_ckpt, tmp_path / "st", "safetensors")
+    record = json.loads((st / "plait.json").read_text())
+    (st / "plait.json").write_text(json.dumps(dict(record, tokenizer=None)))
+    assert "no tokenizer recorded" in one_line_error(capsys, "--checkpoint", st, "--prompt", "x")
+    # not weights at all
+    (tmp_path / "empty").mkdir()
+    assert "not a committed plait checkpoint" in one_line_error(capsys, "--checkpoint", tmp_path / "empty")
+
+
+def test_crafted_checkpoint_runs_nothing(bytes_ckpt, tmp_path, capsys):
+    from test_integrity import craft_metadata
+
+    ckpt = shutil.copytree(bytes_ckpt, tmp_path / "step_000000003")
+    marker = tmp_path / "pwned"
+    craft_metadata(ckpt, marker)
+    assert f"{ckpt / '.metadata'} refers to posix.system" in one_line_error(capsys, "--checkpoint", ckpt, "--prompt", "x")
+    assert not marker.exists()
+
+
+def test_tokenizer_lookup_through_data_sections(tmp_path):
+    """meta.json's tokenizer: relative paths from the data folder, the fingerprint checked, a
+    text_stream's own key, mixture sources that must agree; tiktoken decodes."""
+    import base64
+    import hashlib
+
+    from core.errors import DataError
+    from core.text_codec import Codec, find_in_config
+
+    ranks = tmp_path / "data" / "bytes.tiktoken"
+    ranks.parent.mkdir()
+    ranks.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+    digest = hashlib.sha256(ranks.read_bytes()).hexdigest()
+    meta = {"tokenizer": "tiktoken:bytes.tiktoken", "eos_id": 256, "tokenizer_fingerprint": digest}
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    data = {"name": "token_bin", "path": str(tmp_path / "data")}
+    record = find_in_config({"data": data}, "ckpt")
+    assert record.spec == f"tiktoken:{ranks}" and record.eos_id == 256
+    codec = Codec(record)
+    assert codec.decode(codec.encode("Ye gods, it doth amaze me") + [256]) == "Ye gods, it doth amaze me"
+    assert find_in_config({"data": {"name": "synthetic"}}, "ckpt") is None
+    stream = {"name": "text_stream", "tokenizer": "bytes"}
+    assert find_in_config({"data": stream}, "ckpt").spec == "bytes"
+    mixed = {"name": "mixture", "sources": [data, stream]}
+    with pytest.raises(DataError, match="different tokenizers"):
+        find_in_config({"data": mixed}, "ckpt")
+    assert find_in_config({"data": {"name": "mixture", "sources": [data, dict(data)]}}, "ckpt").spec == record.spec
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(dict(meta, tokenizer_fingerprint="0" * 64)))
+    with pytest.raises(DataError, match="differs from the one the data was prepared with"):
+        find_in_config({"data": data}, "ckpt")
