@@ -28,7 +28,6 @@ import time
 
 from bench.common import append_section, synthetic_config, table
 
-
 BASE = ["--precision.name=bf16", "--optimizer.impl=fused"]
 
 VARIANTS: dict[str, list[str]] = {

@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core import integrity
-from core import log
+from core import integrity, log
 from core.errors import CheckpointError
 from core.options import option
 

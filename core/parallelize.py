@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from torch import nn
 
-
 # Selective checkpointing keeps the outputs of these ops (the expensive ones) and
 # recomputes the cheap elementwise work: torchtitan's op-level policy.
 SAVE_OPS = {

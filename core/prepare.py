@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from core import config as config_io
-from core import registry as registry_mod
 from core import log
-from core.distributed import env_world, pick_device
+from core import registry as registry_mod
 from core.checkpoint import STATE_FILE, find_resume
 from core.contract import check_component
-from core.monitor_hub import check_monitor
+from core.distributed import env_world, pick_device
 from core.errors import ConfigError
+from core.monitor_hub import check_monitor
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core.checkpoint import CheckpointOptions
-from core.errors import ConfigError, PluginError, closest
 from core import config as config_io
+from core.checkpoint import CheckpointOptions
 from core.config import subtable
+from core.errors import ConfigError, PluginError, closest
 from core.options import _matches, _type_name, build_options, nonfinite, option, to_dict
 from core.registry import Component, Registry
 from core.validation import ValidationOptions

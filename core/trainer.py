@@ -24,18 +24,17 @@ import numpy as np
 import torch
 
 from core import config as config_io
-from core import distributed
+from core import distributed, log
 from core import metrics as core_metrics
-from core import log
+from core import stop_policy as policy
 from core.checkpoint import Checkpointer
 from core.materialize import materialize
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteGuard, NonFiniteState
-from core.param_groups import param_groups
 from core.parallelize import parallelize
+from core.param_groups import param_groups
 from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
-from core import stop_policy as policy
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step

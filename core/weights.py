@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+import core.checkpoint  # noqa: F401  (its warning filter)
 from core.errors import CheckpointError
 from core.materialize import materialize
-import core.checkpoint  # noqa: F401  (its warning filter)
 
 SAFETENSORS_FILE = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"

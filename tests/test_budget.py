@@ -6,7 +6,6 @@ import datetime
 import json
 
 import pytest
-
 from conftest import REPO, read_metrics, run_module, torchrun
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, env, free_port, read_metrics, run_module, torchrun, write_tiny_config
 
 SEAMS = REPO / "tests" / "seams"

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import REPO, read_metrics, run_module
+
 from core.errors import ConfigError, DataError
 from core.protocols import LoaderSpec
 

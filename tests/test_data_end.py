@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import REPO, read_metrics, torchrun
+
 from core.data import DataExhausted
 from core.protocols import LoaderSpec
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, env, free_port, run_module, write_tiny_config
 
 pytestmark = pytest.mark.slow

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from conftest import read_metrics, run_module, torchrun
 
 

@@ -9,7 +9,6 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, run_module, write_tiny_config
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"

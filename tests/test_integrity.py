@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
+
 from core.integrity import checksum_file, manifest_files
 
 pytestmark = pytest.mark.slow

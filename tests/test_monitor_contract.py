@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO, read_metrics, run_module
+
 from core.errors import PluginError
 from core.hookspecs import hookimpl
 from core.monitor_hub import check_monitor

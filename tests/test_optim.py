@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import read_metrics, run_module
+
 
 def train_debug(name: str, steps: int = 30) -> list[float]:
     """30 steps of the debug llama on the shipped corpus, in this process, with optimizer plugin
@@ -14,8 +14,8 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     every matrix is 64 x 64 or 512 x 64: a torchao low-bit optimizer compiles its step only a few times."""
     import numpy as np
     import torch
-
     from conftest import REPO
+
     from core import registry
     from core.options import build_options
     from core.param_groups import param_groups

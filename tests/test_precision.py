@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from conftest import read_metrics, run_module
 
 # dims divisible by 32 so every block linear is eligible for fp8 and MXFP8
@@ -96,8 +95,9 @@ def test_bad_recipe_and_no_eligible_linear(tiny_config):
 
 
 def test_te_fp8_reports_itself_unsupported_without_te():
-    from plugins.precision.te_fp8 import TEFP8, TEFP8Options
     import torch
+
+    from plugins.precision.te_fp8 import TEFP8, TEFP8Options
 
     ok, why = TEFP8(TEFP8Options()).supported(torch.device("cpu"))
     assert not ok

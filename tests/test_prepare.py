@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import run_module
 
 DOCS = ["Shall I compare thee to a summer's day?", "Thou art more lovely and more temperate:", "Rough winds do shake — ünïcödé"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from conftest import read_metrics, run_module
+
 from core.protocols import DistInfo
 from core.run import Run
 from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec

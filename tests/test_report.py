@@ -6,7 +6,6 @@ import csv
 import json
 
 import torch
-
 from conftest import run_module
 
 

@@ -9,7 +9,13 @@ import pytest
 from core.errors import ConfigError
 from core.options import build_options
 from plugins.schedules.schedules import (
-    Constant, ConstantOptions, WarmupCosine, WarmupCosineOptions, cosine, warmup, warmup_steps_of,
+    Constant,
+    ConstantOptions,
+    WarmupCosine,
+    WarmupCosineOptions,
+    cosine,
+    warmup,
+    warmup_steps_of,
 )
 
 
@@ -84,8 +90,8 @@ def test_options_from_toml_and_constant_check():
 
 
 def test_registered():
-    from core.registry import Registry
     import plugins.schedules as mod
+    from core.registry import Registry
 
     registry = Registry()
     mod.plait_register(registry=registry)
@@ -97,6 +103,7 @@ def test_registered():
 
 def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
     from conftest import read_metrics, run_module
+
     from core.plan import lr_values
     from core.prepare import prepare
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import read_metrics, run_module
 
 pytestmark = pytest.mark.slow

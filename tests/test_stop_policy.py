@@ -7,7 +7,16 @@ import itertools
 import pytest
 
 from core.stop_policy import (
-    COMPLETED, DATA_END, DIVERGED, REQUESTED, SIGNAL, Agreed, final_save, is_log_step, save_due, stop_reason,
+    COMPLETED,
+    DATA_END,
+    DIVERGED,
+    REQUESTED,
+    SIGNAL,
+    Agreed,
+    final_save,
+    is_log_step,
+    save_due,
+    stop_reason,
 )
 
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PY, REPO, env, free_port, read_metrics, write_tiny_config
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import read_metrics, run_module
+
 from core.errors import DataError
 from core.protocols import LoaderSpec
 from plugins.data.bytes_tokenizer import decode

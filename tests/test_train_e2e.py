@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import read_metrics, run_module, torchrun
+
 from core import config
 
 

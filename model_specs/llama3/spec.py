@@ -21,6 +21,7 @@ from torch import nn
 from core.options import option
 from model_specs.llama3.model import ModelArgs, Transformer
 
+
 def resolve_attention(requested: str) -> str:
     """``flash_attn`` when the package imports, else ``sdpa`` with the reason logged once."""
     if requested != "flash_attn":

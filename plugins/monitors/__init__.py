@@ -9,10 +9,10 @@ def plait_register(registry):
     from plugins.monitors.console import Console, ConsoleOptions
     from plugins.monitors.jsonl import Jsonl, JsonlOptions
     from plugins.monitors.mlflow_logger import MLflowLogger, MLflowOptions
-    from plugins.monitors.wandb_logger import WandbLogger, WandbOptions
     from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMonitorOptions
     from plugins.monitors.spikes import Spikes, SpikesOptions
     from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
+    from plugins.monitors.wandb_logger import WandbLogger, WandbOptions
 
     registry.add("monitor", "console", Console, options=ConsoleOptions,
                  doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")

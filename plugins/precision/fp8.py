@@ -20,7 +20,7 @@ from torch import nn
 from core.errors import ConfigError
 from core.options import option
 from plugins.precision.basic import BF16
-from plugins.precision.capability import quiet_torchao_import, count_eligible, cuda_capability, linear_filter
+from plugins.precision.capability import count_eligible, cuda_capability, linear_filter, quiet_torchao_import
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

@@ -6,7 +6,14 @@ from core.hookspecs import hookimpl
 @hookimpl
 def plait_register(registry):
     from plugins.schedules.schedules import (
-        WSD, Constant, ConstantOptions, Linear, LinearOptions, WarmupCosine, WarmupCosineOptions, WSDOptions,
+        WSD,
+        Constant,
+        ConstantOptions,
+        Linear,
+        LinearOptions,
+        WarmupCosine,
+        WarmupCosineOptions,
+        WSDOptions,
     )
 
     registry.add("lr_schedule", "warmup_cosine", WarmupCosine, options=WarmupCosineOptions,

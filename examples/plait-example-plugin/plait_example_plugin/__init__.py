@@ -1,7 +1,6 @@
 """An example plait plugin: the entry point ``example`` in the group ``plait`` names this module."""
 
 from core.hookspecs import hookimpl
-
 from plait_example_plugin.lion import Lion, LionOptions
 from plait_example_plugin.loss_target import LossTarget, LossTargetOptions
 from plait_example_plugin.tiny_gpt import TinyGPT, TinyGPTOptions
