@@ -229,3 +229,15 @@ def test_mixture_refuses_sources_of_different_tokenizers(tmp_path):
                                             {"name": "token_bin", "weight": 1, "path": c}]))
     with pytest.raises(DataError, match="prepared with different tokenizers"):
         mixed.validate(512, 32)
+
+
+def test_mixture_with_a_stream_refuses_a_resume_at_another_world_size(tmp_path):
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50)))
+    mixture = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": str(CORPUS)},
+                                              {"name": "text_stream", "weight": 1, "files": [str(docs)], "label": "qa"}]))
+    mixture.check_resume({"world_size": 2}, 2)
+    with pytest.raises(DataError, match="stream source\\(s\\) qa saved their positions on 2 ranks, this run has 1"):
+        mixture.check_resume({"world_size": 2}, 1)

@@ -148,6 +148,15 @@ class Mixture(IndexedSource):
             raise DataError(f"[data] mixture: sources {la!r} and {lb!r} were prepared with different tokenizers "
                             f"(meta.json tokenizer_fingerprint {a[:12]}... vs {b[:12]}...); prepare them with one tokenizer")
 
+    def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
+        """Stream sources keep per-rank positions: a resume needs the world size they were saved on."""
+        saved_world = saved.get("world_size")
+        if self.streams and saved_world != world_size:
+            labels = ", ".join(self.labels[k] for k in self.streams)
+            raise DataError(f"[data] mixture: the stream source(s) {labels} saved their positions on {saved_world} ranks, "
+                            f"this run has {world_size}; resume with the same world size "
+                            "(or --checkpoint.exclude_from_loading='[\"data\"]' to restart the data)")
+
     def has_split(self, split: str) -> bool:
         return all(getattr(s, "has_split", lambda _: True)(split) for s in self.sources)
 

@@ -57,8 +57,8 @@ class Jsonl:
     def plait_train_start(self, run):
         if not run.dist.is_main:
             return
-        run.output_dir.mkdir(parents=True, exist_ok=True)
         path = run.output_dir / self.options.filename
+        path.parent.mkdir(parents=True, exist_ok=True)  # a filename may name a sub-folder of output_dir
         self.file = path.open("a" if run.step > 0 else "w", buffering=1, encoding="utf-8")
 
     @hookimpl
