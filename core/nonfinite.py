@@ -61,12 +61,13 @@ class NonFiniteGuard:
         elif not bool(bad):
             optimizer.step()
 
-    def read(self) -> tuple[int, int]:
-        """(steps skipped, longest run of skipped steps) since the last read; a host sync."""
-        skipped, worst = int(self.skipped), int(self.worst)
+    def read(self) -> tuple[int, int, int]:
+        """(steps skipped, longest run of skipped steps) since the last read, and the skipped
+        steps in a row up to now; a host sync."""
+        skipped, worst, now = int(self.skipped), int(self.worst), int(self.in_a_row)
         self.skipped.zero_()
         self.worst.copy_(self.in_a_row)
-        return skipped, worst
+        return skipped, worst, now
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

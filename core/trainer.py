@@ -166,6 +166,7 @@ class Trainer:
         self.update_ratio = core_metrics.UpdateRatio(self.optimizer)
         self.guard = NonFiniteGuard(self.optimizer, dist)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
+        self.skipping_now = 0  # steps skipped in a row up to the last read
         self.applied_lr = self.optimizer.param_groups[0]["lr"]
         self._measure_update = False
         self.data_wait_s = 0.0
@@ -535,6 +536,9 @@ class Trainer:
             if stop is not None:
                 reason = self.follow_stop(stop, agreed, worst)
                 break
+            if save_due and self.skipping_now:  # the last step was skipped: its state is suspect, save later
+                log.warn(f"step {run.step}: the last step had a non-finite loss or gradient norm; this checkpoint is skipped")
+                save_due = False
             if save_due and not self.save_checkpoint(run.step):
                 reason = policy.DIVERGED
                 break
@@ -542,7 +546,7 @@ class Trainer:
 
     def read_skipped_steps(self) -> int:
         """Read the guard's counters (a host sync); warn of skipped steps; the longest run of them."""
-        skipped, worst = self.guard.read()
+        skipped, worst, self.skipping_now = self.guard.read()
         self.last_skipped = skipped
         if skipped and self.dist.is_main:
             log.warn(f"step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
