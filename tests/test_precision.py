@@ -122,3 +122,29 @@ def test_fp8_small_gemm_filter_keeps_small_linears_in_bf16():
 
     assert kinds("tensorwise") == ["w1", "w2", "w3", "wo", "wq"]
     assert kinds("rowwise") == ["w1", "w3"]
+
+
+def test_fp8_leaves_any_models_output_head_in_bf16():
+    """The head is found by what it does (maps to the vocabulary), not by llama3's name for it."""
+    import torch
+    from torch import nn
+
+    from plugins.precision.fp8 import FP8, FP8Options
+
+    class Spec:
+        vocab_size = 512
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(64, 64)
+            self.lm_head = nn.Linear(64, 512, bias=False)
+
+    precision = FP8(FP8Options(allow_cpu=True))
+    ok, why = precision.supported(torch.device("cpu"))
+    if not ok:
+        pytest.skip(f"fp8 unavailable: {why}")
+    model = precision.convert(GPT(), Spec())
+    assert type(model.lm_head) is nn.Linear and type(model.body).__name__ == "Float8Linear"
+    kept = FP8(FP8Options(allow_cpu=True, skip_head=False)).convert(GPT(), Spec())
+    assert type(kept.lm_head).__name__ == "Float8Linear"

@@ -28,17 +28,21 @@ def eligible_linear(module: torch.nn.Module, multiple: int = 16) -> bool:
     )
 
 
-def linear_filter(skip: list[str], multiple: int = 16):
-    """A torchao ``module_filter_fn``: eligible linears whose name is not in ``skip``."""
+def linear_filter(skip: list[str], multiple: int = 16, head_vocab: int | None = None):
+    """A torchao ``module_filter_fn``: eligible linears whose name is not in ``skip`` and, with
+    ``head_vocab``, that are not an output head (a linear mapping to the vocabulary), whatever
+    the model calls it."""
 
     def accept(module: torch.nn.Module, fqn: str) -> bool:
+        if head_vocab is not None and isinstance(module, torch.nn.Linear) and module.out_features == head_vocab:
+            return False
         return eligible_linear(module, multiple) and not any(fqn == s or fqn.startswith(s + ".") for s in skip)
 
     return accept
 
 
-def count_eligible(model: torch.nn.Module, skip: list[str], multiple: int = 16) -> int:
-    accept = linear_filter(skip, multiple)
+def count_eligible(model: torch.nn.Module, skip: list[str], multiple: int = 16, head_vocab: int | None = None) -> int:
+    accept = linear_filter(skip, multiple, head_vocab)
     return sum(accept(m, name) for name, m in model.named_modules())
 
 

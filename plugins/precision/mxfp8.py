@@ -29,7 +29,8 @@ RECIPES = {
 @dataclass
 class MXFP8Options:
     recipe: Literal["rceil", "rceil_wgrad_with_hp"] = option("rceil_wgrad_with_hp", "MXFP8 recipe; *_wgrad_with_hp keeps the weight gradient GEMM in bf16")
-    skip: list[str] = option(["output"], "module names (and their children) left in bf16")
+    skip: list[str] = option([], "module names (and their children) left in bf16")
+    skip_head: bool = option(True, "leave the output head (any linear that maps to the vocabulary, whatever its name) in bf16")
     emulate: bool = option(False, "use the emulated kernel where sm100 kernels are missing (slow; CPU tests)")
 
 
@@ -67,7 +68,8 @@ class MXFP8(BF16):
             config = dataclasses.replace(config, kernel_preference=KernelPreference.EMULATED)
         # fp32 master weights: MXFP8 GEMMs dequantize to the weights' dtype (see autocast below)
         config = dataclasses.replace(config, out_dtype=None)
-        accept = linear_filter(self.options.skip, 32)
+        head = spec.vocab_size if self.options.skip_head and spec is not None else None
+        accept = linear_filter(self.options.skip, 32, head)
         for name, module in model.named_modules():
             if accept(module, name):
                 module._plait_lowp = True

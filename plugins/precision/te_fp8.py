@@ -27,7 +27,8 @@ class TEFP8Options:
     margin: int = option(0, "scaling-factor margin (powers of two of headroom)")
     amax_history_len: int = option(1024, "steps of amax history for delayed scaling")
     amax_compute_algo: Literal["max", "most_recent"] = option("max", "how the scale is taken from the amax history")
-    skip: list[str] = option(["output"], "module names left in bf16")
+    skip: list[str] = option([], "module names left in bf16")
+    skip_head: bool = option(True, "leave the output head (any linear that maps to the vocabulary, whatever its name) in bf16")
 
 
 class TEFP8(BF16):
@@ -52,7 +53,8 @@ class TEFP8(BF16):
     def convert(self, model: nn.Module, spec) -> nn.Module:
         import transformer_engine.pytorch as te
 
-        accept = linear_filter(self.options.skip)
+        head = spec.vocab_size if self.options.skip_head and spec is not None else None
+        accept = linear_filter(self.options.skip, 16, head)
         for name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 fqn = f"{name}.{child_name}" if name else child_name
