@@ -38,14 +38,23 @@ class DataExhausted(Exception):
 
 
 class IndexedSource:
-    """Base class for sources whose samples are a pure function of ``(seed, index)``.
+    """Base class for map-style data sources: samples are a pure function of ``(seed, index)``.
 
-    ``loader`` sets :attr:`seed` from the run's seed before any sample is drawn.
+    A subclass implements :meth:`sample`; its constructor takes the plugin's options
+    dataclass (the factory registered with ``registry.add``). The core calls
+    :meth:`loader` with the run's :class:`core.protocols.LoaderSpec`, which sets
+    :attr:`seed` from ``train.seed`` before any sample is drawn: read ``self.seed`` in
+    ``sample``, never a global RNG. Raise :class:`core.errors.DataError` (one line naming
+    the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
+    end the run through :meth:`check_step`.
     """
 
     seed: int = 0
 
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
+        """Sample ``index`` of ``split`` (``"train"`` or ``"val"``): a 1-D integer array of exactly
+        ``seq_len + 1`` token ids; the loader makes inputs of the first ``seq_len`` and labels of
+        the last ``seq_len`` (-100: ignored). Checked on every sample; a wrong shape is one line."""
         raise NotImplementedError
 
     def loader(self, spec: LoaderSpec) -> "IndexedLoader":
@@ -59,6 +68,19 @@ class IndexedSource:
     def check_step(self, first: int, end: int) -> None:
         """Called with each step's global index range ``[first, end)`` before its first
         micro-batch, identically on every rank; raise :class:`DataExhausted` to end the run."""
+
+
+def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str) -> np.ndarray:
+    """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids."""
+    from core.errors import DataError
+
+    row = source.sample(index, seq_len, split)
+    shape = getattr(row, "shape", None)
+    if shape != (seq_len + 1,) or not np.issubdtype(getattr(row, "dtype", np.float64), np.integer):
+        raise DataError(f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned "
+                        f"{type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "
+                        f"integer array of seq_len + 1 = {seq_len + 1} token ids (inputs, then the labels shifted by one)")
+    return row
 
 
 class IndexedLoader:
@@ -87,7 +109,7 @@ class IndexedLoader:
         return first, first + self.spec.global_batch
 
     def row(self, index: int) -> np.ndarray:
-        return self.source.sample(index, self.spec.seq_len, self.spec.split)
+        return checked_sample(self.source, index, self.spec.seq_len, self.spec.split)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:

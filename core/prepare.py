@@ -23,6 +23,7 @@ from core import log
 from core import registry as registry_mod
 from core.checkpoint import STATE_FILE, find_resume
 from core.contract import check_component
+from core.data import IndexedSource, checked_sample
 from core.distributed import env_world, pick_device
 from core.errors import ConfigError
 from core.monitor_hub import check_monitor
@@ -110,6 +111,9 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         raise ConfigError(f"{path}: data.seq_len {longest} exceeds the model's max_seq_len {max_seq}")
     if validate_data:
         components["data"].validate(spec.vocab_size, rc.seq_len)
+        data = components["data"]
+        if isinstance(data, IndexedSource) and not getattr(data, "streams", None):  # the first sample's shape, now
+            checked_sample(components["data"], 0, rc.seq_len, "train")
         val = rc.sections["validation"]
         has_split = getattr(components["data"], "has_split", None)
         if val.every and has_split is not None and not has_split(val.split):

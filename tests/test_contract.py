@@ -87,3 +87,27 @@ def test_breaches_are_one_line_errors(slot, obj, words):
 def test_the_contract_is_printed():
     text = describe_contract()
     assert "[model]" in text and "param_counts: method, 0 argument(s), optional" in text
+
+
+def test_a_data_source_off_by_one_is_refused():
+    """sample() must return seq_len + 1 ids (inputs and shifted labels); seq_len ids is one line."""
+    import numpy as np
+
+    from core.data import IndexedSource, checked_sample
+    from core.errors import DataError
+
+    class OffByOne(IndexedSource):
+        def sample(self, index, seq_len, split):
+            return np.arange(seq_len, dtype=np.int64)
+
+    class Right(IndexedSource):
+        def sample(self, index, seq_len, split):
+            return np.arange(seq_len + 1, dtype=np.int64)
+
+    assert checked_sample(Right(), 0, 16, "train").shape == (17,)
+    with pytest.raises(DataError, match=r"OffByOne: sample\(0, seq_len=16, 'train'\) returned ndarray of shape \(16,\)"):
+        checked_sample(OffByOne(), 0, 16, "train")
+    loader = OffByOne().loader(__import__("core.protocols", fromlist=["LoaderSpec"]).LoaderSpec(
+        seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, total_samples=10))
+    with pytest.raises(DataError, match="expected a 1-D integer array of seq_len \\+ 1 = 17"):
+        next(iter(loader))
