@@ -65,9 +65,10 @@ FLAVORS: dict[str, ModelArgs] = {
     # The size presets of the 1.46B-on-8xA100 seed document (tiny .. xlarge). The document
     # gives layers x width and a rounded parameter count only; the rest are Llama-style
     # choices that reproduce every count at the precision the document states: GQA with 4
-    # query heads per key/value head (5 of 20 for xlarge), SwiGLU at 2.75 x dim (small:
-    # 2048 = 2.67 x), the GPT-2 vocabulary padded to 50,304 (a multiple of 64), untied
-    # embeddings, RoPE 10,000, sequences up to 2048. Exact counts (docs/models.md):
+    # key/value heads (2 for tiny, 5 for xlarge), head dim 64 (72 for medium-large, 96 for
+    # large and xlarge), SwiGLU at 2.75 x dim (small: 2048 = 2.67 x), the GPT-2 vocabulary
+    # padded to 50,304 (a multiple of 64), untied embeddings, RoPE 10,000, sequences up to
+    # 2048. Exact counts (docs/models.md):
     "tiny": ModelArgs(  # 85,340,672 (document: 85M)
         n_layers=12, dim=512, n_heads=8, n_kv_heads=2, ffn_dim=1408, vocab_size=50_304,
         rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
