@@ -241,12 +241,12 @@ def add_time_and_money(plan: dict[str, Any], prep, tokens_per_s: float | None, u
     return plan
 
 
-# Overrides for a measurement: one process, nothing written to the run's folders, no monitors,
-# no checkpoints or validation, no initial weights, no spike rehearsal.
+# Overrides for a measurement: one process, nothing written to the run's folders, no checkpoints
+# or validation, no initial weights, no spike rehearsal (measure() also drops the monitors).
 def _measure_overrides(tmp: str) -> list[str]:
     return [f"--train.output_dir={tmp}/out", f"--checkpoint.dir={tmp}/checkpoints", "--checkpoint.resume=none",
             "--checkpoint.every=0", "--checkpoint.keep_best=0", "--checkpoint.initial_load=@default",
-            "--validation.every=0", "--monitors.enabled=[]", "--train.inject_spike_at_step=0"]
+            "--validation.every=0", "--train.inject_spike_at_step=0"]
 
 
 def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[str, Any]:
@@ -262,6 +262,7 @@ def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[
     with tempfile.TemporaryDirectory(prefix="plait-measure-") as tmp, contextlib.redirect_stdout(sys.stderr):
         with contextlib.redirect_stderr(_Discard()):  # the plan's own prepare has printed its warnings already
             prep = prepare(config, [*overrides, *_measure_overrides(tmp)], world_size=1, validate_data=False, dry_run=True)
+        prep.rc.monitors = []  # checked by prepare (their sections stay valid), never run
         spec = prep.components["model"]
         prep.components["data"].validate(spec.vocab_size, prep.rc.seq_len)
         device = prep.device

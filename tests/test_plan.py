@@ -85,11 +85,12 @@ def test_seq_len_stages_with_their_micro_batch_and_scaled_eta(tiny_config, capsy
 def test_measure_times_real_steps_on_one_process_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--config", str(REPO / "train_configs" / "debug_cpu.toml"), f"--train.output_dir={out}",
-            "--train.global_batch_tokens=4096", "--measure", "--measure-warmup=1", "--measure-steps=1", "--usd-per-device-hr=1.5"]
+            "--train.global_batch_tokens=4096", "--train.micro_batch=4", "--measure", "--measure-warmup=1", "--measure-steps=1", "--usd-per-device-hr=1.5"]
     p = plan_json(capsys, *args, "--nproc=2")  # stdout is clean JSON: the trainer's prints go to stderr
     m = p["measured"]
     assert m["processes"] == 1 and m["timed_steps"] == 1 and m["warmup_steps"] == 1 and m["device"].startswith("cpu")
-    assert m["tokens_per_step"] == 4096 and m["grad_accum"] == 1  # the whole global batch on one process
+    assert p["grad_accum"] == 1 and m["micro_batch"] == 4
+    assert m["tokens_per_step"] == 4096 and m["grad_accum"] == 2  # the whole global batch on one process
     assert m["seconds"] > 0 and m["tokens_per_s_per_device"] == pytest.approx(4096 / m["seconds"])
     assert p["tokens_per_s"] == pytest.approx(2 * m["tokens_per_s_per_device"])  # scaled by --nproc, said so
     assert "perfect scaling" in p["tokens_per_s_source"]
@@ -99,8 +100,11 @@ def test_measure_times_real_steps_on_one_process_and_writes_nothing(tmp_path, ca
 
 
 def test_measure_text_says_what_was_measured(tiny_config, tmp_path, capsys):
-    cfg = str(tiny_config(steps=4))
-    text = plan_text(capsys, "--config", cfg, "--measure", "--measure-warmup=0", "--measure-steps=1")
+    # monitors with options of their own (a budget guard that would stop the run, a jsonl file) are not run
+    body = "[monitors.jsonl]\nfilename = \"m.jsonl\"\n[monitors.budget_guard]\ncap_usd = 0.000001\nrate_usd_per_hr = 1000.0\n"
+    cfg = str(tiny_config(steps=4, body=body))
+    text = plan_text(capsys, "--config", cfg, "--measure", "--measure-warmup=0", "--measure-steps=1",
+                     '--monitors.enabled=["console", "jsonl", "budget_guard"]', "--data.name=synthetic")
     assert "tokens/s on 1 process on this machine (cpu:" in text and "1 steps of 1,024 tokens" in text
     assert "perfect scaling" not in text and "ETA: " in text and "ETA: give" not in text
     assert not (tmp_path / "out").exists()
