@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.errors import ArgumentParser, ConfigError, DataError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
 
 GiB = 2**30
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO
+
 from core.plan import main
 
 GUARD = '["console", "jsonl", "budget_guard"]'
