@@ -134,8 +134,8 @@ def render_time_and_money(plan: dict[str, Any]) -> list[str]:
                      f"({measured['device']}): {measured['timed_steps']} steps of {measured['tokens_per_step']:,} tokens "
                      f"in {measured['seconds']:.3g} s after {measured['warmup_steps']} warm-up")
         if plan["world_size"] > 1:
-            lines.append(f"              x {plan['world_size']} ranks (--nproc) = {plan['tokens_per_s']:,.0f} tokens/s, "
-                         "assuming perfect scaling across devices")
+            lines.append(f"              x {plan['world_size']} ranks (the planned world size) = {plan['tokens_per_s']:,.0f} "
+                         "tokens/s for the run, assuming perfect scaling across devices")
     tps = plan["tokens_per_s"]
     if tps is None:
         lines.append("  ETA: give --tokens-per-s or --measure (or set [monitors.budget_guard] expected_tokens_per_s)")
