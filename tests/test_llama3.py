@@ -91,6 +91,36 @@ def test_8b_matches_llama3_8b():
     assert Llama3Spec.from_flavor("8b").param_counts()[0] == 8_030_261_248
 
 
+# The size presets of the 1.46B-on-8xA100 document: (layers, width, its rounded count), and the
+# exact counts docs/models.md states.
+PRESETS = {
+    "tiny": (12, 512, 85e6, 85_340_672),
+    "small": (16, 768, 178e6, 177_955_584),
+    "medium": (24, 1024, 374e6, 373_605_376),
+    "medium-large": (20, 1152, 401e6, 401_275_008),
+    "large": (24, 1536, 763e6, 763_307_520),
+    "xlarge": (32, 1920, 1.46e9, 1_461_413_760),
+}
+
+
+@pytest.mark.parametrize("flavor", list(PRESETS))
+def test_size_presets_have_the_documents_shapes_and_counts(flavor):
+    layers, dim, stated, exact = PRESETS[flavor]
+    spec = Llama3Spec.from_flavor(flavor)
+    a = spec.args
+    assert (a.n_layers, a.dim) == (layers, dim)
+    assert spec.param_counts()[0] == numel(meta_model(spec)) == exact
+    digits = 3 if stated >= 100e6 else 2  # the document's precision: 85M, 178M, ..., 1.46B
+    assert float(f"{exact:.{digits}g}") == stated
+    assert a.vocab_size == 50_304 and not a.tie_embeddings and a.max_seq_len == 2048
+
+
+def test_size_presets_are_in_the_docs():
+    text = (__import__("pathlib").Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    for flavor, (layers, dim, _, exact) in PRESETS.items():
+        assert f"| `{flavor}` | {layers} | {dim:,} |" in text and f"{exact:,}" in text
+
+
 @pytest.mark.parametrize("flavor", list(FLAVORS))
 @pytest.mark.parametrize("tie", ["true", "false"])
 def test_param_counts_match_built_model(flavor, tie):

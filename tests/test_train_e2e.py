@@ -45,7 +45,7 @@ def test_same_seed_same_losses_and_world_size_independent(tiny_config, tmp_path)
 
 
 def test_plan_runs_on_every_shipped_config():
-    for name, nproc in [("debug_cpu", 2), ("50m_a100", 1), ("1b_h100", 8)]:
+    for name, nproc in [("debug_cpu", 2), ("50m_a100", 1), ("1b_h100", 8), ("xlarge_8xa100", 8)]:
         # the big configs' data lives on their machines: check the config alone there
         only = [] if name == "debug_cpu" else ["--config-only"]
         proc = run_module("core.plan", "--config", f"train_configs/{name}.toml", f"--nproc={nproc}", "--json", *only)
@@ -57,6 +57,11 @@ def test_plan_runs_on_every_shipped_config():
             assert plan["params_total"] == 1_241_581_568
             assert plan["flops_per_token"] == 6 * (plan["params_non_embedding"] + 131_072 * 2048) + 12 * 16 * 2048 * 2048
         assert set(plan["memory_per_rank"]) >= {"weights_gib", "grads_gib", "optimizer_gib", "activations_gib"}
+        if name == "xlarge_8xa100":  # the 1.46B-on-8xA100 document: 131,072 tokens/step, 11B tokens at 79,200 tokens/s
+            assert plan["params_total"] == 1_461_413_760
+            assert (plan["tokens_per_step"], plan["micro_batch"], plan["grad_accum"], plan["seq_len"]) == (131_072, 8, 1, 2048)
+            assert plan["steps"] == 83_924 and plan["tokens_per_s"] == 79_200
+            assert plan["eta_s"] == plan["total_tokens"] / 79_200 and round(plan["eta_hours"], 1) == 38.6
 
 
 def test_plugins_listing_shows_every_slot_and_provider():

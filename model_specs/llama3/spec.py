@@ -1,6 +1,7 @@
 """The ``llama3`` model spec: flavors, options, and the numbers the core asks for.
 
-A *flavor* is a named set of shapes (``debug``, ``50m``, ``1b``, ``8b``); any
+A *flavor* is a named set of shapes (``debug``, ``50m``, ``1b``, ``8b``, and the
+size presets ``tiny`` .. ``xlarge``, docs/models.md); any
 shape option left at its "from flavor" value (0, or ``"flavor"``) keeps the
 flavor's value, any other value overrides it::
 
@@ -60,6 +61,37 @@ FLAVORS: dict[str, ModelArgs] = {
     "8b": ModelArgs(
         n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14_336, vocab_size=128_256,
         rope_theta=500_000.0, max_seq_len=8192, tie_embeddings=False,
+    ),
+    # The size presets of the 1.46B-on-8xA100 seed document (tiny .. xlarge). The document
+    # gives layers x width and a rounded parameter count only; the rest are Llama-style
+    # choices that reproduce every count at the precision the document states: GQA with 4
+    # key/value heads (2 for tiny, 5 for xlarge), head dim 64 (72 for medium-large, 96 for
+    # large and xlarge), SwiGLU at 2.75 x dim (small: 2048 = 2.67 x), the GPT-2 vocabulary
+    # padded to 50,304 (a multiple of 64), untied embeddings, RoPE 10,000, sequences up to
+    # 2048. Exact counts (docs/models.md):
+    "tiny": ModelArgs(  # 85,340,672 (document: 85M)
+        n_layers=12, dim=512, n_heads=8, n_kv_heads=2, ffn_dim=1408, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+    ),
+    "small": ModelArgs(  # 177,955,584 (document: 178M)
+        n_layers=16, dim=768, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+    ),
+    "medium": ModelArgs(  # 373,605,376 (document: 374M)
+        n_layers=24, dim=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+    ),
+    "medium-large": ModelArgs(  # 401,275,008 (document: 401M); head dim 72
+        n_layers=20, dim=1152, n_heads=16, n_kv_heads=4, ffn_dim=3168, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+    ),
+    "large": ModelArgs(  # 763,307,520 (document: 763M); head dim 96
+        n_layers=24, dim=1536, n_heads=16, n_kv_heads=4, ffn_dim=4224, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+    ),
+    "xlarge": ModelArgs(  # 1,461,413,760 (document: 1.46B); head dim 96
+        n_layers=32, dim=1920, n_heads=20, n_kv_heads=5, ffn_dim=5280, vocab_size=50_304,
+        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
     ),
 }
 
