@@ -86,6 +86,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     check_world = getattr(components["parallelism"], "check_world", None)
     if check_world is not None:
         check_world(world)
+    stages = check_seq_len_stages(rc, world, str(path))  # sets data.seq_len to the first stage's: before the batch layout
     micro_auto: list[int] = []
     if rc.train.micro_batch == "auto":
         from core.micro_batch import candidates
@@ -104,7 +105,6 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             check_model(spec.build())
 
     spec = components["model"]
-    stages = check_seq_len_stages(rc, world, str(path))
     max_seq = getattr(spec, "max_seq_len", None)
     longest = max([rc.seq_len] + [seq for _, seq in stages])
     if max_seq is not None and longest > max_seq:

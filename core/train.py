@@ -100,5 +100,25 @@ def main(argv: list[str] | None = None) -> int:
         distributed.shutdown()
 
 
+def run_and_exit() -> None:
+    """``main()``, then leave without interpreter finalization. Everything the run writes is
+    flushed and closed by then (checkpoints committed, monitors closed, exit_status.json written);
+    what finalization would still tear down (gloo and DCP threads) can abort a finished rank with
+    "terminate called without an active exception" (SIGABRT) once in a while, turning a good
+    run into a failed one for torchrun. An exception still ends the process the normal way."""
+    import os
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    from core.data import _shut_down_workers
+
+    _shut_down_workers()  # loader worker processes (atexit handlers do not run after os._exit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit()

@@ -106,3 +106,59 @@ def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
     assert info["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
     state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000002" / "state.json").read_text())
     assert state["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
+
+
+def full_third_party_config(tmp_path):
+    """Model, data, optimizer, schedule and monitor all from the example plugin."""
+    path = tmp_path / "third.toml"
+    path.write_text(f'''
+extends = "{REPO / 'train_configs' / 'base.toml'}"
+[train]
+steps = 8
+global_batch_tokens = 1024
+micro_batch = 2
+device = "cpu"
+log_every = 1
+output_dir = "{tmp_path / 'out'}"
+[model]
+name = "tiny_gpt"
+vocab_size = 64
+dim = 64
+max_seq_len = 128
+[data]
+name = "repeat"
+period = 64
+seq_len = 128
+[optimizer]
+name = "lion"
+lr = 1e-3
+[lr_schedule]
+name = "step_decay"
+every = 3
+[precision]
+name = "fp32"
+[monitors]
+enabled = ["jsonl", "loss_target"]
+[monitors.loss_target]
+target = 0.0
+''')
+    return path
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_every_slot_from_a_third_party_trains_on_two_ranks_and_resumes_exactly(example_site, tmp_path, parallelism):
+    from conftest import torchrun
+
+    cfg = full_third_party_config(tmp_path)
+    common = ("--config", str(cfg), f"--parallelism.name={parallelism}")
+    straight = torchrun(2, *common, f"--train.output_dir={tmp_path / 'straight'}", extra_env=example_site)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = torchrun(2, *common, "--train.steps=4", extra_env=example_site)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = torchrun(2, *common, extra_env=example_site)
+    assert second.returncode == 0 and "resumed from" in second.stdout, second.stderr[-3000:]
+    want = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight")}
+    got = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "out")}
+    assert want[8] < want[1] - 0.5  # it learns
+    for step in range(5, 9):
+        assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-6), (step, got, want)
