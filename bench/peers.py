@@ -280,12 +280,98 @@ def peer_version(dist_name: str) -> str:
 
 
 def worker_olmo_core(a, s):
-    """OLMo-core: its TransformerConfig.llama_like model, its AdamW config, its loss; plain loop around them."""
-    raise NotImplementedError("not wired yet")
+    """OLMo-core's TransformerTrainModule: its llama_like model, parallelize_model (DDP on 2 ranks), AdamWConfig
+    optimizer, and its own train_batch / optim_step / zero_grads, called as its Trainer calls them. Its Trainer
+    (callbacks, metric reduction, data loader) is left out: a stand-in takes the metrics the module records."""
+    import torch
+
+    from olmo_core.distributed.parallel import DataParallelType
+    from olmo_core.nn.transformer import TransformerConfig
+    from olmo_core.optim import AdamWConfig
+    from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModule
+
+    init_dist()
+    torch.manual_seed(0)
+    cfg = TransformerConfig.llama_like(
+        d_model=s["dim"], vocab_size=s["vocab_size"], n_layers=s["n_layers"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
+        rope_theta=int(s["rope_theta"]), hidden_size_multiple_of=s["ffn_dim"], layer_norm_eps=1e-5,
+    )
+    model = cfg.build(init_device="cpu")
+    ffn = model.blocks["0"].feed_forward.w1.out_features
+    if ffn != s["ffn_dim"]:
+        raise RuntimeError(f"OLMo-core's llama_like gave ffn {ffn}, not {s['ffn_dim']}")
+    optim = AdamWConfig(lr=LR, betas=BETAS, weight_decay=WD, eps=EPS)
+    dp = TransformerDataParallelConfig(name=DataParallelType.ddp) if world()[1] > 1 else None
+    module = TransformerTrainModule(model, optim, rank_microbatch_size=a.micro_batch * a.seq_len, max_sequence_length=a.seq_len,
+                                    max_grad_norm=CLIP, dp_config=dp, device=torch.device("cpu"))
+
+    class MetricsSink:  # what the module asks of its Trainer during a step
+        dp_process_group = None
+
+        def record_metric(self, *args, **kwargs):
+            pass
+
+        def record_ce_loss(self, *args, **kwargs):
+            pass
+
+    module._trainer = MetricsSink()
+    data = Windows(a.seq_len, a.micro_batch, s["vocab_size"])
+
+    def step():
+        x, y = data.next()
+        module.zero_grads()
+        module.train_batch({"input_ids": x, "labels": y})
+        module.optim_step()
+        module.zero_grads()
+
+    return run_steps(step, a.warmup, a.steps), {"version": peer_version("ai2-olmo-core")}
 
 
 def worker_litgpt(a, s):
-    raise NotImplementedError("not wired yet")
+    """litgpt's pretrain step: its GPT model and initialize_weights under Lightning Fabric (DDP on 2 ranks, where
+    litgpt's pretrain would pick FSDP), instantiate_torch_optimizer, chunked_cross_entropy, fabric.backward,
+    fabric.clip_gradients, as litgpt.pretrain.fit runs them; eager (pretrain compiles by default; all run eager here)."""
+    import lightning as L
+    import torch
+
+    from litgpt.config import Config
+    from litgpt.model import GPT
+    from litgpt.pretrain import initialize_weights
+    from litgpt.utils import chunked_cross_entropy, instantiate_torch_optimizer
+
+    ws = world()[1]
+    fabric = L.Fabric(accelerator="cpu", devices=ws, strategy="ddp" if ws > 1 else "auto", precision="32-true")
+    fabric.launch()
+    fabric.seed_everything(0)
+    config = Config(
+        name="plait-" + a.flavor, block_size=a.seq_len, vocab_size=s["vocab_size"], padded_vocab_size=s["vocab_size"],
+        n_layer=s["n_layers"], n_embd=s["dim"], n_head=s["n_heads"], n_query_groups=s["n_kv_heads"],
+        intermediate_size=s["ffn_dim"], rotary_percentage=1.0, parallel_residual=False, bias=False,
+        norm_class_name="RMSNorm", norm_eps=1e-5, mlp_class_name="LLaMAMLP", rope_base=int(s["rope_theta"]),
+    )
+    with fabric.init_module(empty_init=True):
+        model = GPT(config)
+    initialize_weights(fabric, model, n_layer=config.n_layer, n_embd=config.n_embd)
+    if s["tie"]:
+        model.transformer.wte.weight = model.lm_head.weight
+    model = fabric.setup(model)
+    optimizer = instantiate_torch_optimizer(
+        {"class_path": "torch.optim.AdamW", "init_args": {"lr": LR, "weight_decay": WD, "betas": BETAS, "eps": EPS}},
+        model.parameters(), fused=False)
+    optimizer = fabric.setup_optimizers(optimizer)
+    data = Windows(a.seq_len, a.micro_batch, s["vocab_size"])
+
+    def step():
+        x, y = data.next()
+        logits = model(x)
+        loss = chunked_cross_entropy(logits, y)
+        fabric.backward(loss)
+        fabric.clip_gradients(model, optimizer, max_norm=CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    del torch
+    return run_steps(step, a.warmup, a.steps), {"version": peer_version("litgpt")}
 
 
 def worker_torchtitan(a, s):
