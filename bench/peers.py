@@ -374,8 +374,71 @@ def worker_litgpt(a, s):
     return run_steps(step, a.warmup, a.steps), {"version": peer_version("litgpt")}
 
 
+def torchtitan_model_config(s, seq_len):
+    """torchtitan's Llama3Model.Config at the bench's shape, built as its own ``debugmodel`` flavor is
+    (torchtitan.models.llama3._debugmodel), with plain RoPE (no Llama-3.1 scaling, as plait) and its flex attention."""
+    import torchtitan.models.llama3 as tl
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+
+    dim, v, hd = s["dim"], s["vocab_size"], s["dim"] // s["n_heads"]
+    return tl.Llama3Model.Config(
+        dim=dim, vocab_size=v,
+        tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=dim, param_init=tl._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=tl._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=v, param_init=tl._output_linear_init(dim)),
+        layers=tl._build_llama3_layers(
+            fuse_qkv=True, n_layers=s["n_layers"], dim=dim, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
+            hidden_dim=s["ffn_dim"], rope=ComplexRoPE.Config(dim=hd, max_seq_len=max(seq_len, 1024), theta=s["rope_theta"]),
+            attn_backend="flex"),
+    )
+
+
 def worker_torchtitan(a, s):
-    raise NotImplementedError("not wired yet")
+    """torchtitan: first its Trainer (config.build(), as torchtitan.train does); if that cannot run here, its
+    Llama3Model (flex attention, its own weight init and attention masks) in the bench's loop (torch AdamW,
+    clip_grad_norm_, DDP on 2 ranks). The Trainer's error is reported beside the figure."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    trainer_error = None
+    try:
+        config = llama3_debugmodel()
+        config.model_spec = dataclasses.replace(config.model_spec, model=torchtitan_model_config(s, a.seq_len))
+        config.training.seq_len, config.training.local_batch_size, config.training.steps = a.seq_len, a.micro_batch, a.warmup + a.steps
+        config.build()
+        raise RuntimeError("torchtitan's Trainer built on CPU: time it through Trainer.train_step (not wired in this bench)")
+    except Exception as e:  # noqa: BLE001 - reported beside the figure
+        lines = (str(e).strip() or type(e).__name__).splitlines()
+        trainer_error = f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+    init_dist()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = torchtitan_model_config(s, a.seq_len).build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_states(buffer_device=None) if hasattr(model, "init_states") else model.init_weights()
+    if s["tie"]:
+        model.lm_head.weight = model.tok_embeddings.weight
+    masks_of = model.get_attention_masks
+    model = ddp_wrap(model)
+    opt = torch.optim.AdamW(adamw_groups(model), lr=LR, betas=BETAS, eps=EPS)
+    data = Windows(a.seq_len, a.micro_batch, s["vocab_size"])
+
+    def step():
+        x, y = data.next()
+        positions = torch.arange(a.seq_len).expand(x.shape[0], -1)
+        pred = model(x, positions=positions, attention_masks=masks_of(positions))
+        F.cross_entropy(pred.flatten(0, 1).float(), y.flatten()).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return run_steps(step, a.warmup, a.steps), {"version": peer_version("torchtitan"), "trainer_error": trainer_error}
 
 
 WORKERS = {"plait": worker_plait, "bare": worker_bare, "olmo-core": worker_olmo_core, "litgpt": worker_litgpt,
