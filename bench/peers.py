@@ -399,11 +399,12 @@ def worker_torchtitan(a, s):
     clip_grad_norm_, DDP on 2 ranks). The Trainer's error is reported beside the figure."""
     import dataclasses
 
-    import torch
-    import torch.nn.functional as F
-
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
+    import os
+
+    for k, v in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", "1")):  # as torchrun would set them
+        os.environ.setdefault(k, v)
     trainer_error = None
     try:
         config = llama3_debugmodel()
@@ -414,6 +415,18 @@ def worker_torchtitan(a, s):
     except Exception as e:  # noqa: BLE001 - reported beside the figure
         lines = (str(e).strip() or type(e).__name__).splitlines()
         trainer_error = f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+    try:
+        return torchtitan_model_in_bench_loop(a, s, trainer_error)
+    except Exception as e:  # noqa: BLE001
+        lines = (str(e).strip() or type(e).__name__).splitlines()
+        raise PeerCannot(f"its Trainer: {trainer_error}; its Llama3Model (flex attention) in the bench loop: "
+                         f"{type(e).__name__}: {lines[0] if lines else ''}") from e
+
+
+def torchtitan_model_in_bench_loop(a, s, trainer_error):
+    import torch
+    import torch.nn.functional as F
 
     init_dist()
     torch.manual_seed(0)
@@ -445,6 +458,10 @@ WORKERS = {"plait": worker_plait, "bare": worker_bare, "olmo-core": worker_olmo_
            "torchtitan": worker_torchtitan}
 
 
+class PeerCannot(RuntimeError):
+    """What a peer could not do, already said in full (no exception type in front)."""
+
+
 def worker_main(a) -> int:
     s = dict(SHAPES[a.flavor])
     if a.flavor == "debug":
@@ -459,7 +476,7 @@ def worker_main(a) -> int:
         out.update(extra, times=times)
     except BaseException as e:  # noqa: BLE001 - reported, never a figure
         lines = (str(e).strip() or type(e).__name__).splitlines()
-        out["error"] = f"{type(e).__name__}: {lines[0] if lines else ''}"
+        out["error"] = lines[0] if isinstance(e, PeerCannot) else f"{type(e).__name__}: {lines[0] if lines else ''}"
         if a.worker in PEERS:
             try:
                 out["version"] = peer_version(PEERS[a.worker][0])
