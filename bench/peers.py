@@ -45,6 +45,16 @@ RESULT = "PEERS_RESULT "
 # Candidate -> (distribution name for the version, import name to check it is installed), None: ours.
 PEERS = {"olmo-core": ("ai2-olmo-core", "olmo_core"), "litgpt": ("litgpt", "litgpt"), "torchtitan": ("torchtitan", "torchtitan")}
 CANDIDATES = ["plait", "bare", *PEERS]
+# What each candidate's figure times (the table's "what ran" column).
+WHAT_RAN = {
+    "plait": "plait's Trainer.fit(): its llama3 model, token_bin loader, ddp plugin, AdamW, clip",
+    "bare": "hand-written loop, this file's own Llama-style module, torch AdamW + clip_grad_norm_ (DDP on 2)",
+    "olmo-core": "OLMo-core llama_like Transformer; TransformerTrainModule train_batch / optim_step / zero_grads "
+                 "(AdamWConfig, max_grad_norm, its DDP on 2); its Trainer loop not used",
+    "litgpt": "litgpt GPT + initialize_weights under Lightning Fabric (DDP on 2; pretrain picks FSDP there); "
+              "pretrain.fit's step: chunked_cross_entropy, fabric.backward, fabric.clip_gradients; eager",
+    "torchtitan": "tried: its Trainer (config.build()), then its Llama3Model in the bench loop",
+}
 
 # The shapes of plait's llama3 flavors (model_specs/llama3/spec.py FLAVORS), repeated here so the
 # peers' processes (another environment, no plait) need not import plait. The debug flavor at vocab 512.
@@ -528,6 +538,13 @@ def launch(cand: str, nproc: int, a) -> dict:
     return {"candidate": cand, "error": f"subprocess exited {p.returncode}: {err.strip()}"}
 
 
+def load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
 def fmt_ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
@@ -575,6 +592,7 @@ def main(argv=None) -> int:
                   "or point --peers-python at the environment that has it)", file=sys.stderr)
             return 2
 
+    load_start = load_average()
     runs: dict[tuple[str, int], list[dict]] = {(c, n): [] for n in nprocs for c in cands}
     for r in range(a.rounds):
         for n in nprocs:
@@ -596,27 +614,26 @@ def main(argv=None) -> int:
         if ok and len(ok) == len(results):
             meds = [statistics.median(r["times"]) for r in ok]
             m = statistics.median(meds)
-            rows.append([c, n, fmt_ms(m), f"{fmt_ms(min(meds))}-{fmt_ms(max(meds))}", f"{tokens * n / m:,.0f}", ""])
+            rows.append([c, n, fmt_ms(m), f"{fmt_ms(min(meds))}-{fmt_ms(max(meds))}", f"{tokens * n / m:,.0f}", WHAT_RAN[c]])
         else:
             err = next(r["error"] for r in results if "error" in r)
-            rows.append([c, n, "-", "-", "-", f"could not run: {err}"])
+            rows.append([c, n, "-", "-", "-", f"{WHAT_RAN[c]}. Could not run: {err}"])
     from bench.common import table
 
-    body = table(["candidate", "processes", "median step ms", "range over rounds (ms)", "tokens/s (all ranks)", "note"], rows)
+    body = table(["candidate", "processes", "median step ms", "range over rounds (ms)", "tokens/s (all ranks)", "what ran"], rows)
     body += (f"\n\nflavor `{a.flavor}`, fp32, micro-batch {a.micro_batch} x seq {a.seq_len} per process, one optimizer step per "
              f"micro-batch; AdamW lr {LR} betas {BETAS} wd {WD}, grad clip {CLIP}; {a.warmup} warm-up + {a.steps} timed steps "
              f"per subprocess, {a.rounds} alternating rounds; step time = wall time per optimizer step, data loading included, "
-             "startup excluded (rank 0's with two processes, gloo under torchrun).")
+             "startup excluded (rank 0's with two processes, gloo under torchrun, which sets OMP_NUM_THREADS=1 per rank; one process "
+             "runs with torch's default threads). plait reads batches through its own token_bin loader, the others through "
+             "this bench's random windows of the same corpus.")
     print(body)
     if not a.no_record:
         from bench.common import append_section
 
-        try:
-            load = os.getloadavg()[0]
-        except OSError:
-            load = float("nan")
         vers = ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "no peer ran"
-        note = f"peers: {vers}; peers' torch: {a.peers_python}; 1-minute load average at the end: {load:.2f}"
+        note = (f"peers: {vers} (in {a.peers_python}, with the same torch); 1-minute load average at the start "
+                f"{load_start:.2f}, at the end {load_average():.2f}")
         append_section(f"Peers: plait vs a bare loop and peer trainers, {a.flavor} on {a.device}", body, device=a.device,
                        note=note)
     return 0
