@@ -229,15 +229,13 @@ def worker_bare(a, s):
 
 
 def worker_plait(a, s):
-    import torch
-
     from core import distributed
     from core.hookspecs import hookimpl
     from core.monitor_hub import register_monitor
     from core.prepare import prepare
     from core.trainer import Trainer
 
-    rank, ws = world()
+    ws = world()[1]
     total = a.warmup + a.steps
     overrides = [
         f"--model.flavor={a.flavor}", *(["--model.vocab_size=512"] if a.flavor == "debug" else []),
@@ -276,7 +274,6 @@ def worker_plait(a, s):
     ends = ends[1:] if a.warmup else ends
     import importlib.metadata as md
 
-    del torch
     return [b - e for e, b in zip(ends, ends[1:])], {"version": md.version("plait")}
 
 
@@ -529,7 +526,10 @@ def launch(cand: str, nproc: int, a) -> dict:
     else:
         cmd = [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *worker]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=a.timeout)
+    try:
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return {"candidate": cand, "error": f"subprocess ran past --timeout {a.timeout:g} s"}
     for line in p.stdout.splitlines():
         if line.startswith(RESULT):
             return json.loads(line[len(RESULT):])
