@@ -29,8 +29,9 @@ This process never imports a peer.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -59,8 +60,10 @@ WHAT_RAN = {
 # The shapes of plait's llama3 flavors (model_specs/llama3/spec.py FLAVORS), repeated here so the
 # peers' processes (another environment, no plait) need not import plait. The debug flavor at vocab 512.
 SHAPES = {
-    "debug": dict(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=512, rope_theta=10_000.0, tie=False),
-    "50m": dict(n_layers=8, dim=768, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=50_257, rope_theta=10_000.0, tie=True),
+    "debug": {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 384, "vocab_size": 512,
+              "rope_theta": 10_000.0, "tie": False},
+    "50m": {"n_layers": 8, "dim": 768, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 2048, "vocab_size": 50_257,
+            "rope_theta": 10_000.0, "tie": True},
 }
 LR, BETAS, WD, EPS, CLIP = 1e-4, (0.9, 0.95), 0.1, 1e-8, 1.0
 
@@ -69,7 +72,7 @@ LR, BETAS, WD, EPS, CLIP = 1e-4, (0.9, 0.95), 0.1, 1e-8, 1.0
 
 
 def world() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Windows:
@@ -274,7 +277,7 @@ def worker_plait(a, s):
     ends = ends[1:] if a.warmup else ends
     import importlib.metadata as md
 
-    return [b - e for e, b in zip(ends, ends[1:])], {"version": md.version("plait")}
+    return [b - e for e, b in itertools.pairwise(ends)], {"version": md.version("plait")}
 
 
 # ---- the peers
@@ -291,11 +294,13 @@ def worker_olmo_core(a, s):
     optimizer, and its own train_batch / optim_step / zero_grads, called as its Trainer calls them. Its Trainer
     (callbacks, metric reduction, data loader) is left out: a stand-in takes the metrics the module records."""
     import torch
-
     from olmo_core.distributed.parallel import DataParallelType
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.optim import AdamWConfig
-    from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModule
+    from olmo_core.train.train_module import (
+        TransformerDataParallelConfig,
+        TransformerTrainModule,
+    )
 
     init_dist()
     torch.manual_seed(0)
@@ -339,8 +344,6 @@ def worker_litgpt(a, s):
     litgpt's pretrain would pick FSDP), instantiate_torch_optimizer, chunked_cross_entropy, fabric.backward,
     fabric.clip_gradients, as litgpt.pretrain.fit runs them; eager (pretrain compiles by default; all run eager here)."""
     import lightning as L
-    import torch
-
     from litgpt.config import Config
     from litgpt.model import GPT
     from litgpt.pretrain import initialize_weights
@@ -377,7 +380,6 @@ def worker_litgpt(a, s):
         optimizer.step()
         optimizer.zero_grad()
 
-    del torch
     return run_steps(step, a.warmup, a.steps), {"version": peer_version("litgpt")}
 
 
@@ -405,10 +407,9 @@ def worker_torchtitan(a, s):
     Llama3Model (flex attention, its own weight init and attention masks) in the bench's loop (torch AdamW,
     clip_grad_norm_, DDP on 2 ranks). The Trainer's error is reported beside the figure."""
     import dataclasses
+    import os
 
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
-
-    import os
 
     for k, v in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", "1")):  # as torchrun would set them
         os.environ.setdefault(k, v)
@@ -425,7 +426,7 @@ def worker_torchtitan(a, s):
 
     try:
         return torchtitan_model_in_bench_loop(a, s, trainer_error)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         lines = (str(e).strip() or type(e).__name__).splitlines()
         raise PeerCannot(f"its Trainer: {trainer_error}; its Llama3Model (flex attention) in the bench loop: "
                          f"{type(e).__name__}: {lines[0] if lines else ''}") from e
@@ -485,23 +486,21 @@ def worker_main(a) -> int:
         lines = (str(e).strip() or type(e).__name__).splitlines()
         out["error"] = lines[0] if isinstance(e, PeerCannot) else f"{type(e).__name__}: {lines[0] if lines else ''}"
         if a.worker in PEERS:
-            try:
+            import importlib.metadata as md
+
+            with contextlib.suppress(md.PackageNotFoundError):
                 out["version"] = peer_version(PEERS[a.worker][0])
-            except Exception:  # noqa: BLE001
-                pass
         if os.environ.get("PLAIT_BENCH_TRACEBACK"):
             import traceback
 
             traceback.print_exc()
     if rank == 0:
         print(RESULT + json.dumps(out), flush=True)
-    try:
+    with contextlib.suppress(Exception):  # leaving anyway: a failed teardown changes no figure
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
     return 0 if "times" in out else 3
 
 
@@ -514,7 +513,7 @@ def python_for(cand: str, a) -> str:
 
 def installed(python: str, module: str) -> bool:
     code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
-    return subprocess.run([python, "-c", code], cwd=REPO, capture_output=True).returncode == 0
+    return subprocess.run([python, "-c", code], cwd=REPO, capture_output=True, check=False).returncode == 0
 
 
 def launch(cand: str, nproc: int, a) -> dict:
@@ -527,7 +526,7 @@ def launch(cand: str, nproc: int, a) -> dict:
         cmd = [py, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *worker]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=a.timeout)
+        p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=a.timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"candidate": cand, "error": f"subprocess ran past --timeout {a.timeout:g} s"}
     for line in p.stdout.splitlines():

@@ -24,7 +24,7 @@ def test_plait_and_bare_rows():
         if len(cells) >= 5 and cells[0] in ("plait", "bare"):
             rows[cells[0]] = cells
     assert set(rows) == {"plait", "bare"}, proc.stdout
-    for name, cells in rows.items():
+    for cells in rows.values():
         assert cells[1] == "1", cells  # one process
         median, tokens = float(cells[2]), float(cells[4].replace(",", ""))
         assert median > 0 and tokens > 0, cells
