@@ -563,6 +563,8 @@ def main(argv=None) -> int:
     p.add_argument("--peers-python", default=os.environ.get("PLAIT_PEERS_PYTHON", sys.executable),
                    help="interpreter of the environment the peers are installed in (default: $PLAIT_PEERS_PYTHON, else this one)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per subprocess")
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="start no new round after this many minutes (0: no limit); the table says how many rounds ran")
     p.add_argument("--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md")
     a = p.parse_args(argv)
     if a.worker:
@@ -593,7 +595,12 @@ def main(argv=None) -> int:
 
     load_start = load_average()
     runs: dict[tuple[str, int], list[dict]] = {(c, n): [] for n in nprocs for c in cands}
+    t_start, rounds_done = time.monotonic(), 0
     for r in range(a.rounds):
+        if r and a.max_minutes and time.monotonic() - t_start > a.max_minutes * 60:
+            print(f"bench.peers: --max-minutes {a.max_minutes:g} reached: {r} of {a.rounds} rounds ran", file=sys.stderr, flush=True)
+            break
+        rounds_done = r + 1
         for n in nprocs:
             for c in cands:
                 if runs[(c, n)] and "error" in runs[(c, n)][-1]:
@@ -622,7 +629,7 @@ def main(argv=None) -> int:
     body = table(["candidate", "processes", "median step ms", "range over rounds (ms)", "tokens/s (all ranks)", "what ran"], rows)
     body += (f"\n\nflavor `{a.flavor}`, fp32, micro-batch {a.micro_batch} x seq {a.seq_len} per process, one optimizer step per "
              f"micro-batch; AdamW lr {LR} betas {BETAS} wd {WD}, grad clip {CLIP}; {a.warmup} warm-up + {a.steps} timed steps "
-             f"per subprocess, {a.rounds} alternating rounds; step time = wall time per optimizer step, data loading included, "
+             f"per subprocess, {rounds_done} alternating rounds{'' if rounds_done == a.rounds else f' (of {a.rounds} asked; --max-minutes)'}; step time = wall time per optimizer step, data loading included, "
              "startup excluded (rank 0's with two processes, gloo under torchrun, which sets OMP_NUM_THREADS=1 per rank; one process "
              "runs with torch's default threads). plait reads batches through its own token_bin loader, the others through "
              "this bench's random windows of the same corpus.")
