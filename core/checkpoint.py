@@ -36,6 +36,7 @@ import torch
 from core import integrity, log
 from core.errors import CheckpointError
 from core.options import option
+from core.protocols import loader_state_per_rank
 
 COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
@@ -367,7 +368,7 @@ class Checkpointer:
             "tokens_seen": run.tokens_seen,
             "train": {k: v for k, v in run.state.items() if isinstance(v, (int, float, str, bool, list, dict))},
             "lr_schedule": sched,
-            "data": {} if getattr(self.t.loader, "per_rank_state", False) else self.t.loader.state_dict(),
+            "data": {} if loader_state_per_rank(self.t.loader) else self.t.loader.state_dict(),
             "optimizer_plugin": self.t.rc.slots["optimizer"].component.name,
             "world_size": self.dist.world_size,
             "config": run.config,
@@ -403,7 +404,7 @@ class Checkpointer:
             return
         try:
             (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
-            if getattr(self.t.loader, "per_rank_state", False):  # streaming sources: each rank's own position
+            if loader_state_per_rank(self.t.loader):  # streaming sources: each rank's own position
                 (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.t.loader.state_dict()))
         except OSError as e:
             error = e
@@ -598,7 +599,7 @@ class Checkpointer:
                 else:
                     group["lr"] = float(lr)
         if "data" not in skip:
-            if getattr(t.loader, "per_rank_state", False):
+            if loader_state_per_rank(t.loader):
                 data_file = path / "rng" / f"data_rank_{self.dist.rank}.json"
                 if meta.get("world_size") != self.dist.world_size or not data_file.is_file():
                     raise CheckpointError(f"checkpoint {path}: the streaming data position was saved on "
@@ -619,7 +620,7 @@ class Checkpointer:
         if self.dist.is_main:
             log.info(f"resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})")
             lr = t.optimizer.param_groups[0]["lr"]
-            position = t.loader.state_dict() if not getattr(t.loader, "per_rank_state", False) else {}
+            position = t.loader.state_dict() if not loader_state_per_rank(t.loader) else {}
             data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
             parts = [f"tokens seen {run.tokens_seen:,}", f"lr {float(lr):.3g}", f"data at {data}"]
             if "optimizer" in skip:

@@ -172,6 +172,16 @@ class DataLoaderLike(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def loader_may_end(loader: DataLoaderLike) -> bool:
+    """The loader's optional ``may_end`` flag (default False); the one place the core reads it."""
+    return bool(getattr(loader, "may_end", False))
+
+
+def loader_state_per_rank(loader: DataLoaderLike) -> bool:
+    """The loader's optional ``per_rank_state`` flag (default False); the one place the core reads it."""
+    return bool(getattr(loader, "per_rank_state", False))
+
+
 @runtime_checkable
 class DataSource(Protocol):
     """A source of training tokens."""

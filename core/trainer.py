@@ -34,7 +34,7 @@ from core.nonfinite import EXIT_NONFINITE, NonFiniteGuard, NonFiniteState
 from core.parallelize import parallelize
 from core.param_groups import param_groups
 from core.prepare import Prepared
-from core.protocols import DistInfo, LoaderSpec
+from core.protocols import DistInfo, LoaderSpec, loader_may_end
 from core.run import Run
 
 SPIKE_BATCHES = 5  # steps of rare-token batches injected by train.inject_spike_at_step
@@ -392,7 +392,7 @@ class Trainer:
             why, bad = f"bad data: {e}", 2
             log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
         self.data_wait_s += time.perf_counter() - t_wait
-        if getattr(self.loader, "may_end", False):
+        if loader_may_end(self.loader):
             ended, bad = self.control.max([int(bool(why)), bad])
             if ended and not why:
                 why = "bad data on another rank" if bad else "the data ran out on another rank"

@@ -90,3 +90,17 @@ def tiny_config(tmp_path: Path):
         return write_tiny_config(tmp_path, name, body, **train)
 
     return make
+
+
+def flat_checkpoint(path: Path) -> dict:
+    """A DCP checkpoint folder as one nested dict of tensors ({"model": ..., "optimizer": ...}), read with
+    DCP's own single-process converter and loaded with ``weights_only=True``."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    flat = path.parent / f"{path.name}.flat.pt"
+    dcp_to_torch_save(str(path), str(flat))
+    try:
+        return torch.load(flat, weights_only=True)
+    finally:
+        flat.unlink()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, env, free_port, run_module, write_tiny_config
+from conftest import REPO, env, flat_checkpoint, free_port, run_module, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,7 @@ def committed_steps(out: Path) -> list[str]:
 
 def nonfinite_tensors(path: Path) -> int:
     """NaN/inf tensors in a DCP checkpoint, read with DCP's own single-process loader."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(str(path), str(path.parent / "flat.pt"))
-    flat = torch.load(path.parent / "flat.pt", weights_only=False)
-    (path.parent / "flat.pt").unlink()
+    flat = flat_checkpoint(path)
 
     def walk(x):
         if isinstance(x, torch.Tensor):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, read_metrics, run_module
+from conftest import REPO, flat_checkpoint, read_metrics, run_module
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +60,6 @@ def tied_config(tmp_path):
     return path
 
 
-def flat_checkpoint(path):
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(str(path), str(path.parent / "flat.pt"))
-    return torch.load(path.parent / "flat.pt", weights_only=False)["model"]
-
-
 def test_tied_third_party_model_stays_tied(example_site, tmp_path):
     """The standard `lm_head.weight = wte.weight` tie survives plait's meta-device build, training
     and resume, and plan counts the parameters the run trains."""
@@ -81,7 +73,7 @@ def test_tied_third_party_model_stays_tied(example_site, tmp_path):
     proc = run_module("core.train", "--config", str(cfg), "--train.steps=8", extra_env=example_site)
     assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr[-3000:]
     for step in (3, 6, 8):
-        model = flat_checkpoint(out / "checkpoints" / f"step_{step:09d}")
+        model = flat_checkpoint(out / "checkpoints" / f"step_{step:09d}")["model"]
         assert (model["lm_head.weight"] == model["wte.weight"]).all(), f"untied at step {step}"
         trained = sum(t.numel() for k, t in model.items() if k != "lm_head.weight")
         assert trained == planned
