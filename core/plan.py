@@ -167,7 +167,7 @@ def duration(seconds: float) -> str:
 
 
 def stages(prep) -> list[dict[str, Any]]:
-    """The sequence-length stages as the trainer runs them (``Trainer.seq_len_for``): stage i
+    """The sequence-length stages as the trainer runs them (:func:`core.stages.seq_len_at`): stage i
     covers the 0-based steps ``s >= start_i x total``; each keeps tokens per micro-batch, so
     its micro-batch is ``micro x first seq_len / seq_len``. Without ``data.seq_len_stages``,
     one stage at ``data.seq_len``."""

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from core import integrity
-from core.checkpoint import check_fits, read_json, read_manifest, set_rng_state, verify, warn
+from core.checkpoint_folders import check_fits, read_json, read_manifest, verify, warn
 from core.errors import EXIT_BAD_INPUT, CheckpointError
+from core.rng import set_rng_state
 
 
 def agree(group: Any, error: str | None) -> str | None:

@@ -1,0 +1,101 @@
+"""Building the state a run trains: model, optimizer, schedule, loader and run counters.
+
+The order is torchtitan's, for one data-parallel dimension: the model on the
+meta device -> precision conversion (e.g. fp8 linears) -> activation
+checkpointing -> torch.compile per block -> parallelism wrapper (all in
+:func:`core.parallelize.parallelize`) -> real storage with ties kept, and
+initialization -> optimizer and schedule -> loader.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core import distributed, log
+from core.checkpoint import TrainingState
+from core.materialize import materialize
+from core.param_groups import param_groups
+from core.prepare import Prepared
+from core.protocols import DistInfo, LoaderSpec
+from core.rng import seed_everything
+from core.run import Run
+
+
+@dataclass
+class Assembled:
+    """What :func:`assemble` builds: the state a checkpoint holds, and how the loop drives it."""
+
+    state: TrainingState
+    train_model: torch.nn.Module  # the model as the parallelism plugin wrapped it
+    loader_spec: LoaderSpec
+
+
+def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, initial_load: bool) -> Assembled:
+    """The seeded state of a fresh run; ``initial_load``: with the weights of ``checkpoint.initial_load``, if set."""
+    rc, c = prep.rc, prep.components
+    seed_everything(rc.train.seed)
+    spec, precision, parallelism = c["model"], c["precision"], c["parallelism"]
+    with torch.device("meta"):
+        model = spec.build()
+    model = precision.convert(model, spec)
+    materialize(model, dist.device)  # weight ties kept
+    with torch.no_grad():
+        spec.init_weights(model)
+    initial = rc.sections["checkpoint"].initial_load
+    if initial and initial_load:
+        from core.weights import copy_into, load_weights
+
+        copy_into(model, load_weights(Path(initial), spec, model))
+        if dist.is_main:
+            log.info(f"initial weights from {initial}")
+    from core.parallelize import parallelize
+
+    train_model = parallelize(model, spec, parallelism, precision, dist, rc.train)
+    if prep.micro_batch_candidates:
+        choose_micro_batch(prep, dist, control, model, train_model)
+    optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options))
+    total, schedule = prep.total_steps, c["lr_schedule"]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
+    loader_spec = LoaderSpec(
+        seq_len=rc.seq_len,
+        micro_batch=rc.train.micro_batch,
+        grad_accum=prep.grad_accum,
+        dp_rank=dist.dp_rank,
+        dp_size=dist.dp_size,
+        seed=rc.train.seed,
+        total_samples=total * rc.train.global_batch_tokens // rc.seq_len,
+    )
+    run = Run(config=prep.resolved, output_dir=Path(rc.train.output_dir), dist=dist, total_steps=total,
+              tokens_per_step=prep.tokens_per_step, model=model, spec=spec, optimizer=optimizer,
+              state={"wall_time_s": 0.0, "best_val_loss": math.inf})
+    # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
+    run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
+    state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler,
+                          loader=c["data"].loader(loader_spec), run=run)
+    return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
+
+
+def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane,
+                       model: torch.nn.Module, train_model: torch.nn.Module) -> None:
+    """``micro_batch = "auto"``: probe on CUDA, agree across ranks, re-derive accumulation."""
+    from core.micro_batch import probe
+    from core.run_config import batch_layout
+
+    rc, c = prep.rc, prep.components
+    micro: Any = rc.train.micro_batch
+    if dist.device.type == "cuda":
+        n_params = sum(p.numel() for p in model.parameters())
+        state = int(getattr(c["optimizer"], "state_bytes_per_param", 8) * n_params)  # declared optional (core.contract)
+        micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates,
+                      rc.seq_len, c["model"].vocab_size, state)
+        micro = -control.max([-micro])[0]  # the smallest rank's answer
+    rc.train.micro_batch = micro
+    prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
+    if dist.is_main:
+        log.info(f"micro_batch = \"auto\" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}")

@@ -1,0 +1,260 @@
+"""Checkpoint folders: their layout, their verification, and which one to resume from.
+
+A checkpoint is a folder ``<dir>/step_000001000/`` holding
+
+* the DCP shards of ``{"model": ..., "optimizer": ...}``, written by every
+  rank and resharded on load, so a checkpoint made on N ranks (ddp or fsdp2)
+  loads on M ranks;
+* ``state.json``: step, tokens seen, wall time, best validation loss, the LR
+  schedule, the data position (global, so it is independent of world size),
+  the optimizer plugin's name, the resolved config and library versions;
+* ``rng/rank_<r>.json``: python, numpy, torch and cuda RNG states per rank;
+* ``COMMITTED``: written last, by rank 0, once every rank has finished
+  writing; it lists every file with its size and CRC-32 (each rank checksums
+  its shards while writing them, :mod:`core.safe_dcp`). A folder without it,
+  or whose files do not match it, is never resumed from (:mod:`core.integrity`).
+
+Checkpoints are read only through :class:`core.safe_dcp.SafeFileSystemReader`,
+which runs no code from the files. Writing and loading them is
+:class:`core.checkpoint.Checkpointer`'s job; nothing here needs a process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core import integrity, log
+from core.errors import CheckpointError
+from core.options import option
+
+COMMIT_MARKER = "COMMITTED"
+BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
+STATE_FILE = "state.json"
+PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
+LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
+EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
+# A single process saving or loading without a process group is intended here.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+@dataclass
+class CheckpointOptions:
+    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop")
+    dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
+    async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
+    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all")
+    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
+    exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
+    at_end: bool = option(True, "save when training completes")
+    on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
+    keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
+    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
+    allow_foreign: bool = option(False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned")
+
+    def check(self) -> None:
+        bad = [p for p in self.exclude_from_loading if p not in PARTS]
+        if bad:
+            raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
+        if self.every < 0 or self.keep_latest < 0 or self.keep_best < 0:
+            raise ValueError("every, keep_latest and keep_best must be >= 0")
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written (disk full, quota, I/O error). Raised on every rank
+    together, after the partial folder of this save was removed; the run stops without a
+    checkpoint and exits with :data:`EXIT_SAVE_FAILED`."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+# torch's zip writer reports a failed write (ENOSPC, EFBIG) as a RuntimeError; once DCP has
+# pickled it across ranks its OSError context is gone, so it is recognised by its text.
+_WRITER_ERRORS = ("inline_container.cc", "PytorchStreamWriter", "file write failed")
+
+
+def io_error(e: BaseException, depth: int = 0) -> BaseException | None:
+    """The write error behind a failed save: an OSError (``e`` itself, its context, or one
+    inside DCP's ``CheckpointException``, a BaseException carrying each failing rank's
+    error), or torch's file writer's RuntimeError for a failed write. None for anything else."""
+    if isinstance(e, OSError):
+        return e
+    if depth > 4:
+        return None
+    for failure in (getattr(e, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException) and (found := io_error(inner, depth + 1)) is not None:
+            return found
+    cause = e.__cause__ or e.__context__
+    if cause is not None and (found := io_error(cause, depth + 1)) is not None:
+        return found
+    if isinstance(e, RuntimeError) and any(m in str(e) for m in _WRITER_ERRORS):
+        return e
+    return None
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:09d}"
+
+
+def committed(root: Path) -> list[Path]:
+    """Folders with a commit marker, oldest first (by step)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / COMMIT_MARKER).is_file())
+
+
+def lineage_of(path: Path) -> str | None:
+    """The id of the run that wrote checkpoint folder ``path``; None if unknown (another tool, or plait before lineages)."""
+    try:
+        return (path / LINEAGE_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def refuse_foreign(opts: CheckpointOptions, root: Path) -> None:
+    """A fresh run must not share a checkpoint folder with another run's checkpoints unless told to."""
+    if opts.resume != "none" or opts.allow_foreign:
+        return
+    theirs = committed(root)
+    if theirs:
+        raise CheckpointError(
+            f"checkpoint folder {root} holds {len(theirs)} checkpoint(s) of another run (newest {theirs[-1].name}) and "
+            "checkpoint.resume = 'none' starts a new one: resume it (resume = 'auto'), use another checkpoint.dir or "
+            "train.output_dir, or set checkpoint.allow_foreign = true to train beside them (they are never touched)"
+        )
+
+
+def read_manifest(path: Path) -> integrity.Manifest:
+    """The commit manifest of checkpoint folder ``path``. Raises CheckpointError."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    marker = path / COMMIT_MARKER
+    if not marker.is_file():
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
+    return integrity.read_manifest(marker)
+
+
+def verify(path: Path, shards: bool = True) -> dict[str, Any]:
+    """Check that ``path`` is a complete, undamaged checkpoint; return its state.json.
+
+    Checks every listed file's size and checksum, that the DCP metadata is
+    made of nothing but DCP metadata (:mod:`core.safe_dcp`), and that
+    state.json has the keys a resume reads. ``shards=False`` leaves out the
+    checksums of the DCP shards (the bulk of the bytes): a resume checks those
+    after the process group exists, each rank a share (:mod:`core.resume`).
+    Raises CheckpointError.
+    """
+    from core.safe_dcp import load_metadata
+
+    manifest = read_manifest(path)
+    integrity.check_sizes(path, manifest, exclude=COMMIT_MARKER)
+    integrity.check_checksums(path, manifest, manifest.small_files() + (manifest.shards() if shards else []))
+    load_metadata(path)
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
+    integrity.check_state(state, path / STATE_FILE)
+    return state
+
+
+def verifies(path: Path) -> bool:
+    try:
+        verify(path, shards=False)  # complete and sound; the shards' checksums are read only to resume
+        return True
+    except CheckpointError:
+        return False
+
+
+def check_shapes(path: Path, model: torch.nn.Module) -> None:
+    """Compare the checkpoint's model tensors with ``model`` (may live on meta). Raises CheckpointError."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from core.safe_dcp import load_metadata
+
+    meta = load_metadata(path)
+    saved = {
+        k[len("model."):]: tuple(v.size)
+        for k, v in meta.state_dict_metadata.items()
+        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
+    }
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(want) - set(saved))
+    mismatched = sorted(k for k in set(want) & set(saved) if want[k] != saved[k])
+    if mismatched:
+        details = ", ".join(f"{k} {saved[k]} vs model {want[k]}" for k in mismatched[:4])
+        more = f" and {len(mismatched) - 4} more" if len(mismatched) > 4 else ""
+        raise CheckpointError(f"checkpoint {path} does not fit the model: {details}{more}")
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks model keys: {', '.join(missing[:6])}")
+
+
+def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module | None) -> None:
+    """A model that changed shape is the user's mistake, not damage: an error, never a
+    fallback (starting fresh would later prune the run's real checkpoints)."""
+    if model_meta is not None and "model" not in opts.exclude_from_loading:
+        check_shapes(path, model_meta)
+
+
+def warn(message: str) -> None:
+    """A one-line warning, from rank 0 only."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        log.warn(f"{message}")
+
+
+def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> list[Path]:
+    """The checkpoints to try resuming from, best first, checked before any process group exists.
+
+    An explicit path must pass :func:`verify` without the shard checksums, and
+    fit the model, or it is an error. ``resume = "auto"``: the newest complete
+    checkpoint that passes the same checks, then every older one (checked
+    later, should the first fail the checks made after the process group
+    exists, :mod:`core.resume`); each damaged one is skipped with a warning.
+    """
+    refuse_foreign(opts, root)
+    if opts.resume == "none":
+        return []
+    if opts.resume != "auto":
+        path = Path(opts.resume)
+        verify(path, shards=False)
+        check_fits(opts, path, model_meta)
+        return [path]
+    done = list(reversed(committed(root)))
+    for i, path in enumerate(done):
+        try:
+            verify(path, shards=False)
+        except CheckpointError as e:  # damaged: fall back to the one before
+            warn(f"skipping checkpoint: {e}")
+            continue
+        check_fits(opts, path, model_meta)
+        return done[i:]
+    if done:
+        warn(f"no usable checkpoint in {root}: starting fresh")
+    return []
+
+
+def read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is not readable JSON ({e})") from None
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: tensors (torchao keeps learning rates in tensors) become numbers."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value

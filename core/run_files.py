@@ -1,0 +1,94 @@
+"""The files a run writes beside its checkpoints, and the summary it prints at start.
+
+``config.resolved.toml`` (re-runs the run), ``run_info.json`` (command, device,
+versions), and ``exit_status.json`` (exit code, reason, step, detail), which
+launchers read because torchrun reports any failed rank as exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core import config as config_io
+from core import log
+from core.prepare import Prepared
+from core.protocols import DistInfo
+
+
+def library_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    from core.registry import load
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("plait", "torchao", "torchdata", "numpy", "pluggy", "safetensors"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        out["cuda"] = str(torch.version.cuda)
+    for plugin, version in load().third_party.items():  # third-party plugins: "distribution version"
+        out[f"plugin:{plugin}"] = version
+    return out
+
+
+def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> None:
+    """``config.resolved.toml`` and ``run_info.json`` in ``train.output_dir`` (rank 0)."""
+    if not dist.is_main:
+        return
+    out = Path(prep.rc.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.resolved.toml").write_text(config_io.dumps(prep.resolved))
+    device = dist.device
+    info = {
+        "config": prep.source,
+        "command": sys.argv,
+        "world_size": dist.world_size,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "backend": dist.backend,
+        "versions": versions,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (out / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str, strict: bool = True) -> None:
+    """``exit_status.json``; ``strict=False``: a full or read-only disk is logged, not raised."""
+    status: dict[str, Any] = {"exit_code": exit_code, "reason": reason, "step": step, "detail": detail}
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+    except OSError as e:
+        if strict:
+            raise
+        log.error(f"cannot write exit_status.json ({e})")
+
+
+def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) -> str:
+    """What is active, in three lines: printed once at start (rank 0)."""
+    rc = prep.rc
+    name = lambda slot: rc.slots[slot].component.name  # noqa: E731
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
+    precision = name("precision") + (f" (fallback skipped {reasons})" if reasons else "")
+    train = rc.train
+    ac = train.activation_checkpointing
+    if train.activation_checkpointing == "full" and train.activation_checkpointing_every > 1:
+        ac += f" every {train.activation_checkpointing_every}"
+    return "\n".join([
+        f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {dist.world_size} rank(s), "
+        f"{dist.device} | precision {precision}",
+        f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
+        f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
+        f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {dist.world_size} ranks x {prep.grad_accum} "
+        f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {run.step} -> {run.total_steps}",
+    ])

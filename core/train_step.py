@@ -1,0 +1,75 @@
+"""One training step, apart from the loop (OLMo-core's train module): forward and backward
+over a step's micro-batches, the gradient norm, and the update or its skip.
+
+The loop (:mod:`core.trainer`) decides whether the update happens (non-finite
+values, monitors' verdicts); this module only does what it is told, without a
+host sync: a NaN/inf on any rank is skipped on the device (:mod:`core.nonfinite`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from core.checkpoint import TrainingState
+from core.metrics import UpdateRatio
+from core.nonfinite import NonFiniteGuard
+from core.protocols import DistInfo
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainStep:
+    def __init__(self, state: TrainingState, train_model: torch.nn.Module, components: dict[str, Any],
+                 grad_accum: int, grad_clip: float, dist: DistInfo) -> None:
+        self.state, self.train_model, self.dist = state, train_model, dist
+        self.parallelism, self.precision = components["parallelism"], components["precision"]
+        self.grad_accum, self.grad_clip = grad_accum, grad_clip
+        self.guard = NonFiniteGuard(state.optimizer, dist)
+        # declared optional (core.contract): fp8 scale precompute after each update
+        self.post_optimizer_step = getattr(self.precision, "post_optimizer_step", None)
+        self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
+
+    def forward_backward(self, micro_batches: list[Batch],
+                         replace: Callable[[int, torch.Size], Batch] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of the step's mean loss, clipped: ``(loss, grad_norm, bad)``, all on the device;
+        ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, shape)``
+        swaps micro-batch ``m`` for another (a spike rehearsal)."""
+        dev, accum = self.dist.device, self.grad_accum
+        loss_sum = torch.zeros((), device=dev)
+        for m, (inputs, labels) in enumerate(micro_batches):
+            if replace is not None:
+                inputs, labels = replace(m, inputs.shape)
+            inputs = inputs.to(dev, non_blocking=True)
+            labels = labels.to(dev, non_blocking=True)
+            with self.parallelism.sync_context(self.train_model, sync=m == accum - 1):
+                with self.precision.autocast(dev):
+                    loss = self.train_model(inputs, labels)
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
+        bad = self.guard.flag(loss_sum, grad_norm)
+        return loss_sum / accum, grad_norm, bad
+
+    def update(self, bad: torch.Tensor, update_ratio: UpdateRatio | None = None) -> None:
+        """Apply the gradients (unless ``bad``), move the schedule on, clear the gradients."""
+        optimizer = self.state.optimizer
+        if update_ratio is not None:
+            update_ratio.before()
+        lr = optimizer.param_groups[0]["lr"]  # this step's LR: the scheduler moves it on after the update
+        self.applied_lr = lr.clone() if isinstance(lr, torch.Tensor) else lr
+        self.guard.step(optimizer, bad)
+        if self.post_optimizer_step is not None:
+            self.post_optimizer_step(self.state.model)
+        self.state.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def skip_update(self) -> None:
+        """Drop the gradients; the schedule still moves on (a monitor's "skip" verdict)."""
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.state.scheduler.step()
+
+    def lr(self) -> float:
+        """The LR the last update applied, without the param group's multiplier."""
+        return float(self.applied_lr) / self.state.optimizer.param_groups[0].get("lr_mult", 1.0)
