@@ -64,7 +64,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
     loader_spec = LoaderSpec(
         seq_len=rc.seq_len,
-        micro_batch=rc.train.micro_batch,
+        micro_batch=int(rc.train.micro_batch),  # "auto" was resolved by choose_micro_batch
         grad_accum=prep.grad_accum,
         dp_rank=dist.dp_rank,
         dp_size=dist.dp_size,

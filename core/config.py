@@ -111,7 +111,7 @@ def for_new_plugin(base: dict[str, Any], name: Any, keep: tuple[str, ...] = ()) 
     return out
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> Table:
     """``over`` on top of ``base``: tables merge key by key, anything else replaces; a table that
     switches plugin (another ``name``) starts from nothing of ``base``'s; ``"@default"`` removes a key."""
     out = copy.deepcopy(base)

@@ -152,4 +152,4 @@ def check_state(state: Any, file: Path) -> None:
         if key not in state:
             raise CheckpointError(f"{file} lacks {key!r}")
         if not isinstance(state[key], kind) or isinstance(state[key], bool):
-            raise CheckpointError(f"{file}: {key!r} is a {type(state[key]).__name__}, expected {kind.__name__}")
+            raise CheckpointError(f"{file}: {key!r} is a {type(state[key]).__name__}, expected {getattr(kind, '__name__', kind)}")

@@ -84,7 +84,7 @@ def lock_run_folders(folders: list) -> None:
         _held.append(f)
 
 
-def check_run_folders(folders: list[Path]) -> None:
+def check_run_folders(folders: list[str | Path]) -> None:
     """What ``core.plan`` asks: would :func:`lock_run_folders` succeed now? Takes nothing."""
     for folder in _roots(folders):
         if not (folder / LOCK_FILE).is_file():

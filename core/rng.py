@@ -17,8 +17,8 @@ def seed_everything(seed: int) -> None:
 
 def rng_state() -> dict[str, Any]:
     py = random.getstate()
-    np_state = np.random.get_state()
-    out = {
+    np_state: Any = np.random.get_state()  # a tuple with the legacy=True default
+    out: dict[str, Any] = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
         "torch": torch.get_rng_state().tolist(),

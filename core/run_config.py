@@ -78,7 +78,7 @@ SLOT_CORE_KEYS: dict[str, dict[str, tuple[Any, Any, str]]] = {
 config_io.KEEP_ON_SWITCH.update({slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()})  # the core's, not the plugin's
 
 # Listed by `python -m core.plugins`; read by resolve_precision_chain and core.prepare.
-PRECISION_CHAIN_DOC = {
+PRECISION_CHAIN_DOC: dict[str, tuple[str, Any, str]] = {
     "fallback": ("list[str]", [], "try these precision plugins in order, use the first supported here (options in [precision.<name>])"),
     "fallback_reasons": ("dict[str, str]", {}, "written by plait in the resolved config: why each skipped entry was unsupported"),
 }

@@ -81,7 +81,7 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
     reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
     precision = name("precision") + (f" (fallback skipped {reasons})" if reasons else "")
     train = rc.train
-    ac = train.activation_checkpointing
+    ac: str = train.activation_checkpointing
     if train.activation_checkpointing == "full" and train.activation_checkpointing_every > 1:
         ac += f" every {train.activation_checkpointing_every}"
     return "\n".join([

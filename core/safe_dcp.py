@@ -126,11 +126,11 @@ class SafeFileSystemReader(FileSystemReader):
             from torch.distributed.checkpoint.metadata import StorageMeta
 
             metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]  # set just above
         return metadata
 
     def read_data(self, plan: Any, planner: Any) -> Future[None]:
-        return super().read_data(plan, _SafeBytesPlanner(planner, self))
+        return super().read_data(plan, _SafeBytesPlanner(planner, self))  # type: ignore[arg-type]  # a LoadPlanner by delegation
 
 
 # --- writing ---------------------------------------------------------------------
@@ -203,7 +203,7 @@ class HashingFileSystemWriter(_FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Future[list[WriteResult]]:
         results = super().write_data(plan, planner).wait()  # FileSystemWriter writes synchronously
         tagged = [WriteResult(index=r.index, size_in_bytes=r.size_in_bytes,
-                              storage_data=_ChecksummedStorageInfo(r.storage_data, self.fs.checksums[r.storage_data.relative_path]))
+                              storage_data=_ChecksummedStorageInfo(r.storage_data, self.fs.checksums[r.storage_data.relative_path]))  # type: ignore[attr-defined]
                   for r in results]
         done: Future[list[WriteResult]] = Future()
         done.set_result(tagged)

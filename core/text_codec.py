@@ -146,7 +146,7 @@ class Codec:
             self._decode_hf = HFTokenizer.from_file(str(record.file))
         elif record.kind == "tiktoken":
             self._ranks = {int(rank): base64.b64decode(token)
-                           for token, rank in (line.split() for line in record.file.read_text().splitlines() if line)}
+                           for token, rank in (line.split() for line in Path(str(record.file)).read_text().splitlines() if line)}
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``; the EOS id and ids the tokenizer does not know are left out."""

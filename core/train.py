@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             print(trainer.summary(), flush=True)
         return trainer.fit()
     except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
+        assert trainer is not None  # SaveFailed comes from fit()
         return trainer.save_failed(e)
     except PlaitError as e:
         if info.is_main:

@@ -37,11 +37,12 @@ SIGNAL_WINDOW_S = 3.0
 
 
 class Trainer:
+    built: Assembled  # set by build()
+    monitors: MonitorHub  # set by build(), once the state is restored
+
     def __init__(self, prep: Prepared, dist: DistInfo) -> None:
         self.prep, self.dist, self.rc, self.c = prep, dist, prep.rc, prep.components
         self.output_dir = Path(self.rc.train.output_dir)
-        self.built: Assembled | None = None
-        self.monitors: MonitorHub | None = None
         self._signal: int | None = None
         self._signal_t = 0.0
 
@@ -74,7 +75,7 @@ class Trainer:
             self.build_state(where, initial_load=path is None)
             if path is None or resume.restore(self.checkpointer, path, last=not candidates):
                 break
-            self.built = None
+            del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors],
                                    rc.monitors_options.on_error)
@@ -378,8 +379,9 @@ class Trainer:
         ``"signal"`` for an immediate Ctrl-C) and write ``exit_status.json`` with exit code 1."""
         reason = "signal" if isinstance(error, KeyboardInterrupt) else "error"
         detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        run = self.built.state.run if self.built is not None else None
-        if self.monitors is not None:
+        built = self.__dict__.get("built")  # None if the run died before its state existed
+        run = built.state.run if built is not None else None
+        if "monitors" in self.__dict__:
             self.monitors.emit("plait_train_end", run=run, reason=reason)
         if self.dist.is_main:  # a full or read-only disk: the traceback that follows says enough
             run_files.write_exit_status(self.output_dir, 1, reason, run.step if run else 0, detail, strict=False)

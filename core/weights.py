@@ -73,9 +73,10 @@ def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any], torch.nn.Module]:
 def unique_tensors(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Drop tensors that share storage with an earlier one (tied weights); return (tensors, aliases)."""
     seen: dict[tuple[int, int], str] = {}
-    out, aliases = {}, {}
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
     for name, t in sd.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
         if key in seen and t.numel():
             aliases[name] = seen[key]
             continue

@@ -101,7 +101,8 @@ def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
 
 
 def full_third_party_config(tmp_path):
-    """Model, data, optimizer, schedule and monitor all from the example plugin."""
+    """Model, data, optimizer, schedule, precision and monitor all from the example plugin
+    (parallelism too with ``ddp_fp16``)."""
     path = tmp_path / "third.toml"
     path.write_text(f'''
 extends = "{REPO / 'train_configs' / 'base.toml'}"
@@ -128,7 +129,7 @@ lr = 1e-3
 name = "step_decay"
 every = 3
 [precision]
-name = "fp32"
+name = "tf32"
 [monitors]
 enabled = ["jsonl", "loss_target"]
 [monitors.loss_target]
@@ -137,7 +138,7 @@ target = 0.0
     return path
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2", "ddp_fp16"])
 def test_every_slot_from_a_third_party_trains_on_two_ranks_and_resumes_exactly(example_site, tmp_path, parallelism):
     from conftest import torchrun
 
