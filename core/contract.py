@@ -10,8 +10,10 @@ refuses a missing required member or a malformed one with one line naming
 the plugin, the member and what was expected. No name outside this table is
 ever looked up on a plugin object. Two more belong to objects a plugin makes:
 the loader (``may_end``, ``per_rank_state``: :class:`core.protocols.DataLoaderLike`)
-and the built model module (``extra_metrics() -> dict``, optional, logged on
-log steps).
+and the built model module (``step_metrics(reduce) -> dict``, optional: its own
+metrics on log steps, reduced over ranks by the core's ``reduce``; or
+``extra_metrics() -> dict``, optional, this rank's view;
+:func:`core.protocols.model_step_metrics`).
 
 ``python -m core.plugins --contract`` prints the table.
 """
@@ -78,6 +80,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("metrics", 1, "(model) -> health metrics for log steps"),
         method("check_model", 1, "(meta model) refuse a model it cannot convert (raise ConfigError); default: none", False),
         method("post_optimizer_step", 1, "(model) work after each optimizer step (fp8 scale precompute); default: none", False),
+        method("log_step", 1, "(on) the coming step is (True) or is not a log step: record fp8 forward/backward amax for metrics; default: none", False),
     ],
     "data": [
         method("validate", 2, "(vocab_size, seq_len) check files and ids before anything is built"),
@@ -85,6 +88,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("has_split", 1, "(split) whether a validation split exists; default: assumed", False),
         method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve", False),
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
+        method("tokens_per_epoch", 0, "tokens in one pass over the training split, or None if unknown (the logged epoch); default: unknown", False),
     ],
     "optimizer": [
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),

@@ -182,6 +182,38 @@ def loader_state_per_rank(loader: DataLoaderLike) -> bool:
     return bool(getattr(loader, "per_rank_state", False))
 
 
+def model_step_metrics(model: nn.Module):
+    """The built model module's optional ``step_metrics(reduce) -> dict``, or None; the one place the
+    core reads it. ``reduce({name: (op, tensor)}) -> {name: tensor}`` reduces over the ranks
+    (op ``mean``, ``sum``, ``max`` or ``min``) in one collective (:func:`core.metrics.reduce_parts`)."""
+    fn = getattr(model, "step_metrics", None)
+    return fn if callable(fn) else None
+
+
+def model_extra_metrics(model: nn.Module):
+    """The built model module's optional ``extra_metrics() -> dict`` (this rank's view), or None."""
+    fn = getattr(model, "extra_metrics", None)
+    return fn if callable(fn) else None
+
+
+def data_tokens_per_epoch(data: Any) -> int | None:
+    """The data source's optional ``tokens_per_epoch()``: tokens in one pass over its training split,
+    None (or absent) when it does not know (endless or streamed sources)."""
+    fn = getattr(data, "tokens_per_epoch", None)
+    if fn is None:
+        return None
+    size = fn()
+    return int(size) if size else None
+
+
+def precision_log_step(precision: Any, on: bool) -> None:
+    """Tell the precision plugin whether the coming step is a log step (its optional
+    ``log_step(on)``: fp8 plugins then record forward and backward amax for ``metrics``)."""
+    fn = getattr(precision, "log_step", None)
+    if fn is not None:
+        fn(on)
+
+
 @runtime_checkable
 class DataSource(Protocol):
     """A source of training tokens."""

@@ -181,3 +181,61 @@ def test_non_main_rank_writes_nothing(tmp_path, capsys):
     drive(pm, run, range(1, 21), val_at=(10,), ckpt_at=(10,))
     assert capsys.readouterr().out == ""
     assert not out.exists() or not any(out.rglob("*"))
+
+
+# -- console formats ----------------------------------------------------------------
+
+GUIDE = {"step": 10, "loss": 3.214, "lm": 3.102, "aux": 0.0312, "z": 0.0012, "grad_norm": 1.2312, "lr": 3e-4,
+         "tokens_per_s": 421_000.0, "tokens_seen": 70_123_456, "step_time_s": 0.2, "elapsed_s": 2.0, "eta_s": 9.0,
+         "epoch": 0.42}
+
+
+def test_console_moe_line_is_the_guides(tmp_path, capsys):
+    run = make_run(tmp_path, step=10, total=152000)
+    pm = manager(Console(ConsoleOptions(format="moe")))
+    pm.hook.plait_step_end(run=run, step=10, metrics=dict(GUIDE))
+    assert capsys.readouterr().out == ("Epoch 1 | step    10/152000 | loss 3.2140 | lm 3.1020 | aux 0.0312 | z 0.0012"
+                                       " | gnorm 1.23 | lr 3.00e-04 | 0.42M tok/s | 0.07B tokens\n")
+    # second epoch; a source that does not know its size and a model without loss parts: those segments go
+    pm.hook.plait_step_end(run=run, step=11, metrics={**GUIDE, "epoch": 1.5})
+    assert capsys.readouterr().out.startswith("Epoch 2 | step    11/152000 |")
+    plain = {k: v for k, v in GUIDE.items() if k not in ("epoch", "lm", "aux", "z")}
+    pm.hook.plait_step_end(run=run, step=12, metrics=plain)
+    assert capsys.readouterr().out == "step    12/152000 | loss 3.2140 | gnorm 1.23 | lr 3.00e-04 | 0.42M tok/s | 0.07B tokens\n"
+
+
+def test_console_user_template(tmp_path, capsys):
+    run = make_run(tmp_path, step=10, total=500)
+    opts = ConsoleOptions(format="[{step:>{steps_width}}/{total_steps}] {loss:.2f} ({epochs:.3f} ep) {mtokens:.1f}Mt {eta}",
+                          extra=["aux"])
+    manager(Console(opts)).hook.plait_step_end(run=run, step=10, metrics=dict(GUIDE))
+    assert capsys.readouterr().out == "[ 10/500] 3.21 (0.420 ep) 70.1Mt 0:00:09 | aux 0.0312\n"
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("step {stepp}", "unknown field 'stepp' (did you mean 'step'?)"),
+    ("loss {loss:.3q}", "bad format spec (Unknown format code 'q'"),
+    ("eta {eta:.1f}", "bad format spec (Unknown format code 'f' for object of type 'str')"),
+    ("{step:>{width}}", "unknown field 'width'"),
+    ("loss {}", "positional {} placeholders are not allowed"),
+    ("loss {loss", "expected '}' before end of string"),
+])
+def test_console_bad_template_is_one_line(template, expected):
+    from core.errors import ConfigError
+    from core.options import build_options
+
+    with pytest.raises(ConfigError) as err:
+        build_options(ConsoleOptions, {"format": template}, "[monitors.console]")
+    msg = str(err.value)
+    assert msg.startswith(f"[monitors.console]: format {template!r}") and expected in msg and "\n" not in msg
+
+
+def test_console_bad_template_exits_2_before_training(tmp_path):
+    from conftest import run_module, write_tiny_config
+
+    proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path)), "--monitors.console.format=step {step} {lr:%}x {nope}",
+                      timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "[monitors.console]: format" in lines[0] and "unknown field 'nope'" in lines[0], proc.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -33,8 +33,7 @@ def model(**over):
 
 def health(m):
     ids = torch.randint(0, 256, (2, 64))
-    with torch.no_grad():
-        m(ids, ids)
+    m(ids, ids)  # a training forward (validation's no_grad forwards are not counted)
     return m.extra_metrics()
 
 
@@ -103,3 +102,61 @@ def test_flops_count_loops():
     spec3, _ = model(n_loops=3)
     spec6, _ = model(n_loops=6)
     assert spec6.flops_per_token(256) > spec3.flops_per_token(256)
+
+
+def test_low_router_entropy_fires_at_its_threshold():
+    _, m = model()
+    with torch.no_grad():
+        for block in m.blocks():  # a router so sharp that each token's probabilities are one-hot
+            block.moe.router.weight.mul_(1000.0)
+    metrics = health(m)
+    assert metrics["moe/router_entropy"] < 0.1
+    mon, run = check(metrics, imbalance=100.0)
+    assert mon.fired == ["entropy"] and run.stop is None
+    mon, run = check(metrics, imbalance=100.0, router_entropy=0.0)  # threshold off
+    assert mon.fired == []
+    mon, run = check(metrics, imbalance=100.0, on_entropy="stop")
+    assert run.stop is not None and "router entropy" in run.stop.reason
+    healthy = health(model()[1])
+    assert healthy["moe/router_entropy"] > 0.5 and check(healthy)[0].fired == []
+
+
+def test_warnings_of_a_kind_are_rate_limited_with_a_count(capsys):
+    mon = RecurrentMoEMonitor(RecurrentMoEMonitorOptions(warn_every=50))
+    run = Run(config={}, output_dir=None, dist=DistInfo(), total_steps=1000, tokens_per_step=1)
+    drift = {"moe/loop_cos_min": 0.1}
+    for step in range(10, 200, 10):  # drift at every log step; imbalance once, at step 30
+        mon.plait_step_end(run=run, step=step, metrics={**drift, **({"moe/load_imbalance": 9.0} if step == 30 else {})})
+    lines = capsys.readouterr().err.splitlines()
+    drifts = [line for line in lines if "drift" in line]
+    assert [line.split(":")[2].strip() for line in drifts] == ["step 10", "step 60", "step 110", "step 160"]
+    assert drifts[0].endswith("(warn)") and drifts[1].endswith("(warn; 4 more since step 10 not shown)")
+    assert drifts[3].endswith("(warn; 4 more since step 110 not shown)")
+    assert [line for line in lines if "imbalance" in line][0].endswith("(warn)")  # its own kind, its own clock
+    assert run.state["moe_alerts"] == {"drift": 19, "imbalance": 1}  # every occurrence counted
+    every = RecurrentMoEMonitor(RecurrentMoEMonitorOptions(warn_every=0))
+    for step in (1, 2, 3):
+        every.plait_step_end(run=run, step=step, metrics=drift)
+    assert len(capsys.readouterr().err.splitlines()) == 3
+
+
+def test_stop_actions_are_never_held_back():
+    mon = RecurrentMoEMonitor(RecurrentMoEMonitorOptions(warn_every=1000, on_drift="stop"))
+    for step in (1, 2):
+        run = Run(config={}, output_dir=None, dist=DistInfo(), total_steps=10, tokens_per_step=1)
+        mon.plait_step_end(run=run, step=step, metrics={"moe/loop_cos_min": 0.1})
+        assert run.stop is not None
+
+
+def test_monitor_options_are_bounded():
+    from core.errors import ConfigError
+    from core.options import build_options
+
+    for key, bad, expected in (("router_entropy", -0.1, "must be >= 0"), ("warn_every", -1, "must be >= 0"),
+                               ("drift_cos", 1.5, "must be >= -1 and <= 1"), ("dead_window", 0, "must be >= 1")):
+        try:
+            build_options(RecurrentMoEMonitorOptions, {key: bad}, "[monitors.recurrent_moe]")
+        except ConfigError as e:
+            assert str(e).startswith(f"[monitors.recurrent_moe].{key}: {expected}"), str(e)
+        else:
+            raise AssertionError(f"{key} = {bad} accepted")

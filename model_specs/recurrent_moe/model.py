@@ -6,6 +6,11 @@ minimizes ``lm + aux_weight x load_balance + z_weight x router_z`` (Switch
 Transformer's balance loss, ST-MoE's z-loss). The model keeps, detached,
 what monitors need: each loss part, tokens per expert, router entropy, the
 spread of expert outputs, and the cosine similarity of consecutive loop states.
+
+These are accumulated on the device over the micro-batches of a training step
+(no host sync per micro-batch; validation and other no-grad forwards are not
+counted) and handed to the core on log steps by :meth:`RecurrentMoE.step_metrics`,
+which says how each is reduced across ranks (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -88,9 +93,16 @@ class MoEBlock(nn.Module):
         return x + y, aux, z
 
 
-def loop_cosines(states: list[torch.Tensor]) -> list[float]:
-    """Mean per-token cosine similarity of consecutive loop states."""
-    return [float(F.cosine_similarity(a.float(), b.float(), dim=-1).mean()) for a, b in zip(states, states[1:])]
+def loop_cosines(states: list[torch.Tensor]) -> torch.Tensor:
+    """Mean per-token cosine similarity of consecutive loop states (a 1-dim tensor, on the device)."""
+    return torch.stack([F.cosine_similarity(a.float(), b.float(), dim=-1).mean() for a, b in zip(states, states[1:])])
+
+
+# How each accumulated value is reduced over the micro-batches of a step and then over the ranks
+# (core.metrics.reduce_parts): loss parts and entropy are means, the health minima are minima,
+# tokens per expert are summed (over the whole log window: the dead-expert check counts windows).
+PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy": "mean",
+                            "loop_cos": "min", "spread": "min", "counts": "sum"}
 
 
 class RecurrentMoE(nn.Module):
@@ -109,9 +121,9 @@ class RecurrentMoE(nn.Module):
         cos, sin = rope_tables(b.head_dim, b.max_seq_len, b.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.losses: dict[str, torch.Tensor] = {}
-        self.loop_cos: list[float] = []
-        self._counts: torch.Tensor | None = None
+        self._parts: dict[str, torch.Tensor] = {}  # this step's sums (means) or minima, on the device
+        self._micro = 0  # micro-batches in self._parts
+        self._counts: torch.Tensor | None = None  # tokens per expert since the last step_metrics()
 
     def blocks(self) -> list[nn.Module]:
         return [*self.prelude, *self.core, *self.coda]
@@ -163,26 +175,57 @@ class RecurrentMoE(nn.Module):
         n_moe = len(self.prelude) + len(self.core) * a.n_loops + len(self.coda)
         aux, z = aux / n_moe, z / n_moe
         lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        self.losses = {"lm": lm.detach(), "aux": aux.detach(), "z": z.detach()}
-        self.loop_cos = loop_cosines(states)
-        counts = sum(block.moe.stats["counts"] for block in self.blocks())
-        self._counts = counts if self._counts is None else self._counts + counts
+        if torch.is_grad_enabled():  # a training micro-batch (validation runs under no_grad)
+            self.accumulate(lm.detach(), aux.detach(), z.detach(), states)
         return lm + a.aux_weight * aux + a.z_weight * z
 
-    def extra_metrics(self) -> dict[str, float | list[int]]:
-        """Loss parts and health of the last forward, expert counts since the last call (for monitors)."""
-        if not self.losses:
-            return {}
+    @torch.no_grad()
+    def accumulate(self, lm: torch.Tensor, aux: torch.Tensor, z: torch.Tensor, states: list[torch.Tensor]) -> None:
+        """Add one training micro-batch to this step's parts, on the device (no host sync). The first
+        micro-batch of a step is the one that finds no gradient yet (the trainer zeroes gradients with
+        ``set_to_none`` after every step), so the parts always describe the last step."""
+        if self.tok_embeddings.weight.grad is None:
+            self._parts, self._micro = {}, 0
         blocks = self.blocks()
-        counts = self._counts.float()
+        cos = loop_cosines(states).min() if len(states) > 1 else lm.new_ones(())
+        now = {"lm": lm.float(), "aux": aux.float(), "z": z.float(),
+               "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
+               "loop_cos": cos.float(),
+               "spread": torch.stack([b.moe.stats["spread"] for b in blocks]).float().min()}
+        for key, value in now.items():
+            old = self._parts.get(key)
+            if old is None:
+                self._parts[key] = value
+            else:
+                self._parts[key] = torch.minimum(old, value) if PART_OPS[key] == "min" else old + value
+        self._micro += 1
+        counts = sum(block.moe.stats["counts"] for block in blocks)
+        self._counts = counts if self._counts is None else self._counts + counts
+
+    def step_metrics(self, reduce) -> dict[str, float | list[int]]:
+        """Loss parts and health of the last training step, reduced over its micro-batches here and over
+        the ranks by ``reduce`` ({name: (op, tensor)} -> {name: tensor}, one collective; the core's
+        :func:`core.metrics.reduce_parts`); tokens per expert since the last call. Empty before any
+        training step."""
+        if not self._parts or self._counts is None:
+            return {}
+        parts = {key: (PART_OPS[key], value / self._micro if PART_OPS[key] == "mean" else value)
+                 for key, value in self._parts.items()}
+        parts["counts"] = ("sum", self._counts.double())
+        got = reduce(parts)
         self._counts = None
+        counts = got["counts"].double()
         return {
-            "lm": float(self.losses["lm"]),
-            "aux": float(self.losses["aux"]),
-            "z": float(self.losses["z"]),
-            "moe/loop_cos_min": min(self.loop_cos) if self.loop_cos else 1.0,
-            "moe/expert_spread_min": min(float(b.moe.stats["spread"]) for b in blocks),
+            "lm": float(got["lm"]),
+            "aux": float(got["aux"]),
+            "z": float(got["z"]),
+            "moe/loop_cos_min": float(got["loop_cos"]),
+            "moe/expert_spread_min": float(got["spread"]),
             "moe/load_imbalance": float(counts.max() / counts.mean().clamp(min=1e-9)),
-            "moe/router_entropy": sum(float(b.moe.stats["entropy"]) for b in blocks) / len(blocks),
+            "moe/router_entropy": float(got["entropy"]),
             "moe/expert_tokens": [int(c) for c in counts.tolist()],
         }
+
+    def extra_metrics(self) -> dict[str, float | list[int]]:
+        """:meth:`step_metrics` of this rank alone (no communication)."""
+        return self.step_metrics(lambda parts: {key: value for key, (_, value) in parts.items()})

@@ -236,6 +236,14 @@ class Mixture(IndexedSource):
                 print(f"plait: warning: mixture source {self.labels[k]!r} ran out after {capacity} samples; "
                       f"wrapping into epoch {self._epochs_warned[k] + 1}", file=sys.stderr, flush=True)
 
+    def tokens_per_epoch(self) -> int | None:
+        """The sources' sizes together (each source's own pass is ``data/<label>_epochs``);
+        None when any source does not know its size (a stream)."""
+        from core.protocols import data_tokens_per_epoch
+
+        sizes = [data_tokens_per_epoch(source) for source in self.sources]
+        return sum(sizes) if sizes and all(sizes) else None
+
     def metrics(self, consumed_samples: int) -> dict[str, float]:
         used = self.counts(consumed_samples)
         out = {f"data/{label}_tokens": float(n * self.seq_len) for label, n in zip(self.labels, used)}

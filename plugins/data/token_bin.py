@@ -136,6 +136,10 @@ class TokenBin(IndexedSource):
     def num_tokens(self, split: str) -> int:
         return len(self.array(split))
 
+    def tokens_per_epoch(self) -> int:
+        """Tokens in the training file: the logged ``epoch`` is tokens seen over this (either order)."""
+        return self.num_tokens("train")
+
     def epoch_samples(self, seq_len: int, split: str) -> int | None:
         if self.options.order == "random":
             return None

@@ -6,6 +6,15 @@ that maps to the vocabulary, whatever the model names it) is skipped by
 default (its error matters most). On CUDA it needs compute capability 8.9
 (Ada, Hopper) or newer. On CPU torchao 0.18 runs the real ``torch._scaled_mm``
 kernels; ``allow_cpu = true`` permits that (slow, for tests and debugging).
+
+Monitoring: weight amax and scale on every log step; with ``log_step(True)``
+before a log step (the trainer's call) also the forward (inputs) and backward
+(grad_output) amax of the float8 linears over that step's micro-batches and
+the scales torchao derived from them (:class:`AmaxRecorder`). torchao scales
+dynamically and keeps no scale, so light hooks record the amax; they are
+installed for log steps only and removed after, so other steps do no extra
+work (under ``torch.compile`` a log step's hooks run eagerly: a graph break
+on log steps only).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class FP8(BF16):
     def __init__(self, options: FP8Options) -> None:
         self.options = options
         self._fsdp_all_gather = False
+        self.recorder = AmaxRecorder(is_float8_linear)
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
         quiet_torchao_import()
@@ -85,7 +95,9 @@ class FP8(BF16):
             print(f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
                   + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else ""),
                   file=sys.stderr, flush=True)
-        return convert_to_float8_training(model, config=config, module_filter_fn=accept)
+        model = convert_to_float8_training(model, config=config, module_filter_fn=accept)
+        self.recorder.attach(model)
+        return model
 
     def autocast(self, device: torch.device):
         # rowwise_with_gw_hp computes the weight gradient in the weights' own
@@ -105,8 +117,104 @@ class FP8(BF16):
 
             precompute_float8_dynamic_scale_for_fsdp(model)
 
+    def log_step(self, on: bool) -> None:
+        """The coming step is a log step (record its forward/backward amax) or not (no hooks)."""
+        self.recorder.arm(on)
+
     def metrics(self, model: nn.Module) -> dict[str, float]:
-        return fp8_weight_stats(model, torch.float8_e4m3fn)
+        return {**fp8_weight_stats(model, torch.float8_e4m3fn), **self.recorder.read("fp8", with_scales=True)}
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    return type(module).__name__ == "Float8Linear"
+
+
+class AmaxRecorder:
+    """Largest |input| (forward) and |grad_output| (backward) of the low-precision linears over one step.
+
+    ``arm(True)`` installs a forward pre-hook (the input, cast to the autocast dtype as
+    ``Float8Linear`` does) and a forward hook that hooks the output's gradient on every selected
+    linear; ``arm(False)`` removes them. Each hook keeps a running ``torch.maximum`` on the device
+    (no host sync). :meth:`read` reduces over ranks (max, one all-reduce when a process group is up)
+    and returns the amax and the scale torchao derives from it with its own ``amax_to_scale``
+    (the largest representable value of the cast's dtype over the amax, rounded down to a power of
+    two where the recipe says so): for tensorwise the scale of the step's most extreme tensor, for
+    rowwise the smallest row scale. Every rank must call :meth:`read` on the same steps.
+    """
+
+    def __init__(self, select) -> None:
+        self.select = select
+        self.modules: list[nn.Module] = []
+        self.handles: list = []
+        self.fwd: torch.Tensor | None = None
+        self.bwd: torch.Tensor | None = None
+
+    def attach(self, model: nn.Module) -> None:
+        self.arm(False)
+        self.modules = [m for m in model.modules() if self.select(m)]
+        self.fwd = self.bwd = None
+
+    def arm(self, on: bool) -> None:
+        if not on:
+            for h in self.handles:
+                h.remove()
+            self.handles = []
+            return
+        if self.handles:
+            return
+        self.fwd = self.bwd = None
+        for m in self.modules:
+            self.handles.append(m.register_forward_pre_hook(self._on_input))
+            self.handles.append(m.register_forward_hook(self._on_output))
+
+    @staticmethod
+    def _amax(t: torch.Tensor) -> torch.Tensor:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.detach().abs().max().float()
+
+    @torch._dynamo.disable
+    def _on_input(self, module, args) -> None:
+        x = args[0]
+        if torch.is_autocast_enabled():
+            x = x.to(torch.get_autocast_gpu_dtype())  # what Float8Linear quantizes
+        a = self._amax(x)
+        self.fwd = a if self.fwd is None else torch.maximum(self.fwd, a)
+
+    @torch._dynamo.disable
+    def _on_output(self, module, args, output) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self._on_grad)
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        a = self._amax(grad)
+        self.bwd = a if self.bwd is None else torch.maximum(self.bwd, a)
+
+    def read(self, prefix: str, with_scales: bool) -> dict[str, float]:
+        """``<prefix>/fwd_amax``, ``<prefix>/bwd_amax`` (and ``_scale`` with ``with_scales``) of the
+        recorded step, then forgets it; ``{}`` when nothing was recorded."""
+        import torch.distributed as dist
+
+        if self.fwd is None or not self.modules:
+            return {}
+        fwd = self.fwd
+        bwd = self.bwd if self.bwd is not None else torch.full_like(fwd, -1.0)  # -1: no backward recorded
+        both = torch.stack([fwd, bwd])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        self.fwd = self.bwd = None
+        fwd_amax, bwd_amax = (float(v) for v in both.tolist())
+        out = {f"{prefix}/fwd_amax": fwd_amax}
+        if bwd_amax >= 0:
+            out[f"{prefix}/bwd_amax"] = bwd_amax
+        if with_scales:
+            from torchao.float8.float8_utils import amax_to_scale
+
+            c = self.modules[0].config
+            rnd = c.round_scales_to_power_of_2
+            out[f"{prefix}/fwd_scale"] = float(amax_to_scale(both[0:1], c.cast_config_input.target_dtype, rnd)[0])
+            if f"{prefix}/bwd_amax" in out:
+                out[f"{prefix}/bwd_scale"] = float(amax_to_scale(both[1:2], c.cast_config_grad_output.target_dtype, rnd)[0])
+        return out
 
 
 def with_size_filter(accept, recipe: str):

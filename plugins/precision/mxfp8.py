@@ -4,6 +4,14 @@ Real kernels need Blackwell (compute capability 10.0 or newer). Elsewhere
 the ``emulated`` kernel (plain PyTorch quantize/dequantize and matmul) gives
 the same numerics slowly; it is allowed only when ``emulate = true`` so that a
 fallback chain never picks a slow emulation by accident.
+
+Monitoring: ``mxfp8/weight_amax_max``, ``mxfp8/weight_amax_min``,
+``mxfp8/weight_scale_min``, ``mxfp8/linears`` on every log step, and with
+``log_step(True)`` (the trainer's call before a log step) ``mxfp8/fwd_amax``
+and ``mxfp8/bwd_amax``: the largest input and grad_output magnitudes of the
+converted linears over the step (:class:`plugins.precision.fp8.AmaxRecorder`).
+MX scales are one power of two per block of 32 values, so no single scale is
+logged.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from core.errors import ConfigError
 from core.options import option
 from plugins.precision.basic import BF16
 from plugins.precision.capability import count_eligible, cuda_capability, linear_filter, quiet_torchao_import
-from plugins.precision.fp8 import fp8_weight_stats
+from plugins.precision.fp8 import AmaxRecorder, fp8_weight_stats
 
 RECIPES = {
     "rceil": "mxfp8_rceil",
@@ -39,6 +47,7 @@ class MXFP8(BF16):
 
     def __init__(self, options: MXFP8Options) -> None:
         self.options = options
+        self.recorder = AmaxRecorder(lambda m: getattr(m, "_plait_lowp", False))
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
         quiet_torchao_import("torchao.prototype.moe_training.config", "torchao.quantization")
@@ -74,6 +83,7 @@ class MXFP8(BF16):
             if accept(module, name):
                 module._plait_lowp = True
         quantize_(model, config, filter_fn=lambda m, fqn: accept(m, fqn))
+        self.recorder.attach(model)
         return model
 
     def autocast(self, device: torch.device):
@@ -84,5 +94,10 @@ class MXFP8(BF16):
 
         return contextlib.nullcontext()
 
+    def log_step(self, on: bool) -> None:
+        """The coming step is a log step (record its forward/backward amax) or not (no hooks)."""
+        self.recorder.arm(on)
+
     def metrics(self, model: nn.Module) -> dict[str, float]:
-        return {k.replace("fp8/", "mxfp8/"): v for k, v in fp8_weight_stats(model, torch.float8_e4m3fn).items()}
+        weights = {k.replace("fp8/", "mxfp8/"): v for k, v in fp8_weight_stats(model, torch.float8_e4m3fn).items()}
+        return {**weights, **self.recorder.read("mxfp8", with_scales=False)}

@@ -5,6 +5,15 @@ Eligible ``nn.Linear`` layers become ``transformer_engine.pytorch.Linear``
 ``DelayedScaling`` recipe. Needs the ``te`` extra, CUDA and compute
 capability 8.9 or newer; elsewhere it reports itself unsupported with the
 reason, so a fallback chain moves on.
+
+Monitoring (as the FP8-on-H200 document logs them): ``fp8/fwd_scale`` and
+``fp8/bwd_scale``, the smallest scale over the forward (input, weight) and
+backward (grad_output) tensors of the TE linears, and ``fp8/fwd_amax``,
+``fp8/bwd_amax``, the largest most recent amax, read from each module's
+``fp8_meta["scaling_fwd" | "scaling_bwd"]`` (``scale``, ``amax_history``; row 0
+is the latest step) of delayed scaling. Written from Transformer Engine's
+documented API; untested here (TE needs CUDA and is not installable on the
+CPU machines plait's tests run on).
 """
 
 from __future__ import annotations
@@ -83,18 +92,31 @@ class TEFP8(BF16):
         return stack
 
     def metrics(self, model: nn.Module) -> dict[str, float]:
-        fwd, bwd = [], []
-        for module in model.modules():
-            meta = getattr(module, "fp8_meta", None)
-            if not meta:
+        return te_scale_stats(model)
+
+
+@torch.no_grad()
+def te_scale_stats(model: nn.Module) -> dict[str, float]:
+    """Delayed-scaling state of every TE module: smallest scale and largest latest amax, forward and backward."""
+    found: dict[str, tuple[list, list]] = {"fwd": ([], []), "bwd": ([], [])}
+    for module in model.modules():
+        meta = getattr(module, "fp8_meta", None)
+        if not isinstance(meta, dict):
+            continue
+        for way in ("fwd", "bwd"):
+            state = meta.get(f"scaling_{way}")
+            if state is None:
                 continue
-            if "scaling_fwd" in meta:
-                fwd.append(meta["scaling_fwd"].scale.float().min())
-            if "scaling_bwd" in meta:
-                bwd.append(meta["scaling_bwd"].scale.float().min())
-        out = {}
-        if fwd:
-            out["te/fwd_scale_min"] = float(torch.stack(fwd).min())
-        if bwd:
-            out["te/bwd_scale_min"] = float(torch.stack(bwd).min())
-        return out
+            scales, amaxes = found[way]
+            if getattr(state, "scale", None) is not None:
+                scales.append(state.scale.float().min())
+            history = getattr(state, "amax_history", None)
+            if history is not None and history.numel():
+                amaxes.append(history[0].float().max())
+    out = {}
+    for way, (scales, amaxes) in found.items():
+        if scales:
+            out[f"fp8/{way}_scale"] = float(torch.stack(scales).min())
+        if amaxes:
+            out[f"fp8/{way}_amax"] = float(torch.stack(amaxes).max())
+    return out
