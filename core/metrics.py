@@ -83,8 +83,8 @@ class UpdateRatio:
         out = {}
         for (name, old), group in zip(self.saved, self.optimizer.param_groups):
             new = [self._local(p).detach() for p in group["params"]]
-            upd = torch.sqrt(sum(((n.float() - o.float()) ** 2).sum() for n, o in zip(new, old)))
-            par = torch.sqrt(sum((o.float() ** 2).sum() for o in old))
+            upd = torch.stack([((n.float() - o.float()) ** 2).sum() for n, o in zip(new, old)]).sum().sqrt()
+            par = torch.stack([(o.float() ** 2).sum() for o in old]).sum().sqrt()
             out[f"update_ratio/{name}"] = float(upd / par.clamp(min=1e-12))
         self.saved = None
         return out

@@ -300,7 +300,7 @@ def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[
             "seconds": seconds,
             "tokens_per_s_per_device": tokens / seconds,
         }
-        del trainer
+        trainer = None  # type: ignore[assignment]  # free the model before the temporary folder goes
     return result
 
 

@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from core import distributed, log, resume, run_files, spike_rehearsal, stages
+from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble
 from core.checkpoint import EXIT_SAVE_FAILED, CheckpointDir, Checkpointer, SaveFailed
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
 from core.prepare import Prepared
-from core.protocols import DistInfo, loader_may_end
+from core.protocols import DistInfo, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 
@@ -142,6 +143,7 @@ class Trainer:
             if self.stage_changes():
                 batches = self.switch_stage()
             is_log = policy.is_log_step(run.step + 1, log_every, run.total_steps)
+            precision_log_step(self.c["precision"], is_log)  # fp8 plugins record amax on log steps only
             spiking = self.spike_due()  # keyed on the data position before this step's batches
             micro_batches, why = self.next_step_batches(batches)
             if micro_batches is None:
@@ -231,10 +233,9 @@ class Trainer:
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:
-        extra = [self.c["precision"].metrics(self.model)]
-        model_metrics = getattr(self.model, "extra_metrics", None)  # declared optional (core.contract)
-        if model_metrics is not None:
-            extra.append(model_metrics())
+        extra = [self.c["precision"].metrics(self.model),  # collectives inside: every rank calls them
+                 core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
+                 core_metrics.epoch(self.c["data"], self.run.tokens_seen)]
         data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract)
         if data_metrics is not None:
             extra.append(data_metrics(self.loader.state_dict().get("consumed_samples", 0)))
