@@ -196,6 +196,18 @@ def model_extra_metrics(model: nn.Module):
     return fn if callable(fn) else None
 
 
+def high_precision_modules(spec: Any, model: nn.Module) -> list[str]:
+    """The model spec's optional ``high_precision_modules(model) -> list[str]``: names of modules
+    (their children included) that precision plugins leave in high precision. Default: every
+    linear that maps to the vocabulary (``out_features == vocab_size``), i.e. the output head,
+    whatever the model calls it. The one place the core reads it."""
+    fn = getattr(spec, "high_precision_modules", None)
+    if fn is not None:
+        return list(fn(model))
+    vocab = getattr(spec, "vocab_size", None)
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
+
+
 def data_tokens_per_epoch(data: Any) -> int | None:
     """The data source's optional ``tokens_per_epoch()``: tokens in one pass over its training split,
     None (or absent) when it does not know (endless or streamed sources)."""

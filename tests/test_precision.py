@@ -148,3 +148,43 @@ def test_fp8_leaves_any_models_output_head_in_bf16():
     assert type(model.lm_head) is nn.Linear and type(model.body).__name__ == "Float8Linear"
     kept = FP8(FP8Options(allow_cpu=True, skip_head=False)).convert(GPT(), Spec())
     assert type(kept.lm_head).__name__ == "Float8Linear"
+
+
+@pytest.mark.parametrize("plugin", ["fp8", "mxfp8"])
+def test_precision_honours_what_the_model_spec_declares_high_precision(plugin):
+    """A spec's ``high_precision_modules(model)`` is what stays out of low precision: here a
+    router that maps to nothing like the vocabulary, and not the head the default would keep."""
+    import torch
+    from torch import nn
+
+    if plugin == "fp8":
+        from plugins.precision.fp8 import FP8 as Plugin
+        from plugins.precision.fp8 import FP8Options as Options
+    else:
+        from plugins.precision.mxfp8 import MXFP8 as Plugin
+        from plugins.precision.mxfp8 import MXFP8Options as Options
+
+    class Spec:
+        vocab_size = 512
+
+        def high_precision_modules(self, model):
+            return ["router"]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(64, 64)
+            self.router = nn.Linear(64, 64)
+            self.lm_head = nn.Linear(64, 512, bias=False)
+
+    precision = Plugin(Options(allow_cpu=True) if plugin == "fp8" else Options(emulate=True))
+    ok, why = precision.supported(torch.device("cpu"))
+    if not ok:
+        pytest.skip(f"{plugin} unavailable on this machine: {why}")
+    model = precision.convert(Model(), Spec())
+
+    def low(m):  # fp8 swaps the module, mxfp8 the weight's tensor type
+        return type(m) is not nn.Linear or type(m.weight) is not nn.Parameter
+
+    assert not low(model.router)  # declared: kept
+    assert low(model.body) and low(model.lm_head)  # the rest converted, the head included

@@ -28,21 +28,25 @@ def eligible_linear(module: torch.nn.Module, multiple: int = 16) -> bool:
     )
 
 
-def linear_filter(skip: list[str], multiple: int = 16, head_vocab: int | None = None):
-    """A torchao ``module_filter_fn``: eligible linears whose name is not in ``skip`` and, with
-    ``head_vocab``, that are not an output head (a linear mapping to the vocabulary), whatever
-    the model calls it."""
+def linear_filter(skip: list[str], multiple: int = 16):
+    """A torchao ``module_filter_fn``: eligible linears whose name is not in ``skip`` (nor a child of one)."""
 
     def accept(module: torch.nn.Module, fqn: str) -> bool:
-        if head_vocab is not None and isinstance(module, torch.nn.Linear) and module.out_features == head_vocab:
-            return False
         return eligible_linear(module, multiple) and not any(fqn == s or fqn.startswith(s + ".") for s in skip)
 
     return accept
 
 
-def count_eligible(model: torch.nn.Module, skip: list[str], multiple: int = 16, head_vocab: int | None = None) -> int:
-    accept = linear_filter(skip, multiple, head_vocab)
+def kept_high(spec, model: torch.nn.Module, skip_head: bool) -> list[str]:
+    """What the model spec declares high precision (:func:`core.protocols.high_precision_modules`),
+    when the plugin's ``skip_head`` is on."""
+    from core.protocols import high_precision_modules
+
+    return high_precision_modules(spec, model) if skip_head and spec is not None else []
+
+
+def count_eligible(model: torch.nn.Module, skip: list[str], multiple: int = 16) -> int:
+    accept = linear_filter(skip, multiple)
     return sum(accept(m, name) for name, m in model.named_modules())
 
 

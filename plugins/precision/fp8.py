@@ -1,7 +1,7 @@
 """``fp8``: torchao float8 training (tensorwise, rowwise, rowwise_with_gw_hp) on the eligible linears.
 
 Linears whose dimensions divide by 16 become ``Float8Linear``; everything
-else runs under bf16 autocast, as in torchtitan. The output head (any linear
+else runs under bf16 autocast, as in torchtitan. What the model spec declares high precision (by default the output head: any linear
 that maps to the vocabulary, whatever the model names it) is skipped by
 default (its error matters most). On CUDA it needs compute capability 8.9
 (Ada, Hopper) or newer. On CPU torchao 0.18 runs the real ``torch._scaled_mm``
@@ -30,7 +30,7 @@ from torch import nn
 from core.errors import ConfigError
 from core.options import option
 from plugins.precision.basic import BF16
-from plugins.precision.capability import count_eligible, cuda_capability, linear_filter, quiet_torchao_import
+from plugins.precision.capability import count_eligible, cuda_capability, kept_high, linear_filter, quiet_torchao_import
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
@@ -39,7 +39,7 @@ RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 class FP8Options:
     recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = option("tensorwise", "torchao float8 scaling recipe")
     skip: list[str] = option([], "module names (and their children) left in bf16")
-    skip_head: bool = option(True, "leave the output head (any linear that maps to the vocabulary, whatever its name) in bf16")
+    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
     pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
     fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
     allow_cpu: bool = option(False, "run on CPU (torch._scaled_mm on CPU: correct but slow; for tests)")
@@ -85,11 +85,11 @@ class FP8(BF16):
             config = _replace(config, enable_fsdp_float8_all_gather=True)
             self._fsdp_all_gather = True
         multiple = 1 if self.options.pad_inner_dim else 16
-        head = spec.vocab_size if self.options.skip_head and spec is not None else None
-        accept = linear_filter(self.options.skip, multiple, head)
+        skip = [*self.options.skip, *kept_high(spec, model, self.options.skip_head)]
+        accept = linear_filter(skip, multiple)
         if self.options.small_gemm_filter and on_cuda and self.options.recipe in ("tensorwise", "rowwise"):
             accept = with_size_filter(accept, self.options.recipe)
-        eligible = count_eligible(model, self.options.skip, multiple, head)
+        eligible = count_eligible(model, skip, multiple)
         converted = sum(accept(m, name) for name, m in model.named_modules())
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"

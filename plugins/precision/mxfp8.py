@@ -25,7 +25,7 @@ from torch import nn
 from core.errors import ConfigError
 from core.options import option
 from plugins.precision.basic import BF16
-from plugins.precision.capability import count_eligible, cuda_capability, linear_filter, quiet_torchao_import
+from plugins.precision.capability import count_eligible, cuda_capability, kept_high, linear_filter, quiet_torchao_import
 from plugins.precision.fp8 import AmaxRecorder, fp8_weight_stats
 
 RECIPES = {
@@ -38,7 +38,7 @@ RECIPES = {
 class MXFP8Options:
     recipe: Literal["rceil", "rceil_wgrad_with_hp"] = option("rceil_wgrad_with_hp", "MXFP8 recipe; *_wgrad_with_hp keeps the weight gradient GEMM in bf16")
     skip: list[str] = option([], "module names (and their children) left in bf16")
-    skip_head: bool = option(True, "leave the output head (any linear that maps to the vocabulary, whatever its name) in bf16")
+    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
     emulate: bool = option(False, "use the emulated kernel where sm100 kernels are missing (slow; CPU tests)")
 
 
@@ -77,8 +77,8 @@ class MXFP8(BF16):
             config = dataclasses.replace(config, kernel_preference=KernelPreference.EMULATED)
         # fp32 master weights: MXFP8 GEMMs dequantize to the weights' dtype (see autocast below)
         config = dataclasses.replace(config, out_dtype=None)
-        head = spec.vocab_size if self.options.skip_head and spec is not None else None
-        accept = linear_filter(self.options.skip, 32, head)
+        skip = [*self.options.skip, *kept_high(spec, model, self.options.skip_head)]
+        accept = linear_filter(skip, 32)
         for name, module in model.named_modules():
             if accept(module, name):
                 module._plait_lowp = True

@@ -27,7 +27,7 @@ from torch import nn
 
 from core.options import option
 from plugins.precision.basic import BF16
-from plugins.precision.capability import cuda_capability, linear_filter
+from plugins.precision.capability import cuda_capability, kept_high, linear_filter
 
 
 @dataclass
@@ -37,7 +37,7 @@ class TEFP8Options:
     amax_history_len: int = option(1024, "steps of amax history for delayed scaling")
     amax_compute_algo: Literal["max", "most_recent"] = option("max", "how the scale is taken from the amax history")
     skip: list[str] = option([], "module names left in bf16")
-    skip_head: bool = option(True, "leave the output head (any linear that maps to the vocabulary, whatever its name) in bf16")
+    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
 
 
 class TEFP8(BF16):
@@ -62,8 +62,8 @@ class TEFP8(BF16):
     def convert(self, model: nn.Module, spec) -> nn.Module:
         import transformer_engine.pytorch as te
 
-        head = spec.vocab_size if self.options.skip_head and spec is not None else None
-        accept = linear_filter(self.options.skip, 16, head)
+        skip = [*self.options.skip, *kept_high(spec, model, self.options.skip_head)]
+        accept = linear_filter(skip, 16)
         for name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 fqn = f"{name}.{child_name}" if name else child_name
