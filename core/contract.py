@@ -85,6 +85,8 @@ CONTRACT: dict[str, list[Member]] = {
         method("has_split", 1, "(split) whether a validation split exists; default: assumed", False),
         method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve", False),
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
+        method("validation_loaders", 1, "(validation LoaderSpec) -> {label: loader}: each part's validation batches, "
+               "logged as val_loss/<label> (mixture sources); default: val_loss only", False),
     ],
     "optimizer": [
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),
