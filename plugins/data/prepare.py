@@ -11,6 +11,14 @@ folders of them. Tokenizers: ``bytes`` (UTF-8 bytes, EOS 256),
 EOS separates documents. Documents go to the validation split by a hash of
 their position, so the split is deterministic. Re-running with the same
 inputs and settings finds a matching ``meta.json`` and does nothing.
+
+Memory stays bounded whatever the input size: files are streamed into tasks
+of about ``--chunk-bytes`` of input, ``--workers`` processes tokenize them
+(at most two tasks per worker in flight), and each task's tokens are
+appended to the output in the on-disk dtype, in input order, so the bytes
+written do not depend on the number of workers. A progress bar on stderr
+shows bytes read, documents, tokens, tokens/s and the ETA while a file is
+being read (docs/data.md).
 """
 
 from __future__ import annotations
