@@ -102,7 +102,13 @@ def main(argv=None) -> int:
     body = table(["tokenizer", "workers", "tokens", "seconds", "tokens/s", "tokens/s per worker", "MB/s", "peak RSS MB"], rows)
     body += (f"\n\n{size / 1e6:.1f} MB jsonl, {docs:,} documents of 2-6 KB cut from the shipped Shakespeare text; "
              "every worker count wrote byte-identical files. Peak RSS: the largest of the preparation process and its workers.")
-    note = f"load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on {os.cpu_count()} CPUs"
+    import tokenizers
+
+    note = (f"tokenizers {tokenizers.__version__}, numpy {np.__version__}; load average (1 min) {load_before[0]:.2f} before, "
+            f"{load_after[0]:.2f} after, on {os.cpu_count()} CPUs")
+    if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) - 0.5:
+        note += (": other jobs were loading the machine, so the workers had no free core each and the figures "
+                 "for more than one worker show contention, not scaling")
     print(body + "\n" + note)
     if not args.no_record:
         append_section("Data preparation throughput", body, note=note)
