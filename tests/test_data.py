@@ -348,3 +348,16 @@ def test_validation_parts_are_declared_and_checked():
 
     with pytest.raises(PluginError, match="validation_loaders.*must return"):
         validation_parts(BadParts(), spec)
+
+
+def test_validation_loss_is_a_plain_float_to_checkpoints_and_monitors():
+    import math
+    import pickle
+
+    from core.validation import ValidationLoss
+
+    loss = ValidationLoss(1.25, {"val_loss/web": 1.5})
+    best = min(math.inf, loss)  # what the trainer keeps in the train state
+    assert json.loads(json.dumps({"val_loss": loss, "best_val_loss": best})) == {"val_loss": 1.25, "best_val_loss": 1.25}
+    assert type(pickle.loads(pickle.dumps(loss))) is float and loss.parts == {"val_loss/web": 1.5}
+    assert ValidationLoss(2.0).parts == {}
