@@ -90,6 +90,8 @@ CONTRACT: dict[str, list[Member]] = {
         method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve", False),
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
         method("tokens_per_epoch", 0, "tokens in one pass over the training split, or None if unknown (the logged epoch); default: unknown", False),
+        method("validation_loaders", 1, "(validation LoaderSpec) -> {label: loader}: each part's validation batches, "
+               "logged as val_loss/<label> (mixture sources); default: val_loss only", False),
     ],
     "optimizer": [
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),

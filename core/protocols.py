@@ -20,6 +20,8 @@ from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from core.errors import PluginError
+
 SLOTS: tuple[str, ...] = (
     "model",
     "parallelism",
@@ -235,6 +237,21 @@ class DataSource(Protocol):
         ...
 
     def loader(self, spec: LoaderSpec) -> DataLoaderLike: ...
+
+
+def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoaderLike]:
+    """The data source's optional ``validation_loaders(spec)`` (declared in ``core/contract.py``):
+    ``{label: loader}``, one loader of validation micro-batches per part of the source (a
+    mixture's sources), evaluated as ``val_loss/<label>``; ``{}`` without it. The one place the
+    core reads it. Every rank must get the same labels in the same order (each is a collective)."""
+    parts = getattr(data, "validation_loaders", None)
+    if parts is None:
+        return {}
+    loaders = parts(spec)
+    if not isinstance(loaders, dict) or not all(isinstance(k, str) and k for k in loaders):
+        raise PluginError(f"data plugin {type(data).__name__}: validation_loaders(spec) must return {{label: loader}} "
+                          f"with non-empty string labels, got {type(loaders).__name__}")
+    return loaders
 
 
 @runtime_checkable

@@ -309,7 +309,7 @@ class Trainer:
         best = min(self.run.state.get("best_val_loss", math.inf), loss)
         self.run.state["best_val_loss"] = best
         self.monitors.emit("plait_validation_end", run=self.run, step=self.run.step,
-                           metrics={"val_loss": loss, "best_val_loss": best})
+                           metrics={"val_loss": loss, "best_val_loss": best, **loss.parts})  # parts: val_loss/<source>
         keep = self.checkpointer.opts.keep_best
         ranking = self.run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
         if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees

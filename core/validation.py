@@ -4,6 +4,11 @@ Each evaluation reads the same ``batches`` micro-batches (the first global
 samples of the split), so values are comparable across evaluations and
 across world sizes. The loss is averaged over every rank's tokens. The best
 value is kept in the train state (``best_val_loss``), which checkpoints save.
+
+A data source made of parts (a mixture of sources) may offer each part's own
+validation batches (``validation_loaders``, :func:`core.protocols.validation_parts`):
+each is evaluated the same way, on ``batches`` micro-batches of that part's
+split, and reported as ``val_loss/<label>`` beside the overall ``val_loss``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from core.distributed import mean_across_ranks
 from core.options import option
-from core.protocols import LoaderSpec
+from core.protocols import LoaderSpec, validation_parts
 
 
 @dataclass
@@ -22,25 +27,53 @@ class ValidationOptions:
     every: int = option(0, "steps between validation passes; 0 disables validation")
     batches: int = option(10, "micro-batches per rank in each validation pass")
     split: str = option("val", "the data source's split to evaluate")
+    per_source: bool = option(True, "also evaluate each part of a source that has parts (a mixture's sources): val_loss/<label>")
 
     def check(self) -> None:
         if self.every < 0 or self.batches <= 0:
             raise ValueError("every must be >= 0 and batches > 0")
 
 
+class ValidationLoss(float):
+    """The overall validation loss (a plain float to every reader), carrying ``parts``:
+    ``{"val_loss/<label>": loss}`` for each part of the data source (empty without parts).
+    Monitors receive the parts through the trainer's ``plait_validation_end`` metrics."""
+
+    parts: dict[str, float]
+
+    def __new__(cls, value: float, parts: dict[str, float] | None = None) -> "ValidationLoss":
+        obj = super().__new__(cls, value)
+        obj.parts = dict(parts or {})
+        return obj
+
+    def __reduce__(self):  # pickles (and copies) as the plain float it stands for
+        return float, (float(self),)
+
+
+def _mean_loss(trainer, loader, batches: int) -> float:
+    model, device = trainer.train_model, trainer.dist.device
+    it = iter(loader)
+    total = torch.zeros((), device=device)
+    for _ in range(batches):
+        inputs, labels = next(it)
+        with trainer.c["precision"].autocast(device):
+            total += model(inputs.to(device), labels.to(device)).float()
+    return mean_across_ranks(total / batches, trainer.dist).item()
+
+
 @torch.no_grad()
-def evaluate(trainer, opts: ValidationOptions) -> float:
+def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
     spec = trainer.loader_spec
     val_spec = LoaderSpec(seq_len=spec.seq_len, micro_batch=spec.micro_batch, grad_accum=1,
                           dp_rank=spec.dp_rank, dp_size=spec.dp_size, seed=spec.seed, split=opts.split)
-    loader = iter(trainer.c["data"].loader(val_spec))
-    model, device = trainer.train_model, trainer.dist.device
+    data = trainer.c["data"]
+    model = trainer.train_model
     was_training = model.training
     model.eval()
-    total = torch.zeros((), device=device)
-    for _ in range(opts.batches):
-        inputs, labels = next(loader)
-        with trainer.c["precision"].autocast(device):
-            total += model(inputs.to(device), labels.to(device)).float()
-    model.train(was_training)
-    return mean_across_ranks(total / opts.batches, trainer.dist).item()
+    try:
+        loss = _mean_loss(trainer, data.loader(val_spec), opts.batches)
+        parts = validation_parts(data, val_spec) if opts.per_source else {}
+        per_part = {f"val_loss/{label}": _mean_loss(trainer, loader, opts.batches) for label, loader in parts.items()}
+    finally:
+        model.train(was_training)
+    return ValidationLoss(loss, per_part)

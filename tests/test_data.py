@@ -174,6 +174,8 @@ def test_mixture_bad_weights_and_names():
         Mixture(MixtureOptions(sources=[{"name": "tokenbin", "weight": 1}]))
     with pytest.raises(ConfigError, match=r"sources\[0\].on_exhausted: expected \"wrap\" or \"stop\", got 'loop'"):
         Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "on_exhausted": "loop"}]))
+    with pytest.raises(ConfigError, match=r"sources\[1\].label: 'web' is already the label of another source"):
+        Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "label": "web"}, {"name": "synthetic", "weight": 1, "label": "web"}]))
 
 
 def test_validation_runs_and_keeps_best(tiny_config, tmp_path):
@@ -241,3 +243,121 @@ def test_mixture_with_a_stream_refuses_a_resume_at_another_world_size(tmp_path):
     mixture.check_resume({"world_size": 2}, 2)
     with pytest.raises(DataError, match="stream source\\(s\\) qa saved their positions on 2 ranks, this run has 1"):
         mixture.check_resume({"world_size": 2}, 1)
+
+
+PER_SOURCE_SCRIPT = """
+import json, sys
+import numpy as np, torch
+from core import distributed
+from core.prepare import prepare
+from core.trainer import Trainer
+from core.validation import evaluate
+
+prep = prepare(sys.argv[1], [])
+info = distributed.init(prep.rc.train.device)
+trainer = Trainer(prep, info)
+trainer.build()
+opts = prep.rc.sections["validation"]
+seeds_before = [trainer.c["data"].seed] + [s.seed for s in trainer.c["data"].sources]  # what the training stream draws with
+loss = evaluate(trainer, opts)
+seeds_after = [trainer.c["data"].seed] + [s.seed for s in trainer.c["data"].sources]
+seq, micro = trainer.loader_spec.seq_len, trainer.loader_spec.micro_batch
+with torch.no_grad():  # the whole model on one constant sequence: every window of that source is this one
+    direct = {t: trainer.model(torch.full((1, seq), t), torch.full((1, seq), t)).item() for t in (7, 9)}
+picks = trainer.c["data"].choose(np.arange(opts.batches * micro * info.world_size))  # every rank's validation rows
+if info.is_main:
+    json.dump({"loss": float(loss), "type": type(loss).__name__, "parts": loss.parts, "direct": direct,
+               "rows_a": int((picks == 0).sum()), "rows_b": int((picks == 1).sum()), "world": info.world_size,
+               "seeds_kept": seeds_before == seeds_after}, open(sys.argv[2], "w"))
+trainer = None
+distributed.shutdown()
+"""
+
+
+def test_mixture_reports_validation_loss_per_source(tmp_path):
+    """Two token_bin sources of one repeated id each (7 and 9), mixed 0.7/0.3, evaluated on 2 gloo ranks:
+    val_loss/<label> is the model's loss on that source's sequence, and val_loss the row-weighted mean."""
+    import subprocess
+    import sys
+
+    from conftest import env, free_port
+
+    for label, tok in (("sevens", 7), ("nines", 9)):
+        write(tmp_path / label / "train.bin", np.full(4000, tok))
+        write(tmp_path / label / "val.bin", np.full(2000, tok))
+        (tmp_path / label / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 257, "tokenizer_fingerprint": "bytes"}))
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'''
+extends = "{REPO / 'train_configs' / 'base.toml'}"
+[train]
+steps = 2
+global_batch_tokens = 256
+micro_batch = 2
+output_dir = "{tmp_path / 'out'}"
+device = "cpu"
+[model]
+name = "llama3"
+flavor = "debug"
+dim = 64
+n_layers = 2
+[data]
+name = "mixture"
+seq_len = 32
+sources = [
+  {{name = "token_bin", weight = 0.7, label = "sevens", path = "{tmp_path / 'sevens'}"}},
+  {{name = "token_bin", weight = 0.3, label = "nines", path = "{tmp_path / 'nines'}", order = "epochs"}},
+]
+[precision]
+name = "fp32"
+[validation]
+every = 1
+batches = 3
+[monitors]
+enabled = []
+''')
+    (tmp_path / "script.py").write_text(PER_SOURCE_SCRIPT)
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
+                           f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(tmp_path / "script.py"), str(cfg), str(out)],
+                          cwd=REPO, env=env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["world"] == 2 and r["type"] == "ValidationLoss" and r["seeds_kept"]
+    assert sorted(r["parts"]) == ["val_loss/nines", "val_loss/sevens"]
+    sevens, nines = r["direct"]["7"], r["direct"]["9"]
+    assert abs(sevens - nines) > 1e-3  # the two sources really differ for this model
+    assert r["parts"]["val_loss/sevens"] == pytest.approx(sevens, rel=1e-5)
+    assert r["parts"]["val_loss/nines"] == pytest.approx(nines, rel=1e-5)
+    assert 0 < r["rows_b"] < r["rows_a"]
+    assert r["loss"] == pytest.approx((r["rows_a"] * sevens + r["rows_b"] * nines) / (r["rows_a"] + r["rows_b"]), rel=1e-5)
+
+
+def test_validation_parts_are_declared_and_checked():
+    from core.contract import CONTRACT
+    from core.errors import PluginError
+    from core.protocols import validation_parts
+
+    member = {m.name: m for m in CONTRACT["data"]}["validation_loaders"]
+    assert member.kind == "method" and member.params == 1 and not member.required
+    spec = LoaderSpec(32, 2, 1, 0, 1, 42, split="val")
+    assert validation_parts(token_bin(), spec) == {}  # a source without parts: val_loss only
+
+    class BadParts:
+        def validation_loaders(self, spec):
+            return [("a", None)]
+
+    with pytest.raises(PluginError, match="validation_loaders.*must return"):
+        validation_parts(BadParts(), spec)
+
+
+def test_validation_loss_is_a_plain_float_to_checkpoints_and_monitors():
+    import math
+    import pickle
+
+    from core.validation import ValidationLoss
+
+    loss = ValidationLoss(1.25, {"val_loss/web": 1.5})
+    best = min(math.inf, loss)  # what the trainer keeps in the train state
+    assert json.loads(json.dumps({"val_loss": loss, "best_val_loss": best})) == {"val_loss": 1.25, "best_val_loss": 1.25}
+    assert type(pickle.loads(pickle.dumps(loss))) is float and loss.parts == {"val_loss/web": 1.5}
+    assert ValidationLoss(2.0).parts == {}

@@ -96,3 +96,121 @@ def test_dtype_too_small_for_tokenizer(tmp_path):
     proc = prepare("--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--tokenizer", f"tiktoken:{ranks}",
                    "--eos-id", "70000", "--dtype", "uint16")
     assert proc.returncode == 2 and "more than uint16 holds" in proc.stderr
+
+
+def corpus(tmp_path, docs: int = 600):
+    """Three files of three kinds: a jsonl (with a blank line and an empty text), a txt and a parquet if pyarrow is here."""
+    src = tmp_path / "in"
+    src.mkdir()
+    lines = [json.dumps({"text": f"document {i}: " + "lorem ipsum dolor sit amet " * (i % 17 + 1)}) for i in range(docs)]
+    lines[10], lines[20] = "", json.dumps({"text": ""})
+    (src / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (src / "b.txt").write_text("a whole file is one document ü\n" * 50)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": list(range(300)), "text": [f"row {i} " * (i % 5 + 1) if i % 7 else None for i in range(300)]}),
+                       src / "c.parquet", row_group_size=64)
+    except ImportError:
+        pass
+    return src
+
+
+def test_output_is_byte_identical_for_any_worker_count_and_chunk_size(tmp_path):
+    src = corpus(tmp_path)
+    outs = []
+    for workers, chunk in (("1", "1048576"), ("2", "700"), ("2", "1048576")):
+        out = tmp_path / f"out{workers}_{chunk}"
+        proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(out), "--workers", workers,
+                          "--chunk-bytes", chunk, "--val-fraction", "0.2", timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    first = json.loads((outs[0] / "meta.json").read_text())
+    assert first["tokens"]["val"] > 0 and first["documents"] > 500
+    for out in outs[1:]:
+        for name in ("train.bin", "val.bin"):
+            assert (out / name).read_bytes() == (outs[0] / name).read_bytes(), (out, name)
+        meta = json.loads((out / "meta.json").read_text())
+        assert (meta["tokens"], meta["documents"]) == (first["tokens"], first["documents"])
+    assert first["tokens"]["train"] + first["tokens"]["val"] == sum((outs[0] / n).stat().st_size // 2 for n in ("train.bin", "val.bin"))
+
+
+def test_progress_is_shown_while_a_file_is_read(tmp_path):
+    src = tmp_path / "one.jsonl"
+    src.write_text("".join(json.dumps({"text": f"line {i} " * 40}) + "\n" for i in range(400)))
+    proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(tmp_path / "o"), "--workers", "2",
+                      "--chunk-bytes", "4096", "--progress-interval", "0", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    bars = [line for line in proc.stderr.splitlines() if line.startswith("prepare [")]
+    docs = [int(line.split(" docs")[0].rsplit("| ", 1)[1].replace(",", "")) for line in bars]
+    assert len(bars) >= 10 and all("tokens/s" in b and "ETA" in b and "file 1/1" in b for b in bars)
+    assert docs == sorted(docs) and docs[0] > 0 and sum(d < 400 for d in docs) >= 5 and docs[-1] == 400  # updates before the file ended
+    assert "100.0%" in bars[-1] and "ETA 0:00:00" in bars[-1]
+
+
+def test_parquet_without_the_text_column_is_one_line(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is in the data and dev extras; without it .parquet input is refused anyway")
+    import pyarrow.parquet as pq
+
+    (tmp_path / "good.jsonl").write_text(json.dumps({"text": "fine"}) + "\n")
+    pq.write_table(pa.table({"id": [1, 2], "content": ["a", "b"]}), tmp_path / "bad.parquet")
+    out = tmp_path / "out"
+    proc = prepare("--input", str(tmp_path / "good.jsonl"), str(tmp_path / "bad.parquet"), "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.parquet" in lines[0] and "'text'" in lines[0] and "columns present: id, content" in lines[0], lines
+    assert not out.exists()  # refused before any tokenization
+
+
+def test_bad_line_deep_in_a_file_leaves_no_partial_output(tmp_path):
+    src = tmp_path / "a.jsonl"
+    lines = [json.dumps({"text": f"doc {i} " * 30}) for i in range(800)]
+    lines[700] = '{"text": 5}'
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(out), "--workers", "2", "--chunk-bytes", "2048", timeout=120)
+    assert proc.returncode == 2 and "a.jsonl:701: 'text' is int" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_no_validation_split_writes_no_empty_val_bin(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "val.bin").write_bytes(b"\x01\x00" * 10)  # left from an earlier preparation
+    assert prepare("--input", str(tmp_path / "a.txt"), "--out", str(out), "--val-fraction", "0").returncode == 0
+    assert not (out / "val.bin").exists() and json.loads((out / "meta.json").read_text())["tokens"]["val"] == 0
+
+
+MEASURE_RSS = """
+import resource, subprocess, sys
+proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(proc.stderr)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)  # KiB: the largest of prepare and its workers
+sys.exit(proc.returncode)
+"""
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_memory_stays_bounded_on_a_large_file(tmp_path, workers):
+    """40 MB of jsonl: the whole-file int64 arrays of the old preparation peaked near 1 GB on it
+    (1.4 GB measured on 60 MB); streamed, prepare and each worker stay under 150 MB."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, env
+
+    src = tmp_path / "big.jsonl"
+    line = [json.dumps({"id": i, "text": f"{i} " + "the quick brown fox jumps over the lazy dog " * 100}) + "\n" for i in range(64)]
+    with src.open("w") as f:
+        for k in range(40_000_000 // sum(map(len, line)) + 1):
+            f.write("".join(line))
+    size = src.stat().st_size
+    proc = subprocess.run([sys.executable, "-c", MEASURE_RSS, sys.executable, "-m", "plugins.data.prepare", "--input", str(src),
+                           "--out", str(tmp_path / "out"), "--workers", workers], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    peak_mb = int(proc.stdout.split()[-1]) / 1024
+    tokens = json.loads((tmp_path / "out" / "meta.json").read_text())["tokens"]
+    assert size > 40e6 and tokens["train"] + tokens["val"] > 40e6
+    assert peak_mb < 150, f"peak RSS {peak_mb:.0f} MB for a {size / 1e6:.0f} MB input"

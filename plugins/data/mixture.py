@@ -90,6 +90,9 @@ class Mixture(IndexedSource):
             where = f"[data] mixture: sources[{i}]"
             name, weight = table.pop("name", None), table.pop("weight", None)
             label = table.pop("label", None) or f"{i}_{name}"
+            if label in self.labels:
+                raise ConfigError(f"{where}.label: {label!r} is already the label of another source; labels name the "
+                                  "data/<label>_tokens and val_loss/<label> metrics and must differ")
             on_exhausted = table.pop("on_exhausted", options.on_exhausted)
             if on_exhausted not in ("wrap", "stop"):
                 raise ConfigError(f"{where}.on_exhausted: expected \"wrap\" or \"stop\", got {on_exhausted!r}")
@@ -169,6 +172,19 @@ class Mixture(IndexedSource):
                 self._block_counts, self._block = self._block_counts[:1], None
             self.seq_len, self.total_samples, self.dp_rank = spec.seq_len, spec.total_samples, spec.dp_rank
         return MixtureLoader(self, spec)
+
+    def validation_loaders(self, spec) -> dict[str, IndexedLoader]:
+        """Each source's own validation batches, by label (``val_loss/<label>``): the source's first
+        samples of ``spec.split``, read with the seed the mixture gives it (so the training stream
+        it serves is left as it was). Stream sources have no validation split and are left out."""
+        self.seed = spec.seed
+        loaders = {}
+        for k, source in enumerate(self.sources):
+            if k in self.streams or not getattr(source, "has_split", lambda _: True)(spec.split):
+                continue
+            source.seed = mix_seed(spec.seed, k + 1)  # what loader() gives it; not source.loader(), which reseeds
+            loaders[self.labels[k]] = IndexedLoader(source, spec)
+        return loaders
 
     def choose(self, indices: np.ndarray) -> np.ndarray:
         offset = (mix_seed(self.seed, 0x6D6978) % 2**32) / 2**32

@@ -11,6 +11,14 @@ folders of them. Tokenizers: ``bytes`` (UTF-8 bytes, EOS 256),
 EOS separates documents. Documents go to the validation split by a hash of
 their position, so the split is deterministic. Re-running with the same
 inputs and settings finds a matching ``meta.json`` and does nothing.
+
+Memory stays bounded whatever the input size: files are streamed into tasks
+of about ``--chunk-bytes`` of input, ``--workers`` processes tokenize them
+(at most two tasks per worker in flight), and each task's tokens are
+appended to the output in the on-disk dtype, in input order, so the bytes
+written do not depend on the number of workers. A progress bar on stderr
+shows bytes read, documents, tokens, tokens/s and the ETA while a file is
+being read (docs/data.md).
 """
 
 from __future__ import annotations
@@ -18,16 +26,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import multiprocessing
 import os
 import sys
 import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from core.errors import DataError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -96,6 +107,7 @@ class Tokenizer:
         if kind == "bytes":
             self.vocab_size, self.eos_id, self.fingerprint = 257, 256, "bytes"
             self._encode = lambda text: list(text.encode("utf-8"))
+            self._encode_many = lambda texts: [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
             return
         file = Path(path)
         if not file.is_file():
@@ -116,6 +128,7 @@ class Tokenizer:
                 raise DataError(f"--tokenizer {spec}: no EOS token found; pass --eos-id")
             self.eos_id = eos
             self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+            self._encode_many = lambda texts: [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts, add_special_tokens=False)]
         elif kind == "tiktoken":
             import base64
 
@@ -128,32 +141,210 @@ class Tokenizer:
                                     mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eos_id})
             self.vocab_size, self.eos_id = max(len(ranks), eos_id + 1), eos_id
             self._encode = lambda text: enc.encode_ordinary(text)
+            self._encode_many = lambda texts: [np.asarray(enc.encode_ordinary(t), dtype=np.int64) for t in texts]
         else:
             raise DataError(f"--tokenizer {spec}: expected bytes, hf:PATH or tiktoken:PATH")
 
     def encode(self, text: str) -> list[int]:
         return self._encode(text)
 
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        """The ids of each text (without EOS), as integer arrays: the preparation's fast path."""
+        return self._encode_many(texts)
+
+
+CHUNK_BYTES = 1 << 20  # input bytes per task handed to a worker
+INFLIGHT_PER_WORKER = 2  # tasks queued per worker: bounds the memory the pipeline holds
+
+# A task: (path, kind, first line, first document, items, input bytes it stands for).
+# kind "jsonl": items are raw lines; "txt": one item, the file's bytes; "text": strings (parquet rows).
+Task = tuple[str, str, int, int, list, float]
+
+
+def check_parquet(files: list[Path], text_field: str) -> None:
+    """Every parquet input is readable and has the text column: refused before any tokenization."""
+    parquets = [f for f in files if f.suffix == ".parquet"]
+    if not parquets:
+        return
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{parquets[0]}: reading .parquet needs pyarrow (pip install pyarrow, or plait[data])") from None
+    for f in parquets:
+        try:
+            names = pq.ParquetFile(f).schema_arrow.names
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DataError(f"{f}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        if text_field not in names:
+            raise DataError(f"{f}: no column {text_field!r} (--text-field); columns present: {', '.join(names) or 'none'}")
+
+
+def read_tasks(path: Path, text_field: str, chunk_bytes: int) -> Iterator[Task]:
+    """The file in tasks of about ``chunk_bytes`` input bytes, in document order. Only the task
+    being filled is held, so memory does not grow with the file (a .txt file is one document)."""
+    name = str(path)
+    try:
+        if path.suffix == ".txt":
+            data = path.read_bytes()
+            yield name, "txt", 1, 0, [data], float(len(data))
+        elif path.suffix == ".jsonl":
+            with path.open("rb") as f:
+                lines: list[bytes] = []
+                size, first_line, first_doc = 0, 1, 0
+                for n, line in enumerate(f, 1):
+                    if not lines:
+                        first_line = n
+                    lines.append(line)
+                    size += len(line)
+                    if size >= chunk_bytes:
+                        yield name, "jsonl", first_line, first_doc, lines, float(size)
+                        first_doc += sum(1 for line in lines if not line.isspace())
+                        lines, size = [], 0
+                if lines:
+                    yield name, "jsonl", first_line, first_doc, lines, float(size)
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                pf = pq.ParquetFile(path)
+                rows_total, file_bytes = max(pf.metadata.num_rows, 1), path.stat().st_size
+                texts: list = []
+                size = rows = first_doc = 0
+                for batch in pf.iter_batches(batch_size=1024, columns=[text_field]):
+                    for t in batch.column(0).to_pylist():
+                        rows += 1
+                        if not t:
+                            continue  # null and empty rows are not documents
+                        texts.append(t)
+                        size += len(t) if isinstance(t, str) else 1
+                        if size >= chunk_bytes:
+                            yield name, "text", 0, first_doc, texts, file_bytes * rows / rows_total
+                            first_doc += len(texts)
+                            texts, size, rows = [], 0, 0
+                if texts or rows:
+                    yield name, "text", 0, first_doc, texts, file_bytes * rows / rows_total
+            except (pa.ArrowException, ValueError) as e:  # corrupt pages
+                raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    except OSError as e:
+        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+
 
 _TOKENIZER: Tokenizer | None = None
 
 
 def _init(spec: str, eos_id: int | None) -> None:
+    """A worker's tokenizer. One process is one core: the ``tokenizers`` library's own threads stay off."""
     global _TOKENIZER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _TOKENIZER = Tokenizer(spec, eos_id)
 
 
-def _encode_file(args: tuple[str, str, float]) -> tuple[list[np.ndarray], list[np.ndarray], int]:
-    path, text_field, val_fraction = args
-    train, val, docs = [], [], 0
-    for i, text in enumerate(documents(Path(path), text_field)):
-        if not text or not text.strip():
-            continue  # an empty document would only add an EOS
-        ids = np.asarray(_TOKENIZER.encode(text) + [_TOKENIZER.eos_id], dtype=np.int64)
-        key = int.from_bytes(hashlib.blake2b(f"{path}#{i}".encode(), digest_size=8).digest(), "little") / 2**64
-        (val if key < val_fraction else train).append(ids)
-        docs += 1
-    return train, val, docs
+def _texts(task: Task, text_field: str) -> tuple[list[int], list[str]]:
+    """(document numbers, texts) of a task; bad lines and values are one DataError naming file and line."""
+    path, kind, first_line, first_doc, items, _ = task
+    if kind == "txt":
+        try:
+            return [0], [items[0].decode("utf-8")]
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    if kind == "text":
+        for t in items:
+            if not isinstance(t, str):
+                raise DataError(f"{path}: column {text_field!r} holds {type(t).__name__} values, expected strings")
+        return list(range(first_doc, first_doc + len(items))), items
+    numbers, texts = [], []
+    for n, line in enumerate(items, first_line):
+        if line.isspace():
+            continue
+        try:
+            text = json.loads(line)[text_field]
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{n}: unreadable ({type(e).__name__}: {e})") from None
+        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
+            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string ({type(e).__name__}: {e})") from None
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
+        numbers.append(first_doc + len(numbers))
+        texts.append(text)
+    return numbers, texts
+
+
+def is_val(path: str, number: int, val_fraction: float) -> bool:
+    """Document ``number`` of file ``path`` goes to validation: a hash of both, so every run agrees."""
+    key = int.from_bytes(hashlib.blake2b(f"{path}#{number}".encode(), digest_size=8).digest(), "little") / 2**64
+    return key < val_fraction
+
+
+def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """(train tokens, val tokens) of one task in the on-disk dtype, its documents and input bytes.
+    A pure function of the task: the output does not depend on which worker ran it."""
+    tok = _TOKENIZER
+    numbers, texts = _texts(task, text_field)
+    keep = [(k, t) for k, t in zip(numbers, texts) if t.strip()]  # an empty document would only add an EOS
+    eos = np.asarray([tok.eos_id], dtype=np.int64)
+    parts: dict[bool, list[np.ndarray]] = {False: [], True: []}
+    for (k, _), ids in zip(keep, tok.encode_many([t for _, t in keep])):
+        parts[is_val(task[0], k, val_fraction)] += [ids, eos]
+    out = []
+    for split in (False, True):
+        ids = np.concatenate(parts[split]).astype(np.int64, copy=False) if parts[split] else np.zeros(0, dtype=np.int64)
+        if len(ids) and int(ids.max()) >= tok.vocab_size:
+            raise DataError(f"{task[0]}: the tokenizer produced id {int(ids.max())} >= its vocab size {tok.vocab_size}")
+        out.append(ids.astype(dtype))
+    return out[0], out[1], len(keep), task[5]
+
+
+def _encode_job(job: tuple[Task, str, float, str]) -> tuple[np.ndarray, np.ndarray, int, float]:
+    return encode_task(*job)
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "--:--:--"
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """The progress bar on stderr: bytes read of the input, documents, tokens, tokens/s and ETA.
+
+    On a terminal one line is redrawn every ``interval`` seconds (default 0.2); elsewhere (a log
+    file, a pipe) a full line is printed every ``interval`` seconds (default 10). The ETA is the
+    input bytes left at the rate the bytes so far were read."""
+
+    WIDTH = 20
+
+    def __init__(self, total_bytes: int, files: int, interval: float | None = None, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.interval = interval if interval is not None else (0.2 if self.tty else 10.0)
+        self.total, self.files = max(total_bytes, 1), files
+        self.t0 = time.perf_counter()
+        self.last = -math.inf
+        self.drawn = False
+
+    def update(self, done_bytes: float, docs: int, tokens: int, file_no: int, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = max(now - self.t0, 1e-9)
+        frac = min(done_bytes / self.total, 1.0)
+        filled = int(frac * self.WIDTH)
+        eta = elapsed * (1 - frac) / frac if frac > 0 else None
+        line = (f"prepare [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB"
+                f" | file {file_no}/{self.files} | {docs:,} docs | {tokens:,} tokens | {tokens / elapsed:,.0f} tokens/s"
+                f" | {_clock(elapsed)} elapsed, ETA {_clock(eta)}")
+        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def sources_fingerprint(files: list[Path]) -> list[dict]:
@@ -162,6 +353,7 @@ def sources_fingerprint(files: list[Path]) -> list[dict]:
 
 def prepare(args: argparse.Namespace) -> dict:
     files = list_inputs(args.input)
+    check_parquet(files, args.text_field)
     tok = Tokenizer(args.tokenizer, args.eos_id)
     dtype = args.dtype if args.dtype != "auto" else ("uint16" if tok.vocab_size <= 2**16 else "uint32")
     if tok.vocab_size > np.iinfo(dtype).max + 1:
@@ -176,56 +368,103 @@ def prepare(args: argparse.Namespace) -> dict:
             print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
             return old
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    jobs = [(str(f), args.text_field, args.val_fraction) for f in files]
+    total_bytes = sum(f.stat().st_size for f in files)
+    workers = max(1, args.workers)
+    chunk_bytes = getattr(args, "chunk_bytes", CHUNK_BYTES)
+    progress = Progress(total_bytes, len(files), getattr(args, "progress_interval", None))
     counts = {"train": 0, "val": 0}
-    docs = 0
-    max_id = -1
-    handles = {split: (out / f"{split}.bin.tmp").open("wb") for split in ("train", "val")}
-    with ProcessPoolExecutor(max_workers=args.workers, initializer=_init, initargs=(args.tokenizer, args.eos_id)) as pool:
-        for n, (train, val, d) in enumerate(pool.map(_encode_file, jobs), 1):  # in input order: deterministic
-            docs += d
-            for split, arrays in (("train", train), ("val", val)):
-                for a in arrays:
-                    max_id = max(max_id, int(a.max()))
-                    a.astype(dtype).tofile(handles[split])
-                    counts[split] += len(a)
-            rate = (counts["train"] + counts["val"]) / max(time.perf_counter() - t0, 1e-9)
-            print(f"\rprepare: {n}/{len(files)} files, {docs:,} documents, {rate:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    docs, done_bytes, file_no = 0, 0.0, 0
+    tmp = {split: out / f"{split}.bin.tmp" for split in counts}
+    handles = {split: tmp[split].open("wb") for split in counts}
+
+    def jobs() -> Iterator[tuple[int, tuple[Task, str, float, str]]]:
+        for n, f in enumerate(files, 1):
+            for task in read_tasks(f, args.text_field, chunk_bytes):
+                yield n, (task, args.text_field, args.val_fraction, dtype)
+
+    def write(n: int, result: tuple[np.ndarray, np.ndarray, int, float]) -> None:
+        nonlocal docs, done_bytes, file_no
+        train, val, d, nbytes = result
+        for split, ids in (("train", train), ("val", val)):
+            ids.tofile(handles[split])
+            counts[split] += len(ids)
+        docs, done_bytes, file_no = docs + d, done_bytes + nbytes, n
+        progress.update(done_bytes, docs, counts["train"] + counts["val"], n)
+
+    pool = None
+    try:
+        if workers == 1:  # in this process: the same function, no pickling
+            _init(args.tokenizer, args.eos_id)
+            for n, job in jobs():
+                write(n, _encode_job(job))
+        else:  # results are written in input order, whichever worker finishes first: deterministic
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_init, initargs=(args.tokenizer, args.eos_id))
+            pending: deque = deque()
+            for n, job in jobs():
+                pending.append((n, pool.submit(_encode_job, job)))
+                if len(pending) >= INFLIGHT_PER_WORKER * workers:
+                    n_done, future = pending.popleft()
+                    write(n_done, future.result())
+            while pending:
+                n_done, future = pending.popleft()
+                write(n_done, future.result())
+        progress.update(done_bytes, docs, counts["train"] + counts["val"], file_no, final=True)
+    except BaseException:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+            pool = None
+        for split, h in handles.items():
+            h.close()
+            tmp[split].unlink(missing_ok=True)
+        raise
+    finally:
+        progress.close()
+        if pool is not None:
+            pool.shutdown()
     for h in handles.values():
         h.close()
     if docs == 0 or counts["train"] == 0:
         for split in handles:
-            (out / f"{split}.bin.tmp").unlink(missing_ok=True)
+            tmp[split].unlink(missing_ok=True)
         raise DataError(f"no text found in {', '.join(args.input)} (empty input)")
-    if max_id >= tok.vocab_size:
-        raise DataError(f"the tokenizer produced id {max_id} >= its vocab size {tok.vocab_size}")
-    for split in handles:
-        os.replace(out / f"{split}.bin.tmp", out / f"{split}.bin")
-    elapsed = time.perf_counter() - t0
-    total_bytes = sum(f.stat().st_size for f in files)
+    os.replace(tmp["train"], out / "train.bin")
+    if counts["val"]:
+        os.replace(tmp["val"], out / "val.bin")
+    else:  # no validation split: no empty val.bin (token_bin would refuse it), nor one left from an earlier run
+        tmp["val"].unlink()
+        (out / "val.bin").unlink(missing_ok=True)
+    elapsed = time.perf_counter() - progress.t0
     meta = {**settings, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "documents": docs, "tokens": counts,
-            "seconds": round(elapsed, 3), "tokens_per_s": round(sum(counts.values()) / elapsed), "mb_per_s": round(total_bytes / 1e6 / elapsed, 2)}
+            "seconds": round(elapsed, 3), "tokens_per_s": round(sum(counts.values()) / elapsed), "mb_per_s": round(total_bytes / 1e6 / elapsed, 2),
+            "workers": workers}
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     print(f"prepare: {sum(counts.values()):,} tokens ({counts['val']:,} val) from {docs:,} documents in {elapsed:.1f} s: "
-          f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s", file=sys.stderr)
+          f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s, {workers} worker(s)", file=sys.stderr)
     return meta
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m plugins.data.prepare", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m plugins.data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", nargs="+", required=True, help="files or folders (.txt, .jsonl, .parquet)")
     p.add_argument("--out", required=True, help="folder for train.bin, val.bin, meta.json")
     p.add_argument("--tokenizer", default="bytes", help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id (default: the tokenizer's)")
-    p.add_argument("--val-fraction", type=float, default=0.01)
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    p.add_argument("--val-fraction", type=float, default=0.01, help="share of documents (by hash) that go to val.bin")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="tokenizer processes (default: CPUs - 1); the output is the same for any number")
     p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto")
     p.add_argument("--text-field", default="text", help="jsonl key / parquet column holding the text")
+    p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES, help="input bytes per task handed to a worker (default 1 MiB)")
+    p.add_argument("--progress-interval", type=float, default=None,
+                   help="seconds between progress updates (default: 0.2 on a terminal, 10 in a log)")
     args = p.parse_args(argv)
     if not 0 <= args.val_fraction < 1:
-        p.error("--val-fraction must be in [0, 1)")
+        p.error(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.workers < 1 or args.chunk_bytes < 1:
+        p.error(f"--workers and --chunk-bytes must be >= 1, got {args.workers} and {args.chunk_bytes}")
+    if args.progress_interval is not None and args.progress_interval < 0:
+        p.error(f"--progress-interval must be >= 0, got {args.progress_interval}")
     try:
         prepare(args)
     except PlaitError as e:

@@ -66,7 +66,8 @@ class BudgetGuardOptions:
     stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)")
     alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
     dry_run: bool = option(False, "log what each threshold would do, never stop")
-    expected_tokens_per_s: float = option(0.0, "throughput for the pre-flight cost projection; 0 skips it", ge=0)
+    expected_tokens_per_s: float = option(0.0, "whole-run tokens/s (all devices) for the pre-flight projection and core.plan's ETA; "
+                                                "`python -m core.plan --measure` measures it; 0 skips it", ge=0)
 
 
 class BudgetGuard:
