@@ -55,6 +55,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("blocks", 1, "the repeated blocks: units of sharding, checkpointing and compile"),
         method("flops_per_token", 1, "training FLOPs per token at seq_len (docs/metrics.md)"),
         method("activation_bytes", 3, "activation memory of one micro-batch (micro_batch, seq_len, bytes_per_element)"),
+        method("compile_loss", 1, "(model) with train.compile, compile the loss too (output layer + cross-entropy); default: only the blocks", False),
         method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
         method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False),

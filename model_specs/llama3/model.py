@@ -166,6 +166,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
         self._attention_logged = False
+        self.compile_loss = False  # set by Llama3Spec.compile_loss (train.compile): core.losses compiles the loss
         # Derived from the shapes, not learned: left out of state_dict, and
         # recomputed by init_buffers() after to_empty() leaves them garbage.
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -234,11 +235,10 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, self.rope_cos, self.rope_sin)
         h = self.norm(h)
-        if labels is not None and self.args.loss_chunk_tokens > 0:
-            from core.losses import chunked_cross_entropy
-
-            return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens)
-        logits = self.output(h)
         if labels is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            return self.output(h)
+        from core.losses import chunked_cross_entropy, output_cross_entropy
+
+        if self.args.loss_chunk_tokens > 0:
+            return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens, compile=self.compile_loss)
+        return output_cross_entropy(h, self.output.weight, labels, compile=self.compile_loss)
