@@ -2,7 +2,9 @@
 
 Variants: bf16 eager, bf16 + torch.compile, activation checkpointing (all
 blocks, every 2nd block), a micro-batch sweep, then fp8 (torchao tensorwise
-and rowwise). Each variant trains ``--steps`` timed steps after
+and rowwise), and ``config-1b_h100``: the speed settings of
+``train_configs/1b_h100.toml`` as they stand in the file (compile, no
+activation checkpointing, ``micro_batch = "auto"``, fused AdamW, bf16, SDPA). Each variant trains ``--steps`` timed steps after
 ``--warmup`` steps through plait's own Trainer (one process, no data files:
 ``synthetic`` random tokens), and reports tokens/s, MFU and peak memory.
 The loss is chunked (``model.loss_chunk_tokens``) so the 131072-wide logits
@@ -45,7 +47,41 @@ OPT_IN: dict[str, list[str]] = {
     "8b-fsdp2-offload-ac-mb1": ["--train.micro_batch=1", "--model.flavor=8b", "--parallelism.name=fsdp2",
                                 "--parallelism.cpu_offload=true", "--train.activation_checkpointing=full"],
 }
+CONFIG = "train_configs/1b_h100.toml"
+# The speed settings of the 1b train config that a one-GPU synthetic run can take over
+# (the data, the schedule and the batch size stay the bench's).
+CONFIG_KEYS = {"train": ("compile", "activation_checkpointing", "activation_checkpointing_every", "micro_batch", "micro_batch_max"),
+               "model": ("attention", "loss_chunk_tokens"), "optimizer": ("impl",), "precision": ("name",)}
 HOST_BYTES_PER_PARAM = 16  # fp32 parameter + fp32 gradient + two fp32 AdamW moments, all offloaded
+
+
+def config_overrides(path: str = CONFIG) -> list[str]:
+    """The 1b train config's speed settings as overrides (variant ``config-1b_h100``), read from the file
+    so the variant measures what the config trains with."""
+    import tomllib
+
+    from bench.common import REPO
+
+    cfg = tomllib.loads((REPO / path).read_text())
+    out = []
+    for section, keys in CONFIG_KEYS.items():
+        for key in keys:
+            if key in cfg.get(section, {}):
+                value = cfg[section][key]
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                out.append(f"--{section}.{key}={text}")
+    return out
+
+
+VARIANTS["config-1b_h100"] = config_overrides()
+
+
+def micro_batch_of(extra: list[str]) -> int:
+    """The micro-batch a variant asks for; with ``auto``, the largest it may pick (``micro_batch_max``,
+    64 by default), which sets the bench's global batch so that every smaller candidate divides it."""
+    opts = dict(a.removeprefix("--").split("=", 1) for a in extra)
+    micro = opts.get("train.micro_batch", "8")
+    return int(opts.get("train.micro_batch_max", 64)) if micro == "auto" else int(micro)
 
 
 def host_available_bytes() -> int:
@@ -76,7 +112,7 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: s
     from core.protocols import DistInfo
     from core.trainer import Trainer
 
-    mb = next(int(a.split("=")[1]) for a in extra if a.startswith("--train.micro_batch="))
+    mb = micro_batch_of(extra)
     overrides = BASE + extra + [f"--train.global_batch_tokens={mb * 2048}", f"--train.steps={steps + warmup}"]
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -105,12 +141,13 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: s
     except torch.OutOfMemoryError:
         return {"variant": name, "status": "out of memory"}
     tokens_s = prep.tokens_per_step / dt
+    chosen = trainer.rc.train.micro_batch
     flops = prep.spec.flops_per_token(2048) * tokens_s
     peak = peak_tflops()
     result = {
         "variant": name, "status": "ok", "step_s": dt, "tokens_per_s": tokens_s,
         "mfu": flops / (peak * 1e12) if peak else None, "peak_tflops": peak,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "micro_batch": chosen,
     }
     del trainer
     return result
@@ -154,10 +191,10 @@ def main(argv=None) -> int:
         print(r, flush=True)
         rows_raw.append(r)
         rows.append([
-            r["variant"], r["status"], r.get("tokens_per_s", "-"),
+            r["variant"], r["status"], r.get("micro_batch", "-"), r.get("tokens_per_s", "-"),
             f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a", r.get("peak_mem_gib", "-"),
         ])
-    body = table(["variant", "status", "tokens/s", "MFU (bf16 dense peak)", "peak GiB"], rows)
+    body = table(["variant", "status", "micro-batch", "tokens/s", "MFU (bf16 dense peak)", "peak GiB"], rows)
     peaks = {r.get("peak_tflops") for r in rows_raw if r.get("peak_tflops")}
     body += ("\n\nMFU = tokens/s x FLOPs per token, output layer counted (docs/metrics.md: 8.25 GFLOP/token for 1b at "
              f"seq 2048) / the device's dense bf16 peak ({', '.join(f'{p:g}' for p in peaks) or 'unknown'} TFLOP/s).")

@@ -231,19 +231,17 @@ def worker_bare(a, s):
 # ---- plait: its own Trainer
 
 
-def worker_plait(a, s):
+def plait_trainer(a, total_steps: int):
+    """plait's Trainer, built for this file's shape, batch, precision and optimizer (see the module docstring)."""
     from core import distributed
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import register_monitor
     from core.prepare import prepare
     from core.trainer import Trainer
 
     ws = world()[1]
-    total = a.warmup + a.steps
     overrides = [
         f"--model.flavor={a.flavor}", *(["--model.vocab_size=512"] if a.flavor == "debug" else []),
         f"--data.seq_len={a.seq_len}", f"--train.micro_batch={a.micro_batch}",
-        f"--train.global_batch_tokens={a.micro_batch * a.seq_len * ws}", f"--train.steps={total}",
+        f"--train.global_batch_tokens={a.micro_batch * a.seq_len * ws}", f"--train.steps={total_steps}",
         "--train.log_every=1000000", f"--train.device={a.device}", "--precision.name=fp32", f"--train.grad_clip={CLIP}",
         "--monitors.enabled=[]", "--checkpoint.at_end=false", "--checkpoint.resume=none",
         f"--train.output_dir=/tmp/plait-bench-peers-{os.getpid()}", "--lr_schedule.name=constant", "--lr_schedule.warmup_steps=0",
@@ -254,6 +252,14 @@ def worker_plait(a, s):
     info = distributed.init(a.device)
     trainer = Trainer(prep, info)
     trainer.build()
+    return trainer
+
+
+def worker_plait(a, s):
+    from core.hookspecs import hookimpl
+    from core.monitor_hub import register_monitor
+
+    trainer = plait_trainer(a, a.warmup + a.steps)
     ends: list[float] = []
 
     class StepClock:

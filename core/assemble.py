@@ -4,7 +4,8 @@ The order is torchtitan's, for one data-parallel dimension: the model on the
 meta device -> precision conversion (e.g. fp8 linears) -> activation
 checkpointing -> torch.compile per block -> parallelism wrapper (all in
 :func:`core.parallelize.parallelize`) -> real storage with ties kept, and
-initialization -> optimizer and schedule -> loader.
+initialization -> optimizer and schedule -> loader (read a step ahead in a
+thread on CUDA, :mod:`core.prefetch`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from core import distributed, log
 from core.checkpoint import TrainingState
 from core.materialize import materialize
 from core.param_groups import param_groups
+from core.prefetch import prefetching
 from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
 from core.rng import seed_everything
@@ -77,7 +79,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
     run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler,
-                          loader=c["data"].loader(loader_spec), run=run)
+                          loader=prefetching(c["data"].loader(loader_spec), prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
 
 

@@ -58,6 +58,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("flops_per_token", 1, "training FLOPs per token at seq_len (docs/metrics.md)"),
         method("activation_bytes", 3, "activation memory of one micro-batch (micro_batch, seq_len, bytes_per_element)"),
         method("high_precision_modules", 1, "(model) -> names of modules precision plugins leave in high precision; default: the linears mapping to the vocabulary (the output head)", False),
+        method("compile_loss", 1, "(model) with train.compile, compile the loss too (output layer + cross-entropy); default: only the blocks", False),
         method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
         method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False),

@@ -1,7 +1,7 @@
 """Turning a built model into the one that trains, in a fixed order.
 
 1. activation checkpointing of the blocks (``train.activation_checkpointing``),
-2. ``torch.compile`` of each block (``train.compile``),
+2. ``torch.compile`` of each block and of the loss (``train.compile``),
 3. the parallelism wrapper (ddp, fsdp2...).
 
 Sharding comes last so that FSDP2 sees the checkpointed, compiled blocks as
@@ -50,10 +50,14 @@ def apply_activation_checkpointing(model: nn.Module, spec, mode: str, every: int
 
 
 def apply_compile(model: nn.Module, spec) -> None:
+    """``torch.compile`` each block, and the loss where the spec offers it (``compile_loss``)."""
     import torch
+
+    from core.protocols import spec_compile_loss
 
     for block in spec.blocks(model):
         _replace(model, block, torch.compile(block))  # type: ignore[arg-type]  # a compiled module is a Module
+    spec_compile_loss(spec, model)
 
 
 def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:

@@ -96,6 +96,16 @@ class ModelSpec(Protocol):
         ...
 
 
+def spec_compile_loss(spec: ModelSpec, model: nn.Module) -> bool:
+    """Call the model spec's optional ``compile_loss(model)`` (``train.compile``); False if it has none.
+    The one place the core reads it."""
+    compile_loss = getattr(spec, "compile_loss", None)
+    if compile_loss is None:
+        return False
+    compile_loss(model)
+    return True
+
+
 @runtime_checkable
 class Parallelism(Protocol):
     """Data parallel strategy. Applied after precision conversion."""

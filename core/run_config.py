@@ -49,7 +49,7 @@ class TrainOptions:
     activation_checkpointing: Literal["none", "full", "selective"] = option(
         "none", "recompute activations in the backward pass: full blocks, or all but matmul/attention outputs")
     activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
-    compile: bool = option(False, "torch.compile each block")
+    compile: bool = option(False, "torch.compile each block, and the loss where the model offers it (compile_loss)")
     inject_spike_at_step: int = option(0, "rehearsal: replace the batches of this step and the next 4 with rare tokens (0: off)", ge=0)
 
     def check(self) -> None:

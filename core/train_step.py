@@ -37,7 +37,7 @@ class TrainStep:
         ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, shape)``
         swaps micro-batch ``m`` for another (a spike rehearsal)."""
         dev, accum = self.dist.device, self.grad_accum
-        loss_sum = torch.zeros((), device=dev)
+        loss_sum: torch.Tensor | None = None
         for m, (inputs, labels) in enumerate(micro_batches):
             if replace is not None:
                 inputs, labels = replace(m, inputs.shape)
@@ -46,8 +46,9 @@ class TrainStep:
             with self.parallelism.sync_context(self.train_model, sync=m == accum - 1):
                 with self.precision.autocast(dev):
                     loss = self.train_model(inputs, labels)
-                (loss / accum).backward()
-            loss_sum += loss.detach()
+                (loss if accum == 1 else loss / accum).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        assert loss_sum is not None, "a step has at least one micro-batch"
         grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
         bad = self.guard.flag(loss_sum, grad_norm)
         return loss_sum / accum, grad_norm, bad

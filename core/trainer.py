@@ -26,6 +26,7 @@ from core.assemble import Assembled, assemble
 from core.checkpoint import EXIT_SAVE_FAILED, CheckpointDir, Checkpointer, SaveFailed
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
+from core.prefetch import PrefetchingLoader, prefetching
 from core.prepare import Prepared
 from core.protocols import DistInfo, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
@@ -76,6 +77,7 @@ class Trainer:
             self.build_state(where, initial_load=path is None)
             if path is None or resume.restore(self.checkpointer, path, last=not candidates):
                 break
+            self.close_loader()
             del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors],
@@ -107,6 +109,11 @@ class Trainer:
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
         self.skipping_now = 0  # steps skipped in a row up to the last read
         self.before_update_hooks = False  # set once the monitors exist
+
+    def close_loader(self) -> None:
+        """Stop the loader's read-ahead thread, if it has one (CUDA)."""
+        if isinstance(self.built.state.loader, PrefetchingLoader):
+            self.built.state.loader.close()
 
     def summary(self) -> str:
         return run_files.summary(self.prep, self.dist, self.model, self.run)
@@ -266,8 +273,9 @@ class Trainer:
         """A new sequence-length stage: a loader for the new shape, at the same data position."""
         built, seq = self.built, self.stage_seq_len()
         position = built.state.loader.state_dict()
+        self.close_loader()
         built.loader_spec = stages.respec(built.loader_spec, seq)
-        built.state.loader = self.c["data"].loader(built.loader_spec)
+        built.state.loader = prefetching(self.c["data"].loader(built.loader_spec), self.prep.grad_accum, self.dist.device)
         built.state.loader.load_state_dict(position)
         self.step_metrics.flops_per_token = self.c["model"].flops_per_token(seq)
         log.info(f"step {self.run.step + 1}: sequence length {seq}, micro-batch {built.loader_spec.micro_batch} (stage change)")
@@ -368,6 +376,7 @@ class Trainer:
                 not self.save_checkpoint(run.step, use_async=False):
             reason = policy.DIVERGED
         ckpt.wait()
+        self.close_loader()
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file

@@ -51,3 +51,32 @@ def test_fp8_tracks_bf16_on_cuda(bf16_rows, tmp_path, recipe):
     low, ref = rows[-1]["loss"], bf16_rows[-1]["loss"]
     assert abs(low - ref) < 0.15, (recipe, low, ref)
     assert rows[-1]["fp8/linears"] > 0
+
+
+def test_prefetch_on_cuda_matches_the_synchronous_loader():
+    """core.prefetch on CUDA: pinned host copies, device copies on a side stream; the consumer's
+    stream waits for them, and batches and positions equal the synchronous loader's."""
+    from core.data import IndexedSource
+    from core.prefetch import PrefetchingLoader, prefetching
+    from core.protocols import LoaderSpec
+
+    class Counting(IndexedSource):
+        def sample(self, index, seq_len, split):
+            import numpy as np
+
+            return np.arange(index, index + seq_len + 1, dtype=np.int64)
+
+    spec = LoaderSpec(seq_len=256, micro_batch=4, grad_accum=2, dp_rank=0, dp_size=1, seed=0)
+    dev = torch.device("cuda", 0)
+    pre = prefetching(Counting().loader(spec), 2, dev)
+    assert isinstance(pre, PrefetchingLoader) and pre.pin_memory
+    sync, it, got = iter(Counting().loader(spec)), iter(pre), []
+    for step in range(5):
+        for _ in range(2):
+            x, y = next(it)
+            assert x.device == dev and y.device == dev
+            sx, sy = next(sync)
+            got.append(torch.equal(x.cpu(), sx) and torch.equal(y.cpu(), sy))
+        assert pre.state_dict() == {"consumed_samples": (step + 1) * 8}
+    pre.close()
+    assert all(got)

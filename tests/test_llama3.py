@@ -368,3 +368,19 @@ def test_sdpa_backend_is_named():
     assert sdpa_backend(4, 64, 128, torch.float32, torch.device("cpu")) in ("flash", "math")
     if torch.cuda.is_available():
         assert sdpa_backend(32, 64, 2048, torch.bfloat16, torch.device("cuda")) in ("flash", "cuDNN")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_takes_full_or_preshaped_tables(dtype):
+    """The forward shapes the RoPE tables once ([1, T, 1, hd]); blocks called on their own pass the full
+    tables: the same rotation either way, and the fp32 fast path equals the general one."""
+    from model_specs.llama3.model import apply_rope
+
+    cos, sin = rope_tables(16, 64, 10_000.0)
+    x = torch.randn(2, 40, 3, 16).to(dtype)
+    full = apply_rope(x, cos, sin)
+    shaped = apply_rope(x, cos[None, :40, None, :], sin[None, :40, None, :])
+    assert full.dtype == dtype and torch.equal(full, shaped)
+    x1, x2 = x.float().chunk(2, dim=-1)
+    reference = (x.float() * cos[None, :40, None] + torch.cat([-x2, x1], -1) * sin[None, :40, None]).to(dtype)
+    torch.testing.assert_close(full, reference, rtol=0, atol=0)

@@ -72,9 +72,16 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float, device=None) -> t
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + head_dim/2]) of x [B, T, H, head_dim] by position; math in fp32."""
-    T = x.shape[1]
-    cos, sin = cos[None, :T, None, :], sin[None, :T, None, :]
+    """Rotate pairs (x[i], x[i + head_dim/2]) of x [B, T, H, head_dim] by position; math in fp32.
+
+    ``cos``/``sin``: the tables [max_seq_len, head_dim], or already cut and shaped [1, T, 1, head_dim]
+    (:meth:`Transformer.forward` does that once per forward instead of once per call)."""
+    if cos.ndim == 2:
+        T = x.shape[1]
+        cos, sin = cos[None, :T, None, :], sin[None, :T, None, :]
+    if x.dtype == torch.float32:
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -166,6 +173,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
         self._attention_logged = False
+        self.compile_loss = False  # set by Llama3Spec.compile_loss (train.compile): core.losses compiles the loss
         # Derived from the shapes, not learned: left out of state_dict, and
         # recomputed by init_buffers() after to_empty() leaves them garbage.
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -231,14 +239,14 @@ class Transformer(nn.Module):
             self._attention_logged = True
             self.log_attention_backend(T, input_ids.device)
         h = self.tok_embeddings(input_ids)
+        cos, sin = self.rope_cos[None, :T, None, :], self.rope_sin[None, :T, None, :]  # shaped once for every block
         for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         h = self.norm(h)
-        if labels is not None and self.args.loss_chunk_tokens > 0:
-            from core.losses import chunked_cross_entropy
-
-            return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens)
-        logits = self.output(h)
         if labels is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            return self.output(h)
+        from core.losses import chunked_cross_entropy, output_cross_entropy
+
+        if self.args.loss_chunk_tokens > 0:
+            return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens, compile=self.compile_loss)
+        return output_cross_entropy(h, self.output.weight, labels, compile=self.compile_loss)

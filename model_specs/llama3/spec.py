@@ -200,6 +200,11 @@ class Llama3Spec:
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return list(_unwrap(model).layers)
 
+    def compile_loss(self, model: nn.Module) -> None:
+        """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as
+        a ``torch.compile`` graph (:mod:`core.losses`)."""
+        _unwrap(model).compile_loss = True
+
     # -- numbers ------------------------------------------------------------
     def param_counts(self) -> tuple[int, int]:
         """(total, non-embedding) from the shapes; a tied weight counts once.

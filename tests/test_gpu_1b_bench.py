@@ -1,0 +1,32 @@
+"""bench.gpu_1b without a GPU: its one-line refusal, and its variant of the 1b train config's settings."""
+
+from __future__ import annotations
+
+import tomllib
+
+from bench.common import REPO, synthetic_config
+from bench.gpu_1b import BASE, VARIANTS, micro_batch_of
+from core.prepare import prepare
+from tests.conftest import run_module
+
+
+def test_without_cuda_it_refuses_in_one_line():
+    r = run_module("bench.gpu_1b", "--no-record", extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "no CUDA device" in r.stderr
+
+
+def test_config_variant_takes_the_1b_configs_speed_settings(tmp_path):
+    cfg = tomllib.loads((REPO / "train_configs" / "1b_h100.toml").read_text())
+    extra = VARIANTS["config-1b_h100"]
+    assert "--train.compile=true" in extra and cfg["train"]["compile"] is True
+    assert f"--train.activation_checkpointing={cfg['train']['activation_checkpointing']}" in extra
+    assert f"--optimizer.impl={cfg['optimizer']['impl']}" in extra and f"--precision.name={cfg['precision']['name']}" in extra
+    micro = micro_batch_of(extra)
+    assert micro == cfg["train"]["micro_batch_max"]
+    # the variant's run prepares (on CPU here): "auto" tries every micro-batch dividing the bench's batch
+    path = synthetic_config("1b", 2048, micro, "cpu", str(tmp_path / "out"), loss_chunk_tokens=8192)
+    prep = prepare(str(path), BASE + extra + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3",
+                                              "--train.device=cpu"], world_size=1)
+    assert prep.rc.train.compile and prep.micro_batch_candidates == [m for m in (16, 8, 4, 2, 1) if m <= micro]
