@@ -56,7 +56,7 @@ def free_port() -> int:
 def write_config(folder: Path, steps: int, every: int) -> Path:
     cfg = folder / "chaos.toml"
     cfg.write_text(f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
 steps = {steps}
 global_batch_tokens = 1024
@@ -71,7 +71,7 @@ dim = 64
 n_layers = 2
 [data]
 name = "token_bin"
-path = "{REPO / 'plugins' / 'data' / 'corpus' / 'shakespeare'}"
+path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"
 seq_len = 128
 [precision]
 name = "fp32"
@@ -134,9 +134,20 @@ class Job:
 
     def start(self) -> subprocess.Popen:
         self.attempts += 1
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(self.cfg),
-               f"--train.output_dir={self.out}", f"--checkpoint.async={'true' if self.async_save else 'false'}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            "-m",
+            "core.train",
+            "--config",
+            str(self.cfg),
+            f"--train.output_dir={self.out}",
+            f"--checkpoint.async={'true' if self.async_save else 'false'}",
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         (self.out / "exit_status.json").unlink(missing_ok=True)
         self.log.write(f"\n=== {self.out.name} attempt {self.attempts}\n")
@@ -296,18 +307,25 @@ def main(argv: list[str] | None = None) -> int:
             kill["status"] = status.get("reason", "")
             kill["resume_step"] = resume_step
             kill["lost"] = max(0, furthest - resume_step)
-            kill["clean"] = (status.get("reason") in ("signal", "completed")  # completed: the kill came too late
-                             and status.get("step") == resume_step == furthest)
+            kill["clean"] = (
+                status.get("reason") in ("signal", "completed")  # completed: the kill came too late
+                and status.get("step") == resume_step == furthest
+            )
             kills.append(kill)
-            print(f"chaos: trial {kill['trial']:>3} {job.out.name} {'async' if job.async_save else 'sync '} "
-                  f"{kill['kind']:<7} at {kill['when']}+{kill['delay_s']:.2f}s: logged step {kill.get('step_logged', 0)}, "
-                  f"exit {status.get('reason') or 'died'}, resumes at {resume_step}, lost {kill['lost']}", flush=True)
+            print(
+                f"chaos: trial {kill['trial']:>3} {job.out.name} {'async' if job.async_save else 'sync '} "
+                f"{kill['kind']:<7} at {kill['when']}+{kill['delay_s']:.2f}s: logged step {kill.get('step_logged', 0)}, "
+                f"exit {status.get('reason') or 'died'}, resumes at {resume_step}, lost {kill['lost']}",
+                flush=True,
+            )
         if finished:
             by_step = {r["step"]: r["loss"] for r in rows(job.out)}  # the last logged value of each step
-            jobs[-1].update(finished=True, final=by_step[args.steps], equal=by_step[args.steps] == ref,
-                            attempts=job.attempts)
-            print(f"chaos: {job.out.name} finished after {job.attempts} attempt(s): final loss {by_step[args.steps]!r} "
-                  f"{'==' if by_step[args.steps] == ref else '!='} reference", flush=True)
+            jobs[-1].update(finished=True, final=by_step[args.steps], equal=by_step[args.steps] == ref, attempts=job.attempts)
+            print(
+                f"chaos: {job.out.name} finished after {job.attempts} attempt(s): final loss {by_step[args.steps]!r} "
+                f"{'==' if by_step[args.steps] == ref else '!='} reference",
+                flush=True,
+            )
         elif job.attempts > args.trials + 10:
             raise SystemExit(f"chaos: {job.out.name} does not finish (log: {work / 'chaos.log'})")
 
@@ -339,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     for u in unusable:
         print(f"chaos: unusable checkpoint {u}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": figures, "kills": kills,
-                                               "jobs": [{k: v for k, v in j.items() if k != "obj"} for j in jobs],
-                                               "unusable": unusable}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"figures": figures, "kills": kills, "jobs": [{k: v for k, v in j.items() if k != "obj"} for j in jobs], "unusable": unusable}, indent=1)
+            + "\n"
+        )
     log.close()
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)

@@ -113,18 +113,22 @@ def main(argv=None) -> int:
     verify_s = statistics.median(verifies)
     body = f"Hash throughput over {len(shard_bytes) / 2**20:,.0f} MiB of the checkpoint's shard, in memory, one thread:\n\n"
     body += table(["function", "GiB/s"], rates)
-    body += "\n\nSaving (medians; the caller is blocked for \"stall\", the files are written after \"until written\"):\n\n"
-    body += table(["save", "writer", "stall s", "until written s"],
-                  [[mode, name, stall, total] for (mode, name), (stall, total) in med.items()])
+    body += '\n\nSaving (medians; the caller is blocked for "stall", the files are written after "until written"):\n\n'
+    body += table(["save", "writer", "stall s", "until written s"], [[mode, name, stall, total] for (mode, name), (stall, total) in med.items()])
     body += "\n\nCommitting and verifying (medians):\n\n"
-    body += table(["what", "seconds", "note"], [
-        ["commit: checksums of the small files", statistics.median(small), "metadata and JSON files, read"],
-        ["verify the whole checkpoint", verify_s, f"{size / verify_s / 2**30:.2f} GiB/s, page cache warm"],
-    ])
-    body += (f"\n\nflavor `{args.flavor}`: checkpoint {size / 2**20:,.0f} MiB (fp32 weights + AdamW moments), "
-             f"{args.repeats} repeats, one process, local disk. With `async`, the checksums are computed in the "
-             "writer's background thread, after the stall. A resume verifies the shards once in all (each rank a "
-             "share) before DCP reads them again.")
+    body += table(
+        ["what", "seconds", "note"],
+        [
+            ["commit: checksums of the small files", statistics.median(small), "metadata and JSON files, read"],
+            ["verify the whole checkpoint", verify_s, f"{size / verify_s / 2**30:.2f} GiB/s, page cache warm"],
+        ],
+    )
+    body += (
+        f"\n\nflavor `{args.flavor}`: checkpoint {size / 2**20:,.0f} MiB (fp32 weights + AdamW moments), "
+        f"{args.repeats} repeats, one process, local disk. With `async`, the checksums are computed in the "
+        "writer's background thread, after the stall. A resume verifies the shards once in all (each rank a "
+        "share) before DCP reads them again."
+    )
     print(body)
     if not args.no_record:
         append_section(f"Checkpoint checksums: {args.flavor} on cpu", body, device="cpu")

@@ -65,13 +65,12 @@ def main(argv=None) -> int:
         size = sum(f.stat().st_size for f in (tmp / "checkpoints" / f"step_{step:09d}").rglob("*") if f.is_file())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    rows = [
-        [mode, statistics.median(s for s, _ in r), statistics.median(t for _, t in r)]
-        for mode, r in results.items()
-    ]
+    rows = [[mode, statistics.median(s for s, _ in r), statistics.median(t for _, t in r)] for mode, r in results.items()]
     body = table(["save", "stall s (median)", "until committed s (median)"], rows)
-    body += (f"\n\nflavor `{args.flavor}`: {params:,} parameters, checkpoint {size / 2**20:,.0f} MiB (fp32 weights + AdamW moments), "
-             f"{args.repeats} saves each way, one process, local disk.")
+    body += (
+        f"\n\nflavor `{args.flavor}`: {params:,} parameters, checkpoint {size / 2**20:,.0f} MiB (fp32 weights + AdamW moments), "
+        f"{args.repeats} saves each way, one process, local disk."
+    )
     print(body)
     if not args.no_record:
         append_section(f"Checkpoint stall: {args.flavor} on {args.device}", body, device=args.device)

@@ -53,9 +53,7 @@ def append_section(title: str, body: str, device: str = "cpu", note: str = "") -
         f"- command: `{command_line()}`\n"
         f"- device: {device_name(device)}\n"
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n"
-        f"- versions: torch {torch.__version__}, python {platform.python_version()}\n"
-        + (f"- note: {note}\n" if note else "")
-        + f"\n{body}\n"
+        f"- versions: torch {torch.__version__}, python {platform.python_version()}\n" + (f"- note: {note}\n" if note else "") + f"\n{body}\n"
     )
     BENCHMARKS_MD.parent.mkdir(exist_ok=True)
     if not BENCHMARKS_MD.exists():
@@ -72,8 +70,14 @@ def synthetic_config(flavor: str, seq_len: int, micro_batch: int, device: str, o
     from core.config import dumps
 
     cfg = {
-        "train": {"steps": 1, "global_batch_tokens": micro_batch * seq_len, "micro_batch": micro_batch, "device": device,
-                  "output_dir": out, "log_every": 1_000_000},
+        "train": {
+            "steps": 1,
+            "global_batch_tokens": micro_batch * seq_len,
+            "micro_batch": micro_batch,
+            "device": device,
+            "output_dir": out,
+            "log_every": 1_000_000,
+        },
         "model": {"name": "llama3", "flavor": flavor, **model},
         "data": {"name": "synthetic", "kind": "random", "seq_len": seq_len},
         "optimizer": {"name": "adamw"},

@@ -36,22 +36,35 @@ VARIANTS: dict[str, list[str]] = {
     "bf16-eager-mb4": ["--train.micro_batch=4"],
     "bf16-compile-mb4": ["--train.micro_batch=4", "--train.compile=true"],
     "bf16-compile-ac-full-mb16": ["--train.micro_batch=16", "--train.compile=true", "--train.activation_checkpointing=full"],
-    "bf16-compile-ac-every2-mb8": ["--train.micro_batch=8", "--train.compile=true", "--train.activation_checkpointing=full",
-                                   "--train.activation_checkpointing_every=2"],
+    "bf16-compile-ac-every2-mb8": [
+        "--train.micro_batch=8",
+        "--train.compile=true",
+        "--train.activation_checkpointing=full",
+        "--train.activation_checkpointing_every=2",
+    ],
     "bf16-compile-mb8": ["--train.micro_batch=8", "--train.compile=true"],
     "bf16-compile-ac-selective-mb16": ["--train.micro_batch=16", "--train.compile=true", "--train.activation_checkpointing=selective"],
     "fp8-tensorwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=tensorwise"],
     "fp8-rowwise-compile-mb8": ["--train.micro_batch=8", "--train.compile=true", "--precision.name=fp8", "--precision.recipe=rowwise"],
 }
 OPT_IN: dict[str, list[str]] = {
-    "8b-fsdp2-offload-ac-mb1": ["--train.micro_batch=1", "--model.flavor=8b", "--parallelism.name=fsdp2",
-                                "--parallelism.cpu_offload=true", "--train.activation_checkpointing=full"],
+    "8b-fsdp2-offload-ac-mb1": [
+        "--train.micro_batch=1",
+        "--model.flavor=8b",
+        "--parallelism.name=fsdp2",
+        "--parallelism.cpu_offload=true",
+        "--train.activation_checkpointing=full",
+    ],
 }
 CONFIG = "train_configs/1b_h100.toml"
 # The speed settings of the 1b train config that a one-GPU synthetic run can take over
 # (the data, the schedule and the batch size stay the bench's).
-CONFIG_KEYS = {"train": ("compile", "activation_checkpointing", "activation_checkpointing_every", "micro_batch", "micro_batch_max"),
-               "model": ("attention", "loss_chunk_tokens"), "optimizer": ("impl",), "precision": ("name",)}
+CONFIG_KEYS = {
+    "train": ("compile", "activation_checkpointing", "activation_checkpointing_every", "micro_batch", "micro_batch_max"),
+    "model": ("attention", "loss_chunk_tokens"),
+    "optimizer": ("impl",),
+    "precision": ("name",),
+}
 HOST_BYTES_PER_PARAM = 16  # fp32 parameter + fp32 gradient + two fp32 AdamW moments, all offloaded
 
 
@@ -124,8 +137,7 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: s
                 params = sum(p.numel() for p in prep.spec.build().parameters())
             need, have = params * HOST_BYTES_PER_PARAM, host_available_bytes()
             if need > 0.9 * have:
-                return {"variant": name, "status": f"does not fit: needs {need / 2**30:.0f} GiB host memory, "
-                                                   f"{have / 2**30:.0f} GiB available"}
+                return {"variant": name, "status": f"does not fit: needs {need / 2**30:.0f} GiB host memory, {have / 2**30:.0f} GiB available"}
         trainer = Trainer(prep, DistInfo(device=torch.device("cuda", 0), backend="none"))
         trainer.build()
         trainer.run.total_steps = warmup
@@ -145,9 +157,14 @@ def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: s
     flops = prep.spec.flops_per_token(2048) * tokens_s
     peak = peak_tflops()
     result = {
-        "variant": name, "status": "ok", "step_s": dt, "tokens_per_s": tokens_s,
-        "mfu": flops / (peak * 1e12) if peak else None, "peak_tflops": peak,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "micro_batch": chosen,
+        "variant": name,
+        "status": "ok",
+        "step_s": dt,
+        "tokens_per_s": tokens_s,
+        "mfu": flops / (peak * 1e12) if peak else None,
+        "peak_tflops": peak,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "micro_batch": chosen,
     }
     del trainer
     return result
@@ -184,20 +201,27 @@ def main(argv=None) -> int:
     rows, rows_raw = [], []
     for name in args.only or list(VARIANTS):
         try:
-            r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup,
-                            f"{args.profile}.{name}.txt" if args.profile else "")
+            r = run_variant(name, {**VARIANTS, **OPT_IN}[name], args.steps, args.warmup, f"{args.profile}.{name}.txt" if args.profile else "")
         except Exception as e:  # a variant that cannot run here (fp8 on a pre-Hopper GPU...) is reported, not faked
             r = {"variant": name, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
         print(r, flush=True)
         rows_raw.append(r)
-        rows.append([
-            r["variant"], r["status"], r.get("micro_batch", "-"), r.get("tokens_per_s", "-"),
-            f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a", r.get("peak_mem_gib", "-"),
-        ])
+        rows.append(
+            [
+                r["variant"],
+                r["status"],
+                r.get("micro_batch", "-"),
+                r.get("tokens_per_s", "-"),
+                f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a",
+                r.get("peak_mem_gib", "-"),
+            ]
+        )
     body = table(["variant", "status", "micro-batch", "tokens/s", "MFU (bf16 dense peak)", "peak GiB"], rows)
     peaks = {r.get("peak_tflops") for r in rows_raw if r.get("peak_tflops")}
-    body += ("\n\nMFU = tokens/s x FLOPs per token, output layer counted (docs/metrics.md: 8.25 GFLOP/token for 1b at "
-             f"seq 2048) / the device's dense bf16 peak ({', '.join(f'{p:g}' for p in peaks) or 'unknown'} TFLOP/s).")
+    body += (
+        "\n\nMFU = tokens/s x FLOPs per token, output layer counted (docs/metrics.md: 8.25 GFLOP/token for 1b at "
+        f"seq 2048) / the device's dense bf16 peak ({', '.join(f'{p:g}' for p in peaks) or 'unknown'} TFLOP/s)."
+    )
     print(body)
     if not args.no_record:
         append_section("1b flavor, seq 2048, one GPU", body, device="cuda")

@@ -78,12 +78,16 @@ def main(argv=None) -> int:
         with_g.append(timed(guard))
         without.append(timed(bare))
     a, b = statistics.median(with_g), statistics.median(without)
-    rows = [["without the guard", b * 1000, f"{min(without) * 1000:.2f}-{max(without) * 1000:.2f}", 1.0],
-            ["with the guard", a * 1000, f"{min(with_g) * 1000:.2f}-{max(with_g) * 1000:.2f}", a / b]]
+    rows = [
+        ["without the guard", b * 1000, f"{min(without) * 1000:.2f}-{max(without) * 1000:.2f}", 1.0],
+        ["with the guard", a * 1000, f"{min(with_g) * 1000:.2f}-{max(with_g) * 1000:.2f}", a / b],
+    ]
     body = table(["train_step", "median ms", "range ms", "ratio"], rows)
-    body += (f"\n\nflavor `{args.flavor}`, seq {args.seq_len} x micro-batch {args.micro_batch}, one process, "
-             f"optimizer skip on device: {guard.on_device} ({type(t.optimizer).__name__}, impl {args.optimizer_impl}); "
-             f"{args.steps} steps x {args.rounds} alternating rounds.")
+    body += (
+        f"\n\nflavor `{args.flavor}`, seq {args.seq_len} x micro-batch {args.micro_batch}, one process, "
+        f"optimizer skip on device: {guard.on_device} ({type(t.optimizer).__name__}, impl {args.optimizer_impl}); "
+        f"{args.steps} steps x {args.rounds} alternating rounds."
+    )
     print(body)
     if not args.no_record:
         append_section(f"Non-finite guard cost: {args.flavor} on {args.device}", body, device=args.device)

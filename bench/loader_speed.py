@@ -45,8 +45,7 @@ def main(argv=None) -> int:
     weights = [0.45, 0.25, 0.2, 0.1]
 
     def mixture(order: str) -> Mixture:
-        return Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": w, "path": str(CORPUS), "order": order}
-                                               for w in weights]))
+        return Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": w, "path": str(CORPUS), "order": order} for w in weights]))
 
     rows = [
         ["token_bin, order random", rate(TokenBin(TokenBinOptions(path=str(CORPUS))), args.seq_len, args.micro_batch, args.batches)],
@@ -55,8 +54,7 @@ def main(argv=None) -> int:
         ["mixture of 4 token_bin, order epochs", rate(mixture("epochs"), args.seq_len, args.micro_batch, args.batches)],
     ]
     body = table(["source", "tokens/s (one thread)"], rows)
-    body += (f"\n\nmicro-batch {args.micro_batch} x seq {args.seq_len}, {args.batches} batches, "
-             f"shipped Shakespeare corpus (page-cached).")
+    body += f"\n\nmicro-batch {args.micro_batch} x seq {args.seq_len}, {args.batches} batches, shipped Shakespeare corpus (page-cached)."
     print(body)
     if not args.no_record:
         append_section("Loader throughput", body)

@@ -30,12 +30,20 @@ def plait_trainer(args):
     from core.trainer import Trainer
 
     overrides = [
-        f"--model.flavor={args.flavor}", "--model.vocab_size=512" if args.flavor == "debug" else "",
-        f"--data.seq_len={args.seq_len}", f"--train.micro_batch={args.micro_batch}",
+        f"--model.flavor={args.flavor}",
+        "--model.vocab_size=512" if args.flavor == "debug" else "",
+        f"--data.seq_len={args.seq_len}",
+        f"--train.micro_batch={args.micro_batch}",
         f"--train.global_batch_tokens={args.micro_batch * args.seq_len * args.accum}",
-        f"--train.steps={args.steps}", "--train.log_every=1000000", f"--train.device={args.device}",
-        f"--precision.name={args.precision}", "--monitors.enabled=[]", "--checkpoint.at_end=false",
-        "--checkpoint.resume=none", "--train.output_dir=/tmp/plait-bench-overhead", "--lr_schedule.warmup_steps=2",
+        f"--train.steps={args.steps}",
+        "--train.log_every=1000000",
+        f"--train.device={args.device}",
+        f"--precision.name={args.precision}",
+        "--monitors.enabled=[]",
+        "--checkpoint.at_end=false",
+        "--checkpoint.resume=none",
+        "--train.output_dir=/tmp/plait-bench-overhead",
+        "--lr_schedule.warmup_steps=2",
         "--optimizer.lr=1e-4",
     ]
     prep = prepare(str(REPO / "train_configs" / "debug_cpu.toml"), [o for o in overrides if o])
@@ -70,20 +78,22 @@ class HandLoop:
         no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=self.device.type != "cuda", fused=self.device.type == "cuda" or None,
+            lr=1e-4,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            foreach=self.device.type != "cuda",
+            fused=self.device.type == "cuda" or None,
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / 2))
         self.data = np.memmap(CORPUS / "train.bin", dtype=np.uint16, mode="r")
         self.rng = np.random.default_rng(0)
         self.args = args
-        self.autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16) if args.precision == "bf16" else torch.autocast(self.device.type, enabled=False)
-        )
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if args.precision == "bf16" else torch.autocast(self.device.type, enabled=False)
 
     def batch(self):
         a = self.args
         starts = self.rng.integers(0, len(self.data) - a.seq_len - 1, a.micro_batch)
-        rows = np.stack([self.data[s:s + a.seq_len + 1] for s in starts]).astype(np.int64)
+        rows = np.stack([self.data[s : s + a.seq_len + 1] for s in starts]).astype(np.int64)
         t = torch.from_numpy(rows).to(self.device)
         return t[:, :-1], t[:, 1:]
 
@@ -138,9 +148,11 @@ def main(argv=None) -> int:
         ["plait", p_med * 1000, tokens / p_med, p_med / h_med],
     ]
     body = table(["loop", "median step ms", "tokens/s", "ratio to hand loop"], rows)
-    body += (f"\n\nflavor `{args.flavor}`, {args.precision}, micro-batch {args.micro_batch} x seq {args.seq_len} x accum {args.accum}, "
-             f"{args.steps} steps x {args.repeats} alternating repeats; per-repeat ms plait {[round(t * 1000, 1) for t in plait_t]}, "
-             f"hand {[round(t * 1000, 1) for t in hand_t]}")
+    body += (
+        f"\n\nflavor `{args.flavor}`, {args.precision}, micro-batch {args.micro_batch} x seq {args.seq_len} x accum {args.accum}, "
+        f"{args.steps} steps x {args.repeats} alternating repeats; per-repeat ms plait {[round(t * 1000, 1) for t in plait_t]}, "
+        f"hand {[round(t * 1000, 1) for t in hand_t]}"
+    )
     print(body)
     if not args.no_record:
         append_section(f"Framework overhead: {args.flavor} on {args.device}", body, device=args.device)

@@ -51,19 +51,17 @@ WHAT_RAN = {
     "plait": "plait's Trainer.fit(): its llama3 model, token_bin loader, ddp plugin, AdamW, clip",
     "bare": "hand-written loop, this file's own Llama-style module, torch AdamW + clip_grad_norm_ (DDP on 2)",
     "olmo-core": "OLMo-core llama_like Transformer; TransformerTrainModule train_batch / optim_step / zero_grads "
-                 "(AdamWConfig, max_grad_norm, its DDP on 2); its Trainer loop not used",
+    "(AdamWConfig, max_grad_norm, its DDP on 2); its Trainer loop not used",
     "litgpt": "litgpt GPT + initialize_weights under Lightning Fabric (DDP on 2; pretrain picks FSDP there); "
-              "pretrain.fit's step: chunked_cross_entropy, fabric.backward, fabric.clip_gradients; eager",
+    "pretrain.fit's step: chunked_cross_entropy, fabric.backward, fabric.clip_gradients; eager",
     "torchtitan": "tried: its Trainer (config.build()), then its Llama3Model in the bench loop",
 }
 
 # The shapes of plait's llama3 flavors (model_specs/llama3/spec.py FLAVORS), repeated here so the
 # peers' processes (another environment, no plait) need not import plait. The debug flavor at vocab 512.
 SHAPES = {
-    "debug": {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 384, "vocab_size": 512,
-              "rope_theta": 10_000.0, "tie": False},
-    "50m": {"n_layers": 8, "dim": 768, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 2048, "vocab_size": 50_257,
-            "rope_theta": 10_000.0, "tie": True},
+    "debug": {"n_layers": 2, "dim": 128, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 384, "vocab_size": 512, "rope_theta": 10_000.0, "tie": False},
+    "50m": {"n_layers": 8, "dim": 768, "n_heads": 12, "n_kv_heads": 4, "ffn_dim": 2048, "vocab_size": 50_257, "rope_theta": 10_000.0, "tie": True},
 }
 LR, BETAS, WD, EPS, CLIP = 1e-4, (0.9, 0.95), 0.1, 1e-8, 1.0
 
@@ -91,7 +89,7 @@ class Windows:
 
         np, T = self.np, self.seq_len
         starts = self.rng.integers(0, len(self.data) - T - 1, self.micro_batch)
-        rows = np.stack([self.data[s:s + T + 1] for s in starts]).astype(np.int64) % self.vocab
+        rows = np.stack([self.data[s : s + T + 1] for s in starts]).astype(np.int64) % self.vocab
         t = torch.from_numpy(rows)
         return t[:, :-1], t[:, 1:]
 
@@ -150,7 +148,7 @@ def bare_model(s: dict):
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.w
 
     def rope(x, cos, sin):  # x [B, H, T, hd], interleaved-free "rotate half"
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
     class Layer(nn.Module):
@@ -239,13 +237,26 @@ def plait_trainer(a, total_steps: int):
 
     ws = world()[1]
     overrides = [
-        f"--model.flavor={a.flavor}", *(["--model.vocab_size=512"] if a.flavor == "debug" else []),
-        f"--data.seq_len={a.seq_len}", f"--train.micro_batch={a.micro_batch}",
-        f"--train.global_batch_tokens={a.micro_batch * a.seq_len * ws}", f"--train.steps={total_steps}",
-        "--train.log_every=1000000", f"--train.device={a.device}", "--precision.name=fp32", f"--train.grad_clip={CLIP}",
-        "--monitors.enabled=[]", "--checkpoint.at_end=false", "--checkpoint.resume=none",
-        f"--train.output_dir=/tmp/plait-bench-peers-{os.getpid()}", "--lr_schedule.name=constant", "--lr_schedule.warmup_steps=0",
-        "--optimizer.name=adamw", f"--optimizer.lr={LR}", f"--optimizer.betas=[{BETAS[0]}, {BETAS[1]}]", f"--optimizer.weight_decay={WD}",
+        f"--model.flavor={a.flavor}",
+        *(["--model.vocab_size=512"] if a.flavor == "debug" else []),
+        f"--data.seq_len={a.seq_len}",
+        f"--train.micro_batch={a.micro_batch}",
+        f"--train.global_batch_tokens={a.micro_batch * a.seq_len * ws}",
+        f"--train.steps={total_steps}",
+        "--train.log_every=1000000",
+        f"--train.device={a.device}",
+        "--precision.name=fp32",
+        f"--train.grad_clip={CLIP}",
+        "--monitors.enabled=[]",
+        "--checkpoint.at_end=false",
+        "--checkpoint.resume=none",
+        f"--train.output_dir=/tmp/plait-bench-peers-{os.getpid()}",
+        "--lr_schedule.name=constant",
+        "--lr_schedule.warmup_steps=0",
+        "--optimizer.name=adamw",
+        f"--optimizer.lr={LR}",
+        f"--optimizer.betas=[{BETAS[0]}, {BETAS[1]}]",
+        f"--optimizer.weight_decay={WD}",
         "--parallelism.name=ddp",
     ]
     prep = prepare(str(REPO / "train_configs" / "debug_cpu.toml"), overrides)
@@ -311,8 +322,14 @@ def worker_olmo_core(a, s):
     init_dist()
     torch.manual_seed(0)
     cfg = TransformerConfig.llama_like(
-        d_model=s["dim"], vocab_size=s["vocab_size"], n_layers=s["n_layers"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
-        rope_theta=int(s["rope_theta"]), hidden_size_multiple_of=s["ffn_dim"], layer_norm_eps=1e-5,
+        d_model=s["dim"],
+        vocab_size=s["vocab_size"],
+        n_layers=s["n_layers"],
+        n_heads=s["n_heads"],
+        n_kv_heads=s["n_kv_heads"],
+        rope_theta=int(s["rope_theta"]),
+        hidden_size_multiple_of=s["ffn_dim"],
+        layer_norm_eps=1e-5,
     )
     model = cfg.build(init_device="cpu")
     ffn = model.blocks["0"].feed_forward.w1.out_features
@@ -320,8 +337,15 @@ def worker_olmo_core(a, s):
         raise RuntimeError(f"OLMo-core's llama_like gave ffn {ffn}, not {s['ffn_dim']}")
     optim = AdamWConfig(lr=LR, betas=BETAS, weight_decay=WD, eps=EPS)
     dp = TransformerDataParallelConfig(name=DataParallelType.ddp) if world()[1] > 1 else None
-    module = TransformerTrainModule(model, optim, rank_microbatch_size=a.micro_batch * a.seq_len, max_sequence_length=a.seq_len,
-                                    max_grad_norm=CLIP, dp_config=dp, device=torch.device("cpu"))
+    module = TransformerTrainModule(
+        model,
+        optim,
+        rank_microbatch_size=a.micro_batch * a.seq_len,
+        max_sequence_length=a.seq_len,
+        max_grad_norm=CLIP,
+        dp_config=dp,
+        device=torch.device("cpu"),
+    )
 
     class MetricsSink:  # what the module asks of its Trainer during a step
         dp_process_group = None
@@ -360,10 +384,22 @@ def worker_litgpt(a, s):
     fabric.launch()
     fabric.seed_everything(0)
     config = Config(
-        name="plait-" + a.flavor, block_size=a.seq_len, vocab_size=s["vocab_size"], padded_vocab_size=s["vocab_size"],
-        n_layer=s["n_layers"], n_embd=s["dim"], n_head=s["n_heads"], n_query_groups=s["n_kv_heads"],
-        intermediate_size=s["ffn_dim"], rotary_percentage=1.0, parallel_residual=False, bias=False,
-        norm_class_name="RMSNorm", norm_eps=1e-5, mlp_class_name="LLaMAMLP", rope_base=int(s["rope_theta"]),
+        name="plait-" + a.flavor,
+        block_size=a.seq_len,
+        vocab_size=s["vocab_size"],
+        padded_vocab_size=s["vocab_size"],
+        n_layer=s["n_layers"],
+        n_embd=s["dim"],
+        n_head=s["n_heads"],
+        n_query_groups=s["n_kv_heads"],
+        intermediate_size=s["ffn_dim"],
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class_name="RMSNorm",
+        norm_eps=1e-5,
+        mlp_class_name="LLaMAMLP",
+        rope_base=int(s["rope_theta"]),
     )
     with fabric.init_module(empty_init=True):
         model = GPT(config)
@@ -372,8 +408,8 @@ def worker_litgpt(a, s):
         model.transformer.wte.weight = model.lm_head.weight
     model = fabric.setup(model)
     optimizer = instantiate_torch_optimizer(
-        {"class_path": "torch.optim.AdamW", "init_args": {"lr": LR, "weight_decay": WD, "betas": BETAS, "eps": EPS}},
-        model.parameters(), fused=False)
+        {"class_path": "torch.optim.AdamW", "init_args": {"lr": LR, "weight_decay": WD, "betas": BETAS, "eps": EPS}}, model.parameters(), fused=False
+    )
     optimizer = fabric.setup_optimizers(optimizer)
     data = Windows(a.seq_len, a.micro_batch, s["vocab_size"])
 
@@ -397,14 +433,21 @@ def torchtitan_model_config(s, seq_len):
 
     dim, v, hd = s["dim"], s["vocab_size"], s["dim"] // s["n_heads"]
     return tl.Llama3Model.Config(
-        dim=dim, vocab_size=v,
+        dim=dim,
+        vocab_size=v,
         tok_embeddings=Embedding.Config(num_embeddings=v, embedding_dim=dim, param_init=tl._EMBEDDING_INIT),
         norm=RMSNorm.Config(normalized_shape=dim, param_init=tl._NORM_INIT),
         lm_head=Linear.Config(in_features=dim, out_features=v, param_init=tl._output_linear_init(dim)),
         layers=tl._build_llama3_layers(
-            fuse_qkv=True, n_layers=s["n_layers"], dim=dim, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"],
-            hidden_dim=s["ffn_dim"], rope=ComplexRoPE.Config(dim=hd, max_seq_len=max(seq_len, 1024), theta=s["rope_theta"]),
-            attn_backend="flex"),
+            fuse_qkv=True,
+            n_layers=s["n_layers"],
+            dim=dim,
+            n_heads=s["n_heads"],
+            n_kv_heads=s["n_kv_heads"],
+            hidden_dim=s["ffn_dim"],
+            rope=ComplexRoPE.Config(dim=hd, max_seq_len=max(seq_len, 1024), theta=s["rope_theta"]),
+            attn_backend="flex",
+        ),
     )
 
 
@@ -434,8 +477,9 @@ def worker_torchtitan(a, s):
         return torchtitan_model_in_bench_loop(a, s, trainer_error)
     except Exception as e:
         lines = (str(e).strip() or type(e).__name__).splitlines()
-        raise PeerCannot(f"its Trainer: {trainer_error}; its Llama3Model (flex attention) in the bench loop: "
-                         f"{type(e).__name__}: {lines[0] if lines else ''}") from e
+        raise PeerCannot(
+            f"its Trainer: {trainer_error}; its Llama3Model (flex attention) in the bench loop: {type(e).__name__}: {lines[0] if lines else ''}"
+        ) from e
 
 
 def torchtitan_model_in_bench_loop(a, s, trainer_error):
@@ -468,8 +512,7 @@ def torchtitan_model_in_bench_loop(a, s, trainer_error):
     return run_steps(step, a.warmup, a.steps), {"version": peer_version("torchtitan"), "trainer_error": trainer_error}
 
 
-WORKERS = {"plait": worker_plait, "bare": worker_bare, "olmo-core": worker_olmo_core, "litgpt": worker_litgpt,
-           "torchtitan": worker_torchtitan}
+WORKERS = {"plait": worker_plait, "bare": worker_bare, "olmo-core": worker_olmo_core, "litgpt": worker_litgpt, "torchtitan": worker_torchtitan}
 
 
 class PeerCannot(RuntimeError):
@@ -524,8 +567,24 @@ def installed(python: str, module: str) -> bool:
 
 def launch(cand: str, nproc: int, a) -> dict:
     py = python_for(cand, a)
-    worker = ["-m", "bench.peers", "--worker", cand, "--flavor", a.flavor, "--seq-len", str(a.seq_len),
-              "--micro-batch", str(a.micro_batch), "--warmup", str(a.warmup), "--steps", str(a.steps), "--device", a.device]
+    worker = [
+        "-m",
+        "bench.peers",
+        "--worker",
+        cand,
+        "--flavor",
+        a.flavor,
+        "--seq-len",
+        str(a.seq_len),
+        "--micro-batch",
+        str(a.micro_batch),
+        "--warmup",
+        str(a.warmup),
+        "--steps",
+        str(a.steps),
+        "--device",
+        a.device,
+    ]
     if nproc == 1:
         cmd = [py, *worker]
     else:
@@ -537,7 +596,7 @@ def launch(cand: str, nproc: int, a) -> dict:
         return {"candidate": cand, "error": f"subprocess ran past --timeout {a.timeout:g} s"}
     for line in p.stdout.splitlines():
         if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
+            return json.loads(line[len(RESULT) :])
     tail = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
     err = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else f"exit {p.returncode}")
     return {"candidate": cand, "error": f"subprocess exited {p.returncode}: {err.strip()}"}
@@ -566,11 +625,15 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--nproc", default="1", help="comma-separated process counts, e.g. 1,2 (gloo, torchrun)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--peers-python", default=os.environ.get("PLAIT_PEERS_PYTHON", sys.executable),
-                   help="interpreter of the environment the peers are installed in (default: $PLAIT_PEERS_PYTHON, else this one)")
+    p.add_argument(
+        "--peers-python",
+        default=os.environ.get("PLAIT_PEERS_PYTHON", sys.executable),
+        help="interpreter of the environment the peers are installed in (default: $PLAIT_PEERS_PYTHON, else this one)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per subprocess")
-    p.add_argument("--max-minutes", type=float, default=0.0,
-                   help="start no new round after this many minutes (0: no limit); the table says how many rounds ran")
+    p.add_argument(
+        "--max-minutes", type=float, default=0.0, help="start no new round after this many minutes (0: no limit); the table says how many rounds ran"
+    )
     p.add_argument("--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md")
     a = p.parse_args(argv)
     if a.worker:
@@ -595,8 +658,11 @@ def main(argv=None) -> int:
             return 2
     for c in cands:
         if c in PEERS and not installed(a.peers_python, PEERS[c][1]):
-            print(f"bench.peers: peer {c!r} is not installed for {a.peers_python} (pip install {PEERS[c][0]}, "
-                  "or point --peers-python at the environment that has it)", file=sys.stderr)
+            print(
+                f"bench.peers: peer {c!r} is not installed for {a.peers_python} (pip install {PEERS[c][0]}, "
+                "or point --peers-python at the environment that has it)",
+                file=sys.stderr,
+            )
             return 2
 
     load_start = load_average()
@@ -633,21 +699,21 @@ def main(argv=None) -> int:
     from bench.common import table
 
     body = table(["candidate", "processes", "median step ms", "range over rounds (ms)", "tokens/s (all ranks)", "what ran"], rows)
-    body += (f"\n\nflavor `{a.flavor}`, fp32, micro-batch {a.micro_batch} x seq {a.seq_len} per process, one optimizer step per "
-             f"micro-batch; AdamW lr {LR} betas {BETAS} wd {WD}, grad clip {CLIP}; {a.warmup} warm-up + {a.steps} timed steps "
-             f"per subprocess, {rounds_done} alternating rounds{'' if rounds_done == a.rounds else f' (of {a.rounds} asked; --max-minutes)'}; step time = wall time per optimizer step, data loading included, "
-             "startup excluded (rank 0's with two processes, gloo under torchrun, which sets OMP_NUM_THREADS=1 per rank; one process "
-             "runs with torch's default threads). plait reads batches through its own token_bin loader, the others through "
-             "this bench's random windows of the same corpus.")
+    body += (
+        f"\n\nflavor `{a.flavor}`, fp32, micro-batch {a.micro_batch} x seq {a.seq_len} per process, one optimizer step per "
+        f"micro-batch; AdamW lr {LR} betas {BETAS} wd {WD}, grad clip {CLIP}; {a.warmup} warm-up + {a.steps} timed steps "
+        f"per subprocess, {rounds_done} alternating rounds{'' if rounds_done == a.rounds else f' (of {a.rounds} asked; --max-minutes)'}; step time = wall time per optimizer step, data loading included, "
+        "startup excluded (rank 0's with two processes, gloo under torchrun, which sets OMP_NUM_THREADS=1 per rank; one process "
+        "runs with torch's default threads). plait reads batches through its own token_bin loader, the others through "
+        "this bench's random windows of the same corpus."
+    )
     print(body)
     if not a.no_record:
         from bench.common import append_section
 
         vers = ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "no peer ran"
-        note = (f"peers: {vers} (in {a.peers_python}, with the same torch); 1-minute load average at the start "
-                f"{load_start:.2f}, at the end {load_average():.2f}")
-        append_section(f"Peers: plait vs a bare loop and peer trainers, {a.flavor} on {a.device}", body, device=a.device,
-                       note=note)
+        note = f"peers: {vers} (in {a.peers_python}, with the same torch); 1-minute load average at the start {load_start:.2f}, at the end {load_average():.2f}"
+        append_section(f"Peers: plait vs a bare loop and peer trainers, {a.flavor} on {a.device}", body, device=a.device, note=note)
     return 0
 
 

@@ -43,7 +43,7 @@ def write_corpus(path: Path, megabytes: float) -> int:
     with path.open("w") as f:
         while written < megabytes * 1e6:
             start = int(rng.integers(0, len(text) - 8000))
-            line = json.dumps({"id": docs, "text": text[start:start + int(rng.integers(2000, 6000))]}) + "\n"
+            line = json.dumps({"id": docs, "text": text[start : start + int(rng.integers(2000, 6000))]}) + "\n"
             f.write(line)
             written += len(line.encode())
             docs += 1
@@ -57,15 +57,32 @@ def train_bpe(corpus: Path, out: Path, vocab: int) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text.split("\n\n"), trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        text.split("\n\n"), trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
     tok.save(str(out))
     return out
 
 
 def run(corpus: Path, out: Path, tokenizer: str, workers: int) -> tuple[dict, float, str]:
-    cmd = [sys.executable, "-c", MEASURE, sys.executable, "-m", "plugins.data.prepare", "--input", str(corpus), "--out", str(out),
-           "--tokenizer", tokenizer, "--workers", str(workers), "--progress-interval", "1000"]
+    cmd = [
+        sys.executable,
+        "-c",
+        MEASURE,
+        sys.executable,
+        "-m",
+        "plugins.data.prepare",
+        "--input",
+        str(corpus),
+        "--out",
+        str(out),
+        "--tokenizer",
+        tokenizer,
+        "--workers",
+        str(workers),
+        "--progress-interval",
+        "1000",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode:
         raise SystemExit(f"prepare failed: {proc.stderr}")
@@ -93,22 +110,37 @@ def main(argv=None) -> int:
                 meta, rss, digest = run(tmp / "corpus.jsonl", tmp / f"out_{len(rows)}", spec, w)
                 digests.add(digest)
                 tokens = meta["tokens"]["train"] + meta["tokens"]["val"]
-                rows.append([name, w, f"{tokens:,}", f"{meta['seconds']:.2f}", f"{meta['tokens_per_s']:,}",
-                             f"{meta['tokens_per_s'] / w:,.0f}", f"{meta['mb_per_s']:.2f}", f"{rss:.0f}"])
+                rows.append(
+                    [
+                        name,
+                        w,
+                        f"{tokens:,}",
+                        f"{meta['seconds']:.2f}",
+                        f"{meta['tokens_per_s']:,}",
+                        f"{meta['tokens_per_s'] / w:,.0f}",
+                        f"{meta['mb_per_s']:.2f}",
+                        f"{rss:.0f}",
+                    ]
+                )
                 print(rows[-1], flush=True)
             if len(digests) != 1:
                 raise SystemExit(f"{name}: the worker counts {args.workers} wrote different files")
     load_after = os.getloadavg()
     body = table(["tokenizer", "workers", "tokens", "seconds", "tokens/s", "tokens/s per worker", "MB/s", "peak RSS MB"], rows)
-    body += (f"\n\n{size / 1e6:.1f} MB jsonl, {docs:,} documents of 2-6 KB cut from the shipped Shakespeare text; "
-             "every worker count wrote byte-identical files. Peak RSS: the largest of the preparation process and its workers.")
+    body += (
+        f"\n\n{size / 1e6:.1f} MB jsonl, {docs:,} documents of 2-6 KB cut from the shipped Shakespeare text; "
+        "every worker count wrote byte-identical files. Peak RSS: the largest of the preparation process and its workers."
+    )
     import tokenizers
 
-    note = (f"tokenizers {tokenizers.__version__}, numpy {np.__version__}; load average (1 min) {load_before[0]:.2f} before, "
-            f"{load_after[0]:.2f} after, on {os.cpu_count()} CPUs")
+    note = (
+        f"tokenizers {tokenizers.__version__}, numpy {np.__version__}; load average (1 min) {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after, on {os.cpu_count()} CPUs"
+    )
     if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) - 0.5:
-        note += (": other jobs were loading the machine, so the workers had no free core each and the figures "
-                 "for more than one worker show contention, not scaling")
+        note += (
+            ": other jobs were loading the machine, so the workers had no free core each and the figures for more than one worker show contention, not scaling"
+        )
     print(body + "\n" + note)
     if not args.no_record:
         append_section("Data preparation throughput", body, note=note)

@@ -82,8 +82,7 @@ def measure(n: int, repeats: int) -> dict[str, float]:
         make_plugins(site, n)
         env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
         for _ in range(repeats):
-            out = subprocess.run([sys.executable, "-m", "bench.startup", "--child"], cwd=REPO, env=env,
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-m", "bench.startup", "--child"], cwd=REPO, env=env, capture_output=True, text=True, check=True)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
@@ -102,11 +101,14 @@ def main(argv=None) -> int:
     for n in args.plugins:
         m = measure(n, args.repeats)
         rows.append([n, m["interpreter"], m["imports"], m["discovery"], m["config"], m["build"], m["total"]])
-    body = table(["extra plugins", "interpreter s", "imports (torch, plait) s", "discovery s", "config + checks s",
-                  "build s", "process start to first step s"], rows)
-    body += (f"\n\nmedian of {args.repeats} fresh processes each; config `train_configs/debug_cpu.toml`, monitors off. "
-             "`config + checks` includes the first meta-device model build (torch loads its meta kernels lazily, "
-             "about 2 s once per process) used to check a resume checkpoint's shapes before any process group exists.")
+    body = table(
+        ["extra plugins", "interpreter s", "imports (torch, plait) s", "discovery s", "config + checks s", "build s", "process start to first step s"], rows
+    )
+    body += (
+        f"\n\nmedian of {args.repeats} fresh processes each; config `train_configs/debug_cpu.toml`, monitors off. "
+        "`config + checks` includes the first meta-device model build (torch loads its meta kernels lazily, "
+        "about 2 s once per process) used to check a resume checkpoint's shapes before any process group exists."
+    )
     print(body)
     if not args.no_record:
         append_section("Startup to first step", body)

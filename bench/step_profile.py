@@ -43,8 +43,7 @@ def op_table(prof) -> dict[str, tuple[int, float]]:
 def diff(a: dict, b: dict, steps: int) -> dict[str, tuple[float, float]]:
     """(a - b) per step for every op."""
     keys = set(a) | set(b)
-    return {k: ((a.get(k, (0, 0))[0] - b.get(k, (0, 0))[0]) / steps, (a.get(k, (0, 0))[1] - b.get(k, (0, 0))[1]) / steps)
-            for k in keys}
+    return {k: ((a.get(k, (0, 0))[0] - b.get(k, (0, 0))[0]) / steps, (a.get(k, (0, 0))[1] - b.get(k, (0, 0))[1]) / steps) for k in keys}
 
 
 def profile_plait(a) -> tuple[dict, dict]:
@@ -73,8 +72,7 @@ def profile_plait(a) -> tuple[dict, dict]:
             trainer.fit()
             pr.disable()
             runs.append(pstats.Stats(pr).stats)
-        stats = {k: (v[1] - runs[0].get(k, (0, 0, 0, 0))[1], v[3] - runs[0].get(k, (0, 0, 0, 0))[3])
-                 for k, v in runs[1].items()}
+        stats = {k: (v[1] - runs[0].get(k, (0, 0, 0, 0))[1], v[3] - runs[0].get(k, (0, 0, 0, 0))[3]) for k, v in runs[1].items()}
     return diff(full, one, a.steps), stats
 
 
@@ -131,12 +129,13 @@ def main(argv=None) -> int:
     bare_ops = profile_bare(a, s)
     if rank != 0:
         return 0
-    print(f"# per step, {a.flavor} seq {a.seq_len} micro {a.micro_batch}, {ws} process(es), {a.steps} steps; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (times under that load)")
+    print(
+        f"# per step, {a.flavor} seq {a.seq_len} micro {a.micro_batch}, {ws} process(es), {a.steps} steps; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (times under that load)"
+    )
     for name, ops in (("plait", plait_ops), ("bare", bare_ops)):
         top_level = sum(c for k, (c, _) in ops.items() if k.startswith("aten::"))
-        print(f"{name}: {top_level:.0f} aten op calls per step (nested calls included), "
-              f"{sum(t for _, t in ops.values()) / 1000:.1f} ms self CPU per step")
+        print(f"{name}: {top_level:.0f} aten op calls per step (nested calls included), {sum(t for _, t in ops.values()) / 1000:.1f} ms self CPU per step")
     print(f"\n{'op':60s} {'plait calls':>11s} {'bare calls':>10s} {'plait ms':>9s} {'bare ms':>8s}")
     keys = sorted(set(plait_ops) | set(bare_ops), key=lambda k: -abs(plait_ops.get(k, (0, 0))[1] - bare_ops.get(k, (0, 0))[1]))
     for k in keys:

@@ -73,18 +73,26 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         seed=rc.train.seed,
         total_samples=total * rc.train.global_batch_tokens // rc.seq_len,
     )
-    run = Run(config=prep.resolved, output_dir=Path(rc.train.output_dir), dist=dist, total_steps=total,
-              tokens_per_step=prep.tokens_per_step, model=model, spec=spec, optimizer=optimizer,
-              state={"wall_time_s": 0.0, "best_val_loss": math.inf})
+    run = Run(
+        config=prep.resolved,
+        output_dir=Path(rc.train.output_dir),
+        dist=dist,
+        total_steps=total,
+        tokens_per_step=prep.tokens_per_step,
+        model=model,
+        spec=spec,
+        optimizer=optimizer,
+        state={"wall_time_s": 0.0, "best_val_loss": math.inf},
+    )
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
     run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
-    state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler,
-                          loader=prefetching(c["data"].loader(loader_spec), prep.grad_accum, dist.device), run=run)
+    state = TrainingState(
+        model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(c["data"].loader(loader_spec), prep.grad_accum, dist.device), run=run
+    )
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
 
 
-def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane,
-                       model: torch.nn.Module, train_model: torch.nn.Module) -> None:
+def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, model: torch.nn.Module, train_model: torch.nn.Module) -> None:
     """``micro_batch = "auto"``: probe on CUDA, agree across ranks, re-derive accumulation."""
     from core.micro_batch import probe
     from core.run_config import batch_layout
@@ -94,10 +102,9 @@ def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.Cont
     if dist.device.type == "cuda":
         n_params = sum(p.numel() for p in model.parameters())
         state = int(getattr(c["optimizer"], "state_bytes_per_param", 8) * n_params)  # declared optional (core.contract)
-        micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates,
-                      rc.seq_len, c["model"].vocab_size, state)
+        micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates, rc.seq_len, c["model"].vocab_size, state)
         micro = -control.max([-micro])[0]  # the smallest rank's answer
     rc.train.micro_batch = micro
     prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
     if dist.is_main:
-        log.info(f"micro_batch = \"auto\" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}")
+        log.info(f'micro_batch = "auto" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}')

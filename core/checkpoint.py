@@ -100,8 +100,9 @@ class Checkpointer:
     ``config``, ``versions``, ``seed``); ``on_saved(step, path)`` is called once a save is committed.
     """
 
-    def __init__(self, where: CheckpointDir, state: TrainingState, about: dict[str, Any],
-                 on_saved: Callable[[int, str], None] = lambda step, path: None) -> None:
+    def __init__(
+        self, where: CheckpointDir, state: TrainingState, about: dict[str, Any], on_saved: Callable[[int, str], None] = lambda step, path: None
+    ) -> None:
         self.where, self.state, self.about, self.on_saved = where, state, about, on_saved
         self.opts, self.root, self.dist, self.group = where.opts, where.root, where.dist, where.group
         self.pending: tuple[Any, int, Path, dict[str, Any]] | None = None  # (future, step, path, state.json)
@@ -124,8 +125,7 @@ class Checkpointer:
         if bad:
             done = self.where.own(self.lineage)
             last = f"the last checkpoint, {done[-1]}, is kept" if done else "no checkpoint of this run exists yet"
-            raise NonFiniteState(f"step {step}: {bad} of {total} model/optimizer tensors hold NaN or inf; "
-                                 f"not writing a checkpoint from them ({last})")
+            raise NonFiniteState(f"step {step}: {bad} of {total} model/optimizer tensors hold NaN or inf; not writing a checkpoint from them ({last})")
 
     def _claim(self, path: Path) -> bool:
         """Make ``path`` ready for this run's save (rank 0): leftovers of this run's interrupted save
@@ -275,16 +275,14 @@ class Checkpointer:
             (self.root / (BEST_FILE + ".tmp")).unlink(missing_ok=True)
         done = [p.name for p in committed(self.root)]
         last = f"the last complete checkpoint is {done[-1]}" if done else "there is no complete checkpoint"
-        raise SaveFailed(f"checkpoint save at step {step} failed on rank {rank}: {errors[rank]}{kept}; "
-                         f"{last}; stopping (exit code {EXIT_SAVE_FAILED})", step)
+        raise SaveFailed(f"checkpoint save at step {step} failed on rank {rank}: {errors[rank]}{kept}; {last}; stopping (exit code {EXIT_SAVE_FAILED})", step)
 
     def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
         # DCP's save returns (or its future resolves) on rank 0 only after every
         # rank reported its writes, so rank 0 alone can commit.
         if self.dist.is_main:
             (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
-            manifest = {"step": step, "world_size": self.dist.world_size,
-                        **integrity.manifest_files(path, exclude=COMMIT_MARKER, known=self.writer.checksums)}
+            manifest = {"step": step, "world_size": self.dist.world_size, **integrity.manifest_files(path, exclude=COMMIT_MARKER, known=self.writer.checksums)}
             tmp = path / (COMMIT_MARKER + ".tmp")
             tmp.write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, path / COMMIT_MARKER)
@@ -304,8 +302,7 @@ class Checkpointer:
             self._write_best()
 
     def _write_best(self) -> None:
-        ranking = [{"step": int(s), "path": step_dir(self.root, int(s)).name, "val_loss": loss}
-                   for loss, s in self.state.run.state.get("best_checkpoints", [])]
+        ranking = [{"step": int(s), "path": step_dir(self.root, int(s)).name, "val_loss": loss} for loss, s in self.state.run.state.get("best_checkpoints", [])]
         tmp = self.root / (BEST_FILE + ".tmp")
         tmp.write_text(json.dumps({"best": ranking}, indent=1))
         os.replace(tmp, self.root / BEST_FILE)
@@ -331,8 +328,7 @@ class Checkpointer:
                     shutil.rmtree(old, ignore_errors=True)
         in_flight = self.pending[2] if self.pending is not None else None
         for p in self.root.glob("step_*"):
-            if (p.name < good[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists()
-                    and lineage_of(p) == self.lineage):
+            if p.name < good[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == self.lineage:
                 shutil.rmtree(p, ignore_errors=True)
 
     # ---- load ----
@@ -345,8 +341,10 @@ class Checkpointer:
         current_opt = self.about["optimizer_plugin"]
         if "optimizer" not in skip and meta.get("optimizer_plugin") != current_opt:
             skip.add("optimizer")
-            log.warn(f"checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
-                     f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh")
+            log.warn(
+                f"checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
+                f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh"
+            )
         self._load_shards(path, skip)
         self._load_json_parts(path, meta, skip)
         self.last_saved_step = self.state.run.step
@@ -401,8 +399,10 @@ class Checkpointer:
             if loader_state_per_rank(loader):
                 data_file = path / "rng" / f"data_rank_{rank}.json"
                 if not same_world or not data_file.is_file():
-                    raise CheckpointError(f"checkpoint {path}: the streaming data position was saved on "
-                                          f"{meta.get('world_size')} ranks and cannot resume on {self.dist.world_size}")
+                    raise CheckpointError(
+                        f"checkpoint {path}: the streaming data position was saved on "
+                        f"{meta.get('world_size')} ranks and cannot resume on {self.dist.world_size}"
+                    )
                 loader.load_state_dict(read_json(data_file))
             else:
                 loader.load_state_dict(meta["data"])

@@ -54,9 +54,14 @@ class CheckpointOptions:
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
     on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
-    keep_best: int = option(0, "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off")
+    keep_best: int = option(
+        0,
+        "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
+    )
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
-    allow_foreign: bool = option(False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned")
+    allow_foreign: bool = option(
+        False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned"
+    )
 
     def check(self) -> None:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
@@ -182,11 +187,7 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
     from core.safe_dcp import load_metadata
 
     meta = load_metadata(path)
-    saved = {
-        k[len("model."):]: tuple(v.size)
-        for k, v in meta.state_dict_metadata.items()
-        if k.startswith("model.") and isinstance(v, TensorStorageMetadata)
-    }
+    saved = {k[len("model.") :]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(want) - set(saved))
     mismatched = sorted(k for k in set(want) & set(saved) if want[k] != saved[k])

@@ -233,6 +233,7 @@ def load(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]
 
 # --- writing ---------------------------------------------------------------
 
+
 def _toml_key(key: str) -> str:
     return key if key and all(c.isalnum() or c in "_-" for c in key) else _toml_scalar(key)
 

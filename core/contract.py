@@ -57,7 +57,12 @@ CONTRACT: dict[str, list[Member]] = {
         method("blocks", 1, "the repeated blocks: units of sharding, checkpointing and compile"),
         method("flops_per_token", 1, "training FLOPs per token at seq_len (docs/metrics.md)"),
         method("activation_bytes", 3, "activation memory of one micro-batch (micro_batch, seq_len, bytes_per_element)"),
-        method("high_precision_modules", 1, "(model) -> names of modules precision plugins leave in high precision; default: the linears mapping to the vocabulary (the output head)", False),
+        method(
+            "high_precision_modules",
+            1,
+            "(model) -> names of modules precision plugins leave in high precision; default: the linears mapping to the vocabulary (the output head)",
+            False,
+        ),
         method("compile_loss", 1, "(model) with train.compile, compile the loss too (output layer + cross-entropy); default: only the blocks", False),
         method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
@@ -91,8 +96,12 @@ CONTRACT: dict[str, list[Member]] = {
         method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve", False),
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
         method("tokens_per_epoch", 0, "tokens in one pass over the training split, or None if unknown (the logged epoch); default: unknown", False),
-        method("validation_loaders", 1, "(validation LoaderSpec) -> {label: loader}: each part's validation batches, "
-               "logged as val_loss/<label> (mixture sources); default: val_loss only", False),
+        method(
+            "validation_loaders",
+            1,
+            "(validation LoaderSpec) -> {label: loader}: each part's validation batches, logged as val_loss/<label> (mixture sources); default: val_loss only",
+            False,
+        ),
     ],
     "optimizer": [
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),
@@ -124,8 +133,7 @@ def check_component(slot: str, name: str, obj: Any) -> None:
         present = hasattr(obj, m.name)
         if not present:
             if m.required:
-                raise PluginError(f"{where}: its factory returned {type(obj).__name__}, which lacks {m.name} "
-                                  f"({m.describe()}; core/contract.py)")
+                raise PluginError(f"{where}: its factory returned {type(obj).__name__}, which lacks {m.name} ({m.describe()}; core/contract.py)")
             continue
         member = getattr(obj, m.name)
         if m.kind == "method":
@@ -133,21 +141,23 @@ def check_component(slot: str, name: str, obj: Any) -> None:
                 raise PluginError(f"{where}: {m.name} must be a method taking {m.params} argument(s), got {type(member).__name__}")
             arity = _positional(member)
             if arity is not None and not arity[0] <= m.params <= arity[1]:
-                raise PluginError(f"{where}: {m.name} must take {m.params} argument(s) ({m.doc}); "
-                                  f"it takes {arity[0]}" + (f" to {arity[1]}" if arity[1] != arity[0] else ""))
+                raise PluginError(
+                    f"{where}: {m.name} must take {m.params} argument(s) ({m.doc}); it takes {arity[0]}" + (f" to {arity[1]}" if arity[1] != arity[0] else "")
+                )
         elif object not in m.types:
             a_bool_for_a_number = isinstance(member, bool) and bool not in m.types
             if not isinstance(member, m.types) or a_bool_for_a_number:
-                raise PluginError(f"{where}: {m.name} must be {' | '.join(t.__name__ for t in m.types)} ({m.doc}), "
-                                  f"got {type(member).__name__} {member!r}")
+                raise PluginError(f"{where}: {m.name} must be {' | '.join(t.__name__ for t in m.types)} ({m.doc}), got {type(member).__name__} {member!r}")
     if slot == "model":
         _check_model_values(where, obj)
     if slot == "optimizer":
         from core.param_groups import OptimizerOptions
 
         if not isinstance(obj.options, OptimizerOptions):
-            raise PluginError(f"{where}: options must subclass core.param_groups.OptimizerOptions (lr, weight_decay, "
-                              f"no_decay, lr_multipliers), got {type(obj.options).__name__}")
+            raise PluginError(
+                f"{where}: options must subclass core.param_groups.OptimizerOptions (lr, weight_decay, "
+                f"no_decay, lr_multipliers), got {type(obj.options).__name__}"
+            )
 
 
 def _check_model_values(where: str, spec: Any) -> None:

@@ -77,9 +77,11 @@ def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str) 
     row = source.sample(index, seq_len, split)
     shape = getattr(row, "shape", None)
     if shape != (seq_len + 1,) or not np.issubdtype(getattr(row, "dtype", np.float64), np.integer):
-        raise DataError(f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned "
-                        f"{type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "
-                        f"integer array of seq_len + 1 = {seq_len + 1} token ids (inputs, then the labels shifted by one)")
+        raise DataError(
+            f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned "
+            f"{type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "
+            f"integer array of seq_len + 1 = {seq_len + 1} token ids (inputs, then the labels shifted by one)"
+        )
     return row
 
 

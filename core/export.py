@@ -41,8 +41,7 @@ def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, 
         print(f"plait: warning: no tokenizer exported: {e}", file=sys.stderr, flush=True)
         return None
     if codec is None:
-        print("plait: warning: no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)",
-              file=sys.stderr, flush=True)
+        print("plait: warning: no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)", file=sys.stderr, flush=True)
     return codec
 
 
@@ -60,8 +59,13 @@ def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int) -> 
     paths = [out / name]
     if fmt == "hf" and kind == "hf":
         eos = codec.token_text(codec.eos_id)
-        tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos,
-                      "model_max_length": max_seq_len, "clean_up_tokenization_spaces": False}
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "pad_token": eos,
+            "model_max_length": max_seq_len,
+            "clean_up_tokenization_spaces": False,
+        }
         paths.append(write_json(out / "tokenizer_config.json", tok_config))
     elif fmt == "hf":
         print(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
@@ -91,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating tensors (default: as saved, fp32)")
     p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB")
-    p.add_argument("--tokenizer", default=None,
-                   help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
+    p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
     args = p.parse_args(argv)
     try:

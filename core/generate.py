@@ -78,8 +78,7 @@ def load(path: Path) -> Loaded:
             except (SafetensorError, OSError, json.JSONDecodeError) as e:
                 raise CheckpointError(f"{file}: not a readable plait safetensors export ({e})") from None
         if not isinstance(section, dict):
-            raise CheckpointError(f"{path}: no plait model section (a {PLAIT_FILE} written by core.export); "
-                                  "cannot tell which model these weights belong to")
+            raise CheckpointError(f"{path}: no plait model section (a {PLAIT_FILE} written by core.export); cannot tell which model these weights belong to")
         spec = spec_from_config({"model": section}, f"export {path}")
         model = empty_model(spec)
         copy_into(model, load_weights(path, spec, model))
@@ -89,9 +88,19 @@ def load(path: Path) -> Loaded:
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, ids: list[int], max_new_tokens: int, *, max_seq_len: int,
-             temperature: float = 0.0, top_k: int = 0, seed: int = 0, eos_id: int | None = None,
-             vocab_limit: int | None = None, device: torch.device | str = "cpu") -> list[int]:
+def generate(
+    model: torch.nn.Module,
+    ids: list[int],
+    max_new_tokens: int,
+    *,
+    max_seq_len: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    seed: int = 0,
+    eos_id: int | None = None,
+    vocab_limit: int | None = None,
+    device: torch.device | str = "cpu",
+) -> list[int]:
     """The new token ids after ``ids``: greedy when ``temperature`` is 0, else sampled from the
     ``top_k`` most likely (0: all) at ``temperature`` with a generator seeded by ``seed``.
     Stops at ``eos_id`` (included) or after ``max_new_tokens``. Ids at or above ``vocab_limit``
@@ -149,8 +158,12 @@ def prompt_ids(codec: Codec, prompt: str, model_vocab: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m core.generate", description=__doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("--checkpoint", required=True, type=Path,
-                   help="a committed checkpoint folder, a plait safetensors export (folder or file) or a Hugging Face export folder")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="a committed checkpoint folder, a plait safetensors export (folder or file) or a Hugging Face export folder",
+    )
     p.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
@@ -169,13 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokenizer is None:
             record = loaded.tokenizer
         if record is None:
-            raise DataError(f"{args.checkpoint}: no tokenizer recorded (the data section names no tokenizer and no "
-                            "meta.json with one); pass --tokenizer SPEC")
+            raise DataError(f"{args.checkpoint}: no tokenizer recorded (the data section names no tokenizer and no meta.json with one); pass --tokenizer SPEC")
         codec = Codec(record)
         spec, model = loaded.spec, loaded.model.to(device)
         ids = prompt_ids(codec, args.prompt, spec.vocab_size)
-        new = generate(model, ids, args.max_new_tokens, max_seq_len=spec.max_seq_len, temperature=args.temperature,
-                       top_k=args.top_k, seed=args.seed, eos_id=codec.eos_id, vocab_limit=codec.vocab_size, device=device)
+        new = generate(
+            model,
+            ids,
+            args.max_new_tokens,
+            max_seq_len=spec.max_seq_len,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            eos_id=codec.eos_id,
+            vocab_limit=codec.vocab_size,
+            device=device,
+        )
     except PlaitError as e:
         exit_bad_input(e)
     sys.stdout.write(args.prompt + codec.decode(new) + "\n")

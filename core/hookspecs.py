@@ -141,4 +141,3 @@ RUN_EVENT_HOOKS: tuple[str, ...] = (
     "plait_checkpoint_saved",
     "plait_train_end",
 )
-

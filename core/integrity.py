@@ -26,8 +26,14 @@ CHUNK_BYTES = 8 * 2**20
 SHARD_SUFFIX = ".distcp"
 # state.json keys that resuming, exporting and reporting read, and their types.
 STATE_KEYS: dict[str, type | tuple[type, ...]] = {
-    "step": int, "tokens_seen": int, "train": dict, "lr_schedule": dict, "data": dict,
-    "optimizer_plugin": str, "world_size": int, "config": dict,
+    "step": int,
+    "tokens_seen": int,
+    "train": dict,
+    "lr_schedule": dict,
+    "data": dict,
+    "optimizer_plugin": str,
+    "world_size": int,
+    "config": dict,
 }
 _warned_size_only = False
 
@@ -58,11 +64,7 @@ def checksum_file(path: Path) -> str:
 
 def list_files(folder: Path, exclude: str) -> dict[str, int]:
     """Every file under ``folder`` but ``exclude`` (relative name -> size)."""
-    return {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != exclude
-    }
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file() and p.name != exclude}
 
 
 def manifest_files(folder: Path, exclude: str, known: dict[str, str]) -> dict[str, Any]:
@@ -118,16 +120,16 @@ def check_checksums(folder: Path, manifest: Manifest, names: list[str]) -> None:
     for name in names:
         actual = checksum_file(folder / name)
         if actual != manifest.checksums[name]:
-            raise CheckpointError(f"checkpoint {folder}: {name} does not match its checksum "
-                                  f"({ALGORITHM} {actual}, expected {manifest.checksums[name]}): corrupt")
+            raise CheckpointError(
+                f"checkpoint {folder}: {name} does not match its checksum ({ALGORITHM} {actual}, expected {manifest.checksums[name]}): corrupt"
+            )
 
 
 def warn_size_only(folder: Path) -> None:
     """Once per process, on rank 0."""
     global _warned_size_only
     if not _warned_size_only and int(os.environ.get("RANK", 0)) == 0:
-        log.warn(f"checkpoint {folder} has no checksums (written by an older plait): "
-              "only file sizes are checked")
+        log.warn(f"checkpoint {folder} has no checksums (written by an older plait): only file sizes are checked")
     _warned_size_only = True
 
 

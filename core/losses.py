@@ -43,8 +43,7 @@ def compiled(fn):
     return torch.compile(fn)
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int,
-                          compile: bool = False) -> torch.Tensor:
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int, compile: bool = False) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``labels`` (-100 ignored).
 
     ``hidden`` is [N, d] (or [B, T, d]), ``weight`` [vocab, d], ``labels`` [N]

@@ -20,7 +20,7 @@ PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
-    ("H100", 989.0),          # SXM
+    ("H100", 989.0),  # SXM
     ("B200", 2250.0),
     ("A100", 312.0),
     ("L40S", 362.0),
@@ -73,8 +73,7 @@ class UpdateRatio:
 
     @torch.no_grad()
     def before(self) -> None:
-        self.saved = [(g.get("name", str(i)), [self._local(p).detach().clone() for p in g["params"]])
-                      for i, g in enumerate(self.optimizer.param_groups)]
+        self.saved = [(g.get("name", str(i)), [self._local(p).detach().clone() for p in g["params"]]) for i, g in enumerate(self.optimizer.param_groups)]
 
     @torch.no_grad()
     def after(self) -> dict[str, float]:
@@ -116,10 +115,9 @@ def reduce_parts(parts: dict[str, tuple[str, torch.Tensor]], info: DistInfo) -> 
     out, at = {}, 0
     for n in names:
         op, t = parts[n]
-        col = table[:, at:at + t.numel()]
+        col = table[:, at : at + t.numel()]
         at += t.numel()
-        value = {"mean": lambda c: c.mean(0), "sum": lambda c: c.sum(0),
-                 "max": lambda c: c.max(0).values, "min": lambda c: c.min(0).values}[op](col)
+        value = {"mean": lambda c: c.mean(0), "sum": lambda c: c.sum(0), "max": lambda c: c.max(0).values, "min": lambda c: c.min(0).values}[op](col)
         out[n] = value.reshape(t.shape)
     return out
 
@@ -139,6 +137,7 @@ def model_metrics(model: torch.nn.Module, info: DistInfo) -> dict[str, Any]:
 
 
 # -- the epoch -----------------------------------------------------------------------
+
 
 def epoch(data: Any, tokens_seen: int) -> dict[str, float]:
     """``{"epoch": tokens seen / tokens in one pass over the training data}`` where the data source

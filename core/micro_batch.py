@@ -20,7 +20,7 @@ def candidates(global_batch_tokens: int, seq_len: int, world_size: int, ceiling:
     out = [m for m in range(min(ceiling, per_rank_seqs), 0, -1) if per_rank_seqs % m == 0]
     if not out:
         raise ConfigError(
-            f"train.micro_batch = \"auto\": train.global_batch_tokens = {global_batch_tokens} is not divisible by "
+            f'train.micro_batch = "auto": train.global_batch_tokens = {global_batch_tokens} is not divisible by '
             f"data.seq_len ({seq_len}) x world size ({world_size})"
         )
     return out
@@ -49,4 +49,4 @@ def probe(model, precision, device: torch.device, cands: list[int], seq_len: int
     for micro in cands:
         if fits(model, precision, device, micro, seq_len, vocab, extra_bytes):
             return micro
-    raise ConfigError(f"train.micro_batch = \"auto\": even micro-batch {cands[-1]} x seq {seq_len} does not fit on {device}")
+    raise ConfigError(f'train.micro_batch = "auto": even micro-batch {cands[-1]} x seq {seq_len} does not fit on {device}')

@@ -36,19 +36,16 @@ def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
         if attr not in RUN_EVENT_HOOKS:
             close = difflib.get_close_matches(attr, RUN_EVENT_HOOKS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PluginError(f"monitor {name!r}: {attr!r} is not a run-event hook{hint}; "
-                              f"the hooks are {', '.join(RUN_EVENT_HOOKS)}")
+            raise PluginError(f"monitor {name!r}: {attr!r} is not a run-event hook{hint}; the hooks are {', '.join(RUN_EVENT_HOOKS)}")
         if opts is None:
-            raise PluginError(f"monitor {name!r}: {attr} lacks @hookimpl (from core.hookspecs import hookimpl), "
-                              "so it would never be called")
+            raise PluginError(f"monitor {name!r}: {attr} lacks @hookimpl (from core.hookspecs import hookimpl), so it would never be called")
         if opts.get("wrapper") or opts.get("hookwrapper"):
             raise PluginError(f"monitor {name!r}: {attr} is a wrapper hook; run-event hooks are plain calls")
         spec_args = set(inspect.signature(getattr(sys.modules["core.hookspecs"], attr)).parameters)
         args = [a for a in inspect.signature(method).parameters]
         unknown = [a for a in args if a not in spec_args]
         if unknown:
-            raise PluginError(f"monitor {name!r}: {attr}({', '.join(args)}) asks for {unknown[0]!r}; "
-                              f"the hook passes {', '.join(sorted(spec_args))}")
+            raise PluginError(f"monitor {name!r}: {attr}({', '.join(args)}) asks for {unknown[0]!r}; the hook passes {', '.join(sorted(spec_args))}")
     try:
         pm.register(obj, name=name)
     except (pluggy.PluginValidationError, ValueError) as e:
@@ -95,5 +92,3 @@ class MonitorHub:
 
     def implements(self, hook: str) -> bool:
         return bool(getattr(self.pm.hook, hook).get_hookimpls())
-
-

@@ -32,9 +32,19 @@ from core.errors import ConfigError, closest
 BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-def option(default: Any, doc: str, key: str | None = None, *, ge: float | None = None, gt: float | None = None,
-           le: float | None = None, lt: float | None = None, inside: bool = False, path: bool = False,
-           **kwargs: Any) -> Any:
+def option(
+    default: Any,
+    doc: str,
+    key: str | None = None,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    inside: bool = False,
+    path: bool = False,
+    **kwargs: Any,
+) -> Any:
     """A dataclass field with a one-line ``doc`` shown by ``python -m core.plugins``.
 
     ``key`` spells the TOML key when it cannot be a Python name (``async``).
@@ -188,16 +198,11 @@ def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         if key not in known:
-            raise ConfigError(
-                f"{where}: unknown key {key!r}{closest(key, known)}; "
-                f"expected one of: {', '.join(sorted(known)) or '(no options)'}"
-            )
+            raise ConfigError(f"{where}: unknown key {key!r}{closest(key, known)}; expected one of: {', '.join(sorted(known)) or '(no options)'}")
         name = known[key].name
         tp = hints[name]
         if not _matches(value, tp):
-            raise ConfigError(
-                f"{where}.{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"
-            )
+            raise ConfigError(f"{where}.{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
         meta = known[key].metadata
         why = check_value(key, value, meta.get("bounds") or {}, meta.get("inside", False))
         if why:

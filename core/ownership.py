@@ -56,11 +56,17 @@ def try_lock(folder: Path) -> IO[str] | None:
         return None
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({
-        "pid": os.getpid(), "host": socket.gethostname(),
-        "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join(sys.argv)[:300],
-    }) + "\n")
+    f.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "command": " ".join(sys.argv)[:300],
+            }
+        )
+        + "\n"
+    )
     f.flush()
     return f
 
@@ -79,8 +85,10 @@ def lock_run_folders(folders: list) -> None:
         except OSError as e:
             raise PlaitError(f"run folder {folder} cannot be created or written: {e.strerror or e}") from None
         if f is None:
-            raise FolderInUse(f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}; "
-                              "one folder has one writer: wait for it, stop it, or choose another train.output_dir")
+            raise FolderInUse(
+                f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}; "
+                "one folder has one writer: wait for it, stop it, or choose another train.output_dir"
+            )
         _held.append(f)
 
 

@@ -17,7 +17,9 @@ from torch import nn
 # Selective checkpointing keeps the outputs of these ops (the expensive ones) and
 # recomputes the cheap elementwise work: torchtitan's op-level policy.
 SAVE_OPS = {
-    "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+    "aten.mm.default",
+    "aten.addmm.default",
+    "aten.bmm.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_cudnn_attention.default",

@@ -118,10 +118,11 @@ def render(plan: dict[str, Any]) -> str:
     staged = len(st) > 1
     for i, stage in enumerate(st):
         label = "stages      " if i == 0 else "            "
-        lines.append(f"  {label}{'from ' + format(stage['start_fraction'], 'g') + ': ' if staged else ''}seq {stage['seq_len']} "
-                     f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
-                     f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)"
-                     + ("" if staged else " (no data.seq_len_stages)"))
+        lines.append(
+            f"  {label}{'from ' + format(stage['start_fraction'], 'g') + ': ' if staged else ''}seq {stage['seq_len']} "
+            f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
+            f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (no data.seq_len_stages)")
+        )
     lines += render_time_and_money(plan)
     return "\n".join(lines)
 
@@ -130,12 +131,16 @@ def render_time_and_money(plan: dict[str, Any]) -> list[str]:
     lines = []
     measured = plan.get("measured")
     if measured:
-        lines.append(f"  measured    {measured['tokens_per_s_per_device']:,.0f} tokens/s on 1 process on this machine "
-                     f"({measured['device']}): {measured['timed_steps']} steps of {measured['tokens_per_step']:,} tokens "
-                     f"in {measured['seconds']:.3g} s after {measured['warmup_steps']} warm-up")
+        lines.append(
+            f"  measured    {measured['tokens_per_s_per_device']:,.0f} tokens/s on 1 process on this machine "
+            f"({measured['device']}): {measured['timed_steps']} steps of {measured['tokens_per_step']:,} tokens "
+            f"in {measured['seconds']:.3g} s after {measured['warmup_steps']} warm-up"
+        )
         if plan["world_size"] > 1:
-            lines.append(f"              x {plan['world_size']} ranks (the planned world size) = {plan['tokens_per_s']:,.0f} "
-                         "tokens/s for the run, assuming perfect scaling across devices")
+            lines.append(
+                f"              x {plan['world_size']} ranks (the planned world size) = {plan['tokens_per_s']:,.0f} "
+                "tokens/s for the run, assuming perfect scaling across devices"
+            )
     tps = plan["tokens_per_s"]
     if tps is None:
         lines.append("  ETA: give --tokens-per-s or --measure (or set [monitors.budget_guard] expected_tokens_per_s)")
@@ -150,8 +155,10 @@ def render_time_and_money(plan: dict[str, Any]) -> list[str]:
     elif tps is None:
         lines.append(f"  cost: ${rate:,.6g}/device-hr x {plan['devices']} devices: needs the ETA (--tokens-per-s or --measure)")
     else:
-        lines.append(f"  cost: ${plan['cost_usd']:,.2f} = ${rate:,.6g}/device-hr x {plan['devices']} devices "
-                     f"x {plan['eta_s'] / 3600:,.2f} h ({plan['usd_per_device_hr_source']})")
+        lines.append(
+            f"  cost: ${plan['cost_usd']:,.2f} = ${rate:,.6g}/device-hr x {plan['devices']} devices "
+            f"x {plan['eta_s'] / 3600:,.2f} h ({plan['usd_per_device_hr_source']})"
+        )
     return lines
 
 
@@ -179,16 +186,18 @@ def stages(prep) -> list[dict[str, Any]]:
     out = []
     for i, (start, seq) in enumerate(table):
         steps = max(0, firsts[i + 1] - firsts[i])
-        out.append({
-            "start_fraction": float(start),
-            "seq_len": int(seq),
-            "micro_batch": micro0 * seq0 // seq,
-            "first_step": firsts[i] + 1,  # 1-based, as logged
-            "last_step": firsts[i] + steps,
-            "steps": steps,
-            "tokens": steps * prep.tokens_per_step,
-            "flops_per_token": spec.flops_per_token(seq),
-        })
+        out.append(
+            {
+                "start_fraction": float(start),
+                "seq_len": int(seq),
+                "micro_batch": micro0 * seq0 // seq,
+                "first_step": firsts[i] + 1,  # 1-based, as logged
+                "last_step": firsts[i] + steps,
+                "steps": steps,
+                "tokens": steps * prep.tokens_per_step,
+                "flops_per_token": spec.flops_per_token(seq),
+            }
+        )
     return out
 
 
@@ -208,8 +217,9 @@ def budget_guard_options(prep) -> Any:
     return None
 
 
-def add_time_and_money(plan: dict[str, Any], prep, tokens_per_s: float | None, usd_per_device_hr: float | None,
-                       measured: dict[str, Any] | None) -> dict[str, Any]:
+def add_time_and_money(
+    plan: dict[str, Any], prep, tokens_per_s: float | None, usd_per_device_hr: float | None, measured: dict[str, Any] | None
+) -> dict[str, Any]:
     """ETA and cost fields: from the flags, a measurement, or the budget guard's options."""
     guard = budget_guard_options(prep)
     source = None
@@ -227,26 +237,35 @@ def add_time_and_money(plan: dict[str, Any], prep, tokens_per_s: float | None, u
         usd_per_device_hr, rate_source = guard.rate_usd_per_hr, "[monitors.budget_guard] rate_usd_per_hr"
     devices = (guard.gpus if guard is not None and guard.gpus else 0) or plan["world_size"]
     eta = eta_seconds(plan, tokens_per_s) if tokens_per_s else None
-    plan.update({
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_source": source,
-        "measured": measured,
-        "eta_s": eta,
-        "eta_hours": eta / 3600 if eta is not None else None,
-        "usd_per_device_hr": usd_per_device_hr,
-        "usd_per_device_hr_source": rate_source,
-        "devices": devices,
-        "cost_usd": usd_per_device_hr * devices * eta / 3600 if eta is not None and usd_per_device_hr is not None else None,
-    })
+    plan.update(
+        {
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_source": source,
+            "measured": measured,
+            "eta_s": eta,
+            "eta_hours": eta / 3600 if eta is not None else None,
+            "usd_per_device_hr": usd_per_device_hr,
+            "usd_per_device_hr_source": rate_source,
+            "devices": devices,
+            "cost_usd": usd_per_device_hr * devices * eta / 3600 if eta is not None and usd_per_device_hr is not None else None,
+        }
+    )
     return plan
 
 
 # Overrides for a measurement: one process, nothing written to the run's folders, no checkpoints
 # or validation, no initial weights, no spike rehearsal (measure() also drops the monitors).
 def _measure_overrides(tmp: str) -> list[str]:
-    return [f"--train.output_dir={tmp}/out", f"--checkpoint.dir={tmp}/checkpoints", "--checkpoint.resume=none",
-            "--checkpoint.every=0", "--checkpoint.keep_best=0", "--checkpoint.initial_load=@default",
-            "--validation.every=0", "--train.inject_spike_at_step=0"]
+    return [
+        f"--train.output_dir={tmp}/out",
+        f"--checkpoint.dir={tmp}/checkpoints",
+        "--checkpoint.resume=none",
+        "--checkpoint.every=0",
+        "--checkpoint.keep_best=0",
+        "--checkpoint.initial_load=@default",
+        "--validation.every=0",
+        "--train.inject_spike_at_step=0",
+    ]
 
 
 def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[str, Any]:
@@ -286,8 +305,9 @@ def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[
         _sync(device)
         seconds = time.perf_counter() - t0
         tokens = steps * prep.tokens_per_step
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-            f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        name = (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        )
         result = {
             "processes": 1,
             "device": f"{device}: {name}",
@@ -319,6 +339,7 @@ def _sync(device: torch.device) -> None:
 
 def _number(kind: str, minimum: float, inclusive: bool, integer: bool = False):
     """An argparse type: a finite number above (or at) ``minimum``; anything else is one error line."""
+
     def parse(text: str):
         import argparse
 
@@ -329,6 +350,7 @@ def _number(kind: str, minimum: float, inclusive: bool, integer: bool = False):
         if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
         return value
+
     return parse
 
 
@@ -337,23 +359,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--config-only", action="store_true",
-                        help="check the config alone: skip the data files, the checkpoint to resume from and the "
-                             "output folders (to plan a run for another machine)")
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone: skip the data files, the checkpoint to resume from and the output folders (to plan a run for another machine)",
+    )
     parser.add_argument("--plot-lr", metavar="PNG", help="draw the run's learning-rate schedule to this file (matplotlib)")
     speed = parser.add_mutually_exclusive_group()
-    speed.add_argument("--tokens-per-s", type=_number("a finite number > 0", 0, False), metavar="X",
-                       help="throughput of the whole run, all devices together, at data.seq_len, for the ETA "
-                            "(default: [monitors.budget_guard] expected_tokens_per_s when that monitor is enabled)")
-    speed.add_argument("--measure", action="store_true",
-                       help="time a few real training steps of this config on this machine (one process) for the ETA; "
-                            "with --nproc N > 1 the result is multiplied by N (perfect scaling assumed)")
-    parser.add_argument("--measure-steps", type=_number("an integer >= 1", 1, True, integer=True), default=3, metavar="N",
-                        help="with --measure: timed steps (default 3)")
-    parser.add_argument("--measure-warmup", type=_number("an integer >= 0", 0, True, integer=True), default=2, metavar="N",
-                        help="with --measure: untimed warm-up steps first (default 2)")
-    parser.add_argument("--usd-per-device-hr", type=_number("a finite number >= 0", 0, True), metavar="X",
-                        help="price of one device-hour for the cost (default: [monitors.budget_guard] rate_usd_per_hr)")
+    speed.add_argument(
+        "--tokens-per-s",
+        type=_number("a finite number > 0", 0, False),
+        metavar="X",
+        help="throughput of the whole run, all devices together, at data.seq_len, for the ETA "
+        "(default: [monitors.budget_guard] expected_tokens_per_s when that monitor is enabled)",
+    )
+    speed.add_argument(
+        "--measure",
+        action="store_true",
+        help="time a few real training steps of this config on this machine (one process) for the ETA; "
+        "with --nproc N > 1 the result is multiplied by N (perfect scaling assumed)",
+    )
+    parser.add_argument(
+        "--measure-steps", type=_number("an integer >= 1", 1, True, integer=True), default=3, metavar="N", help="with --measure: timed steps (default 3)"
+    )
+    parser.add_argument(
+        "--measure-warmup",
+        type=_number("an integer >= 0", 0, True, integer=True),
+        default=2,
+        metavar="N",
+        help="with --measure: untimed warm-up steps first (default 2)",
+    )
+    parser.add_argument(
+        "--usd-per-device-hr",
+        type=_number("a finite number >= 0", 0, True),
+        metavar="X",
+        help="price of one device-hour for the cost (default: [monitors.budget_guard] rate_usd_per_hr)",
+    )
     args, overrides = parser.parse_known_args(argv)
     if args.nproc is not None and args.nproc < 1:
         parser.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")

@@ -52,8 +52,7 @@ class _Step:
 class PrefetchingLoader:
     """A loader that reads one step ahead in a thread; see the module docstring."""
 
-    def __init__(self, loader: DataLoaderLike, grad_accum: int, device: torch.device,
-                 pin_memory: bool | None = None, depth: int = 1) -> None:
+    def __init__(self, loader: DataLoaderLike, grad_accum: int, device: torch.device, pin_memory: bool | None = None, depth: int = 1) -> None:
         if grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {grad_accum}")
         self.inner = loader
@@ -93,8 +92,7 @@ class PrefetchingLoader:
         self._queue = queue.Queue(maxsize=self.depth)
         self._current, self._taken = None, 0
         self._ahead = True
-        self._thread = threading.Thread(target=self._fetch_loop, args=(iter(self.inner), self._queue, self._stop),
-                                        name="plait-prefetch", daemon=True)
+        self._thread = threading.Thread(target=self._fetch_loop, args=(iter(self.inner), self._queue, self._stop), name="plait-prefetch", daemon=True)
         self._thread.start()
         return self
 

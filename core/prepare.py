@@ -66,8 +66,7 @@ class Prepared:
         return out
 
 
-def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True,
-            dry_run: bool = False) -> Prepared:
+def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True, dry_run: bool = False) -> Prepared:
     """``validate_data``: check the data, the resume checkpoint and the output folders (what
     ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
     the folders it created instead of leaving them for the run."""
@@ -81,7 +80,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     world = world_size or env_world_size
     device = pick_device(rc.train.device, local_rank)
     if rc.train.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{path}: [train].device = \"cuda\" but torch sees no CUDA device")
+        raise ConfigError(f'{path}: [train].device = "cuda" but torch sees no CUDA device')
 
     check_world = getattr(components["parallelism"], "check_world", None)
     if check_world is not None:
@@ -141,8 +140,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             if weights_kind(Path(initial)) == "hf" and (Path(initial) / HF_INDEX).is_file():  # exists, known layout
                 hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
         probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
-        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints",
-                     keep=not dry_run)
+        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
     return prep
 
 
@@ -173,8 +171,9 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
             os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ConfigError(f"{what} = {folder}: cannot create or write a file there "
-                          f"({type(e).__name__}: {e.strerror or e}); expected a writable folder") from None
+        raise ConfigError(
+            f"{what} = {folder}: cannot create or write a file there ({type(e).__name__}: {e.strerror or e}); expected a writable folder"
+        ) from None
     finally:
         if not keep:
             for d in reversed(created):
@@ -191,8 +190,10 @@ def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
     peak = max(values, default=1.0)
     still_rising = bool(values) and values[-1] >= peak and len(values) > 1 and values[-1] > values[0]
     if peak < 0.999 and still_rising and env_world()[0] == 0:  # the warmup outlasts the run
-        log.warn(f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
-              f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?")
+        log.warn(
+            f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
+            f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?"
+        )
 
 
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
@@ -239,8 +240,10 @@ def check_seq_len_stages(rc: RunConfig, world: int, path: str) -> list[tuple[flo
     tokens = rc.train.micro_batch * stages[0][1]
     for _, seq in stages:
         if seq <= 0 or tokens % seq:
-            raise ConfigError(f"{path}: data.seq_len_stages: stage seq_len {seq} does not divide the micro-batch's "
-                              f"{tokens} tokens (micro_batch {rc.train.micro_batch} x first stage seq_len {stages[0][1]})")
+            raise ConfigError(
+                f"{path}: data.seq_len_stages: stage seq_len {seq} does not divide the micro-batch's "
+                f"{tokens} tokens (micro_batch {rc.train.micro_batch} x first stage seq_len {stages[0][1]})"
+            )
     rc.core_keys["data"]["seq_len"] = stages[0][1]
     return stages
 

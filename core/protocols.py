@@ -259,8 +259,10 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
         return {}
     loaders = parts(spec)
     if not isinstance(loaders, dict) or not all(isinstance(k, str) and k for k in loaders):
-        raise PluginError(f"data plugin {type(data).__name__}: validation_loaders(spec) must return {{label: loader}} "
-                          f"with non-empty string labels, got {type(loaders).__name__}")
+        raise PluginError(
+            f"data plugin {type(data).__name__}: validation_loaders(spec) must return {{label: loader}} "
+            f"with non-empty string labels, got {type(loaders).__name__}"
+        )
     return loaders
 
 

@@ -74,24 +74,16 @@ class Registry:
             raise PluginError(f"{where}: options of {slot} {name!r} lack a doc: {', '.join(missing)}")
         existing = self._components[slot].get(name)
         if existing is not None:
-            raise PluginError(
-                f"{slot} {name!r} is claimed twice: by {existing.provider} and by {where}"
-            )
-        self._components[slot][name] = Component(
-            slot, name, factory, options, doc, self._plugin, self._distribution
-        )
+            raise PluginError(f"{slot} {name!r} is claimed twice: by {existing.provider} and by {where}")
+        self._components[slot][name] = Component(slot, name, factory, options, doc, self._plugin, self._distribution)
 
     def get(self, slot: str, name: str, where: str) -> Component:
         """The component, or a ConfigError listing the installed names."""
         found = self._components[slot].get(name)
         if found is None:
             names = sorted(self._components[slot])
-            hidden = (f"; {ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')!r} leaves out the installed plugin(s) "
-                      f"{', '.join(self.hidden)}" if self.hidden else "")
-            raise ConfigError(
-                f"{where}: no {slot} plugin named {name!r}{closest(name, names)}; "
-                f"installed: {', '.join(names) or '(none)'}{hidden}"
-            )
+            hidden = f"; {ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')!r} leaves out the installed plugin(s) {', '.join(self.hidden)}" if self.hidden else ""
+            raise ConfigError(f"{where}: no {slot} plugin named {name!r}{closest(name, names)}; installed: {', '.join(names) or '(none)'}{hidden}")
         return found
 
     def names(self, slot: str) -> list[str]:
@@ -146,8 +138,10 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         third = {ep.name for ep in eps if (ep.dist.name if ep.dist is not None else "?") != OWN_DISTRIBUTION}
         unknown = sorted(allowed - third)
         if unknown:
-            raise PluginError(f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin provides; "
-                              f"installed third-party plugins: {', '.join(sorted(third)) or '(none)'}")
+            raise PluginError(
+                f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin provides; "
+                f"installed third-party plugins: {', '.join(sorted(third)) or '(none)'}"
+            )
     for ep in eps:
         dist = ep.dist.name if ep.dist is not None else "?"
         if dist != OWN_DISTRIBUTION and allowed is not None and ep.name not in allowed:
@@ -156,16 +150,11 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         if dist != OWN_DISTRIBUTION:
             versions[ep.name] = f"{dist} {ep.dist.version if ep.dist is not None else '?'}"
         if pm.has_plugin(ep.name):
-            raise PluginError(
-                f"entry point {ep.name!r} is claimed twice: by distribution {origin[ep.name]} and by {dist}"
-            )
+            raise PluginError(f"entry point {ep.name!r} is claimed twice: by distribution {origin[ep.name]} and by {dist}")
         try:
             module = ep.load()
         except Exception as e:  # any import failure is that plugin's problem, reported clearly
-            raise PluginError(
-                f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: "
-                f"{type(e).__name__}: {e}"
-            ) from None
+            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}") from None
         pm.register(module, name=ep.name)
         origin[ep.name] = dist
     try:
@@ -183,7 +172,6 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
             raise
         except Exception as e:
             raise PluginError(
-                f"plugin {impl.plugin_name!r} (distribution {registry._distribution}) failed in "
-                f"plait_register: {type(e).__name__}: {e}"
+                f"plugin {impl.plugin_name!r} (distribution {registry._distribution}) failed in plait_register: {type(e).__name__}: {e}"
             ) from None
     return registry, pm

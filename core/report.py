@@ -78,11 +78,14 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
         made.append(out / name)
 
-    figure("loss-curve.png", [("train", [r["step"] for r in train], [r["loss"] for r in train])]
-           + ([("validation", [r["step"] for r in val], [r["val_loss"] for r in val])] if val else []), "loss")
+    figure(
+        "loss-curve.png",
+        [("train", [r["step"] for r in train], [r["loss"] for r in train])]
+        + ([("validation", [r["step"] for r in val], [r["val_loss"] for r in val])] if val else []),
+        "loss",
+    )
     figure("gradnorm-curve.png", [("grad norm", [r["step"] for r in train], [r["grad_norm"] for r in train])], "gradient norm")
-    figure("throughput.png", [("tokens/s", [r["elapsed_s"] / 3600 for r in train], [r["tokens_per_s"] for r in train])],
-           "tokens/s", xlabel="training hours")
+    figure("throughput.png", [("tokens/s", [r["elapsed_s"] / 3600 for r in train], [r["tokens_per_s"] for r in train])], "tokens/s", xlabel="training hours")
     return made
 
 

@@ -76,7 +76,7 @@ def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module |
         error = agree(ckpt.group, error)
         if error is None:
             check_fits(ckpt.opts, path, model_meta)
-            return path, candidates[i + 1:]
+            return path, candidates[i + 1 :]
         drop(ckpt, error, last=i == len(candidates) - 1)
     return None, []
 

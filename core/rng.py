@@ -27,6 +27,7 @@ def rng_state() -> dict[str, Any]:
         out["cuda"] = torch.cuda.get_rng_state().tolist()
     return out
 
+
 def set_rng_state(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
@@ -35,4 +36,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
-

@@ -35,19 +35,20 @@ class TrainOptions:
     steps: int = option(0, "optimizer steps to run; 0 derives them from target_tokens", ge=0, le=MAX_STEPS)
     target_tokens: int = option(0, "tokens to train on when steps is 0", ge=0)
     global_batch_tokens: int = option(65536, "tokens per optimizer step, summed over all ranks", gt=0)
-    micro_batch: int | Literal["auto"] = option(8, "sequences per forward pass on each rank, or \"auto\": the largest that fits", gt=0)
-    micro_batch_max: int = option(64, "with micro_batch = \"auto\": the largest micro-batch tried (on CPU: the one used)", gt=0)
+    micro_batch: int | Literal["auto"] = option(8, 'sequences per forward pass on each rank, or "auto": the largest that fits', gt=0)
+    micro_batch_max: int = option(64, 'with micro_batch = "auto": the largest micro-batch tried (on CPU: the one used)', gt=0)
     seed: int = option(42, "seed for init, data order and dropout", ge=0, le=MAX_SEED)
     output_dir: str = option("runs/default", "folder for the resolved config, metrics and checkpoints")
     log_every: int = option(10, "steps between metric lines (the last step is always logged)", gt=0)
     grad_clip: float = option(1.0, "max global gradient norm; 0 disables clipping", ge=0)
     max_nonfinite_steps: int = option(
-        3, "steps in a row with a NaN/inf loss or gradient norm that are skipped (update not applied) before the run stops with exit 3",
-        ge=0)
+        3, "steps in a row with a NaN/inf loss or gradient norm that are skipped (update not applied) before the run stops with exit 3", ge=0
+    )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu")
     deterministic: bool = option(False, "ask torch for deterministic kernels (slower on GPU)")
     activation_checkpointing: Literal["none", "full", "selective"] = option(
-        "none", "recompute activations in the backward pass: full blocks, or all but matmul/attention outputs")
+        "none", "recompute activations in the backward pass: full blocks, or all but matmul/attention outputs"
+    )
     activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
     compile: bool = option(False, "torch.compile each block, and the loss where the model offers it (compile_loss)")
     inject_spike_at_step: int = option(0, "rehearsal: replace the batches of this step and the next 4 with rare tokens (0: off)", ge=0)
@@ -184,7 +185,7 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
         table = subtable(cfg.get(section, {}))  # keeps where each value came from (path options)
         name = table.pop("name", DEFAULT_PLUGIN[slot])
         if name is None:
-            raise ConfigError(f"{source}: [{section}] needs name = \"...\"; installed: {', '.join(registry.names(slot))}")
+            raise ConfigError(f'{source}: [{section}] needs name = "..."; installed: {", ".join(registry.names(slot))}')
         if not isinstance(name, str):
             raise ConfigError(f"{source}: [{section}].name: expected a plugin name (str), got {name!r}")
         if slot == "precision" and table.get("fallback"):
@@ -226,10 +227,7 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
         extra = sorted(mon_opts_tables)
         raise ConfigError(f"{source}: [monitors.{extra[0]}] configures a monitor that is not in monitors.enabled = {monitors_options.enabled}")
 
-    sections = {
-        section: build_options(cls, cfg.get(section, {}), f"{source}: [{section}]")
-        for section, cls in EXTRA_SECTIONS.items()
-    }
+    sections = {section: build_options(cls, cfg.get(section, {}), f"{source}: [{section}]") for section, cls in EXTRA_SECTIONS.items()}
     return RunConfig(train, monitors_options, core_keys, slots, monitors, sections, precision_chain)
 
 
@@ -268,9 +266,10 @@ def batch_layout(global_batch_tokens: int, micro_batch: int, seq_len: int, world
 def total_steps(train: TrainOptions, tokens_per_step: int) -> int:
     steps = train.steps or -(-train.target_tokens // tokens_per_step)
     if steps > MAX_STEPS:
-        raise ConfigError(f"[train].target_tokens = {train.target_tokens} needs {steps} steps of {tokens_per_step} tokens; "
-                          f"expected at most {MAX_STEPS} steps (checkpoint folders count steps in 9 digits)")
+        raise ConfigError(
+            f"[train].target_tokens = {train.target_tokens} needs {steps} steps of {tokens_per_step} tokens; "
+            f"expected at most {MAX_STEPS} steps (checkpoint folders count steps in 9 digits)"
+        )
     if steps * tokens_per_step > MAX_TOKENS:
-        raise ConfigError(f"[train] {steps} steps x {tokens_per_step} tokens overflow the 64-bit token counter; "
-                          f"expected at most {MAX_TOKENS} tokens")
+        raise ConfigError(f"[train] {steps} steps x {tokens_per_step} tokens overflow the 64-bit token counter; expected at most {MAX_TOKENS} tokens")
     return steps

@@ -84,11 +84,12 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
     ac: str = train.activation_checkpointing
     if train.activation_checkpointing == "full" and train.activation_checkpointing_every > 1:
         ac += f" every {train.activation_checkpointing_every}"
-    return "\n".join([
-        f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {dist.world_size} rank(s), "
-        f"{dist.device} | precision {precision}",
-        f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
-        f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
-        f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {dist.world_size} ranks x {prep.grad_accum} "
-        f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {run.step} -> {run.total_steps}",
-    ])
+    return "\n".join(
+        [
+            f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {dist.world_size} rank(s), {dist.device} | precision {precision}",
+            f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
+            f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
+            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {dist.world_size} ranks x {prep.grad_accum} "
+            f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {run.step} -> {run.total_steps}",
+        ]
+    )

@@ -38,8 +38,16 @@ METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 # Everything a FileSystemWriter's .metadata pickle refers to (torch 2.11 to 2.13), besides torch dtypes.
 ALLOWED_GLOBALS: dict[str, set[str]] = {
-    _DCP_METADATA: {"Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
-                    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING"},
+    _DCP_METADATA: {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
@@ -135,6 +143,7 @@ class SafeFileSystemReader(FileSystemReader):
 
 # --- writing ---------------------------------------------------------------------
 
+
 class _ChecksummingStream(io.RawIOBase):
     """A write-only file that feeds every byte written to a :class:`Checksum`."""
 
@@ -202,9 +211,15 @@ class HashingFileSystemWriter(_FileSystemWriter):
 
     def write_data(self, plan: Any, planner: Any) -> Future[list[WriteResult]]:
         results = super().write_data(plan, planner).wait()  # FileSystemWriter writes synchronously
-        tagged = [WriteResult(index=r.index, size_in_bytes=r.size_in_bytes,
-                              storage_data=_ChecksummedStorageInfo(r.storage_data, self.fs.checksums[r.storage_data.relative_path]))  # type: ignore[attr-defined]
-                  for r in results]
+        sums: dict[str, str] = self.fs.checksums  # type: ignore[attr-defined]  # our _ChecksummingFileSystem
+        tagged = [
+            WriteResult(
+                index=r.index,
+                size_in_bytes=r.size_in_bytes,
+                storage_data=_ChecksummedStorageInfo(r.storage_data, sums[r.storage_data.relative_path]),
+            )
+            for r in results
+        ]
         done: Future[list[WriteResult]] = Future()
         done.set_result(tagged)
         return done
@@ -222,6 +237,7 @@ class HashingFileSystemWriter(_FileSystemWriter):
 
 # --- loading -----------------------------------------------------------------------
 
+
 def load(state: dict[str, Any], path: Path, process_group: Any = None) -> None:
     """``dcp.load`` of ``state`` from checkpoint folder ``path`` through the safe reader;
     any failure (on any rank: DCP gathers them) is one CheckpointError."""
@@ -229,8 +245,7 @@ def load(state: dict[str, Any], path: Path, process_group: Any = None) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), process_group=process_group,
-                 no_dist=process_group is None)
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), process_group=process_group, no_dist=process_group is None)
     except (Exception, CheckpointException) as e:
         raise load_error(path, e) from None
 

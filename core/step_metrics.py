@@ -26,8 +26,7 @@ class StepMetrics:
     def step_done(self) -> None:
         self.window_steps += 1
 
-    def collect(self, run: Any, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, seq_len: int,
-                extra: list[dict[str, Any]]) -> dict[str, Any]:
+    def collect(self, run: Any, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, seq_len: int, extra: list[dict[str, Any]]) -> dict[str, Any]:
         """The metrics of step ``run.step`` over the window since the last log step; ``extra``:
         the precision's, the model's and the data's own metrics, merged last."""
         now = time.perf_counter()

@@ -66,8 +66,10 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
     if want_fingerprint:
         matching = [f for f in found if fingerprint(f) == want_fingerprint]
         if not matching:
-            raise DataError(f"{where}: tokenizer file {found[0]} differs from the one the data was prepared with "
-                            "(sha256 fingerprint); pass --tokenizer SPEC to use it anyway")
+            raise DataError(
+                f"{where}: tokenizer file {found[0]} differs from the one the data was prepared with "
+                "(sha256 fingerprint); pass --tokenizer SPEC to use it anyway"
+            )
         found = matching
     return f"{kind}:{found[0]}"
 
@@ -145,8 +147,9 @@ class Codec:
 
             self._decode_hf = HFTokenizer.from_file(str(record.file))
         elif record.kind == "tiktoken":
-            self._ranks = {int(rank): base64.b64decode(token)
-                           for token, rank in (line.split() for line in Path(str(record.file)).read_text().splitlines() if line)}
+            self._ranks = {
+                int(rank): base64.b64decode(token) for token, rank in (line.split() for line in Path(str(record.file)).read_text().splitlines() if line)
+            }
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``; the EOS id and ids the tokenizer does not know are left out."""

@@ -21,8 +21,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class TrainStep:
-    def __init__(self, state: TrainingState, train_model: torch.nn.Module, components: dict[str, Any],
-                 grad_accum: int, grad_clip: float, dist: DistInfo) -> None:
+    def __init__(
+        self, state: TrainingState, train_model: torch.nn.Module, components: dict[str, Any], grad_accum: int, grad_clip: float, dist: DistInfo
+    ) -> None:
         self.state, self.train_model, self.dist = state, train_model, dist
         self.parallelism, self.precision = components["parallelism"], components["precision"]
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
@@ -31,8 +32,9 @@ class TrainStep:
         self.post_optimizer_step = getattr(self.precision, "post_optimizer_step", None)
         self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
 
-    def forward_backward(self, micro_batches: list[Batch],
-                         replace: Callable[[int, torch.Size], Batch] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_backward(
+        self, micro_batches: list[Batch], replace: Callable[[int, torch.Size], Batch] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gradients of the step's mean loss, clipped: ``(loss, grad_norm, bad)``, all on the device;
         ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, shape)``
         swaps micro-batch ``m`` for another (a spike rehearsal)."""

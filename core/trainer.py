@@ -80,8 +80,7 @@ class Trainer:
             self.close_loader()
             del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
-        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors],
-                                   rc.monitors_options.on_error)
+        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error)
         self.before_update_hooks = self.monitors.implements("plait_before_update")
 
     def meta_model(self) -> torch.nn.Module:
@@ -100,11 +99,9 @@ class Trainer:
         """The fresh state (:func:`core.assemble.assemble`), its checkpointer and its step."""
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
-        about = {"optimizer_plugin": rc.slots["optimizer"].component.name, "versions": self.versions,
-                 "seed": rc.train.seed}
+        about = {"optimizer_plugin": rc.slots["optimizer"].component.name, "versions": self.versions, "seed": rc.train.seed}
         self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
-        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum,
-                                 rc.train.grad_clip, self.dist)
+        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist)
         self.step_metrics = StepMetrics(self.dist, self.c["model"].flops_per_token(rc.seq_len), built.state.optimizer)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
         self.skipping_now = 0  # steps skipped in a row up to the last read
@@ -219,8 +216,7 @@ class Trainer:
             self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
         return (None, why) if why else (micro, "")
 
-    def train_step(self, micro_batches: list, spiking: bool = False,
-                   measure_update: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def train_step(self, micro_batches: list, spiking: bool = False, measure_update: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One step; monitors implementing ``plait_before_update`` may skip its update or roll
         the run back (``(None, grad_norm)``: the loop goes on from the restored step)."""
         replace = self.spike_batch if spiking else None
@@ -228,8 +224,7 @@ class Trainer:
         if self.before_update_hooks:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()
-            verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss,
-                                          grad_norm=float(grad_norm))
+            verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=float(grad_norm))
             if "rollback" in verdicts and self.rollback():
                 return None, grad_norm
             if "skip" in verdicts or "rollback" in verdicts:
@@ -240,14 +235,15 @@ class Trainer:
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:
-        extra = [self.c["precision"].metrics(self.model),  # collectives inside: every rank calls them
-                 core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
-                 core_metrics.epoch(self.c["data"], self.run.tokens_seen)]
+        extra = [
+            self.c["precision"].metrics(self.model),  # collectives inside: every rank calls them
+            core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
+            core_metrics.epoch(self.c["data"], self.run.tokens_seen),
+        ]
         data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract)
         if data_metrics is not None:
             extra.append(data_metrics(self.loader.state_dict().get("consumed_samples", 0)))
-        metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(),
-                                            self.built.loader_spec.seq_len, extra)
+        metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
         metrics["skipped_steps"] = self.last_skipped
         return metrics
 
@@ -256,8 +252,7 @@ class Trainer:
         skipped, worst, self.skipping_now = self.guard.read()
         self.last_skipped = skipped
         if skipped and self.dist.is_main:
-            log.warn(f"step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient "
-                     "norm and were skipped (update not applied)")
+            log.warn(f"step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient norm and were skipped (update not applied)")
         return worst
 
     # -- stages, spikes, rollback, validation --------------------------------
@@ -266,8 +261,7 @@ class Trainer:
         return bool(stages_cfg) and self.stage_seq_len() != self.built.loader_spec.seq_len
 
     def stage_seq_len(self) -> int:
-        return stages.seq_len_at(self.run.step, self.run.total_steps, self.rc.seq_len,
-                                 self.rc.core_keys["data"].get("seq_len_stages", []))
+        return stages.seq_len_at(self.run.step, self.run.total_steps, self.rc.seq_len, self.rc.core_keys["data"].get("seq_len_stages", []))
 
     def switch_stage(self):
         """A new sequence-length stage: a loader for the new shape, at the same data position."""
@@ -290,8 +284,7 @@ class Trainer:
     def spike_batch(self, micro: int, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
         if micro == 0 and self.dist.is_main:
             log.info(f"step {self.run.step + 1}: injected spike batch (train.inject_spike_at_step)")
-        return spike_rehearsal.batch(shape, self.c["model"].vocab_size, self.rc.train.seed, self.run.step,
-                                     self.dist.rank, micro)
+        return spike_rehearsal.batch(shape, self.c["model"].vocab_size, self.rc.train.seed, self.run.step, self.dist.rank, micro)
 
     def rollback(self) -> bool:
         """Restore the last complete checkpoint but keep the data position. False if there is none."""
@@ -316,8 +309,9 @@ class Trainer:
         loss = evaluate(self, opts)
         best = min(self.run.state.get("best_val_loss", math.inf), loss)
         self.run.state["best_val_loss"] = best
-        self.monitors.emit("plait_validation_end", run=self.run, step=self.run.step,
-                           metrics={"val_loss": loss, "best_val_loss": best, **loss.parts})  # parts: val_loss/<source>
+        self.monitors.emit(
+            "plait_validation_end", run=self.run, step=self.run.step, metrics={"val_loss": loss, "best_val_loss": best, **loss.parts}
+        )  # parts: val_loss/<source>
         keep = self.checkpointer.opts.keep_best
         ranking = self.run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
         if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees
@@ -356,12 +350,15 @@ class Trainer:
         run, rc = self.run, self.rc
         if reason == policy.DIVERGED:
             run.stop = None
-            run.request_stop(f"{worst} steps in a row had a non-finite loss or gradient norm at step {run.step} "
-                             f"(train.max_nonfinite_steps = {rc.train.max_nonfinite_steps})",
-                             checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
+            run.request_stop(
+                f"{worst} steps in a row had a non-finite loss or gradient norm at step {run.step} "
+                f"(train.max_nonfinite_steps = {rc.train.max_nonfinite_steps})",
+                checkpoint=False,
+                source="trainer",
+                exit_code=EXIT_NONFINITE,
+            )
         elif reason == policy.REQUESTED and run.stop is None:
-            run.request_stop("requested by another rank", checkpoint=not agreed.stop_without_checkpoint,
-                             exit_code=agreed.exit_code)
+            run.request_stop("requested by another rank", checkpoint=not agreed.stop_without_checkpoint, exit_code=agreed.exit_code)
         return reason
 
     def finish(self, reason: str, end_detail: str) -> int:
@@ -372,16 +369,14 @@ class Trainer:
         if reason in (policy.REQUESTED, policy.DIVERGED) and self.dist.is_main and run.stop is not None:
             log.info(f"stopping at step {run.step}: {run.stop.reason}")
         wants = run.stop is not None and run.stop.checkpoint
-        if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and \
-                not self.save_checkpoint(run.step, use_async=False):
+        if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and not self.save_checkpoint(run.step, use_async=False):
             reason = policy.DIVERGED
         ckpt.wait()
         self.close_loader()
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
-            run_files.write_exit_status(self.output_dir, code, reason, run.step,
-                                        run.stop.reason if run.stop is not None else end_detail)
+            run_files.write_exit_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
         return code
 
     def fail(self, error: BaseException) -> None:

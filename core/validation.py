@@ -64,8 +64,9 @@ def _mean_loss(trainer, loader, batches: int) -> float:
 @torch.no_grad()
 def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
     spec = trainer.loader_spec
-    val_spec = LoaderSpec(seq_len=spec.seq_len, micro_batch=spec.micro_batch, grad_accum=1,
-                          dp_rank=spec.dp_rank, dp_size=spec.dp_size, seed=spec.seed, split=opts.split)
+    val_spec = LoaderSpec(
+        seq_len=spec.seq_len, micro_batch=spec.micro_batch, grad_accum=1, dp_rank=spec.dp_rank, dp_size=spec.dp_size, seed=spec.seed, split=opts.split
+    )
     data = trainer.c["data"]
     model = trainer.train_model
     was_training = model.training

@@ -103,8 +103,9 @@ def save_safetensors(sd: dict[str, torch.Tensor], out: Path, model_section: dict
     return path
 
 
-def save_hf(spec: Any, sd: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None, shard_bytes: int,
-            extra_config: dict[str, Any] | None = None) -> list[Path]:
+def save_hf(
+    spec: Any, sd: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None, shard_bytes: int, extra_config: dict[str, Any] | None = None
+) -> list[Path]:
     """transformers' layout: config.json (the spec's fields, then ``extra_config``, e.g. token ids)
     and safetensors shards with HF names."""
     from safetensors.torch import save_file

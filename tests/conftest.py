@@ -31,16 +31,26 @@ def env(**extra: str) -> dict[str, str]:
 
 def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", module, *args], cwd=cwd, env=env(**(extra_env or {})),
-        capture_output=True, text=True, timeout=timeout,
+        [PY, "-m", module, *args],
+        cwd=cwd,
+        env=env(**(extra_env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     cmd = [
-        PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "-m", "core.train", *args,
+        PY,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "core.train",
+        *args,
     ]
     return subprocess.run(cmd, cwd=cwd, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
 
@@ -54,12 +64,13 @@ def read_metrics(output_dir: Path, kind: str = "train") -> list[dict]:
 def write_tiny_config(tmp_path: Path, name: str = "run.toml", body: str = "", **train) -> Path:
     """A small config for a fast CPU run in ``tmp_path`` (output in ``tmp_path/out``)."""
     out = tmp_path / "out"
-    text = f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+    text = (
+        f'''
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
-steps = {train.get('steps', 6)}
-global_batch_tokens = {train.get('global_batch_tokens', 1024)}
-micro_batch = {train.get('micro_batch', 2)}
+steps = {train.get("steps", 6)}
+global_batch_tokens = {train.get("global_batch_tokens", 1024)}
+micro_batch = {train.get("micro_batch", 2)}
 output_dir = "{out}"
 device = "cpu"
 log_every = 1
@@ -70,13 +81,15 @@ dim = 64
 n_layers = 2
 [data]
 name = "token_bin"
-path = "{REPO / 'plugins' / 'data' / 'corpus' / 'shakespeare'}"
+path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"
 seq_len = 128
 [precision]
 name = "fp32"
 [monitors]
 enabled = ["console", "jsonl"]
-''' + body
+'''
+        + body
+    )
     path = tmp_path / name
     path.write_text(text)
     return path

@@ -110,6 +110,7 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
 
 # --- checks that used to let bad input through (issue #10), in-process and cheap -------------
 
+
 def plan_error(capsys, *args: str) -> str:
     """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line."""
     from core import plan
@@ -125,34 +126,37 @@ def plan_error(capsys, *args: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["--optimizer.betas=[1.5, 0.99]"], "[optimizer] (optimizer 'adamw').betas: each must be >= 0 and < 1, got 1.5"),
-    (["--optimizer.lr=nan"], ".lr: expected a number, got nan"),
-    (["--optimizer.lr=inf"], ".lr: must be > 0, got inf"),
-    (["--optimizer.eps=-1"], ".eps: must be >= 0, got -1"),
-    (["--optimizer.weight_decay=nan"], ".weight_decay: expected a number, got nan"),
-    (["--optimizer.lr_multipliers={embedding = -0.5}"], ".lr_multipliers: each must be >= 0, got -0.5"),
-    (["--optimizer.name=adamw8bit", "--optimizer.betas=[0.9, 1.0]"], "(optimizer 'adamw8bit').betas: each must be >= 0 and < 1, got 1.0"),
-    (["--train.grad_clip=nan"], "[train].grad_clip: expected a number, got nan"),
-    (["--lr_schedule.warmup_fraction=nan"], ".warmup_fraction: expected a number, got nan"),
-    (["--lr_schedule.name=wsd", "--lr_schedule.decay_fraction=nan"], ".decay_fraction: expected a number, got nan"),
-    (["--data.seq_len_stages=[[0.0, 128], [nan, 64]]"], "[data].seq_len_stages: expected numbers, got nan"),
-    (["--model.loss_chunk_tokens=-1"], ".loss_chunk_tokens: must be >= 0, got -1"),
-    (["--train.seed=-1"], "[train].seed: must be >= 0 and <= 4294967295, got -1"),
-    (["--train.seed=4294967296"], "[train].seed: must be >= 0 and <= 4294967295, got 4294967296"),
-    (["--train.steps=1000000000"], "[train].steps: must be >= 0 and <= 999999999, got 1000000000"),
-    (["--train.steps=0", "--train.target_tokens=9000000000000000000"], "expected at most 999999999 steps"),
-    (['--monitors.enabled=["console", "jsonl", "console"]'], "[monitors].enabled lists 'console' twice"),
-    (["--validation.every=2", "--validation.split=test"], "the data source has no 'test' split"),
-    (["--monitors.jsonl.filename=../../x"], "[monitors.jsonl].filename: expected a relative path inside its folder, got '../../x'"),
-    (["--monitors.jsonl.filename=/tmp/x.jsonl"], "expected a relative path inside its folder, got '/tmp/x.jsonl' (absolute)"),
-    (["--data.train_file=../train.bin"], ".train_file: expected a relative path inside its folder"),
-    (['--monitors.enabled=["budget_guard"]', "--monitors.budget_guard.cap_usd=-1"], "[monitors.budget_guard].cap_usd: must be >= 0, got -1"),
-    (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
-    (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
-    (["--=5"], "command line: bad key in '--=5'"),
-    (["--nproc", "x"], "command line: argument --nproc: invalid int value: 'x'"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["--optimizer.betas=[1.5, 0.99]"], "[optimizer] (optimizer 'adamw').betas: each must be >= 0 and < 1, got 1.5"),
+        (["--optimizer.lr=nan"], ".lr: expected a number, got nan"),
+        (["--optimizer.lr=inf"], ".lr: must be > 0, got inf"),
+        (["--optimizer.eps=-1"], ".eps: must be >= 0, got -1"),
+        (["--optimizer.weight_decay=nan"], ".weight_decay: expected a number, got nan"),
+        (["--optimizer.lr_multipliers={embedding = -0.5}"], ".lr_multipliers: each must be >= 0, got -0.5"),
+        (["--optimizer.name=adamw8bit", "--optimizer.betas=[0.9, 1.0]"], "(optimizer 'adamw8bit').betas: each must be >= 0 and < 1, got 1.0"),
+        (["--train.grad_clip=nan"], "[train].grad_clip: expected a number, got nan"),
+        (["--lr_schedule.warmup_fraction=nan"], ".warmup_fraction: expected a number, got nan"),
+        (["--lr_schedule.name=wsd", "--lr_schedule.decay_fraction=nan"], ".decay_fraction: expected a number, got nan"),
+        (["--data.seq_len_stages=[[0.0, 128], [nan, 64]]"], "[data].seq_len_stages: expected numbers, got nan"),
+        (["--model.loss_chunk_tokens=-1"], ".loss_chunk_tokens: must be >= 0, got -1"),
+        (["--train.seed=-1"], "[train].seed: must be >= 0 and <= 4294967295, got -1"),
+        (["--train.seed=4294967296"], "[train].seed: must be >= 0 and <= 4294967295, got 4294967296"),
+        (["--train.steps=1000000000"], "[train].steps: must be >= 0 and <= 999999999, got 1000000000"),
+        (["--train.steps=0", "--train.target_tokens=9000000000000000000"], "expected at most 999999999 steps"),
+        (['--monitors.enabled=["console", "jsonl", "console"]'], "[monitors].enabled lists 'console' twice"),
+        (["--validation.every=2", "--validation.split=test"], "the data source has no 'test' split"),
+        (["--monitors.jsonl.filename=../../x"], "[monitors.jsonl].filename: expected a relative path inside its folder, got '../../x'"),
+        (["--monitors.jsonl.filename=/tmp/x.jsonl"], "expected a relative path inside its folder, got '/tmp/x.jsonl' (absolute)"),
+        (["--data.train_file=../train.bin"], ".train_file: expected a relative path inside its folder"),
+        (['--monitors.enabled=["budget_guard"]', "--monitors.budget_guard.cap_usd=-1"], "[monitors.budget_guard].cap_usd: must be >= 0, got -1"),
+        (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
+        (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
+        (["--=5"], "command line: bad key in '--=5'"),
+        (["--nproc", "x"], "command line: argument --nproc: invalid int value: 'x'"),
+    ],
+)
 def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):
     assert expected in plan_error(capsys, "--config", str(tiny_config()), *overrides)
 
@@ -195,6 +199,7 @@ def test_bounds_are_listed_by_core_plugins():
 
 
 # --- configs and the command line ----------------------------------------------------------------
+
 
 def test_config_nested_thousands_deep_is_one_error(tmp_path):
     from core import config as config_io
@@ -247,16 +252,20 @@ def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, mo
     assert status["exit_code"] == 2 and status["reason"] == "bad_input" and "eps" in status["detail"]
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--optimizer.betas=[1.5, 0.99]"], "betas: each must be >= 0 and < 1, got 1.5"),
-    (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
-    (["--=5"], "bad key in '--=5'"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--optimizer.betas=[1.5, 0.99]"], "betas: each must be >= 0 and < 1, got 1.5"),
+        (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
+        (["--=5"], "bad key in '--=5'"),
+    ],
+)
 def test_train_exits_2_with_one_line(tiny_config, args, expected):
     assert expected in one_error_line(train("--config", str(tiny_config()), *args))
 
 
 # --- data -----------------------------------------------------------------------------------------
+
 
 def token_bin_source(d, **opts):
     from plugins.data.token_bin import TokenBin, TokenBinOptions
@@ -301,14 +310,17 @@ def test_unknown_split_is_no_split(tmp_path):
     assert Synthetic(SyntheticOptions()).has_split("val") and not Synthetic(SyntheticOptions()).has_split("test")
 
 
-@pytest.mark.parametrize("content, expected", [
-    ('{"text": 5}\n', r"a.jsonl:1: 'text' is int '5', expected a string"),
-    ('{"text": "ok"}\n{"body": "x"}\n', r"a.jsonl:2: not a JSON object with a 'text' string \(KeyError"),
-    ('{"text": "ok"}\n{oops\n', r"a.jsonl:2: not a JSON object with a 'text' string \(JSONDecodeError"),
-    ('[1, 2]\n', r"a.jsonl:1: not a JSON object"),
-    ("", r"a.jsonl holds no document \(empty file\)"),
-    ("\n\n", r"a.jsonl holds no document"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ('{"text": 5}\n', r"a.jsonl:1: 'text' is int '5', expected a string"),
+        ('{"text": "ok"}\n{"body": "x"}\n', r"a.jsonl:2: not a JSON object with a 'text' string \(KeyError"),
+        ('{"text": "ok"}\n{oops\n', r"a.jsonl:2: not a JSON object with a 'text' string \(JSONDecodeError"),
+        ("[1, 2]\n", r"a.jsonl:1: not a JSON object"),
+        ("", r"a.jsonl holds no document \(empty file\)"),
+        ("\n\n", r"a.jsonl holds no document"),
+    ],
+)
 def test_text_stream_checks_first_records_before_training(tmp_path, content, expected):
     from core.errors import DataError
     from plugins.data.text_stream import TextStream, TextStreamOptions
@@ -336,10 +348,13 @@ def test_text_stream_parquet_column_checked(tmp_path):
         TextStream(TextStreamOptions(files=[str(tmp_path / "c.parquet")])).validate(512, 32)
 
 
-@pytest.mark.parametrize("table, expected", [
-    ({"workers": -1}, r"\[data\].workers: must be >= 0, got -1"),
-    ({"shuffle_buffer": -2}, r"\[data\].shuffle_buffer: must be >= 0, got -2"),
-])
+@pytest.mark.parametrize(
+    "table, expected",
+    [
+        ({"workers": -1}, r"\[data\].workers: must be >= 0, got -1"),
+        ({"shuffle_buffer": -2}, r"\[data\].shuffle_buffer: must be >= 0, got -2"),
+    ],
+)
 def test_text_stream_negative_counts(table, expected):
     from core.errors import ConfigError
     from core.options import build_options
@@ -362,6 +377,7 @@ def test_text_stream_resume_with_other_workers_is_refused():
 
 
 # --- weights --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "shards/../../x.safetensors"])
 def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
@@ -391,19 +407,19 @@ def test_initial_load_hf_index_checked_before_training(tiny_config, tmp_path, ca
 
 # --- launchers/remote.sh: numbers from the environment ------------------------------------------
 
-@pytest.mark.parametrize("var, value", [("MICRO_BATCH", "HOME[$(touch {marker})]"), ("GRAD_ACCUM", "PATH[$(touch {marker})]"),
-                                        ("BACKOFF_S", "08"), ("NPROC", "2; touch {marker}")])
+
+@pytest.mark.parametrize(
+    "var, value", [("MICRO_BATCH", "HOME[$(touch {marker})]"), ("GRAD_ACCUM", "PATH[$(touch {marker})]"), ("BACKOFF_S", "08"), ("NPROC", "2; touch {marker}")]
+)
 def test_remote_refuses_non_numeric_environment(tmp_path, var, value):
     import os
     import subprocess
     import sys
 
     marker = tmp_path / "pwned"
-    e = dict(os.environ, PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), MICRO_BATCH="2", SEQ_LEN="128",
-             GRAD_ACCUM="1")
+    e = dict(os.environ, PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), MICRO_BATCH="2", SEQ_LEN="128", GRAD_ACCUM="1")
     e[var] = value.format(marker=marker)
-    proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr
     assert f"plait: error: remote.sh: {var} = " in proc.stderr and "expected a non-negative decimal integer" in proc.stderr
     assert not marker.exists() and "torch " not in proc.stdout  # refused before python or arithmetic ran

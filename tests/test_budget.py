@@ -11,8 +11,7 @@ from conftest import REPO, read_metrics, run_module, torchrun
 
 def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
     stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
-    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0,
-                                "projected_total_usd": projected, "last_update_utc": stamp}))
+    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0, "projected_total_usd": projected, "last_update_utc": stamp}))
     return path
 
 
@@ -20,10 +19,13 @@ def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
 def guarded(tiny_config, tmp_path):
     clock = tmp_path / "clock"
     clock.write_text("1800000000")
-    cfg = tiny_config(steps=4, body=(
-        f'[monitors.budget_guard]\nbudget_file = "{tmp_path / "budget.json"}"\nwarn_usd = 30.0\ncap_usd = 35.0\n'
-        f'check_every_s = 0.0\nalert_command = "touch {tmp_path / "alerted"}"\n'
-    ))
+    cfg = tiny_config(
+        steps=4,
+        body=(
+            f'[monitors.budget_guard]\nbudget_file = "{tmp_path / "budget.json"}"\nwarn_usd = 30.0\ncap_usd = 35.0\n'
+            f'check_every_s = 0.0\nalert_command = "touch {tmp_path / "alerted"}"\n'
+        ),
+    )
     args = ("--config", str(cfg), '--monitors.enabled=["console", "jsonl", "budget_guard"]')
     return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": str(REPO / "tests" / "seams")}, tmp_path
 
@@ -164,14 +166,17 @@ def write_budget(path, clock=1_800_000_000.0, age_s=0.0, **fields):
     path.write_text(json.dumps({"last_update_utc": stamp, **fields}))
 
 
-@pytest.mark.parametrize("fields, age_s, warning", [
-    ({"spent_usd": float("nan"), "projected_total_usd": 1.0}, 0.0, "spent_usd = nan, expected a finite number >= 0"),
-    ({"spent_usd": -5.0, "projected_total_usd": -5.0}, 0.0, "spent_usd = -5.0, expected a finite number >= 0"),
-    ({"spent_usd": 1.0, "projected_total_usd": float("inf")}, 0.0, "projected_total_usd = inf"),
-    ({"spent_usd": "lots"}, 0.0, "spent_usd = 'lots'"),
-    ({"spent_usd": True}, 0.0, "spent_usd = True"),
-    ({"spent_usd": 1.0, "projected_total_usd": 2.0}, -7200.0, "is 7,200 s in the future"),
-])
+@pytest.mark.parametrize(
+    "fields, age_s, warning",
+    [
+        ({"spent_usd": float("nan"), "projected_total_usd": 1.0}, 0.0, "spent_usd = nan, expected a finite number >= 0"),
+        ({"spent_usd": -5.0, "projected_total_usd": -5.0}, 0.0, "spent_usd = -5.0, expected a finite number >= 0"),
+        ({"spent_usd": 1.0, "projected_total_usd": float("inf")}, 0.0, "projected_total_usd = inf"),
+        ({"spent_usd": "lots"}, 0.0, "spent_usd = 'lots'"),
+        ({"spent_usd": True}, 0.0, "spent_usd = True"),
+        ({"spent_usd": 1.0, "projected_total_usd": 2.0}, -7200.0, "is 7,200 s in the future"),
+    ],
+)
 def test_bad_budget_figures_never_disable_the_cap(tmp_path, clock, capsys, fields, age_s, warning):
     """NaN, negative, non-numeric or future-dated figures: one warning, and the computed spend
     (here $40 > the $35 cap) still stops the run."""

@@ -16,8 +16,24 @@ def test_chaos_two_trials(tmp_path):
     SIGKILL, stops cleanly on the Ctrl-C, finishes, and its final loss is bitwise the
     uninterrupted run's; every committed checkpoint loads."""
     out = tmp_path / "chaos.json"
-    proc = run_module("bench.chaos", "--trials", "2", "--seed", "3", "--steps", "30", "--every", "3", "--window", "1",
-                      "--workdir", str(tmp_path / "work"), "--json", str(out), timeout=600)
+    proc = run_module(
+        "bench.chaos",
+        "--trials",
+        "2",
+        "--seed",
+        "3",
+        "--steps",
+        "30",
+        "--every",
+        "3",
+        "--window",
+        "1",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--json",
+        str(out),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())["figures"]
     assert figures["trials"] == 2 and figures["by_kind"]["sigkill"] == 1 and figures["by_kind"]["ctrl_c"] == 1

@@ -88,11 +88,15 @@ def test_exact_resume_same_world_size(cfg, tmp_path, straight):
     assert state["step"] == 8 and state["tokens_seen"] == 8 * 1024
 
 
-@pytest.mark.parametrize("first, second", [
-    ("fsdp2", (1, "--parallelism.name=ddp")),
-    ("ddp", (2, "--parallelism.name=fsdp2")),
-    ("fsdp2", (4, "--parallelism.name=fsdp2", "--train.micro_batch=1")),
-], ids=["fsdp2-2to1-ddp", "ddp-to-fsdp2", "fsdp2-2to4"])
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("fsdp2", (1, "--parallelism.name=ddp")),
+        ("ddp", (2, "--parallelism.name=fsdp2")),
+        ("fsdp2", (4, "--parallelism.name=fsdp2", "--train.micro_batch=1")),
+    ],
+    ids=["fsdp2-2to1-ddp", "ddp-to-fsdp2", "fsdp2-2to4"],
+)
 def test_resharded_resume_continues_the_global_stream(cfg, tmp_path, straight, fsdp2_leg, first, second):
     out = tmp_path / "resharded"
     if first == "fsdp2":
@@ -111,11 +115,28 @@ def test_resharded_resume_continues_the_global_stream(cfg, tmp_path, straight, f
 
 def test_sigkill_during_save_resumes_from_last_complete(cfg, tmp_path):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg),
-           f"--train.output_dir={out}", "--checkpoint.every=2"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60", PYTHONPATH=os.pathsep.join([str(SEAMS), str(REPO)])),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "core.train",
+        "--config",
+        str(cfg),
+        f"--train.output_dir={out}",
+        "--checkpoint.every=2",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:60", PYTHONPATH=os.pathsep.join([str(SEAMS), str(REPO)])),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     target = out / "checkpoints" / "step_000000004"
     deadline = time.time() + 120
     while time.time() < deadline and not (target / ".metadata").exists():
@@ -182,8 +203,7 @@ def test_async_save_matches_sync(cfg, tmp_path):
         loaded = []
         for mode in ("false", "true"):
             sd: dict = {}
-            _load_state_dict(sd, storage_reader=FileSystemReader(str(outs[mode] / "checkpoints" / step)),
-                             planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            _load_state_dict(sd, storage_reader=FileSystemReader(str(outs[mode] / "checkpoints" / step)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
             loaded.append(sd)
         model_keys = [k for k in loaded[0] if k.startswith("model")]
         assert model_keys and set(loaded[0]) == set(loaded[1])
@@ -201,8 +221,7 @@ def test_corrupt_checkpoint_auto_falls_back_explicit_fails(cfg, tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert "skipping checkpoint" in again.stderr and "truncated or corrupt" in again.stderr
     assert "step_000000004 at step 4" in again.stdout
-    bad = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'x'}",
-                     f"--checkpoint.resume={newest}")
+    bad = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
     assert bad.returncode == 2
     assert shard.name in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 

@@ -64,9 +64,11 @@ def test_chunked_cross_entropy_has_no_graph_breaks(precision):
     hidden, weight, labels = loss_inputs()
     dynamo.reset()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-        for fn, args in [(_checkpointed_chunk, (hidden[:16], weight, labels[:16])),  # the compiled unit
-                         (chunked_cross_entropy, (hidden, weight, labels, 16)),
-                         (output_cross_entropy, (hidden, weight, labels))]:
+        for fn, args in [
+            (_checkpointed_chunk, (hidden[:16], weight, labels[:16])),  # the compiled unit
+            (chunked_cross_entropy, (hidden, weight, labels, 16)),
+            (output_cross_entropy, (hidden, weight, labels)),
+        ]:
             explained = dynamo.explain(fn)(*args)
             assert explained.graph_break_count == 0, [str(r.reason).splitlines()[0] for r in explained.break_reasons]
             assert explained.graph_count >= 1

@@ -56,13 +56,28 @@ def test_invalid_toml_names_file(tmp_path):
 
 
 def test_overrides_parse_as_toml_literals():
-    got = dict(config.parse_overrides([
-        "--optimizer.lr=1e-4", "--train.steps", "10", "--optimizer.betas=[0.9, 0.99]",
-        "--data.path=some/dir", '--model.flavor="1b"', "--budget.force", "--a.b.c=true",
-    ]))
+    got = dict(
+        config.parse_overrides(
+            [
+                "--optimizer.lr=1e-4",
+                "--train.steps",
+                "10",
+                "--optimizer.betas=[0.9, 0.99]",
+                "--data.path=some/dir",
+                '--model.flavor="1b"',
+                "--budget.force",
+                "--a.b.c=true",
+            ]
+        )
+    )
     assert got == {
-        "optimizer.lr": 1e-4, "train.steps": 10, "optimizer.betas": [0.9, 0.99],
-        "data.path": "some/dir", "model.flavor": "1b", "budget.force": True, "a.b.c": True,
+        "optimizer.lr": 1e-4,
+        "train.steps": 10,
+        "optimizer.betas": [0.9, 0.99],
+        "data.path": "some/dir",
+        "model.flavor": "1b",
+        "budget.force": True,
+        "a.b.c": True,
     }
 
 
@@ -76,8 +91,11 @@ def test_apply_overrides_nested_and_errors():
 
 
 def test_dumps_round_trips():
-    cfg = {"train": {"steps": 3, "lr": 0.5, "name": 'a "q"', "flag": True, "betas": [0.9, 0.95]},
-           "monitors": {"enabled": ["console"], "console": {"extra": []}}, "m": {"d": {"k": 1}}}
+    cfg = {
+        "train": {"steps": 3, "lr": 0.5, "name": 'a "q"', "flag": True, "betas": [0.9, 0.95]},
+        "monitors": {"enabled": ["console"], "console": {"extra": []}},
+        "m": {"d": {"k": 1}},
+    }
     assert config.tomllib.loads(config.dumps(cfg)) == cfg
 
 
@@ -96,14 +114,17 @@ def test_build_options_types_and_coercion():
     assert o.lr == 1.0 and isinstance(o.lr, float) and o.betas == (0.8, 0.9) and o.mode == "b" and o.is_async
 
 
-@pytest.mark.parametrize("table, match", [
-    ({"lrr": 1.0}, r"\[x\]: unknown key 'lrr' \(did you mean 'lr'\?\)"),
-    ({"steps": 1.5}, r"\[x\].steps: expected int, got float 1.5"),
-    ({"steps": True}, r"\[x\].steps: expected int, got bool"),
-    ({"mode": "c"}, r"\[x\].mode: expected 'a' \| 'b'"),
-    ({"betas": [1, 2, 3]}, r"\[x\].betas: expected tuple\[float, float\]"),
-    ({"names": [1]}, r"\[x\].names: expected list\[str\]"),
-])
+@pytest.mark.parametrize(
+    "table, match",
+    [
+        ({"lrr": 1.0}, r"\[x\]: unknown key 'lrr' \(did you mean 'lr'\?\)"),
+        ({"steps": 1.5}, r"\[x\].steps: expected int, got float 1.5"),
+        ({"steps": True}, r"\[x\].steps: expected int, got bool"),
+        ({"mode": "c"}, r"\[x\].mode: expected 'a' \| 'b'"),
+        ({"betas": [1, 2, 3]}, r"\[x\].betas: expected tuple\[float, float\]"),
+        ({"names": [1]}, r"\[x\].names: expected list\[str\]"),
+    ],
+)
 def test_build_options_errors(table, match):
     with pytest.raises(ConfigError, match=match):
         build_options(Opts, table, "[x]")
@@ -137,9 +158,17 @@ def test_shipped_config_runs_from_another_directory(tmp_path):
     from conftest import REPO, read_metrics, run_module
 
     out = tmp_path / "out"
-    r = run_module("core.train", "--config", str(REPO / "train_configs" / "debug_cpu.toml"), "--train.steps=2",
-                   f"--train.output_dir={out}", "--data.seq_len=64", "--train.global_batch_tokens=512",
-                   "--train.micro_batch=8", cwd=tmp_path)
+    r = run_module(
+        "core.train",
+        "--config",
+        str(REPO / "train_configs" / "debug_cpu.toml"),
+        "--train.steps=2",
+        f"--train.output_dir={out}",
+        "--data.seq_len=64",
+        "--train.global_batch_tokens=512",
+        "--train.micro_batch=8",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert read_metrics(out)[-1]["step"] == 2
     resolved = (out / "config.resolved.toml").read_text()
@@ -151,9 +180,9 @@ def test_switching_a_plugin_drops_the_old_plugins_keys(tmp_path):
         '[data]\nname = "token_bin"\npath = "corpus"\nseq_len = 64\n'
         '[lr_schedule]\nname = "warmup_cosine"\nmin_lr_ratio = 0.1\n'
         '[precision]\nfallback = ["mxfp8", "fp8", "bf16"]\n[precision.fp8]\nrecipe = "rowwise"\n'
-        '[optimizer]\nlr = 1e-3\n')
-    (tmp_path / "child.toml").write_text(
-        'extends = "parent.toml"\n[data]\nname = "mixture"\nsources = []\n[optimizer]\nname = "adamw"\n')
+        "[optimizer]\nlr = 1e-3\n"
+    )
+    (tmp_path / "child.toml").write_text('extends = "parent.toml"\n[data]\nname = "mixture"\nsources = []\n[optimizer]\nname = "adamw"\n')
     cfg = config.load(tmp_path / "child.toml")
     assert "path" not in cfg["data"]
     assert cfg["optimizer"]["lr"] == 1e-3  # naming the default plugin is no switch: its keys stay

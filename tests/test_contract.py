@@ -16,8 +16,11 @@ class Spec:
     def build(self): ...
     def init_weights(self, model): ...
     def blocks(self, model): ...
-    def flops_per_token(self, seq_len): return 1.0
-    def activation_bytes(self, micro_batch, seq_len, bytes_per_element): return 0
+    def flops_per_token(self, seq_len):
+        return 1.0
+
+    def activation_bytes(self, micro_batch, seq_len, bytes_per_element):
+        return 0
 
 
 class NoActivationBytes(Spec):
@@ -68,13 +71,16 @@ def test_a_complete_spec_passes():
     check_component("model", "mine", Spec())
 
 
-@pytest.mark.parametrize("slot, obj, words", [
-    ("model", NoActivationBytes(), ["model plugin 'mine'", "activation_bytes must be a method"]),
-    ("model", DictCounts(), ["param_counts() must return (total, non_embedding)", "{'total': 1}"]),
-    ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
-    ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
-    ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
-])
+@pytest.mark.parametrize(
+    "slot, obj, words",
+    [
+        ("model", NoActivationBytes(), ["model plugin 'mine'", "activation_bytes must be a method"]),
+        ("model", DictCounts(), ["param_counts() must return (total, non_embedding)", "{'total': 1}"]),
+        ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
+        ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
+        ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
+    ],
+)
 def test_breaches_are_one_line_errors(slot, obj, words):
     with pytest.raises(PluginError) as e:
         check_component(slot, "mine", obj)
@@ -107,7 +113,10 @@ def test_a_data_source_off_by_one_is_refused():
     assert checked_sample(Right(), 0, 16, "train").shape == (17,)
     with pytest.raises(DataError, match=r"OffByOne: sample\(0, seq_len=16, 'train'\) returned ndarray of shape \(16,\)"):
         checked_sample(OffByOne(), 0, 16, "train")
-    loader = OffByOne().loader(__import__("core.protocols", fromlist=["LoaderSpec"]).LoaderSpec(
-        seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, total_samples=10))
+    loader = OffByOne().loader(
+        __import__("core.protocols", fromlist=["LoaderSpec"]).LoaderSpec(
+            seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, total_samples=10
+        )
+    )
     with pytest.raises(DataError, match="expected a 1-D integer array of seq_len \\+ 1 = 17"):
         next(iter(loader))

@@ -19,9 +19,21 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8,
 def _train(tmp_path, name: str, *overrides: str) -> list[dict]:
     cfg = write_tiny_config(tmp_path, f"{name}.toml", steps=30)
     out = tmp_path / name
-    r = run_module("core.train", "--config", str(cfg), "--train.device=cuda", f"--train.output_dir={out}",
-                   "--model.dim=256", "--model.n_heads=4", "--model.n_kv_heads=2", "--optimizer.lr=3e-3",
-                   "--checkpoint.at_end=false", "--checkpoint.resume=none", *overrides, timeout=600)
+    r = run_module(
+        "core.train",
+        "--config",
+        str(cfg),
+        "--train.device=cuda",
+        f"--train.output_dir={out}",
+        "--model.dim=256",
+        "--model.n_heads=4",
+        "--model.n_kv_heads=2",
+        "--optimizer.lr=3e-3",
+        "--checkpoint.at_end=false",
+        "--checkpoint.resume=none",
+        *overrides,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return read_metrics(out)
 

@@ -68,15 +68,18 @@ def write(path, ids, dtype="uint16"):
     np.asarray(ids, dtype=dtype).tofile(path)
 
 
-@pytest.mark.parametrize("setup, match", [
-    (lambda d: None, "does not exist"),
-    (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"")), "train.bin is empty"),
-    (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"\x00" * 301)), "not a multiple of uint16"),
-    (lambda d: write(d / "train.bin", list(range(600))), "train.bin holds token id 599, not below the model's vocabulary 512"),
-    (lambda d: (write(d / "train.bin", [1] * 100), (d / "meta.json").write_text('{"dtype": "uint32"}')), "meta.json: dtype is uint32"),
-    (lambda d: write(d / "train.bin", [1] * 10), "fewer than data.seq_len"),
-    (lambda d: (d.mkdir(), (d / "val.bin").write_bytes(b"\x01\x00" * 100)), "train.bin not found"),
-])
+@pytest.mark.parametrize(
+    "setup, match",
+    [
+        (lambda d: None, "does not exist"),
+        (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"")), "train.bin is empty"),
+        (lambda d: (d.mkdir(), (d / "train.bin").write_bytes(b"\x00" * 301)), "not a multiple of uint16"),
+        (lambda d: write(d / "train.bin", list(range(600))), "train.bin holds token id 599, not below the model's vocabulary 512"),
+        (lambda d: (write(d / "train.bin", [1] * 100), (d / "meta.json").write_text('{"dtype": "uint32"}')), "meta.json: dtype is uint32"),
+        (lambda d: write(d / "train.bin", [1] * 10), "fewer than data.seq_len"),
+        (lambda d: (d.mkdir(), (d / "val.bin").write_bytes(b"\x01\x00" * 100)), "train.bin not found"),
+    ],
+)
 def test_token_bin_validate_errors(tmp_path, setup, match):
     d = tmp_path / "data"
     setup(d)
@@ -129,7 +132,7 @@ def test_mixture_proportions_match_weights_in_every_window(dp):
     for i, row in rows.items():
         assert row.max() < 10 + which[i]
     for start in range(0, 800, 200):  # every window of 200 samples, not only the total
-        share = np.bincount(which[start:start + 200], minlength=4) / 200
+        share = np.bincount(which[start : start + 200], minlength=4) / 200
         assert np.abs(share - weights).max() <= 0.015, share  # stated tolerance: 1.5 points
     total = mix.counts(800) / 800
     assert np.abs(total - weights).max() <= 0.005
@@ -152,8 +155,9 @@ def test_mixture_stages_switch_weights_by_run_fraction():
 
 def test_seq_len_stages_keep_tokens_per_step(tiny_config, tmp_path):
     cfg = tiny_config(steps=6)
-    proc = run_module("core.train", "--config", str(cfg), "--train.micro_batch=4", "--train.global_batch_tokens=512",
-                      "--data.seq_len_stages=[[0.0, 64], [0.5, 128]]")
+    proc = run_module(
+        "core.train", "--config", str(cfg), "--train.micro_batch=4", "--train.global_batch_tokens=512", "--data.seq_len_stages=[[0.0, 64], [0.5, 128]]"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = read_metrics(tmp_path / "out")
     assert [r["seq_len"] for r in rows] == [64, 64, 64, 128, 128, 128]
@@ -198,9 +202,18 @@ def test_validation_without_val_split_is_an_error(tiny_config, tmp_path):
 
 def test_keep_best_checkpoints_survive_pruning(tiny_config, tmp_path):
     cfg = tiny_config(steps=8)
-    proc = run_module("core.train", "--config", str(cfg), "--validation.every=2", "--validation.batches=2",
-                      "--train.inject_spike_at_step=5", "--optimizer.lr=1e-2", "--checkpoint.every=1",
-                      "--checkpoint.keep_latest=1", "--checkpoint.keep_best=2")
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(cfg),
+        "--validation.every=2",
+        "--validation.batches=2",
+        "--train.inject_spike_at_step=5",
+        "--optimizer.lr=1e-2",
+        "--checkpoint.every=1",
+        "--checkpoint.keep_latest=1",
+        "--checkpoint.keep_best=2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     vals = sorted(read_metrics(tmp_path / "out", kind="val"), key=lambda v: v["val_loss"])
     root = tmp_path / "out" / "checkpoints"
@@ -225,10 +238,8 @@ def test_mixture_refuses_sources_of_different_tokenizers(tmp_path):
         return str(d)
 
     a, b, c = prepared("a", "a" * 64), prepared("b", "a" * 64), prepared("c", "c" * 64)
-    Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a},
-                                    {"name": "token_bin", "weight": 1, "path": b}])).validate(512, 32)
-    mixed = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a},
-                                            {"name": "token_bin", "weight": 1, "path": c}]))
+    Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a}, {"name": "token_bin", "weight": 1, "path": b}])).validate(512, 32)
+    mixed = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": a}, {"name": "token_bin", "weight": 1, "path": c}]))
     with pytest.raises(DataError, match="prepared with different tokenizers"):
         mixed.validate(512, 32)
 
@@ -238,8 +249,11 @@ def test_mixture_with_a_stream_refuses_a_resume_at_another_world_size(tmp_path):
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50)))
-    mixture = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1, "path": str(CORPUS)},
-                                              {"name": "text_stream", "weight": 1, "files": [str(docs)], "label": "qa"}]))
+    mixture = Mixture(
+        MixtureOptions(
+            sources=[{"name": "token_bin", "weight": 1, "path": str(CORPUS)}, {"name": "text_stream", "weight": 1, "files": [str(docs)], "label": "qa"}]
+        )
+    )
     mixture.check_resume({"world_size": 2}, 2)
     with pytest.raises(DataError, match="stream source\\(s\\) qa saved their positions on 2 ranks, this run has 1"):
         mixture.check_resume({"world_size": 2}, 1)
@@ -288,12 +302,12 @@ def test_mixture_reports_validation_loss_per_source(tmp_path):
         (tmp_path / label / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 257, "tokenizer_fingerprint": "bytes"}))
     cfg = tmp_path / "mix.toml"
     cfg.write_text(f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
 steps = 2
 global_batch_tokens = 256
 micro_batch = 2
-output_dir = "{tmp_path / 'out'}"
+output_dir = "{tmp_path / "out"}"
 device = "cpu"
 [model]
 name = "llama3"
@@ -304,8 +318,8 @@ n_layers = 2
 name = "mixture"
 seq_len = 32
 sources = [
-  {{name = "token_bin", weight = 0.7, label = "sevens", path = "{tmp_path / 'sevens'}"}},
-  {{name = "token_bin", weight = 0.3, label = "nines", path = "{tmp_path / 'nines'}", order = "epochs"}},
+  {{name = "token_bin", weight = 0.7, label = "sevens", path = "{tmp_path / "sevens"}"}},
+  {{name = "token_bin", weight = 0.3, label = "nines", path = "{tmp_path / "nines"}", order = "epochs"}},
 ]
 [precision]
 name = "fp32"
@@ -317,9 +331,24 @@ enabled = []
 ''')
     (tmp_path / "script.py").write_text(PER_SOURCE_SCRIPT)
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-                           f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(tmp_path / "script.py"), str(cfg), str(out)],
-                          cwd=REPO, env=env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+            str(tmp_path / "script.py"),
+            str(cfg),
+            str(out),
+        ],
+        cwd=REPO,
+        env=env(PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["world"] == 2 and r["type"] == "ValidationLoss" and r["seeds_kept"]

@@ -58,8 +58,7 @@ def test_token_bin_epochs_visit_every_window_once_per_epoch(tmp_path):
 
 def test_mixture_serves_local_indices_so_a_finite_source_is_read_without_repeats(tmp_path):
     d = write_bin(tmp_path / "d", np.arange(16 * 40 + 1) % 500)
-    mix = mixture([{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"},
-                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
+    mix = mixture([{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"}, {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
     rows, _ = run_steps(mix, steps=10, micro=4, accum=2)  # 80 samples, about 40 from the finite source
     windows = [int(r[0]) for batch in rows for r in batch if r.max() >= 10]
     assert len(windows) == int(mix.counts(80)[0])
@@ -68,8 +67,12 @@ def test_mixture_serves_local_indices_so_a_finite_source_is_read_without_repeats
 
 def test_mixture_wraps_an_exhausted_source_with_a_warning_and_counts_epochs(tmp_path, capsys):
     d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)  # 10 windows
-    mix = mixture([{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs", "label": "small"},
-                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10, "label": "big"}])
+    mix = mixture(
+        [
+            {"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs", "label": "small"},
+            {"name": "synthetic", "weight": 0.5, "vocab_size": 10, "label": "big"},
+        ]
+    )
     run_steps(mix, steps=8)  # 32 samples, about 16 from "small": one wrap
     err = capsys.readouterr().err
     assert err.count("mixture source 'small' ran out after 10 samples; wrapping into epoch 2") == 1
@@ -79,8 +82,7 @@ def test_mixture_wraps_an_exhausted_source_with_a_warning_and_counts_epochs(tmp_
 
 def test_mixture_stop_ends_every_rank_at_the_same_step(tmp_path):
     d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)
-    sources = [{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"},
-               {"name": "synthetic", "weight": 0.5, "vocab_size": 10}]
+    sources = [{"name": "token_bin", "weight": 0.5, "path": str(d), "order": "epochs"}, {"name": "synthetic", "weight": 0.5, "vocab_size": 10}]
     ends = []
     for rank in range(2):
         mix = mixture(sources, on_exhausted="stop")
@@ -105,8 +107,10 @@ def stream_corpus(tmp_path, docs=60):
 
 def test_mixture_holds_a_stream_with_exact_proportions_and_resume(tmp_path):
     corpus = stream_corpus(tmp_path)
-    sources = [{"name": "text_stream", "weight": 0.3, "files": [str(corpus)], "label": "qa"},
-               {"name": "synthetic", "weight": 0.7, "vocab_size": 10, "label": "web"}]
+    sources = [
+        {"name": "text_stream", "weight": 0.3, "files": [str(corpus)], "label": "qa"},
+        {"name": "synthetic", "weight": 0.7, "vocab_size": 10, "label": "web"},
+    ]
     mix = mixture(sources)
     straight, _ = run_steps(mix, steps=6)
     flat = np.concatenate(straight)
@@ -123,8 +127,7 @@ def test_mixture_holds_a_stream_with_exact_proportions_and_resume(tmp_path):
 
 def test_stream_inside_mixture_that_ends_raises_data_exhausted(tmp_path):
     corpus = stream_corpus(tmp_path, docs=4)
-    mix = mixture([{"name": "text_stream", "weight": 0.5, "files": [str(corpus)], "on_end": "stop"},
-                   {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
+    mix = mixture([{"name": "text_stream", "weight": 0.5, "files": [str(corpus)], "on_end": "stop"}, {"name": "synthetic", "weight": 0.5, "vocab_size": 10}])
     loader = mix.loader(LoaderSpec(16, 2, 1, 0, 1, 42))
     assert loader.may_end
     it = iter(loader)
@@ -143,8 +146,7 @@ def test_streaming_run_ends_cleanly_when_one_rank_runs_dry_first(tiny_config, tm
     text = cfg.read_text().replace('name = "token_bin"', 'name = "text_stream"\non_end = "stop"\nfiles = ["%s"]' % path)
     text = text.replace(f'path = "{CORPUS}"\n', "")
     cfg.write_text(text)
-    proc = torchrun(2, "--config", str(cfg), "--train.global_batch_tokens=512", "--data.seq_len=64",
-                    "--checkpoint.every=0", timeout=240)
+    proc = torchrun(2, "--config", str(cfg), "--train.global_batch_tokens=512", "--data.seq_len=64", "--checkpoint.every=0", timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert status["reason"] == "data_end" and status["exit_code"] == 0

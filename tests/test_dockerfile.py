@@ -54,7 +54,7 @@ def test_the_package_is_complete_before_pip_installs_it():
     assert {"pyproject.toml", project["project"]["readme"]} | packages <= copied
     base = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)["BASE_IMAGE"]
     assert base.startswith("pytorch/pytorch:") and "cuda" in base  # a CUDA PyTorch base image
-    torch_min = next(d for d in project["project"]["dependencies"] if d.startswith("torch>="))[len("torch>="):]
+    torch_min = next(d for d in project["project"]["dependencies"] if d.startswith("torch>="))[len("torch>=") :]
     assert tuple(map(int, base.split(":")[1].split("-")[0].split(".")[:2])) >= tuple(map(int, torch_min.split(".")[:2]))
 
 

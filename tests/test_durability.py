@@ -61,6 +61,7 @@ def poison_gradients(model: torch.nn.Module):
 
 # --- non-finite ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("impl", ["fused", "foreach"])  # on-device skip (found_inf), host check
 def test_nan_gradient_is_never_applied_with_clipping_off(tmp_path, impl):
     cfg = write_tiny_config(tmp_path, steps=4)
@@ -117,8 +118,9 @@ def test_huge_learning_rate_never_writes_a_poisoned_checkpoint(tmp_path):
     then failed at once, forever."""
     cfg = write_tiny_config(tmp_path, steps=12)
     out = tmp_path / "out"
-    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=1e6", "--checkpoint.every=1",
-                   "--checkpoint.keep_latest=0", "--train.max_nonfinite_steps=0")
+    r = run_module(
+        "core.train", "--config", str(cfg), "--optimizer.lr=1e6", "--checkpoint.every=1", "--checkpoint.keep_latest=0", "--train.max_nonfinite_steps=0"
+    )
     assert r.returncode == 3, r.stderr[-2000:]
     assert json.loads((out / "exit_status.json").read_text())["exit_code"] == 3
     for name in committed_steps(out):
@@ -142,6 +144,7 @@ def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
 
 # --- lineage and pruning --------------------------------------------------------------
 
+
 def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=6)
     out = tmp_path / "out"
@@ -152,8 +155,16 @@ def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "another run" in lines[0] and "allow_foreign" in lines[0], r.stderr
     # explicitly allowed: the new run keeps its own final checkpoint and never touches the old run's
-    r = run_module("core.train", "--config", str(cfg), "--checkpoint.resume=none", "--train.steps=2",
-                   "--checkpoint.allow_foreign=true", "--checkpoint.every=1", "--checkpoint.keep_latest=1")
+    r = run_module(
+        "core.train",
+        "--config",
+        str(cfg),
+        "--checkpoint.resume=none",
+        "--train.steps=2",
+        "--checkpoint.allow_foreign=true",
+        "--checkpoint.every=1",
+        "--checkpoint.keep_latest=1",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert committed_steps(out) == sorted(before + ["step_000000002"])
 
@@ -225,9 +236,20 @@ def _children(pid: int) -> list[int]:
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=100_000)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg),
-           "--checkpoint.every=2", "--train.log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "core.train",
+        "--config",
+        str(cfg),
+        "--checkpoint.every=2",
+        "--train.log_every=1",
+    ]
     launcher = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not committed_steps(out):

@@ -14,9 +14,21 @@ from conftest import REPO, flat_checkpoint, read_metrics, run_module
 def example_site(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(site), str(REPO / "examples" / "plait-example-plugin")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(REPO / "examples" / "plait-example-plugin"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     return {"PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -30,12 +42,8 @@ def test_listed_with_its_distribution(example_site):
 
 
 def test_trains_with_third_party_optimizer_and_monitor(example_site, tiny_config, tmp_path):
-    cfg = tiny_config(steps=40, body=(
-        "[optimizer]\nname = \"lion\"\nlr = 2e-3\n"
-        "[monitors.loss_target]\ntarget = 3.6\n"
-    ))
-    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["console", "jsonl", "loss_target"]',
-                      extra_env=example_site)
+    cfg = tiny_config(steps=40, body=('[optimizer]\nname = "lion"\nlr = 2e-3\n[monitors.loss_target]\ntarget = 3.6\n'))
+    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["console", "jsonl", "loss_target"]', extra_env=example_site)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(tmp_path / "out")
     assert rows[-1]["loss"] < 3.6 and rows[-1]["step"] < 40  # the monitor stopped the run early
@@ -44,8 +52,7 @@ def test_trains_with_third_party_optimizer_and_monitor(example_site, tiny_config
 
 
 def test_allow_list_hides_third_party(example_site, tiny_config):
-    proc = run_module("core.train", "--config", str(tiny_config()), "--optimizer.name=lion",
-                      extra_env={**example_site, "PLAIT_PLUGINS": ""})
+    proc = run_module("core.train", "--config", str(tiny_config()), "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
     assert proc.returncode == 2 and "no optimizer plugin named 'lion'" in proc.stderr
 
 
@@ -53,8 +60,9 @@ def tied_config(tmp_path):
     from conftest import write_tiny_config
 
     path = write_tiny_config(tmp_path, steps=6)
-    text = path.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n',
-                                    'name = "tiny_gpt"\nvocab_size = 512\ndim = 64\nn_layers = 2\nmax_seq_len = 128\n')
+    text = path.read_text().replace(
+        'name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "tiny_gpt"\nvocab_size = 512\ndim = 64\nn_layers = 2\nmax_seq_len = 128\n'
+    )
     assert "tiny_gpt" in text
     path.write_text(text)
     return path
@@ -105,14 +113,14 @@ def full_third_party_config(tmp_path):
     (parallelism too with ``ddp_fp16``)."""
     path = tmp_path / "third.toml"
     path.write_text(f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
 steps = 8
 global_batch_tokens = 1024
 micro_batch = 2
 device = "cpu"
 log_every = 1
-output_dir = "{tmp_path / 'out'}"
+output_dir = "{tmp_path / "out"}"
 [model]
 name = "tiny_gpt"
 vocab_size = 64

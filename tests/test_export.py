@@ -15,18 +15,18 @@ def trained(tmp_path_factory):
     from conftest import REPO
 
     cfg.write_text(f'''
-extends = "{REPO / 'train_configs' / 'debug_cpu.toml'}"
+extends = "{REPO / "train_configs" / "debug_cpu.toml"}"
 [train]
 steps = 3
 global_batch_tokens = 512
 micro_batch = 2
 log_every = 1
-output_dir = "{tmp / 'run'}"
+output_dir = "{tmp / "run"}"
 [model]
 dim = 64
 [data]
 seq_len = 128
-path = "{REPO / 'plugins' / 'data' / 'corpus' / 'shakespeare'}"
+path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"
 [monitors]
 enabled = ["jsonl"]
 ''')
@@ -85,8 +85,7 @@ def test_run_starts_from_exported_weights(trained, tmp_path):
     first = {}
     for name, src in [("hf", hf), ("st", st / "model.safetensors")]:
         out = tmp_path / f"run_{name}"
-        proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", f"--checkpoint.initial_load={src}",
-                          "--train.steps=1")
+        proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", f"--checkpoint.initial_load={src}", "--train.steps=1")
         assert proc.returncode == 0, proc.stderr
         assert "initial weights from" in proc.stdout
         first[name] = read_metrics(out)[0]["loss"]
@@ -98,8 +97,15 @@ def test_run_starts_from_exported_weights(trained, tmp_path):
 
 def test_seed_checkpoint_from_one_process_loads_into_sharded_run(trained, tmp_path):
     cfg, ckpt = trained
-    proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={tmp_path / 'sharded'}", f"--checkpoint.initial_load={ckpt}",
-                    "--parallelism.name=fsdp2", "--train.steps=1")
+    proc = torchrun(
+        2,
+        "--config",
+        str(cfg),
+        f"--train.output_dir={tmp_path / 'sharded'}",
+        f"--checkpoint.initial_load={ckpt}",
+        "--parallelism.name=fsdp2",
+        "--train.steps=1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "initial weights from" in proc.stdout
 
@@ -108,6 +114,5 @@ def test_bad_paths_exit_2(trained, tmp_path):
     cfg, _ = trained
     proc = run_module("core.export", "--checkpoint", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'r'}",
-                      f"--checkpoint.initial_load={tmp_path / 'nothing'}")
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'r'}", f"--checkpoint.initial_load={tmp_path / 'nothing'}")
     assert proc.returncode == 2 and "nothing not found" in proc.stderr

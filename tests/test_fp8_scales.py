@@ -89,8 +89,10 @@ def test_te_scales_read_from_the_delayed_scaling_state():
 
     def meta(fwd_scale, fwd_amax, bwd_scale, bwd_amax):
         hist = lambda latest: torch.tensor([latest, [1e6] * len(latest)])  # noqa: E731  (row 0: the latest step)
-        return {"scaling_fwd": SimpleNamespace(scale=torch.tensor(fwd_scale), amax_history=hist(fwd_amax)),
-                "scaling_bwd": SimpleNamespace(scale=torch.tensor(bwd_scale), amax_history=hist(bwd_amax))}
+        return {
+            "scaling_fwd": SimpleNamespace(scale=torch.tensor(fwd_scale), amax_history=hist(fwd_amax)),
+            "scaling_bwd": SimpleNamespace(scale=torch.tensor(bwd_scale), amax_history=hist(bwd_amax)),
+        }
 
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2), nn.ReLU())
     model[0].fp8_meta = meta([100.0, 50.0, 1.0], [4.0, 8.0, 0.0], [1000.0, 1.0], [50.0, 0.0])

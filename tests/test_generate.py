@@ -51,14 +51,28 @@ def bpe_ckpt(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     (tmp / "tok").mkdir()
     tok.save(str(tmp / "tok" / "tokenizer.json"))
     corpus = tmp / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    assert prepare(["--input", str(corpus), "--out", str(tmp / "data"), "--tokenizer", f"hf:{tmp / 'tok' / 'tokenizer.json'}",
-                    "--workers", "1", "--val-fraction", "0.1"]) == 0
+    assert (
+        prepare(
+            [
+                "--input",
+                str(corpus),
+                "--out",
+                str(tmp / "data"),
+                "--tokenizer",
+                f"hf:{tmp / 'tok' / 'tokenizer.json'}",
+                "--workers",
+                "1",
+                "--val-fraction",
+                "0.1",
+            ]
+        )
+        == 0
+    )
     return train(tmp, tmp / "data")
 
 
@@ -85,22 +99,19 @@ def ours_greedy(path, prompt, n):
     loaded = load(path)
     codec = Codec(loaded.tokenizer)
     ids = codec.encode(prompt)
-    return codec, ids, generate(loaded.model, ids, n, max_seq_len=loaded.spec.max_seq_len, eos_id=codec.eos_id,
-                                vocab_limit=codec.vocab_size)
+    return codec, ids, generate(loaded.model, ids, n, max_seq_len=loaded.spec.max_seq_len, eos_id=codec.eos_id, vocab_limit=codec.vocab_size)
 
 
 def hf_greedy(folder, ids, n):
     transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False)
-    return out[0, len(ids):].tolist()
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=n, do_sample=False)
+    return out[0, len(ids) :].tolist()
 
 
 def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, capsys):
     text = cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0)
-    assert text.startswith(PROMPT) and text == cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", PROMPT,
-                                                   "--max-new-tokens", 24, "--temperature", 0)
+    assert text.startswith(PROMPT) and text == cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0)
     codec, ids, new = ours_greedy(bytes_ckpt, PROMPT, 24)
     assert codec.record.spec == "bytes" and ids == list(PROMPT.encode())
     assert text == PROMPT + codec.decode(new) + "\n"
@@ -137,8 +148,7 @@ def test_sampling_is_seeded(bytes_ckpt, tmp_path, capsys):
     from core.generate import generate, load
 
     def sample(seed, path=bytes_ckpt):
-        return cli(capsys, "--checkpoint", path, "--prompt", PROMPT, "--max-new-tokens", 40, "--temperature", 1.0,
-                   "--top-k", 20, "--seed", seed)
+        return cli(capsys, "--checkpoint", path, "--prompt", PROMPT, "--max-new-tokens", 40, "--temperature", 1.0, "--top-k", 20, "--seed", seed)
 
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)

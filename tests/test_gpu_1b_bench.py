@@ -27,6 +27,5 @@ def test_config_variant_takes_the_1b_configs_speed_settings(tmp_path):
     assert micro == cfg["train"]["micro_batch_max"]
     # the variant's run prepares (on CPU here): "auto" tries every micro-batch dividing the bench's batch
     path = synthetic_config("1b", 2048, micro, "cpu", str(tmp_path / "out"), loss_chunk_tokens=8192)
-    prep = prepare(str(path), BASE + extra + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3",
-                                              "--train.device=cpu"], world_size=1)
+    prep = prepare(str(path), BASE + extra + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3", "--train.device=cpu"], world_size=1)
     assert prep.rc.train.compile and prep.micro_batch_candidates == [m for m in (16, 8, 4, 2, 1) if m <= micro]

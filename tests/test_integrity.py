@@ -68,7 +68,7 @@ def recommit(folder: Path) -> None:
 def flip_bytes(file: Path, at: float = 0.5) -> None:
     data = bytearray(file.read_bytes())
     i = int(len(data) * at)
-    data[i:i + 8] = bytes(b ^ 0xFF for b in data[i:i + 8])
+    data[i : i + 8] = bytes(b ^ 0xFF for b in data[i : i + 8])
     file.write_bytes(bytes(data))
 
 
@@ -118,17 +118,23 @@ def test_manifest_holds_checksums_of_every_file(run):
     folder = ckpt(run, 8)
     manifest = json.loads((folder / "COMMITTED").read_text())
     assert manifest["checksum"] == "crc32"
-    assert set(manifest["checksums"]) == set(manifest["files"]) >= {"__0_0.distcp", "__1_0.distcp", ".metadata",
-                                                                     "state.json", "rng/rank_0.json", "rng/rank_1.json"}
+    assert (
+        set(manifest["checksums"])
+        == set(manifest["files"])
+        >= {"__0_0.distcp", "__1_0.distcp", ".metadata", "state.json", "rng/rank_0.json", "rng/rank_1.json"}
+    )
     for name, value in manifest["checksums"].items():  # the shards' were computed while writing, on each rank
         assert checksum_file(folder / name) == value, name
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("shard", "__1_0.distcp does not match its checksum"),
-    ("metadata", ".metadata does not match its checksum"),
-    ("state_keys", "state.json lacks 'lr_schedule'"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("shard", "__1_0.distcp does not match its checksum"),
+        ("metadata", ".metadata does not match its checksum"),
+        ("state_keys", "state.json lacks 'lr_schedule'"),
+    ],
+)
 def test_damaged_newest_falls_back_with_one_warning(shared, run, damage, expected):
     cfg, _, straight = shared
     newest = ckpt(run, 8)
@@ -163,12 +169,13 @@ def test_every_checkpoint_damaged_says_it_starts_fresh(shared, run):
 def test_explicit_damaged_path_exits_2_with_one_line(shared, run, tmp_path):
     newest = ckpt(run, 8)
     flip_bytes(newest / "__0_0.distcp")
-    proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}",
-                      f"--checkpoint.resume={newest}")
+    proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines() == [f"plait: error: checkpoint {newest}: __0_0.distcp does not match its "
-                                                f"checksum (crc32 {checksum_file(newest / '__0_0.distcp')}, expected "
-                                                f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__0_0.distcp']}): corrupt"]
+    assert proc.stderr.strip().splitlines() == [
+        f"plait: error: checkpoint {newest}: __0_0.distcp does not match its "
+        f"checksum (crc32 {checksum_file(newest / '__0_0.distcp')}, expected "
+        f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__0_0.distcp']}): corrupt"
+    ]
 
 
 def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run, monkeypatch):
@@ -208,8 +215,7 @@ def test_crafted_metadata_runs_nothing(shared, run, tmp_path):
     assert refused in exits_2_with_one_line(report_main, ["--run", str(run), "--out", str(tmp_path / "r")])
     code, _, err = train_here(shared[0], tmp_path / "fresh", f"--checkpoint.initial_load={newest}")
     assert code == 2 and len(err.strip().splitlines()) == 1 and refused in err, err
-    proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}",
-                      f"--checkpoint.resume={newest}")
+    proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and refused in proc.stderr, proc.stderr
     code, out, err = train_here(shared[0], run, "--train.steps=7")
     assert code == 0, err[-2000:]
@@ -224,8 +230,7 @@ def test_crafted_bytes_item_runs_nothing(shared, run, tmp_path):
     newest = ckpt(run, 8)
     shard = craft_bytes_item(newest, marker)
     refused = f"{newest / shard} (item 'optimizer.param_groups.0.lr') holds posix.system"
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'x'}",
-                      f"--checkpoint.resume={newest}")
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and refused in proc.stderr, proc.stderr
     # found while loading, after the model was partly loaded: the state is built afresh before step 6 loads
     code, out, err = train_here(cfg, run, "--train.steps=8")
@@ -278,7 +283,9 @@ def test_two_ranks_explicit_path_damaged_in_a_shard_is_one_error_line(shared, ru
     proc = torchrun(2, "--config", str(shared[0]), f"--train.output_dir={tmp_path / 'x'}", f"--checkpoint.resume={newest}")
     assert proc.returncode != 0  # torchrun turns a child's exit code 2 into 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
-    assert errors == [f"plait: error: checkpoint {newest}: __1_0.distcp does not match its checksum "
-                      f"(crc32 {checksum_file(newest / '__1_0.distcp')}, expected "
-                      f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__1_0.distcp']}): corrupt"], proc.stderr
+    assert errors == [
+        f"plait: error: checkpoint {newest}: __1_0.distcp does not match its checksum "
+        f"(crc32 {checksum_file(newest / '__1_0.distcp')}, expected "
+        f"{json.loads((newest / 'COMMITTED').read_text())['checksums']['__1_0.distcp']}): corrupt"
+    ], proc.stderr
     assert "Traceback" not in proc.stdout

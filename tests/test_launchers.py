@@ -23,8 +23,15 @@ def remote_env(tmp_path, **extra):
 
 
 def small_args(tiny_config, steps):
-    return ["--train.steps=%d" % steps, "--model.dim=64", "--data.seq_len=128", "--train.global_batch_tokens=1024",
-            "--train.micro_batch=2", "--train.log_every=1", '--monitors.enabled=["console", "jsonl"]']
+    return [
+        "--train.steps=%d" % steps,
+        "--model.dim=64",
+        "--data.seq_len=128",
+        "--train.global_batch_tokens=1024",
+        "--train.micro_batch=2",
+        "--train.log_every=1",
+        '--monitors.enabled=["console", "jsonl"]',
+    ]
 
 
 def descendants(pid: int) -> list[int]:
@@ -42,8 +49,14 @@ def descendants(pid: int) -> list[int]:
 
 
 def test_remote_runs_debug_config(tiny_config, tmp_path):
-    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(tiny_config, 4)], cwd=REPO,
-                          env=remote_env(tmp_path, CKPT_EVERY="2", LR="0.002"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "launchers/remote.sh", *small_args(tiny_config, 4)],
+        cwd=REPO,
+        env=remote_env(tmp_path, CKPT_EVERY="2", LR="0.002"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch " in proc.stdout and "torchao" in proc.stdout
     rows = read_metrics(tmp_path / "out")
@@ -54,15 +67,24 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
 
 
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
-    proc = subprocess.Popen(["bash", "launchers/remote.sh", *small_args(tiny_config, 400)], cwd=REPO,
-                            env=remote_env(tmp_path, CKPT_EVERY="5", RESUME="none"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["bash", "launchers/remote.sh", *small_args(tiny_config, 400)],
+        cwd=REPO,
+        env=remote_env(tmp_path, CKPT_EVERY="5", RESUME="none"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ckpts = tmp_path / "out" / "checkpoints"
     deadline = time.time() + 180
     while time.time() < deadline and not any((p / "COMMITTED").exists() for p in ckpts.glob("step_*")):
         time.sleep(0.3)
-    trainers = [p for p in descendants(proc.pid)
-                if "core.train" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                and "torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    trainers = [
+        p
+        for p in descendants(proc.pid)
+        if "core.train" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        and "torch.distributed.run" not in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+    ]
     assert trainers, "no trainer process found"
     for p in trainers:
         os.kill(p, signal.SIGKILL)
@@ -87,8 +109,7 @@ def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
 
 
 def test_remote_bad_config_is_not_retried(tmp_path):
-    proc = subprocess.run(["bash", "launchers/remote.sh", "--optimizer.lrr=1"], cwd=REPO, env=remote_env(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", "launchers/remote.sh", "--optimizer.lrr=1"], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown key 'lrr'" in proc.stdout + proc.stderr
     assert "attempt" not in proc.stderr
 
@@ -103,6 +124,7 @@ def test_k8s_entrypoint_passes_the_trainers_exit_code(tiny_config, tmp_path):
     script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
     bad = subprocess.run(["bash", script, str(cfg), "--optimizer.lr=-1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2, bad.stderr[-2000:]
-    diverged = subprocess.run(["bash", script, str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0"],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    diverged = subprocess.run(
+        ["bash", script, str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert diverged.returncode == 3, diverged.stderr[-3000:]

@@ -148,9 +148,15 @@ def test_tied_weights_share_storage_after_materialization():
 
 def test_parameter_names_follow_torchtitan():
     names = set(dict(meta_model(Llama3Spec.from_flavor("debug")).named_parameters()))
-    for n in ("tok_embeddings.weight", "norm.weight", "output.weight", "layers.1.attention_norm.weight",
-              "layers.1.ffn_norm.weight", *(f"layers.0.attention.w{x}.weight" for x in "qkvo"),
-              *(f"layers.0.feed_forward.w{i}.weight" for i in (1, 2, 3))):
+    for n in (
+        "tok_embeddings.weight",
+        "norm.weight",
+        "output.weight",
+        "layers.1.attention_norm.weight",
+        "layers.1.ffn_norm.weight",
+        *(f"layers.0.attention.w{x}.weight" for x in "qkvo"),
+        *(f"layers.0.feed_forward.w{i}.weight" for i in (1, 2, 3)),
+    ):
         assert n in names
     assert not any("bias" in n for n in names)
 
@@ -287,9 +293,15 @@ def test_matches_hugging_face_llama():
     model = materialized(spec)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**spec.hf_config())).eval()
     rename = {
-        "tok_embeddings": "embed_tokens", "attention_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-        "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj", "attention.wv": "self_attn.v_proj",
-        "attention.wo": "self_attn.o_proj", "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+        "tok_embeddings": "embed_tokens",
+        "attention_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attention.wq": "self_attn.q_proj",
+        "attention.wk": "self_attn.k_proj",
+        "attention.wv": "self_attn.v_proj",
+        "attention.wo": "self_attn.o_proj",
+        "feed_forward.w1": "mlp.gate_proj",
+        "feed_forward.w3": "mlp.up_proj",
         "feed_forward.w2": "mlp.down_proj",
     }
     state = {}

@@ -26,8 +26,9 @@ def test_mlflow_local_file_store(tiny_config, tmp_path):
 def test_wandb_offline(tiny_config, tmp_path):
     pytest.importorskip("wandb", reason="wandb is the optional extra 'wandb' (in 'dev')")
     cfg = tiny_config(steps=3)
-    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["jsonl", "wandb"]',
-                      extra_env={"WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"})
+    proc = run_module(
+        "core.train", "--config", str(cfg), '--monitors.enabled=["jsonl", "wandb"]', extra_env={"WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true"}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list((tmp_path / "out" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))

@@ -12,13 +12,23 @@ from conftest import read_metrics, run_module, torchrun, write_tiny_config
 
 
 def test_moe_console_line_with_epoch_on_two_ranks(tmp_path):
-    proc = torchrun(2, "--config", "train_configs/recurrent_moe_debug.toml", f"--train.output_dir={tmp_path / 'out'}",
-                    "--train.steps=4", "--train.global_batch_tokens=2048", "--train.micro_batch=2", "--train.log_every=2",
-                    "--data.seq_len=128")
+    proc = torchrun(
+        2,
+        "--config",
+        "train_configs/recurrent_moe_debug.toml",
+        f"--train.output_dir={tmp_path / 'out'}",
+        "--train.steps=4",
+        "--train.global_batch_tokens=2048",
+        "--train.micro_batch=2",
+        "--train.log_every=2",
+        "--data.seq_len=128",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "tok/s" in line]
-    pattern = (r"Epoch 1 \| step +\d+/4 \| loss \d+\.\d{4} \| lm \d+\.\d{4} \| aux \d+\.\d{4} \| z \d+\.\d{4} \| "
-               r"gnorm \d+\.\d{2} \| lr \d\.\d{2}e[-+]\d{2} \| \d+\.\d{2}M tok/s \| \d+\.\d{2}B tokens")
+    pattern = (
+        r"Epoch 1 \| step +\d+/4 \| loss \d+\.\d{4} \| lm \d+\.\d{4} \| aux \d+\.\d{4} \| z \d+\.\d{4} \| "
+        r"gnorm \d+\.\d{2} \| lr \d\.\d{2}e[-+]\d{2} \| \d+\.\d{2}M tok/s \| \d+\.\d{2}B tokens"
+    )
     assert len(lines) == 2 and all(re.fullmatch(pattern, line) for line in lines), lines
     rows = read_metrics(tmp_path / "out")
     assert rows[-1]["epoch"] > rows[0]["epoch"] > 0
@@ -27,8 +37,7 @@ def test_moe_console_line_with_epoch_on_two_ranks(tmp_path):
 
 def test_fp8_scales_in_the_metrics(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=4)
-    proc = run_module("core.train", "--config", str(cfg), "--train.log_every=2", "--precision.name=fp8",
-                      "--precision.allow_cpu=true")
+    proc = run_module("core.train", "--config", str(cfg), "--train.log_every=2", "--precision.name=fp8", "--precision.allow_cpu=true")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(tmp_path / "out")
     assert [r["step"] for r in rows] == [2, 4]

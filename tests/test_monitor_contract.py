@@ -47,12 +47,15 @@ def test_a_good_monitor_passes():
     check_monitor("good", Good())
 
 
-@pytest.mark.parametrize("monitor, words", [
-    (Misspelled(), ["'plait_step_ends' is not a run-event hook", "did you mean 'plait_step_end'"]),
-    (WrongArgument(), ["asks for 'step_number'", "the hook passes metrics, run, step"]),
-    (Wrapper(), ["plait_train_start is a wrapper hook"]),
-    (Unmarked(), ["plait_train_end lacks @hookimpl"]),
-])
+@pytest.mark.parametrize(
+    "monitor, words",
+    [
+        (Misspelled(), ["'plait_step_ends' is not a run-event hook", "did you mean 'plait_step_end'"]),
+        (WrongArgument(), ["asks for 'step_number'", "the hook passes metrics, run, step"]),
+        (Wrapper(), ["plait_train_start is a wrapper hook"]),
+        (Unmarked(), ["plait_train_end lacks @hookimpl"]),
+    ],
+)
 def test_contract_breaches_are_one_line_errors_naming_the_monitor(monitor, words):
     with pytest.raises(PluginError) as e:
         check_monitor("mine", monitor)
@@ -76,8 +79,14 @@ def test_train_end_hears_of_a_crash_and_exit_status_says_error(tiny_config, tmp_
 def test_spikes_window_survives_resume(tiny_config, tmp_path):
     cfg = tiny_config(steps=12)
     out = tmp_path / "out"
-    common = ["--config", str(cfg), '--monitors.enabled=["jsonl", "spikes"]', "--monitors.spikes.window=5",
-              "--monitors.spikes.min_steps=3", "--monitors.spikes.action=log"]
+    common = [
+        "--config",
+        str(cfg),
+        '--monitors.enabled=["jsonl", "spikes"]',
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=3",
+        "--monitors.spikes.action=log",
+    ]
     assert run_module("core.train", *common, "--train.steps=6").returncode == 0
     state = json.loads((out / "checkpoints" / "step_000000006" / "state.json").read_text())
     window = state["train"]["spikes_window"]

@@ -18,15 +18,22 @@ from plugins.monitors.jsonl import Jsonl, JsonlOptions
 
 
 def make_run(out: Path, step: int = 0, rank: int = 0, world_size: int = 1, total: int = 1000) -> Run:
-    return Run(config={}, output_dir=out, dist=DistInfo(rank=rank, world_size=world_size),
-               total_steps=total, tokens_per_step=4096, step=step, tokens_seen=step * 4096)
+    return Run(
+        config={}, output_dir=out, dist=DistInfo(rank=rank, world_size=world_size), total_steps=total, tokens_per_step=4096, step=step, tokens_seen=step * 4096
+    )
 
 
 def metrics(step: int, loss: float = 2.5, **extra) -> dict:
     m = {
-        "step": step, "loss": loss, "grad_norm": 0.5 + step / 1000, "lr": 3e-4 * step / 100,
-        "tokens_seen": step * 4096, "tokens_per_s": 10_000.0 + step, "step_time_s": 0.4,
-        "elapsed_s": 0.4 * step, "eta_s": 0.4 * (1000 - step),
+        "step": step,
+        "loss": loss,
+        "grad_norm": 0.5 + step / 1000,
+        "lr": 3e-4 * step / 100,
+        "tokens_seen": step * 4096,
+        "tokens_per_s": 10_000.0 + step,
+        "step_time_s": 0.4,
+        "elapsed_s": 0.4 * step,
+        "eta_s": 0.4 * (1000 - step),
     }
     m.update(extra)
     return m
@@ -39,8 +46,7 @@ def manager(*monitors):
     return pm
 
 
-def drive(pm, run: Run, steps, log_every: int = 10, val_at=(), ckpt_at=(), end: str | None = "completed",
-          loss=lambda s: 3.0 - s / 100):
+def drive(pm, run: Run, steps, log_every: int = 10, val_at=(), ckpt_at=(), end: str | None = "completed", loss=lambda s: 3.0 - s / 100):
     pm.hook.plait_train_start(run=run)
     for s in steps:
         run.step = s
@@ -60,6 +66,7 @@ def rows(path: Path) -> list[dict]:
 
 # -- registration -----------------------------------------------------------------
 
+
 def test_registered_with_documented_options():
     import plugins.monitors as mod
 
@@ -71,6 +78,7 @@ def test_registered_with_documented_options():
 
 
 # -- jsonl ------------------------------------------------------------------------
+
 
 def test_jsonl_rows_and_resume_appends(tmp_path):
     out = tmp_path / "out"
@@ -93,7 +101,7 @@ def test_jsonl_rows_and_resume_appends(tmp_path):
     drive(manager(Jsonl(JsonlOptions())), resumed, range(21, 41))
     again = rows(out / "metrics.jsonl")
     assert again[: len(got)] == got
-    assert [(r["kind"], r["step"]) for r in again[len(got):]] == [("train", 30), ("train", 40), ("end", 40)]
+    assert [(r["kind"], r["step"]) for r in again[len(got) :]] == [("train", 30), ("train", 40), ("end", 40)]
     last = {r["step"]: r["loss"] for r in again if r["kind"] == "train"}
     assert sorted(last) == [10, 20, 30, 40] and last[40] == pytest.approx(2.6)
 
@@ -107,8 +115,9 @@ def test_jsonl_converts_values_and_keeps_lines_of_a_killed_run(tmp_path):
     run = make_run(out)
     pm = manager(Jsonl(JsonlOptions(filename="m.jsonl")))
     pm.hook.plait_train_start(run=run)
-    pm.hook.plait_step_end(run=run, step=1, metrics=metrics(
-        1, loss=torch.tensor(2.25), grad_norm=np.float32(0.5), mem_peak_gib=np.float64(1.5), nonfinite=float("nan")))
+    pm.hook.plait_step_end(
+        run=run, step=1, metrics=metrics(1, loss=torch.tensor(2.25), grad_norm=np.float32(0.5), mem_peak_gib=np.float64(1.5), nonfinite=float("nan"))
+    )
     pm.hook.plait_step_end(run=run, step=2, metrics={})  # not a log step: nothing
     pm.hook.plait_step_end(run=run, step=3, metrics=metrics(3, loss=float("inf")))
     # no train_end: the file already holds every line (a killed run keeps them)
@@ -121,6 +130,7 @@ def test_jsonl_converts_values_and_keeps_lines_of_a_killed_run(tmp_path):
 
 # -- console ----------------------------------------------------------------------
 
+
 def test_console_lines(tmp_path, capsys):
     run = make_run(tmp_path, step=119)
     pm = manager(Console(ConsoleOptions(extra=["lm", "aux"])))
@@ -128,12 +138,22 @@ def test_console_lines(tmp_path, capsys):
     capsys.readouterr()
     pm.hook.plait_step_end(run=run, step=119, metrics={})
     assert capsys.readouterr().out == ""
-    m = {"step": 120, "loss": torch.tensor(2.34564), "grad_norm": 0.8123, "lr": 3e-4, "tokens_per_s": 12345.2,
-         "tokens_seen": 1_234_567, "step_time_s": 0.5, "elapsed_s": 62.4, "eta_s": 550.0, "lm": 2.1, "other": 5.0}
+    m = {
+        "step": 120,
+        "loss": torch.tensor(2.34564),
+        "grad_norm": 0.8123,
+        "lr": 3e-4,
+        "tokens_per_s": 12345.2,
+        "tokens_seen": 1_234_567,
+        "step_time_s": 0.5,
+        "elapsed_s": 62.4,
+        "eta_s": 550.0,
+        "lm": 2.1,
+        "other": 5.0,
+    }
     pm.hook.plait_step_end(run=run, step=120, metrics=m)
     line = capsys.readouterr().out
-    assert line == ("step 120/1000 | loss 2.3456 | gnorm 0.812 | lr 3.00e-04 | 12,345 tok/s | tokens 1.23M"
-                    " | elapsed 0:01:02 | eta 0:09:10 | lm 2.1000\n")
+    assert line == ("step 120/1000 | loss 2.3456 | gnorm 0.812 | lr 3.00e-04 | 12,345 tok/s | tokens 1.23M | elapsed 0:01:02 | eta 0:09:10 | lm 2.1000\n")
     pm.hook.plait_validation_end(run=run, step=120, metrics={"val_loss": 2.5, "best_val_loss": 2.4})
     pm.hook.plait_checkpoint_saved(run=run, step=120, path="/ckpt/step_000000120")
     run.step = 120
@@ -145,6 +165,7 @@ def test_console_lines(tmp_path, capsys):
 
 
 # -- tensorboard ------------------------------------------------------------------
+
 
 def scalars(logdir: Path) -> dict[str, dict[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -172,6 +193,7 @@ def test_tensorboard_scalars(tmp_path):
 
 # -- ranks other than 0 -----------------------------------------------------------
 
+
 def test_non_main_rank_writes_nothing(tmp_path, capsys):
     from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
 
@@ -185,17 +207,30 @@ def test_non_main_rank_writes_nothing(tmp_path, capsys):
 
 # -- console formats ----------------------------------------------------------------
 
-GUIDE = {"step": 10, "loss": 3.214, "lm": 3.102, "aux": 0.0312, "z": 0.0012, "grad_norm": 1.2312, "lr": 3e-4,
-         "tokens_per_s": 421_000.0, "tokens_seen": 70_123_456, "step_time_s": 0.2, "elapsed_s": 2.0, "eta_s": 9.0,
-         "epoch": 0.42}
+GUIDE = {
+    "step": 10,
+    "loss": 3.214,
+    "lm": 3.102,
+    "aux": 0.0312,
+    "z": 0.0012,
+    "grad_norm": 1.2312,
+    "lr": 3e-4,
+    "tokens_per_s": 421_000.0,
+    "tokens_seen": 70_123_456,
+    "step_time_s": 0.2,
+    "elapsed_s": 2.0,
+    "eta_s": 9.0,
+    "epoch": 0.42,
+}
 
 
 def test_console_moe_line_is_the_guides(tmp_path, capsys):
     run = make_run(tmp_path, step=10, total=152000)
     pm = manager(Console(ConsoleOptions(format="moe")))
     pm.hook.plait_step_end(run=run, step=10, metrics=dict(GUIDE))
-    assert capsys.readouterr().out == ("Epoch 1 | step    10/152000 | loss 3.2140 | lm 3.1020 | aux 0.0312 | z 0.0012"
-                                       " | gnorm 1.23 | lr 3.00e-04 | 0.42M tok/s | 0.07B tokens\n")
+    assert capsys.readouterr().out == (
+        "Epoch 1 | step    10/152000 | loss 3.2140 | lm 3.1020 | aux 0.0312 | z 0.0012 | gnorm 1.23 | lr 3.00e-04 | 0.42M tok/s | 0.07B tokens\n"
+    )
     # second epoch; a source that does not know its size and a model without loss parts: those segments go
     pm.hook.plait_step_end(run=run, step=11, metrics={**GUIDE, "epoch": 1.5})
     assert capsys.readouterr().out.startswith("Epoch 2 | step    11/152000 |")
@@ -206,20 +241,22 @@ def test_console_moe_line_is_the_guides(tmp_path, capsys):
 
 def test_console_user_template(tmp_path, capsys):
     run = make_run(tmp_path, step=10, total=500)
-    opts = ConsoleOptions(format="[{step:>{steps_width}}/{total_steps}] {loss:.2f} ({epochs:.3f} ep) {mtokens:.1f}Mt {eta}",
-                          extra=["aux"])
+    opts = ConsoleOptions(format="[{step:>{steps_width}}/{total_steps}] {loss:.2f} ({epochs:.3f} ep) {mtokens:.1f}Mt {eta}", extra=["aux"])
     manager(Console(opts)).hook.plait_step_end(run=run, step=10, metrics=dict(GUIDE))
     assert capsys.readouterr().out == "[ 10/500] 3.21 (0.420 ep) 70.1Mt 0:00:09 | aux 0.0312\n"
 
 
-@pytest.mark.parametrize("template, expected", [
-    ("step {stepp}", "unknown field 'stepp' (did you mean 'step'?)"),
-    ("loss {loss:.3q}", "bad format spec (Unknown format code 'q'"),
-    ("eta {eta:.1f}", "bad format spec (Unknown format code 'f' for object of type 'str')"),
-    ("{step:>{width}}", "unknown field 'width'"),
-    ("loss {}", "positional {} placeholders are not allowed"),
-    ("loss {loss", "expected '}' before end of string"),
-])
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("step {stepp}", "unknown field 'stepp' (did you mean 'step'?)"),
+        ("loss {loss:.3q}", "bad format spec (Unknown format code 'q'"),
+        ("eta {eta:.1f}", "bad format spec (Unknown format code 'f' for object of type 'str')"),
+        ("{step:>{width}}", "unknown field 'width'"),
+        ("loss {}", "positional {} placeholders are not allowed"),
+        ("loss {loss", "expected '}' before end of string"),
+    ],
+)
 def test_console_bad_template_is_one_line(template, expected):
     from core.errors import ConfigError
     from core.options import build_options
@@ -233,8 +270,7 @@ def test_console_bad_template_is_one_line(template, expected):
 def test_console_bad_template_exits_2_before_training(tmp_path):
     from conftest import run_module, write_tiny_config
 
-    proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path)), "--monitors.console.format=step {step} {lr:%}x {nope}",
-                      timeout=60)
+    proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path)), "--monitors.console.format=step {step} {lr:%}x {nope}", timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "[monitors.console]: format" in lines[0] and "unknown field 'nope'" in lines[0], proc.stderr

@@ -65,11 +65,9 @@ def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
 def test_checkpoint_from_adamw8bit_resumes_with_adamw(tiny_config, tmp_path):
     cfg = tiny_config()
     out = tmp_path / "run"
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw8bit",
-                      "--train.steps=4", "--model.ffn_dim=256")
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw8bit", "--train.steps=4", "--model.ffn_dim=256")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw",
-                      "--train.steps=6", "--model.ffn_dim=256")
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw", "--train.steps=6", "--model.ffn_dim=256")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("holds optimizer state of 'adamw8bit', this run uses 'adamw'") == 1
     assert "at step 4" in proc.stdout
@@ -112,8 +110,16 @@ def test_wsd_and_linear_values():
 
 def test_plot_lr_writes_png(tmp_path):
     out = tmp_path / "lr.png"
-    proc = run_module("core.plan", "--config", "train_configs/debug_cpu.toml", "--plot-lr", str(out), "--lr_schedule.name=wsd",
-                      "--lr_schedule.warmup_steps=0", "--lr_schedule.min_lr_ratio=0.0")
+    proc = run_module(
+        "core.plan",
+        "--config",
+        "train_configs/debug_cpu.toml",
+        "--plot-lr",
+        str(out),
+        "--lr_schedule.name=wsd",
+        "--lr_schedule.warmup_steps=0",
+        "--lr_schedule.min_lr_ratio=0.0",
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

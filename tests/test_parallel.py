@@ -26,8 +26,7 @@ def test_fsdp2_and_ddp_agree(tiny_config, tmp_path):
     assert got["fsdp2"] == pytest.approx(got["ddp"], rel=1e-5)
     assert got["ddp"][-1] < got["ddp"][0]
     # HSDP: a 2-D mesh of 2 replicas x 1 shard (all-reduce across replicas, sharding within) agrees too
-    proc = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--parallelism.replicate=2",
-                    f"--train.output_dir={tmp_path / 'hsdp'}")
+    proc = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--parallelism.replicate=2", f"--train.output_dir={tmp_path / 'hsdp'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert losses(tmp_path / "hsdp") == pytest.approx(got["ddp"], rel=1e-5)
 
@@ -68,8 +67,7 @@ def test_activation_checkpointing_same_losses_same_names(tiny_config, tmp_path):
     cfg = tiny_config(steps=3)
     got = {}
     for mode in ("none", "full", "selective"):
-        proc = run_module("core.train", "--config", str(cfg), f"--train.activation_checkpointing={mode}",
-                          f"--train.output_dir={tmp_path / mode}")
+        proc = run_module("core.train", "--config", str(cfg), f"--train.activation_checkpointing={mode}", f"--train.output_dir={tmp_path / mode}")
         assert proc.returncode == 0, proc.stderr[-3000:]
         got[mode] = losses(tmp_path / mode)
     assert got["full"] == pytest.approx(got["none"], rel=1e-6)
@@ -86,8 +84,7 @@ def test_activation_checkpointing_same_losses_same_names(tiny_config, tmp_path):
 def test_compile_per_block_trains(tiny_config, tmp_path):
     """One torch.compile test (15-25 s of compilation on CPU)."""
     cfg = tiny_config(steps=3)
-    proc = run_module("core.train", "--config", str(cfg), "--train.compile=true", f"--train.output_dir={tmp_path / 'c'}",
-                      timeout=600)
+    proc = run_module("core.train", "--config", str(cfg), "--train.compile=true", f"--train.output_dir={tmp_path / 'c'}", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     eager = tmp_path / "e"
     assert run_module("core.train", "--config", str(cfg), f"--train.output_dir={eager}").returncode == 0
@@ -102,10 +99,26 @@ def test_two_nodes_c10d_rendezvous(tiny_config, tmp_path):
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=plait-test",
-             "-m", "core.train", "--config", str(cfg)],
-            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=plait-test",
+                "-m",
+                "core.train",
+                "--config",
+                str(cfg),
+            ],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for rank in (0, 1)
     ]

@@ -15,8 +15,7 @@ from tests.conftest import PY, run_module
 
 
 def test_plait_and_bare_rows():
-    proc = run_module("bench.peers", "--candidates", "plait,bare", "--rounds", "1", "--steps", "2", "--warmup", "1",
-                      "--no-record", timeout=600)
+    proc = run_module("bench.peers", "--candidates", "plait,bare", "--rounds", "1", "--steps", "2", "--warmup", "1", "--no-record", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {}
     for line in proc.stdout.splitlines():
@@ -33,8 +32,9 @@ def test_plait_and_bare_rows():
 
 
 def test_uninstalled_peer_is_one_line_and_no_figure():
-    missing = next((c for c, mod in (("olmo-core", "olmo_core"), ("litgpt", "litgpt"), ("torchtitan", "torchtitan"))
-                    if importlib.util.find_spec(mod) is None), None)
+    missing = next(
+        (c for c, mod in (("olmo-core", "olmo_core"), ("litgpt", "litgpt"), ("torchtitan", "torchtitan")) if importlib.util.find_spec(mod) is None), None
+    )
     if missing is None:
         pytest.skip("every peer is installed in this environment")
     proc = run_module("bench.peers", "--candidates", f"plait,{missing}", "--peers-python", PY, "--no-record", timeout=120)

@@ -69,8 +69,11 @@ def test_seq_len_stages_with_their_micro_batch_and_scaled_eta(tiny_config, capsy
     assert p["grad_accum"] == 4  # 1024 / (4 x 64)
     st = p["seq_len_stages"]
     # step s (0-based) is in the last stage whose start x 5 <= s: steps 0-2, 3, 4; 256 tokens per micro-batch
-    assert [(s["seq_len"], s["micro_batch"], s["first_step"], s["last_step"], s["steps"]) for s in st] == \
-        [(64, 4, 1, 3, 3), (128, 2, 4, 4, 1), (256, 1, 5, 5, 1)]
+    assert [(s["seq_len"], s["micro_batch"], s["first_step"], s["last_step"], s["steps"]) for s in st] == [
+        (64, 4, 1, 3, 3),
+        (128, 2, 4, 4, 1),
+        (256, 1, 5, 5, 1),
+    ]
     assert sum(s["tokens"] for s in st) == p["total_tokens"] == 5 * 1024
     f = [s["flops_per_token"] for s in st]
     assert f[0] < f[1] < f[2]
@@ -84,8 +87,17 @@ def test_seq_len_stages_with_their_micro_batch_and_scaled_eta(tiny_config, capsy
 
 def test_measure_times_real_steps_on_one_process_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["--config", str(REPO / "train_configs" / "debug_cpu.toml"), f"--train.output_dir={out}",
-            "--train.global_batch_tokens=4096", "--train.micro_batch=4", "--measure", "--measure-warmup=1", "--measure-steps=1", "--usd-per-device-hr=1.5"]
+    args = [
+        "--config",
+        str(REPO / "train_configs" / "debug_cpu.toml"),
+        f"--train.output_dir={out}",
+        "--train.global_batch_tokens=4096",
+        "--train.micro_batch=4",
+        "--measure",
+        "--measure-warmup=1",
+        "--measure-steps=1",
+        "--usd-per-device-hr=1.5",
+    ]
     p = plan_json(capsys, *args, "--nproc=2")  # stdout is clean JSON: the trainer's prints go to stderr
     m = p["measured"]
     assert m["processes"] == 1 and m["timed_steps"] == 1 and m["warmup_steps"] == 1 and m["device"].startswith("cpu")
@@ -101,26 +113,37 @@ def test_measure_times_real_steps_on_one_process_and_writes_nothing(tmp_path, ca
 
 def test_measure_text_says_what_was_measured(tiny_config, tmp_path, capsys):
     # monitors with options of their own (a budget guard that would stop the run, a jsonl file) are not run
-    body = "[monitors.jsonl]\nfilename = \"m.jsonl\"\n[monitors.budget_guard]\ncap_usd = 0.000001\nrate_usd_per_hr = 1000.0\n"
+    body = '[monitors.jsonl]\nfilename = "m.jsonl"\n[monitors.budget_guard]\ncap_usd = 0.000001\nrate_usd_per_hr = 1000.0\n'
     cfg = str(tiny_config(steps=4, body=body))
-    text = plan_text(capsys, "--config", cfg, "--measure", "--measure-warmup=0", "--measure-steps=1",
-                     '--monitors.enabled=["console", "jsonl", "budget_guard"]', "--data.name=synthetic")
+    text = plan_text(
+        capsys,
+        "--config",
+        cfg,
+        "--measure",
+        "--measure-warmup=0",
+        "--measure-steps=1",
+        '--monitors.enabled=["console", "jsonl", "budget_guard"]',
+        "--data.name=synthetic",
+    )
     assert "tokens/s on 1 process on this machine (cpu:" in text and "1 steps of 1,024 tokens" in text
     assert "perfect scaling" not in text and "ETA: " in text and "ETA: give" not in text
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flag, expected", [
-    ("--tokens-per-s=-5", "argument --tokens-per-s: expected a finite number > 0, got '-5'"),
-    ("--tokens-per-s=nan", "argument --tokens-per-s: expected a finite number > 0, got 'nan'"),
-    ("--tokens-per-s=0", "argument --tokens-per-s: expected a finite number > 0, got '0'"),
-    ("--usd-per-device-hr=-1", "argument --usd-per-device-hr: expected a finite number >= 0, got '-1'"),
-    ("--usd-per-device-hr=inf", "argument --usd-per-device-hr: expected a finite number >= 0, got 'inf'"),
-    ("--usd-per-device-hr=cheap", "expected a finite number >= 0, got 'cheap'"),
-    ("--measure-steps=0", "argument --measure-steps: expected an integer >= 1, got '0'"),
-    ("--measure-warmup=-1", "argument --measure-warmup: expected an integer >= 0, got '-1'"),
-    ("--nproc=-2", "argument --nproc: expected an integer >= 1, got -2"),
-])
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--tokens-per-s=-5", "argument --tokens-per-s: expected a finite number > 0, got '-5'"),
+        ("--tokens-per-s=nan", "argument --tokens-per-s: expected a finite number > 0, got 'nan'"),
+        ("--tokens-per-s=0", "argument --tokens-per-s: expected a finite number > 0, got '0'"),
+        ("--usd-per-device-hr=-1", "argument --usd-per-device-hr: expected a finite number >= 0, got '-1'"),
+        ("--usd-per-device-hr=inf", "argument --usd-per-device-hr: expected a finite number >= 0, got 'inf'"),
+        ("--usd-per-device-hr=cheap", "expected a finite number >= 0, got 'cheap'"),
+        ("--measure-steps=0", "argument --measure-steps: expected an integer >= 1, got '0'"),
+        ("--measure-warmup=-1", "argument --measure-warmup: expected an integer >= 0, got '-1'"),
+        ("--nproc=-2", "argument --nproc: expected an integer >= 1, got -2"),
+    ],
+)
 def test_bad_flags_are_one_line_and_exit_2(tiny_config, capsys, flag, expected):
     with pytest.raises(SystemExit) as e:
         main(["--config", str(tiny_config()), flag])

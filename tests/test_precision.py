@@ -8,9 +8,17 @@ import pytest
 from conftest import read_metrics, run_module
 
 # dims divisible by 32 so every block linear is eligible for fp8 and MXFP8
-SMALL = ("--model.dim=64", "--model.ffn_dim=192", "--data.seq_len=64", "--train.global_batch_tokens=256",
-         "--train.micro_batch=4", "--train.steps=30", "--optimizer.lr=3e-3", "--lr_schedule.warmup_steps=3",
-         "--checkpoint.at_end=false")
+SMALL = (
+    "--model.dim=64",
+    "--model.ffn_dim=192",
+    "--data.seq_len=64",
+    "--train.global_batch_tokens=256",
+    "--train.micro_batch=4",
+    "--train.steps=30",
+    "--optimizer.lr=3e-3",
+    "--lr_schedule.warmup_steps=3",
+    "--checkpoint.at_end=false",
+)
 TOLERANCE = 0.15  # final loss within 0.15 nats of bf16 after 30 steps
 
 
@@ -28,19 +36,25 @@ def bf16_rows(tmp_path_factory, request):
 
     tmp = tmp_path_factory.mktemp("bf16")
     cfg = tmp / "run.toml"
-    cfg.write_text(f'extends = "{REPO / "train_configs" / "debug_cpu.toml"}"\n[monitors]\nenabled = ["jsonl"]\n[train]\nlog_every = 1\n'
-                   f'[data]\npath = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"\n')
+    cfg.write_text(
+        f'extends = "{REPO / "train_configs" / "debug_cpu.toml"}"\n[monitors]\nenabled = ["jsonl"]\n[train]\nlog_every = 1\n'
+        f'[data]\npath = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"\n'
+    )
     rows = final_loss(cfg, tmp / "out", "--precision.name=bf16")
     return cfg, rows
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [
-    ("--precision.name=fp8", "--precision.recipe=tensorwise", "--precision.allow_cpu=true"),
-    ("--precision.name=fp8", "--precision.recipe=rowwise", "--precision.allow_cpu=true"),
-    ("--precision.name=fp8", "--precision.recipe=rowwise_with_gw_hp", "--precision.allow_cpu=true"),
-    ("--precision.name=mxfp8", "--precision.emulate=true"),
-], ids=["fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "mxfp8-emulated"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--precision.name=fp8", "--precision.recipe=tensorwise", "--precision.allow_cpu=true"),
+        ("--precision.name=fp8", "--precision.recipe=rowwise", "--precision.allow_cpu=true"),
+        ("--precision.name=fp8", "--precision.recipe=rowwise_with_gw_hp", "--precision.allow_cpu=true"),
+        ("--precision.name=mxfp8", "--precision.emulate=true"),
+    ],
+    ids=["fp8-tensorwise", "fp8-rowwise", "fp8-rowwise_with_gw_hp", "mxfp8-emulated"],
+)
 def test_low_precision_tracks_bf16(bf16_rows, tmp_path, extra):
     cfg, ref = bf16_rows
     rows = final_loss(cfg, tmp_path / "out", *extra)
@@ -69,7 +83,7 @@ def test_fallback_chain_takes_first_supported_with_options(tiny_config, tmp_path
     """A plugin made supported by its own option ([precision.fp8] allow_cpu) is picked before bf16."""
     from core import config
 
-    cfg = tiny_config(steps=1, body="[precision]\nfallback = [\"te_fp8\", \"fp8\", \"bf16\"]\n[precision.fp8]\nallow_cpu = true\n")
+    cfg = tiny_config(steps=1, body='[precision]\nfallback = ["te_fp8", "fp8", "bf16"]\n[precision.fp8]\nallow_cpu = true\n')
     text = cfg.read_text().replace('[precision]\nname = "fp32"\n', "")
     cfg.write_text(text)
     proc = run_module("core.train", "--config", str(cfg), "--model.ffn_dim=192")
@@ -88,9 +102,18 @@ def test_nothing_supported_is_a_clear_error(tiny_config):
 def test_bad_recipe_and_no_eligible_linear(tiny_config):
     proc = run_module("core.train", "--config", str(tiny_config()), "--precision.name=fp8", "--precision.recipe=fastest")
     assert proc.returncode == 2 and "[precision] (precision 'fp8').recipe: expected 'tensorwise' | 'rowwise'" in proc.stderr
-    proc = run_module("core.train", "--config", str(tiny_config()), "--precision.name=fp8", "--precision.allow_cpu=true",
-                      "--model.dim=60", "--model.n_heads=2", "--model.n_kv_heads=1", "--model.ffn_dim=90",
-                      '--precision.skip=["output"]')
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(tiny_config()),
+        "--precision.name=fp8",
+        "--precision.allow_cpu=true",
+        "--model.dim=60",
+        "--model.n_heads=2",
+        "--model.n_kv_heads=1",
+        "--model.ffn_dim=90",
+        '--precision.skip=["output"]',
+    )
     assert proc.returncode == 2 and "no linear layer with dimensions divisible by 16" in proc.stderr
 
 

@@ -89,13 +89,17 @@ def test_cpu_gets_the_loader_itself():
     assert prefetching(loader, ACCUM, torch.device("cpu")) is loader
 
 
-@pytest.mark.parametrize("make", [
-    lambda: Counting().loader(spec()),
-    lambda: Counting().loader(spec(dp_rank=1, dp_size=2)),
-    lambda: Counting(end_at=5 * MICRO * ACCUM).loader(spec()),  # DataExhausted at step 6
-    lambda: Counting(bad_at=4 * MICRO * ACCUM + MICRO).loader(spec()),  # DataError, 2nd micro-batch of step 5
-    lambda: StopsLoader(4 * ACCUM + 1),  # StopIteration, 2nd micro-batch of step 5
-], ids=["plain", "rank1of2", "exhausted", "bad-record", "stop-iteration"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Counting().loader(spec()),
+        lambda: Counting().loader(spec(dp_rank=1, dp_size=2)),
+        lambda: Counting(end_at=5 * MICRO * ACCUM).loader(spec()),  # DataExhausted at step 6
+        lambda: Counting(bad_at=4 * MICRO * ACCUM + MICRO).loader(spec()),  # DataError, 2nd micro-batch of step 5
+        lambda: StopsLoader(4 * ACCUM + 1),  # StopIteration, 2nd micro-batch of step 5
+    ],
+    ids=["plain", "rank1of2", "exhausted", "bad-record", "stop-iteration"],
+)
 def test_threaded_matches_synchronous(make):
     sync = run_steps(make(), 8)
     pre = threaded(make())

@@ -17,7 +17,7 @@ def prepare(*args):
 
 def split_docs(ids: np.ndarray, eos: int) -> list[np.ndarray]:
     cuts = np.flatnonzero(ids == eos)
-    return [ids[a + 1 if i else 0: b] for i, (a, b) in enumerate(zip(np.r_[-1, cuts[:-1]], cuts))]
+    return [ids[a + 1 if i else 0 : b] for i, (a, b) in enumerate(zip(np.r_[-1, cuts[:-1]], cuts))]
 
 
 def test_bytes_round_trip_and_idempotent(tmp_path):
@@ -50,14 +50,24 @@ def test_hf_tokenizer_round_trip_jsonl_and_parquet(tmp_path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(DOCS * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        DOCS * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:2]))
     pq.write_table(pa.table({"text": DOCS[2:]}), tmp_path / "more.parquet")
     out = tmp_path / "out"
-    proc = prepare("--input", str(tmp_path / "docs.jsonl"), str(tmp_path / "more.parquet"), "--out", str(out),
-                   "--tokenizer", f"hf:{tmp_path / 'tokenizer.json'}", "--val-fraction", "0")
+    proc = prepare(
+        "--input",
+        str(tmp_path / "docs.jsonl"),
+        str(tmp_path / "more.parquet"),
+        "--out",
+        str(out),
+        "--tokenizer",
+        f"hf:{tmp_path / 'tokenizer.json'}",
+        "--val-fraction",
+        "0",
+    )
     assert proc.returncode == 0, proc.stderr
     eos = tok.token_to_id("<|endoftext|>")
     ids = np.fromfile(out / "train.bin", dtype=np.uint16)
@@ -74,12 +84,15 @@ def test_val_fraction_splits_by_document(tmp_path):
     assert 20 <= val_docs <= 60 and meta["documents"] == 400
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda d: None, "no such file or folder"),
-    (lambda d: (d.mkdir(), (d / "a.txt").write_text("")), "empty input"),
-    (lambda d: (d.mkdir(), (d / "a.jsonl").write_text("{oops\n")), "a.jsonl:1: not a JSON object"),
-    (lambda d: (d.mkdir(), (d / "a.txt").write_bytes(b"\xff\xfe\xfa")), "unreadable"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: None, "no such file or folder"),
+        (lambda d: (d.mkdir(), (d / "a.txt").write_text("")), "empty input"),
+        (lambda d: (d.mkdir(), (d / "a.jsonl").write_text("{oops\n")), "a.jsonl:1: not a JSON object"),
+        (lambda d: (d.mkdir(), (d / "a.txt").write_bytes(b"\xff\xfe\xfa")), "unreadable"),
+    ],
+)
 def test_bad_input(tmp_path, make, match):
     d = tmp_path / "in"
     make(d)
@@ -93,8 +106,9 @@ def test_dtype_too_small_for_tokenizer(tmp_path):
     import base64
 
     ranks.write_text("\n".join(f"{base64.b64encode(bytes([i])).decode()} {i}" for i in range(256)))
-    proc = prepare("--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--tokenizer", f"tiktoken:{ranks}",
-                   "--eos-id", "70000", "--dtype", "uint16")
+    proc = prepare(
+        "--input", str(tmp_path / "a.txt"), "--out", str(tmp_path / "o"), "--tokenizer", f"tiktoken:{ranks}", "--eos-id", "70000", "--dtype", "uint16"
+    )
     assert proc.returncode == 2 and "more than uint16 holds" in proc.stderr
 
 
@@ -110,8 +124,9 @@ def corpus(tmp_path, docs: int = 600):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"id": list(range(300)), "text": [f"row {i} " * (i % 5 + 1) if i % 7 else None for i in range(300)]}),
-                       src / "c.parquet", row_group_size=64)
+        pq.write_table(
+            pa.table({"id": list(range(300)), "text": [f"row {i} " * (i % 5 + 1) if i % 7 else None for i in range(300)]}), src / "c.parquet", row_group_size=64
+        )
     except ImportError:
         pass
     return src
@@ -122,8 +137,9 @@ def test_output_is_byte_identical_for_any_worker_count_and_chunk_size(tmp_path):
     outs = []
     for workers, chunk in (("1", "1048576"), ("2", "700"), ("2", "1048576")):
         out = tmp_path / f"out{workers}_{chunk}"
-        proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(out), "--workers", workers,
-                          "--chunk-bytes", chunk, "--val-fraction", "0.2", timeout=120)
+        proc = run_module(
+            "plugins.data.prepare", "--input", str(src), "--out", str(out), "--workers", workers, "--chunk-bytes", chunk, "--val-fraction", "0.2", timeout=120
+        )
         assert proc.returncode == 0, proc.stderr
         outs.append(out)
     first = json.loads((outs[0] / "meta.json").read_text())
@@ -139,8 +155,20 @@ def test_output_is_byte_identical_for_any_worker_count_and_chunk_size(tmp_path):
 def test_progress_is_shown_while_a_file_is_read(tmp_path):
     src = tmp_path / "one.jsonl"
     src.write_text("".join(json.dumps({"text": f"line {i} " * 40}) + "\n" for i in range(400)))
-    proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(tmp_path / "o"), "--workers", "2",
-                      "--chunk-bytes", "4096", "--progress-interval", "0", timeout=120)
+    proc = run_module(
+        "plugins.data.prepare",
+        "--input",
+        str(src),
+        "--out",
+        str(tmp_path / "o"),
+        "--workers",
+        "2",
+        "--chunk-bytes",
+        "4096",
+        "--progress-interval",
+        "0",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     bars = [line for line in proc.stderr.splitlines() if line.startswith("prepare [")]
     docs = [int(line.split(" docs")[0].rsplit("| ", 1)[1].replace(",", "")) for line in bars]
@@ -207,8 +235,27 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path, workers):
         for k in range(40_000_000 // sum(map(len, line)) + 1):
             f.write("".join(line))
     size = src.stat().st_size
-    proc = subprocess.run([sys.executable, "-c", MEASURE_RSS, sys.executable, "-m", "plugins.data.prepare", "--input", str(src),
-                           "--out", str(tmp_path / "out"), "--workers", workers], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            MEASURE_RSS,
+            sys.executable,
+            "-m",
+            "plugins.data.prepare",
+            "--input",
+            str(src),
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            workers,
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     peak_mb = int(proc.stdout.split()[-1]) / 1024
     tokens = json.loads((tmp_path / "out" / "meta.json").read_text())["tokens"]

@@ -12,8 +12,9 @@ from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMoni
 
 
 def test_trains_and_logs_each_loss(tmp_path):
-    proc = run_module("core.train", "--config", "train_configs/recurrent_moe_debug.toml", f"--train.output_dir={tmp_path}",
-                      "--train.steps=20", "--train.log_every=5")
+    proc = run_module(
+        "core.train", "--config", "train_configs/recurrent_moe_debug.toml", f"--train.output_dir={tmp_path}", "--train.steps=20", "--train.log_every=5"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_metrics(tmp_path)
     assert rows[-1]["loss"] < rows[0]["loss"] - 0.8
@@ -35,8 +36,6 @@ def health(m):
     ids = torch.randint(0, 256, (2, 64))
     m(ids, ids)  # a training forward (validation's no_grad forwards are not counted)
     return m.extra_metrics()
-
-
 
 
 def check(metrics, **opts):
@@ -152,8 +151,12 @@ def test_monitor_options_are_bounded():
     from core.errors import ConfigError
     from core.options import build_options
 
-    for key, bad, expected in (("router_entropy", -0.1, "must be >= 0"), ("warn_every", -1, "must be >= 0"),
-                               ("drift_cos", 1.5, "must be >= -1 and <= 1"), ("dead_window", 0, "must be >= 1")):
+    for key, bad, expected in (
+        ("router_entropy", -0.1, "must be >= 0"),
+        ("warn_every", -1, "must be >= 0"),
+        ("drift_cos", 1.5, "must be >= -1 and <= 1"),
+        ("dead_window", 0, "must be >= 1"),
+    ):
         try:
             build_options(RecurrentMoEMonitorOptions, {key: bad}, "[monitors.recurrent_moe]")
         except ConfigError as e:

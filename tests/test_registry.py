@@ -14,9 +14,16 @@ from core.protocols import SLOTS
 
 def test_builtins_come_through_entry_points():
     reg = registry_mod.load()
-    for slot, name in [("model", "llama3"), ("parallelism", "ddp"), ("parallelism", "single"),
-                       ("precision", "bf16"), ("data", "token_bin"), ("optimizer", "adamw"),
-                       ("lr_schedule", "warmup_cosine"), ("monitor", "jsonl")]:
+    for slot, name in [
+        ("model", "llama3"),
+        ("parallelism", "ddp"),
+        ("parallelism", "single"),
+        ("precision", "bf16"),
+        ("data", "token_bin"),
+        ("optimizer", "adamw"),
+        ("lr_schedule", "warmup_cosine"),
+        ("monitor", "jsonl"),
+    ]:
         comp = reg.get(slot, name, "test")
         assert comp.distribution == "plait", comp
     assert set(SLOTS) == {"model", "parallelism", "precision", "data", "optimizer", "lr_schedule", "monitor"}
@@ -38,7 +45,9 @@ def test_duplicate_name_names_both_providers():
     reg._plugin, reg._distribution = "first", "dist-one"
     reg.add("monitor", "m", object, options=O, doc="d")
     reg._plugin, reg._distribution = "second", "dist-two"
-    with pytest.raises(PluginError, match=r"monitor 'm' is claimed twice: by plugin 'first' \(distribution dist-one\) and by plugin 'second' \(distribution dist-two\)"):
+    with pytest.raises(
+        PluginError, match=r"monitor 'm' is claimed twice: by plugin 'first' \(distribution dist-one\) and by plugin 'second' \(distribution dist-two\)"
+    ):
         reg.add("monitor", "m", object, options=O, doc="d")
 
 

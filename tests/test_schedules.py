@@ -70,13 +70,16 @@ def test_constant():
     assert [c.multiplier(i, 10) for i in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
 
 
-@pytest.mark.parametrize("table, match", [
-    ({"warmup_steps": 10, "warmup_fraction": 0.1}, "not both"),
-    ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
-    ({"min_lr_ratio": -0.1}, "min_lr_ratio"),
-    ({"warmup_fraction": 1.2}, "warmup_fraction"),
-    ({"warmup_steps": -1}, "warmup_steps"),
-])
+@pytest.mark.parametrize(
+    "table, match",
+    [
+        ({"warmup_steps": 10, "warmup_fraction": 0.1}, "not both"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+        ({"min_lr_ratio": -0.1}, "min_lr_ratio"),
+        ({"warmup_fraction": 1.2}, "warmup_fraction"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+    ],
+)
 def test_warmup_cosine_check(table, match):
     with pytest.raises(ConfigError, match=match):
         build_options(WarmupCosineOptions, table, "[lr_schedule]")

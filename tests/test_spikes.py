@@ -12,9 +12,18 @@ pytestmark = pytest.mark.slow
 
 def rehearse(tiny_config, tmp_path, action):
     cfg = tiny_config(steps=20)
-    proc = run_module("core.train", "--config", str(cfg), "--optimizer.lr=3e-3", "--train.inject_spike_at_step=15",
-                      '--monitors.enabled=["console", "jsonl", "spikes"]', f"--monitors.spikes.action={action}",
-                      "--monitors.spikes.window=5", "--monitors.spikes.min_steps=5", "--checkpoint.every=5")
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(cfg),
+        "--optimizer.lr=3e-3",
+        "--train.inject_spike_at_step=15",
+        '--monitors.enabled=["console", "jsonl", "spikes"]',
+        f"--monitors.spikes.action={action}",
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=5",
+        "--checkpoint.every=5",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("injected spike batch") >= 5
     return proc

@@ -53,6 +53,7 @@ def alive(pid: int) -> bool:
 
 # --- loader workers -------------------------------------------------------------------
 
+
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
     sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
@@ -60,12 +61,11 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
     (the workers hold no copy of its lock), and the workers notice the lost parent and exit."""
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n"
-                              for i in range(400)))
+    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
     out = tmp_path / "out"
     cfg = tmp_path / "stream.toml"
     cfg.write_text(f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
 steps = 100000
 global_batch_tokens = 256
@@ -87,8 +87,7 @@ shuffle_buffer = 4
 enabled = ["jsonl"]
 ''')
     cmd = [PY, "-m", "core.train", "--config", str(cfg)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_steps(out, 3, proc)
         assert len(children(proc.pid)) == 2  # the loader's two workers
@@ -130,9 +129,21 @@ enabled = ["jsonl"]
 
 # --- Ctrl-C under torchrun ------------------------------------------------------------
 
+
 def torchrun_cmd(cfg: Path, *args: str) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "core.train", "--config", str(cfg), *args]
+    return [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "core.train",
+        "--config",
+        str(cfg),
+        *args,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +156,9 @@ def ctrl_c_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ctrl_c")
     cfg = write_tiny_config(tmp, steps=100000)
     out = tmp / "out"
-    proc = subprocess.Popen(torchrun_cmd(cfg, "--checkpoint.every=2"), cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        torchrun_cmd(cfg, "--checkpoint.every=2"), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         wait_for_steps(out, 5, proc)
         ranks = children(proc.pid)
@@ -183,9 +195,15 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
     a save (a 60 s pause before the commit of step 2), stops at once instead of finishing it."""
     cfg = write_tiny_config(tmp_path, steps=100000)
     out = tmp_path / "out"
-    proc = subprocess.Popen([PY, "-m", "core.train", "--config", str(cfg), "--checkpoint.every=2"], cwd=REPO,
-                            env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="2:60", PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "core.train", "--config", str(cfg), "--checkpoint.every=2"],
+        cwd=REPO,
+        env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="2:60", PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120  # the seam pauses after the shards and .metadata, before the commit
         while time.time() < deadline and not (out / "checkpoints" / "step_000000002" / ".metadata").exists():
@@ -235,10 +253,16 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     shutil.copytree(first, out)
     before = committed(out)
     stopped = json.loads((out / "exit_status.json").read_text())["step"]
-    proc = subprocess.run(torchrun_cmd(cfg, f"--train.output_dir={out}", "--checkpoint.every=2",
-                                       f"--train.steps={stopped + 6}", f"--checkpoint.async={mode == 'async'}".lower()),
-                          check=False, cwd=REPO, env=env(), capture_output=True, text=True, timeout=180,
-                          preexec_fn=limited_file_size)
+    proc = subprocess.run(
+        torchrun_cmd(cfg, f"--train.output_dir={out}", "--checkpoint.every=2", f"--train.steps={stopped + 6}", f"--checkpoint.async={mode == 'async'}".lower()),
+        check=False,
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=limited_file_size,
+    )
     assert proc.returncode != 0  # torchrun reports any failing rank as 1; launchers read exit_status.json
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "save_failed" and status["exit_code"] == 74, status
@@ -263,10 +287,18 @@ def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     out = tmp_path / "out"
     e = env(PYTHON=PY, OUTPUT_DIR=str(out), NPROC="2", BACKOFF_S="1", MAX_RESTARTS="2", CKPT_EVERY="2")
     e["PATH"] = str(Path(PY).parent) + os.pathsep + e["PATH"]
-    args = ["--train.steps=6", "--model.dim=64", "--data.seq_len=128", "--train.global_batch_tokens=1024",
-            "--train.micro_batch=2", "--train.log_every=1", '--monitors.enabled=["console", "jsonl"]']
-    proc = subprocess.run(["bash", "launchers/remote.sh", *args], check=False, cwd=REPO, env=e, capture_output=True,
-                          text=True, timeout=300, preexec_fn=limited_file_size)
+    args = [
+        "--train.steps=6",
+        "--model.dim=64",
+        "--data.seq_len=128",
+        "--train.global_batch_tokens=1024",
+        "--train.micro_batch=2",
+        "--train.log_every=1",
+        '--monitors.enabled=["console", "jsonl"]',
+    ]
+    proc = subprocess.run(
+        ["bash", "launchers/remote.sh", *args], check=False, cwd=REPO, env=e, capture_output=True, text=True, timeout=300, preexec_fn=limited_file_size
+    )
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
     log = (out / "remote.log").read_text()

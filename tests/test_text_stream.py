@@ -88,7 +88,7 @@ def test_trains_and_resumes_exactly(corpus, tmp_path):
 
     cfg = tmp_path / "stream.toml"
     cfg.write_text(f'''
-extends = "{REPO / 'train_configs' / 'base.toml'}"
+extends = "{REPO / "train_configs" / "base.toml"}"
 [train]
 steps = 6
 global_batch_tokens = 256

@@ -100,8 +100,7 @@ def _failing_monitor_site(tmp_path, hook: str):
 def test_a_monitor_that_raises_is_named_and_handled(tiny_config, tmp_path, on_error):
     cfg = tiny_config(steps=4)
     env = _failing_monitor_site(tmp_path, "plait_step_end")
-    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["jsonl", "boom"]',
-                      f"--monitors.on_error={on_error}", extra_env=env)
+    proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["jsonl", "boom"]', f"--monitors.on_error={on_error}", extra_env=env)
     assert "monitor 'boom' failed in plait_step_end: ValueError: sensor on fire" in proc.stderr
     assert "Traceback" not in proc.stderr
     steps = [r["step"] for r in read_metrics(tmp_path / "out")]

@@ -189,8 +189,11 @@ class Transformer(nn.Module):
             return
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.tok_embeddings.weight.dtype
         backend = sdpa_backend(self.args.n_heads, self.args.head_dim, seq_len, dtype, device)
-        print(f"plait: attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, "
-              f"seq {seq_len})", file=sys.stderr, flush=True)
+        print(
+            f"plait: attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, seq {seq_len})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def tie_weights(self) -> None:
         """Make the output head share the embedding matrix, if tied.

@@ -32,8 +32,7 @@ def resolve_attention(requested: str) -> str:
     except ImportError as e:
         if requested not in _WARNED:
             _WARNED.add(requested)
-            print(f"plait: warning: model.attention = 'flash_attn' but flash-attn is not importable ({e}); using sdpa",
-                  file=sys.stderr, flush=True)
+            print(f"plait: warning: model.attention = 'flash_attn' but flash-attn is not importable ({e}); using sdpa", file=sys.stderr, flush=True)
         return "sdpa"
     return "flash_attn"
 
@@ -43,24 +42,52 @@ _WARNED: set[str] = set()
 FLAVORS: dict[str, ModelArgs] = {
     # Trains in seconds on a CPU; byte-level data uses ids < 257.
     "debug": ModelArgs(
-        n_layers=2, dim=128, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=512,
-        rope_theta=10_000.0, max_seq_len=1024, tie_embeddings=False,
+        n_layers=2,
+        dim=128,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=384,
+        vocab_size=512,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        tie_embeddings=False,
     ),
     # Lab 00 of the one-day cloud run: GPT-2 BPE vocab; 50.3M non-embedding and
     # ~89M total parameters, which holds only with tied embeddings.
     "50m": ModelArgs(
-        n_layers=8, dim=768, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=50_257,
-        rope_theta=10_000.0, max_seq_len=1024, tie_embeddings=True,
+        n_layers=8,
+        dim=768,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=2048,
+        vocab_size=50_257,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        tie_embeddings=True,
     ),
     # Exactly 1,241,581,568 parameters (tied weight counted once).
     "1b": ModelArgs(
-        n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=131_072,
-        rope_theta=500_000.0, max_seq_len=8192, tie_embeddings=True,
+        n_layers=16,
+        dim=2048,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=8192,
+        vocab_size=131_072,
+        rope_theta=500_000.0,
+        max_seq_len=8192,
+        tie_embeddings=True,
     ),
     # Meta Llama-3 8B shapes (Llama-3.1's RoPE frequency scaling is not implemented).
     "8b": ModelArgs(
-        n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14_336, vocab_size=128_256,
-        rope_theta=500_000.0, max_seq_len=8192, tie_embeddings=False,
+        n_layers=32,
+        dim=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14_336,
+        vocab_size=128_256,
+        rope_theta=500_000.0,
+        max_seq_len=8192,
+        tie_embeddings=False,
     ),
     # The size presets of the 1.46B-on-8xA100 seed document (tiny .. xlarge). The document
     # gives layers x width and a rounded parameter count only; the rest are Llama-style
@@ -70,28 +97,70 @@ FLAVORS: dict[str, ModelArgs] = {
     # padded to 50,304 (a multiple of 64), untied embeddings, RoPE 10,000, sequences up to
     # 2048. Exact counts (docs/models.md):
     "tiny": ModelArgs(  # 85,340,672 (document: 85M)
-        n_layers=12, dim=512, n_heads=8, n_kv_heads=2, ffn_dim=1408, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=12,
+        dim=512,
+        n_heads=8,
+        n_kv_heads=2,
+        ffn_dim=1408,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
     "small": ModelArgs(  # 177,955,584 (document: 178M)
-        n_layers=16, dim=768, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=16,
+        dim=768,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=2048,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
     "medium": ModelArgs(  # 373,605,376 (document: 374M)
-        n_layers=24, dim=1024, n_heads=16, n_kv_heads=4, ffn_dim=2816, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=24,
+        dim=1024,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=2816,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
     "medium-large": ModelArgs(  # 401,275,008 (document: 401M); head dim 72
-        n_layers=20, dim=1152, n_heads=16, n_kv_heads=4, ffn_dim=3168, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=20,
+        dim=1152,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=3168,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
     "large": ModelArgs(  # 763,307,520 (document: 763M); head dim 96
-        n_layers=24, dim=1536, n_heads=16, n_kv_heads=4, ffn_dim=4224, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=24,
+        dim=1536,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=4224,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
     "xlarge": ModelArgs(  # 1,461,413,760 (document: 1.46B); head dim 96
-        n_layers=32, dim=1920, n_heads=20, n_kv_heads=5, ffn_dim=5280, vocab_size=50_304,
-        rope_theta=10_000.0, max_seq_len=2048, tie_embeddings=False,
+        n_layers=32,
+        dim=1920,
+        n_heads=20,
+        n_kv_heads=5,
+        ffn_dim=5280,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
     ),
 }
 
@@ -109,11 +178,10 @@ class Llama3Options:
     vocab_size: int = option(0, "vocabulary size, > every token id of the data (0: from flavor)")
     rope_theta: float = option(0.0, "RoPE base frequency (0: from flavor)")
     max_seq_len: int = option(0, "longest sequence, length of the RoPE tables (0: from flavor)")
-    tie_embeddings: Literal["flavor", "true", "false"] = option(
-        "flavor", "output head shares the token embedding matrix"
-    )
+    tie_embeddings: Literal["flavor", "true", "false"] = option("flavor", "output head shares the token embedding matrix")
     attention: Literal["sdpa", "flash_attn"] = option(
-        "sdpa", "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)"
+        "sdpa",
+        "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)",
     )
     loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
     norm_eps: float = option(1e-5, "RMSNorm epsilon")
@@ -123,14 +191,11 @@ class Llama3Options:
         """The flavor's shapes with the overrides applied (call check() first)."""
         base = FLAVORS[self.flavor]
         over: dict[str, Any] = {
-            k: getattr(self, k)
-            for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "max_seq_len")
-            if getattr(self, k)
+            k: getattr(self, k) for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "max_seq_len") if getattr(self, k)
         }
         if self.tie_embeddings != "flavor":
             over["tie_embeddings"] = self.tie_embeddings == "true"
-        return replace(base, norm_eps=self.norm_eps, attention=resolve_attention(self.attention),
-                       loss_chunk_tokens=self.loss_chunk_tokens, **over)
+        return replace(base, norm_eps=self.norm_eps, attention=resolve_attention(self.attention), loss_chunk_tokens=self.loss_chunk_tokens, **over)
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:

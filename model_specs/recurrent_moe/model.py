@@ -27,7 +27,7 @@ from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm,
 
 @dataclass(frozen=True)
 class MoEArgs:
-    base: ModelArgs          # shapes shared with llama3 (n_layers unused)
+    base: ModelArgs  # shapes shared with llama3 (n_layers unused)
     n_prelude: int
     n_core: int
     n_coda: int
@@ -101,8 +101,7 @@ def loop_cosines(states: list[torch.Tensor]) -> torch.Tensor:
 # How each accumulated value is reduced over the micro-batches of a step and then over the ranks
 # (core.metrics.reduce_parts): loss parts and entropy are means, the health minima are minima,
 # tokens per expert are summed (over the whole log window: the dead-expert check counts windows).
-PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy": "mean",
-                            "loop_cos": "min", "spread": "min", "counts": "sum"}
+PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy": "mean", "loop_cos": "min", "spread": "min", "counts": "sum"}
 
 
 class RecurrentMoE(nn.Module):
@@ -188,10 +187,14 @@ class RecurrentMoE(nn.Module):
             self._parts, self._micro = {}, 0
         blocks = self.blocks()
         cos = loop_cosines(states).min() if len(states) > 1 else lm.new_ones(())
-        now = {"lm": lm.float(), "aux": aux.float(), "z": z.float(),
-               "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
-               "loop_cos": cos.float(),
-               "spread": torch.stack([b.moe.stats["spread"] for b in blocks]).float().min()}
+        now = {
+            "lm": lm.float(),
+            "aux": aux.float(),
+            "z": z.float(),
+            "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
+            "loop_cos": cos.float(),
+            "spread": torch.stack([b.moe.stats["spread"] for b in blocks]).float().min(),
+        }
         for key, value in now.items():
             old = self._parts.get(key)
             if old is None:
@@ -209,8 +212,7 @@ class RecurrentMoE(nn.Module):
         training step."""
         if not self._parts or self._counts is None:
             return {}
-        parts = {key: (PART_OPS[key], value / self._micro if PART_OPS[key] == "mean" else value)
-                 for key, value in self._parts.items()}
+        parts = {key: (PART_OPS[key], value / self._micro if PART_OPS[key] == "mean" else value) for key, value in self._parts.items()}
         parts["counts"] = ("sum", self._counts.double())
         got = reduce(parts)
         self._counts = None

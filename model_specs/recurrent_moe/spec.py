@@ -12,10 +12,36 @@ from model_specs.llama3.model import ModelArgs
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 
 FLAVORS: dict[str, dict[str, Any]] = {
-    "debug": dict(dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=512, rope_theta=10_000.0, max_seq_len=1024,
-                  n_prelude=1, n_core=1, n_coda=1, n_loops=3, n_experts=4, top_k=2),
-    "small": dict(dim=512, n_heads=8, n_kv_heads=4, ffn_dim=1024, vocab_size=50_257, rope_theta=10_000.0, max_seq_len=2048,
-                  n_prelude=2, n_core=2, n_coda=2, n_loops=4, n_experts=8, top_k=2),
+    "debug": dict(
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        vocab_size=512,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        n_prelude=1,
+        n_core=1,
+        n_coda=1,
+        n_loops=3,
+        n_experts=4,
+        top_k=2,
+    ),
+    "small": dict(
+        dim=512,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_dim=1024,
+        vocab_size=50_257,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        n_prelude=2,
+        n_core=2,
+        n_coda=2,
+        n_loops=4,
+        n_experts=8,
+        top_k=2,
+    ),
 }
 
 
@@ -48,11 +74,17 @@ class RecurrentMoESpec:
         for key in ("n_loops", "n_experts", "top_k", "vocab_size"):
             if getattr(o, key):
                 f[key] = getattr(o, key)
-        base = ModelArgs(n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"], dim=f["dim"], n_heads=f["n_heads"],
-                         n_kv_heads=f["n_kv_heads"], ffn_dim=f["ffn_dim"], vocab_size=f["vocab_size"],
-                         rope_theta=f["rope_theta"], max_seq_len=f["max_seq_len"])
-        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"],
-                           o.aux_weight, o.z_weight))
+        base = ModelArgs(
+            n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"],
+            dim=f["dim"],
+            n_heads=f["n_heads"],
+            n_kv_heads=f["n_kv_heads"],
+            ffn_dim=f["ffn_dim"],
+            vocab_size=f["vocab_size"],
+            rope_theta=f["rope_theta"],
+            max_seq_len=f["max_seq_len"],
+        )
+        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"], o.aux_weight, o.z_weight))
 
     @property
     def vocab_size(self) -> int:

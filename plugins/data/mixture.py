@@ -54,7 +54,9 @@ BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample 
 class MixtureOptions:
     sources: list[dict[str, Any]] = option([], "tables {name, weight, label?, ...that data plugin's options}")
     stages: list[tuple[float, list[float]]] = option([], "[[start_fraction, [weight per source]], ...]: weights that change during the run")
-    on_exhausted: Literal["wrap", "stop"] = option("wrap", "a finite source that runs out: wrap into its next epoch (warned) or stop the run with a checkpoint; a source table may override it")
+    on_exhausted: Literal["wrap", "stop"] = option(
+        "wrap", "a finite source that runs out: wrap into its next epoch (warned) or stop the run with a checkpoint; a source table may override it"
+    )
 
 
 def normalized(weights: list[float], what: str) -> np.ndarray:
@@ -91,13 +93,15 @@ class Mixture(IndexedSource):
             name, weight = table.pop("name", None), table.pop("weight", None)
             label = table.pop("label", None) or f"{i}_{name}"
             if label in self.labels:
-                raise ConfigError(f"{where}.label: {label!r} is already the label of another source; labels name the "
-                                  "data/<label>_tokens and val_loss/<label> metrics and must differ")
+                raise ConfigError(
+                    f"{where}.label: {label!r} is already the label of another source; labels name the "
+                    "data/<label>_tokens and val_loss/<label> metrics and must differ"
+                )
             on_exhausted = table.pop("on_exhausted", options.on_exhausted)
             if on_exhausted not in ("wrap", "stop"):
-                raise ConfigError(f"{where}.on_exhausted: expected \"wrap\" or \"stop\", got {on_exhausted!r}")
+                raise ConfigError(f'{where}.on_exhausted: expected "wrap" or "stop", got {on_exhausted!r}')
             if not isinstance(name, str):
-                raise ConfigError(f"{where}: needs name = \"<data plugin>\"")
+                raise ConfigError(f'{where}: needs name = "<data plugin>"')
             if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
                 raise ConfigError(f"{where}.weight: expected a number >= 0, got {weight!r}")
             component = registry.get("data", name, where)
@@ -148,17 +152,21 @@ class Mixture(IndexedSource):
                     seen.setdefault(str(fingerprint), label)
         if len(seen) > 1:
             (a, la), (b, lb) = list(seen.items())[:2]
-            raise DataError(f"[data] mixture: sources {la!r} and {lb!r} were prepared with different tokenizers "
-                            f"(meta.json tokenizer_fingerprint {a[:12]}... vs {b[:12]}...); prepare them with one tokenizer")
+            raise DataError(
+                f"[data] mixture: sources {la!r} and {lb!r} were prepared with different tokenizers "
+                f"(meta.json tokenizer_fingerprint {a[:12]}... vs {b[:12]}...); prepare them with one tokenizer"
+            )
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
         """Stream sources keep per-rank positions: a resume needs the world size they were saved on."""
         saved_world = saved.get("world_size")
         if self.streams and saved_world != world_size:
             labels = ", ".join(self.labels[k] for k in self.streams)
-            raise DataError(f"[data] mixture: the stream source(s) {labels} saved their positions on {saved_world} ranks, "
-                            f"this run has {world_size}; resume with the same world size "
-                            "(or --checkpoint.exclude_from_loading='[\"data\"]' to restart the data)")
+            raise DataError(
+                f"[data] mixture: the stream source(s) {labels} saved their positions on {saved_world} ranks, "
+                f"this run has {world_size}; resume with the same world size "
+                "(or --checkpoint.exclude_from_loading='[\"data\"]' to restart the data)"
+            )
 
     def has_split(self, split: str) -> bool:
         return all(getattr(s, "has_split", lambda _: True)(split) for s in self.sources)
@@ -245,12 +253,14 @@ class Mixture(IndexedSource):
             if not capacity or used[k] <= capacity * (self._epochs_warned[k] + 1):
                 continue
             if self.on_exhausted[k] == "stop":
-                raise DataExhausted(f"[data] mixture: source {self.labels[k]!r} ran out after {capacity} samples "
-                                    "(one epoch) and on_exhausted = \"stop\"")
+                raise DataExhausted(f'[data] mixture: source {self.labels[k]!r} ran out after {capacity} samples (one epoch) and on_exhausted = "stop"')
             self._epochs_warned[k] = int((used[k] - 1) // capacity)
             if self.dp_rank == 0:
-                print(f"plait: warning: mixture source {self.labels[k]!r} ran out after {capacity} samples; "
-                      f"wrapping into epoch {self._epochs_warned[k] + 1}", file=sys.stderr, flush=True)
+                print(
+                    f"plait: warning: mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def tokens_per_epoch(self) -> int | None:
         """The sources' sizes together (each source's own pass is ``data/<label>_epochs``);
@@ -277,8 +287,7 @@ class MixtureLoader(IndexedLoader):
         super().__init__(mixture, spec)
         self.per_rank_state = bool(mixture.streams)
         self.may_end = any(mixture.sources[k].options.on_end == "stop" for k in mixture.streams)
-        self.shards = {k: mixture.sources[k].windows(spec.seq_len, spec.dp_rank, spec.dp_size, mixture.sources[k].seed, spec.split)
-                       for k in mixture.streams}
+        self.shards = {k: mixture.sources[k].windows(spec.seq_len, spec.dp_rank, spec.dp_size, mixture.sources[k].seed, spec.split) for k in mixture.streams}
         self._iters: dict[int, Any] = {}
 
     def row(self, index: int) -> np.ndarray:
@@ -293,8 +302,7 @@ class MixtureLoader(IndexedLoader):
         try:
             return next(self._iters[which]).numpy()
         except StopIteration:
-            raise DataExhausted(f"[data] mixture: stream {mix.labels[which]!r} reached the end of its files "
-                                "(on_end = \"stop\")") from None
+            raise DataExhausted(f'[data] mixture: stream {mix.labels[which]!r} reached the end of its files (on_end = "stop")') from None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -70,8 +70,7 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                         try:
                             text = json.loads(line)[text_field]
                         except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
-                            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string "
-                                            f"({type(e).__name__}: {e})") from None
+                            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string ({type(e).__name__}: {e})") from None
                         if not isinstance(text, str):
                             raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
                         yield text
@@ -137,8 +136,12 @@ class Tokenizer:
             ranks = {base64.b64decode(tokenb): int(rank) for tokenb, rank in (l.split() for l in file.read_text().splitlines() if l)}
             if eos_id is None:
                 eos_id = len(ranks)
-            enc = tiktoken.Encoding(name=file.stem, pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-                                    mergeable_ranks=ranks, special_tokens={"<|endoftext|>": eos_id})
+            enc = tiktoken.Encoding(
+                name=file.stem,
+                pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                mergeable_ranks=ranks,
+                special_tokens={"<|endoftext|>": eos_id},
+            )
             self.vocab_size, self.eos_id = max(len(ranks), eos_id + 1), eos_id
             self._encode = lambda text: enc.encode_ordinary(text)
             self._encode_many = lambda texts: [np.asarray(enc.encode_ordinary(t), dtype=np.int64) for t in texts]
@@ -334,9 +337,11 @@ class Progress:
         frac = min(done_bytes / self.total, 1.0)
         filled = int(frac * self.WIDTH)
         eta = elapsed * (1 - frac) / frac if frac > 0 else None
-        line = (f"prepare [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB"
-                f" | file {file_no}/{self.files} | {docs:,} docs | {tokens:,} tokens | {tokens / elapsed:,.0f} tokens/s"
-                f" | {_clock(elapsed)} elapsed, ETA {_clock(eta)}")
+        line = (
+            f"prepare [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB"
+            f" | file {file_no}/{self.files} | {docs:,} docs | {tokens:,} tokens | {tokens / elapsed:,.0f} tokens/s"
+            f" | {_clock(elapsed)} elapsed, ETA {_clock(eta)}"
+        )
         self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
         self.stream.flush()
         self.drawn = True
@@ -359,8 +364,14 @@ def prepare(args: argparse.Namespace) -> dict:
     if tok.vocab_size > np.iinfo(dtype).max + 1:
         raise DataError(f"--dtype {dtype}: the tokenizer has {tok.vocab_size} ids, more than {dtype} holds; use uint32")
     out = Path(args.out)
-    settings = {"tokenizer": args.tokenizer, "tokenizer_fingerprint": tok.fingerprint, "dtype": dtype,
-                "val_fraction": args.val_fraction, "text_field": args.text_field, "sources": sources_fingerprint(files)}
+    settings = {
+        "tokenizer": args.tokenizer,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "dtype": dtype,
+        "val_fraction": args.val_fraction,
+        "text_field": args.text_field,
+        "sources": sources_fingerprint(files),
+    }
     meta_path = out / "meta.json"
     if meta_path.is_file() and (out / "train.bin").is_file():
         old = json.loads(meta_path.read_text())
@@ -398,8 +409,9 @@ def prepare(args: argparse.Namespace) -> dict:
             for n, job in jobs():
                 write(n, _encode_job(job))
         else:  # results are written in input order, whichever worker finishes first: deterministic
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_init, initargs=(args.tokenizer, args.eos_id))
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init, initargs=(args.tokenizer, args.eos_id)
+            )
             pending: deque = deque()
             for n, job in jobs():
                 pending.append((n, pool.submit(_encode_job, job)))
@@ -435,12 +447,23 @@ def prepare(args: argparse.Namespace) -> dict:
         tmp["val"].unlink()
         (out / "val.bin").unlink(missing_ok=True)
     elapsed = time.perf_counter() - progress.t0
-    meta = {**settings, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "documents": docs, "tokens": counts,
-            "seconds": round(elapsed, 3), "tokens_per_s": round(sum(counts.values()) / elapsed), "mb_per_s": round(total_bytes / 1e6 / elapsed, 2),
-            "workers": workers}
+    meta = {
+        **settings,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "documents": docs,
+        "tokens": counts,
+        "seconds": round(elapsed, 3),
+        "tokens_per_s": round(sum(counts.values()) / elapsed),
+        "mb_per_s": round(total_bytes / 1e6 / elapsed, 2),
+        "workers": workers,
+    }
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"prepare: {sum(counts.values()):,} tokens ({counts['val']:,} val) from {docs:,} documents in {elapsed:.1f} s: "
-          f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s, {workers} worker(s)", file=sys.stderr)
+    print(
+        f"prepare: {sum(counts.values()):,} tokens ({counts['val']:,} val) from {docs:,} documents in {elapsed:.1f} s: "
+        f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s, {workers} worker(s)",
+        file=sys.stderr,
+    )
     return meta
 
 
@@ -451,13 +474,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default="bytes", help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id (default: the tokenizer's)")
     p.add_argument("--val-fraction", type=float, default=0.01, help="share of documents (by hash) that go to val.bin")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                   help="tokenizer processes (default: CPUs - 1); the output is the same for any number")
+    p.add_argument(
+        "--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="tokenizer processes (default: CPUs - 1); the output is the same for any number"
+    )
     p.add_argument("--dtype", choices=["auto", "uint16", "uint32"], default="auto")
     p.add_argument("--text-field", default="text", help="jsonl key / parquet column holding the text")
     p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES, help="input bytes per task handed to a worker (default 1 MiB)")
-    p.add_argument("--progress-interval", type=float, default=None,
-                   help="seconds between progress updates (default: 0.2 on a terminal, 10 in a log)")
+    p.add_argument("--progress-interval", type=float, default=None, help="seconds between progress updates (default: 0.2 on a terminal, 10 in a log)")
     args = p.parse_args(argv)
     if not 0 <= args.val_fraction < 1:
         p.error(f"--val-fraction must be in [0, 1), got {args.val_fraction}")

@@ -88,11 +88,12 @@ class _Shard(torch.utils.data.IterableDataset):
         workers, wid = (info.num_workers, info.id) if info else (1, 0)
         shards, shard = self.world * workers, self.rank * workers + wid
         if self.state and (self.state.get("shards") != shards or self.state.get("shard") != shard):
-            raise DataError(f"[data] text_stream: saved position is for shard {self.state.get('shard')} of "
-                            f"{self.state.get('shards')}, this loader is shard {shard} of {shards}: streaming sources "
-                            "resume at the same world size and worker count")
-        st = self.state or {"shard": shard, "shards": shards, "next_doc": shard, "carry": [], "buffer": [],
-                            "position": 0, "epoch": 0}
+            raise DataError(
+                f"[data] text_stream: saved position is for shard {self.state.get('shard')} of "
+                f"{self.state.get('shards')}, this loader is shard {shard} of {shards}: streaming sources "
+                "resume at the same world size and worker count"
+            )
+        st = self.state or {"shard": shard, "shards": shards, "next_doc": shard, "carry": [], "buffer": [], "position": 0, "epoch": 0}
         self.state = st
         tok = self._tokenizer()
         n = self.seq_len + 1
@@ -112,12 +113,11 @@ class _Shard(torch.utils.data.IterableDataset):
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
             if self.opts.on_end == "stop":
-                print(f"plait: text_stream shard {shard}: end of the files (on_end = \"stop\")", file=sys.stderr, flush=True)
+                print(f'plait: text_stream shard {shard}: end of the files (on_end = "stop")', file=sys.stderr, flush=True)
                 return
             st["epoch"] += 1
             st["next_doc"] = shard
-            print(f"plait: warning: text_stream shard {shard}: end of the files, starting epoch {st['epoch']}",
-                  file=sys.stderr, flush=True)
+            print(f"plait: warning: text_stream shard {shard}: end of the files, starting epoch {st['epoch']}", file=sys.stderr, flush=True)
 
     def _through_buffer(self, st, window):
         size = self.opts.shuffle_buffer
@@ -142,9 +142,13 @@ class StreamLoader:
 
         self.may_end = source.options.on_end == "stop"
         self.dataset = source.windows(spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
-        self.loader = StatefulDataLoader(self.dataset, batch_size=spec.micro_batch, num_workers=source.options.workers,
-                                         drop_last=self.may_end,
-                                         worker_init_fn=ignore_stop_signals if source.options.workers else None)
+        self.loader = StatefulDataLoader(
+            self.dataset,
+            batch_size=spec.micro_batch,
+            num_workers=source.options.workers,
+            drop_last=self.may_end,
+            worker_init_fn=ignore_stop_signals if source.options.workers else None,
+        )
         self._it = None
 
     def __iter__(self):
@@ -183,8 +187,7 @@ class TextStream:
             self.peek(p)
         tok = Tokenizer(self.options.tokenizer, None)
         if tok.vocab_size > vocab_size:
-            raise DataError(f"[data] text_stream: tokenizer {self.options.tokenizer} has {tok.vocab_size} ids, "
-                            f"more than the model's vocabulary {vocab_size}")
+            raise DataError(f"[data] text_stream: tokenizer {self.options.tokenizer} has {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
 
     def peek(self, path: str) -> None:
         """Read the first documents of ``path``: a malformed line or an empty file is a DataError now."""
@@ -201,9 +204,11 @@ class TextStream:
         saved_workers = saved.get("config", {}).get("data", {}).get("workers", 0)
         saved_world = saved.get("world_size")
         if saved_world != world_size or saved_workers != self.options.workers:
-            raise DataError(f"[data] text_stream: the checkpoint's stream position was saved with {saved_world} ranks x "
-                            f"workers = {saved_workers}, this run has {world_size} x workers = {self.options.workers}; "
-                            "resume with the same world size and [data].workers (or --checkpoint.exclude_from_loading='[\"data\"]')")
+            raise DataError(
+                f"[data] text_stream: the checkpoint's stream position was saved with {saved_world} ranks x "
+                f"workers = {saved_workers}, this run has {world_size} x workers = {self.options.workers}; "
+                "resume with the same world size and [data].workers (or --checkpoint.exclude_from_loading='[\"data\"]')"
+            )
 
     def has_split(self, split: str) -> bool:
         return split == "train"

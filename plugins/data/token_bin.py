@@ -112,7 +112,7 @@ class TokenBin(IndexedSource):
                 self.check_width(f, n)
             if self.options.check_ids:
                 arr = np.memmap(f, dtype=dtype, mode="r")
-                top = max(int(arr[i:i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
+                top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
                 if top >= vocab_size:
                     raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
 
@@ -124,8 +124,10 @@ class TokenBin(IndexedSource):
             return  # too few tokens to tell
         head = np.fromfile(f, dtype=np.uint16, count=k)
         if not head[1::2].any() and head[0::2].any():
-            raise DataError(f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
-                            f"read as uint16; set [data].dtype = \"uint32\" (or write \"dtype\" in {self.root / 'meta.json'})")
+            raise DataError(
+                f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
+                f'read as uint16; set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
+            )
 
     # -- samples -------------------------------------------------------------
     def array(self, split: str) -> np.memmap:
@@ -153,4 +155,4 @@ class TokenBin(IndexedSource):
             windows = (len(arr) - 1) // seq_len
             epoch, position = divmod(index, windows)
             start = permute(position, windows, mix_seed(self.seed, SPLIT_IDS[split], epoch)) * seq_len
-        return np.asarray(arr[start:start + seq_len + 1], dtype=np.int64)
+        return np.asarray(arr[start : start + seq_len + 1], dtype=np.int64)

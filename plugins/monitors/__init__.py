@@ -14,19 +14,25 @@ def plait_register(registry):
     from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
     from plugins.monitors.wandb_logger import WandbLogger, WandbOptions
 
-    registry.add("monitor", "console", Console, options=ConsoleOptions,
-                 doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")
-    registry.add("monitor", "jsonl", Jsonl, options=JsonlOptions,
-                 doc="one JSON object per logged step in <output_dir>/metrics.jsonl")
-    registry.add("monitor", "tensorboard", TensorBoard, options=TensorBoardOptions,
-                 doc="TensorBoard scalars in <output_dir>/tensorboard")
-    registry.add("monitor", "budget_guard", BudgetGuard, options=BudgetGuardOptions,
-                 doc="dollar budget: alert, checkpoint-and-stop on projected overrun, hard stop over the cap")
-    registry.add("monitor", "spikes", Spikes, options=SpikesOptions,
-                 doc="loss and grad-norm spikes against a rolling window: log, skip the update, or roll back")
-    registry.add("monitor", "recurrent_moe", RecurrentMoEMonitor, options=RecurrentMoEMonitorOptions,
-                 doc="looped MoE health: loop drift, expert collapse, load imbalance, dead experts")
-    registry.add("monitor", "mlflow", MLflowLogger, options=MLflowOptions,
-                 doc="metrics and config to MLflow (local file store by default; extra 'mlflow')")
-    registry.add("monitor", "wandb", WandbLogger, options=WandbOptions,
-                 doc="metrics and config to Weights & Biases (offline by default; extra 'wandb')")
+    registry.add("monitor", "console", Console, options=ConsoleOptions, doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")
+    registry.add("monitor", "jsonl", Jsonl, options=JsonlOptions, doc="one JSON object per logged step in <output_dir>/metrics.jsonl")
+    registry.add("monitor", "tensorboard", TensorBoard, options=TensorBoardOptions, doc="TensorBoard scalars in <output_dir>/tensorboard")
+    registry.add(
+        "monitor",
+        "budget_guard",
+        BudgetGuard,
+        options=BudgetGuardOptions,
+        doc="dollar budget: alert, checkpoint-and-stop on projected overrun, hard stop over the cap",
+    )
+    registry.add(
+        "monitor", "spikes", Spikes, options=SpikesOptions, doc="loss and grad-norm spikes against a rolling window: log, skip the update, or roll back"
+    )
+    registry.add(
+        "monitor",
+        "recurrent_moe",
+        RecurrentMoEMonitor,
+        options=RecurrentMoEMonitorOptions,
+        doc="looped MoE health: loop drift, expert collapse, load imbalance, dead experts",
+    )
+    registry.add("monitor", "mlflow", MLflowLogger, options=MLflowOptions, doc="metrics and config to MLflow (local file store by default; extra 'mlflow')")
+    registry.add("monitor", "wandb", WandbLogger, options=WandbOptions, doc="metrics and config to Weights & Biases (offline by default; extra 'wandb')")

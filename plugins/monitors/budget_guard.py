@@ -66,8 +66,9 @@ class BudgetGuardOptions:
     stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)")
     alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
     dry_run: bool = option(False, "log what each threshold would do, never stop")
-    expected_tokens_per_s: float = option(0.0, "whole-run tokens/s (all devices) for the pre-flight projection and core.plan's ETA; "
-                                                "`python -m core.plan --measure` measures it; 0 skips it", ge=0)
+    expected_tokens_per_s: float = option(
+        0.0, "whole-run tokens/s (all devices) for the pre-flight projection and core.plan's ETA; `python -m core.plan --measure` measures it; 0 skips it", ge=0
+    )
 
 
 class BudgetGuard:
@@ -118,8 +119,9 @@ class BudgetGuard:
             return None
         age = now() - stamp.timestamp()
         if age < -FUTURE_TOLERANCE_S:
-            self._warn(run, "future", f"budget file {path}: last_update_utc {stamp.isoformat()} is {-age:,.0f} s in the future; "
-                                      f"not using it, {self._fallback()}")
+            self._warn(
+                run, "future", f"budget file {path}: last_update_utc {stamp.isoformat()} is {-age:,.0f} s in the future; not using it, {self._fallback()}"
+            )
             return None
         if age > o.stale_after_s:
             self._warn(run, "stale", f"budget file {path} is stale ({age:,.0f} s old > stale_after_s {o.stale_after_s:g})")
@@ -148,12 +150,10 @@ class BudgetGuard:
         o = self.options
         figures = self.read_file(run) if o.budget_file else None
         if figures is None:
-            options = [f for f in (self.last_good if o.budget_file else None,
-                                   self.computed(run) if o.rate_usd_per_hr else None) if f is not None]
+            options = [f for f in (self.last_good if o.budget_file else None, self.computed(run) if o.rate_usd_per_hr else None) if f is not None]
             figures = max(options, key=lambda f: (f["spent"], f["projected"])) if options else None
         if figures is None and (o.cap_usd or o.warn_usd):
-            self._warn(run, "no_figures", "cap_usd/warn_usd cannot be checked yet: no usable budget file and "
-                                          "rate_usd_per_hr is 0")
+            self._warn(run, "no_figures", "cap_usd/warn_usd cannot be checked yet: no usable budget file and rate_usd_per_hr is 0")
         return figures
 
     def act(self, run, action: str, reason: str) -> None:

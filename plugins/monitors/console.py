@@ -92,9 +92,9 @@ FIELDS: dict[str, tuple[str, Any]] = {
 
 FORMATS: dict[str, str] = {
     "default": "step {step}/{total_steps} | loss {loss:.4f} | gnorm {gnorm:.3f} | lr {lr:.2e} | {tok_s:,.0f} tok/s"
-               " | tokens {tokens_si} | elapsed {elapsed} | eta {eta}",
+    " | tokens {tokens_si} | elapsed {elapsed} | eta {eta}",
     "moe": "Epoch {epoch} | step {step:5d}/{total_steps} | loss {loss:.4f} | lm {lm:.4f} | aux {aux:.4f}"
-           " | z {z:.4f} | gnorm {gnorm:.2f} | lr {lr:.2e} | {mtok_s:.2f}M tok/s | {btokens:.2f}B tokens",
+    " | z {z:.4f} | gnorm {gnorm:.2f} | lr {lr:.2e} | {mtok_s:.2f}M tok/s | {btokens:.2f}B tokens",
 }
 SEPARATOR = " | "
 
@@ -117,8 +117,7 @@ def check_template(template: str) -> None:
         raise ValueError(f"format {template!r}: {e}") from None
     for name in names:
         if name not in FIELDS:
-            what = ("positional {} placeholders are not allowed" if name == "" or name.isdigit()
-                    else f"unknown field {name!r}{closest(name, FIELDS)}")
+            what = "positional {} placeholders are not allowed" if name == "" or name.isdigit() else f"unknown field {name!r}{closest(name, FIELDS)}"
             raise ValueError(f"format {template!r}: {what}; fields: {', '.join(FIELDS)} (or a preset: {', '.join(FORMATS)})")
     try:
         template.format(**{k: v for k, (_, v) in FIELDS.items()})
@@ -128,6 +127,7 @@ def check_template(template: str) -> None:
 
 def field_values(run, step: int, m: dict[str, Any]) -> dict[str, Any]:
     """Every field of :data:`FIELDS` from the step's metrics; None where this run has no value."""
+
     def number(key: str) -> float | None:
         value = num(m.get(key))
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -139,7 +139,10 @@ def field_values(run, step: int, m: dict[str, Any]) -> dict[str, Any]:
         "step": step,
         "total_steps": run.total_steps,
         "steps_width": len(str(run.total_steps)),
-        "loss": number("loss"), "lm": number("lm"), "aux": number("aux"), "z": number("z"),
+        "loss": number("loss"),
+        "lm": number("lm"),
+        "aux": number("aux"),
+        "z": number("z"),
         "gnorm": number("grad_norm"),
         "lr": number("lr"),
         "tok_s": tok_s,
@@ -167,9 +170,12 @@ def render(template: str, values: dict[str, Any]) -> str:
 
 @dataclass
 class ConsoleOptions:
-    format: str = option("default", "the step line: \"default\", \"moe\" (the recurrent-MoE guide's: Epoch, step, "
-                                    "loss parts, gnorm, lr, M tok/s, B tokens) or a template of {field:spec} "
-                                    "placeholders (fields in docs/metrics.md)")
+    format: str = option(
+        "default",
+        'the step line: "default", "moe" (the recurrent-MoE guide\'s: Epoch, step, '
+        "loss parts, gnorm, lr, M tok/s, B tokens) or a template of {field:spec} "
+        "placeholders (fields in docs/metrics.md)",
+    )
     extra: list[str] = option([], "further metric names to print when present (e.g. lm, aux)")
 
     def check(self) -> None:
@@ -200,8 +206,11 @@ class Console:
 
     @hookimpl
     def plait_train_start(self, run):
-        self._print(run, f"plait: training steps {run.step + 1}-{run.total_steps} on {run.dist.world_size} rank(s), "
-                         f"{run.tokens_per_step:,} tokens/step, output {run.output_dir}")
+        self._print(
+            run,
+            f"plait: training steps {run.step + 1}-{run.total_steps} on {run.dist.world_size} rank(s), "
+            f"{run.tokens_per_step:,} tokens/step, output {run.output_dir}",
+        )
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):

@@ -17,8 +17,7 @@ class MLflowOptions:
 
 
 def numeric(metrics) -> dict[str, float]:
-    return {k.replace("/", "_"): float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    return {k.replace("/", "_"): float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
 
 
 class MLflowLogger:

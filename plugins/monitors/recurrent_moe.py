@@ -42,8 +42,9 @@ class RecurrentMoEMonitorOptions:
     on_imbalance: Action = option("warn", "action on load imbalance")
     on_dead: Action = option("warn", "action on a dead expert")
     on_entropy: Action = option("warn", "action on router collapse (low router entropy)")
-    warn_every: int = option(100, "steps: a warning of one kind is printed at most once per this many steps, "
-                                  "then with the count held back (0: every time)", ge=0)
+    warn_every: int = option(
+        100, "steps: a warning of one kind is printed at most once per this many steps, then with the count held back (0: every time)", ge=0
+    )
 
 
 class RecurrentMoEMonitor:

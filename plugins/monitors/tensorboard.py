@@ -41,18 +41,14 @@ class TensorBoard:
         try:  # lazy: only runs that enable this monitor pay for the import
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise PluginError(
-                f"monitor 'tensorboard' needs the tensorboard package (pip install tensorboard): {e}"
-            ) from None
+            raise PluginError(f"monitor 'tensorboard' needs the tensorboard package (pip install tensorboard): {e}") from None
         self._writer_cls = SummaryWriter
 
     @hookimpl
     def plait_train_start(self, run):
         if not run.dist.is_main:
             return
-        self.writer = self._writer_cls(
-            str(run.output_dir / self.options.subdir), purge_step=run.step + 1 if run.step else None
-        )
+        self.writer = self._writer_cls(str(run.output_dir / self.options.subdir), purge_step=run.step + 1 if run.step else None)
 
     def _scalars(self, prefix: str, step: int, metrics: dict[str, Any]) -> None:
         for key, value in metrics.items():
@@ -60,7 +56,7 @@ class TensorBoard:
             if key in SKIP or v is None:
                 continue
             if prefix == "val" and key.startswith("val_"):
-                key = key[len("val_"):]
+                key = key[len("val_") :]
             self.writer.add_scalar(f"{prefix}/{key}", v, global_step=step)
 
     @hookimpl

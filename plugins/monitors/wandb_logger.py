@@ -32,8 +32,9 @@ class WandbLogger:
         except ImportError as e:
             raise PluginError(f"monitor 'wandb' needs wandb (pip install 'plait[wandb]'): {e}") from None
         o = self.options
-        self.run = wandb.init(project=o.project, mode=o.mode, dir=str(run.output_dir), config=run.config,
-                              name=o.run_name or run.output_dir.name, resume="allow")
+        self.run = wandb.init(
+            project=o.project, mode=o.mode, dir=str(run.output_dir), config=run.config, name=o.run_name or run.output_dir.name, resume="allow"
+        )
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):

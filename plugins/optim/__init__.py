@@ -12,7 +12,11 @@ def plait_register(registry):
     from plugins.optim.lowbit import BnbAdamW8bit, BnbAdamW8bitOptions, TorchaoAdamWOptions, torchao_factory
 
     for name, what in [("adamw8bit", "8-bit"), ("adamw4bit", "4-bit"), ("adamw_fp8", "fp8")]:
-        registry.add("optimizer", name, torchao_factory(name), options=TorchaoAdamWOptions,
-                     doc=f"torchao AdamW with {what} optimizer state")
-    registry.add("optimizer", "bnb_adamw8bit", BnbAdamW8bit, options=BnbAdamW8bitOptions,
-                 doc="bitsandbytes 8-bit AdamW, embeddings kept in 32-bit state (extra 'bitsandbytes')")
+        registry.add("optimizer", name, torchao_factory(name), options=TorchaoAdamWOptions, doc=f"torchao AdamW with {what} optimizer state")
+    registry.add(
+        "optimizer",
+        "bnb_adamw8bit",
+        BnbAdamW8bit,
+        options=BnbAdamW8bitOptions,
+        doc="bitsandbytes 8-bit AdamW, embeddings kept in 32-bit state (extra 'bitsandbytes')",
+    )

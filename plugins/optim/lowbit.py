@@ -47,8 +47,9 @@ class TorchaoAdamW:
             raise PluginError(f"optimizer {self.name!r} needs torchao.optim: {e}") from None
         o = self.options
         cls = getattr(ao, TORCHAO_CLASSES[self.name])
-        return cls(param_groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                   block_size=o.block_size, bf16_stochastic_round=o.bf16_stochastic_round)
+        return cls(
+            param_groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, block_size=o.block_size, bf16_stochastic_round=o.bf16_stochastic_round
+        )
 
 
 def torchao_factory(name: str):
@@ -77,8 +78,7 @@ class BnbAdamW8bit:
         except ImportError as e:
             raise PluginError(f"optimizer 'bnb_adamw8bit' needs bitsandbytes (pip install 'plait[bitsandbytes]'): {e}") from None
         o = self.options
-        opt = bnb.optim.AdamW8bit(param_groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                                  min_8bit_size=o.min_8bit_size)
+        opt = bnb.optim.AdamW8bit(param_groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, min_8bit_size=o.min_8bit_size)
         if o.stable_embedding:
             # StableEmbedding's optimizer half: 32-bit state for the embedding matrix.
             manager = bnb.optim.GlobalOptimManager.get_instance()

@@ -11,10 +11,16 @@ def plait_register(registry):
 
     registry.add("parallelism", "single", Single, options=SingleOptions, doc="one process, no wrapping")
     registry.add(
-        "parallelism", "ddp", DDP, options=DDPOptions,
+        "parallelism",
+        "ddp",
+        DDP,
+        options=DDPOptions,
         doc="DistributedDataParallel: a full replica per rank, gradients all-reduced",
     )
     registry.add(
-        "parallelism", "fsdp2", FSDP2, options=FSDP2Options,
+        "parallelism",
+        "fsdp2",
+        FSDP2,
+        options=FSDP2Options,
         doc="FSDP2 fully_shard per block and at the root; bf16 params with fp32 reduction; HSDP via replicate",
     )

@@ -46,9 +46,7 @@ class FSDP2:
 
     def check_world(self, world_size: int) -> None:
         if world_size % self.options.replicate:
-            raise ConfigError(
-                f"[parallelism] fsdp2: replicate = {self.options.replicate} does not divide the world size {world_size}"
-            )
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {self.options.replicate} does not divide the world size {world_size}")
 
     def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
         o = self.options
@@ -75,8 +73,7 @@ class FSDP2:
             fully_shard(block, reshard_after_forward=o.reshard_after_forward and i < len(blocks) - 1, **kwargs)
         fully_shard(model, reshard_after_forward=o.reshard_after_forward, **kwargs)
         if o.cpu_offload and dist.is_main:
-            print(f"plait: fsdp2: parameters, gradients and optimizer state offloaded to host memory "
-                  f"({dist.world_size} rank(s))", flush=True)
+            print(f"plait: fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))", flush=True)
         return model
 
     def sync_context(self, model: nn.Module, sync: bool):

@@ -9,7 +9,10 @@ def plait_register(registry):
 
     registry.add("precision", "fp32", FP32, options=FP32Options, doc="full fp32 forward and backward")
     registry.add(
-        "precision", "bf16", BF16, options=BF16Options,
+        "precision",
+        "bf16",
+        BF16,
+        options=BF16Options,
         doc="bf16 autocast over fp32 master weights (fsdp2: bf16 params, fp32 grad reduction)",
     )
     from plugins.precision.fp8 import FP8, FP8Options

@@ -21,11 +21,7 @@ def describe(device: torch.device) -> str:
 
 def eligible_linear(module: torch.nn.Module, multiple: int = 16) -> bool:
     """A linear layer whose dimensions low-precision GEMMs accept."""
-    return (
-        isinstance(module, torch.nn.Linear)
-        and module.in_features % multiple == 0
-        and module.out_features % multiple == 0
-    )
+    return isinstance(module, torch.nn.Linear) and module.in_features % multiple == 0 and module.out_features % multiple == 0
 
 
 def linear_filter(skip: list[str], multiple: int = 16):

@@ -39,12 +39,13 @@ RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 class FP8Options:
     recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = option("tensorwise", "torchao float8 scaling recipe")
     skip: list[str] = option([], "module names (and their children) left in bf16")
-    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
+    skip_head: bool = option(
+        True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16"
+    )
     pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
     fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
     allow_cpu: bool = option(False, "run on CPU (torch._scaled_mm on CPU: correct but slow; for tests)")
-    small_gemm_filter: bool = option(
-        True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
+    small_gemm_filter: bool = option(True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
 
 
 class FP8(BF16):
@@ -92,9 +93,12 @@ class FP8(BF16):
         eligible = count_eligible(model, skip, multiple)
         converted = sum(accept(m, name) for name, m in model.named_modules())
         if int(os.environ.get("RANK", 0)) == 0:
-            print(f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
-                  + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
+                + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         model = convert_to_float8_training(model, config=config, module_filter_fn=accept)
         self.recorder.attach(model)
         return model

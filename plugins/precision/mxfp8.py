@@ -38,7 +38,9 @@ RECIPES = {
 class MXFP8Options:
     recipe: Literal["rceil", "rceil_wgrad_with_hp"] = option("rceil_wgrad_with_hp", "MXFP8 recipe; *_wgrad_with_hp keeps the weight gradient GEMM in bf16")
     skip: list[str] = option([], "module names (and their children) left in bf16")
-    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
+    skip_head: bool = option(
+        True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16"
+    )
     emulate: bool = option(False, "use the emulated kernel where sm100 kernels are missing (slow; CPU tests)")
 
 

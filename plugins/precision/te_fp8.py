@@ -37,7 +37,9 @@ class TEFP8Options:
     amax_history_len: int = option(1024, "steps of amax history for delayed scaling")
     amax_compute_algo: Literal["max", "most_recent"] = option("max", "how the scale is taken from the amax history")
     skip: list[str] = option([], "module names left in bf16")
-    skip_head: bool = option(True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16")
+    skip_head: bool = option(
+        True, "leave the modules the model spec declares high precision (default: the output head, any linear mapping to the vocabulary) in bf16"
+    )
 
 
 class TEFP8(BF16):
@@ -79,7 +81,9 @@ class TEFP8(BF16):
             o = self.options
             self._recipe = DelayedScaling(
                 fp8_format=Format.HYBRID if o.format == "hybrid" else Format.E4M3,
-                margin=o.margin, amax_history_len=o.amax_history_len, amax_compute_algo=o.amax_compute_algo,
+                margin=o.margin,
+                amax_history_len=o.amax_history_len,
+                amax_compute_algo=o.amax_compute_algo,
             )
         return self._recipe
 

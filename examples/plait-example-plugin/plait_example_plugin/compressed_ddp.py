@@ -36,8 +36,7 @@ class DDPFP16:
             return model
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-        ddp = DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None,
-                                      bucket_cap_mb=self.options.bucket_cap_mb)
+        ddp = DistributedDataParallel(model, device_ids=[dist.device.index] if dist.device.type == "cuda" else None, bucket_cap_mb=self.options.bucket_cap_mb)
         ddp.register_comm_hook(state=None, hook=fp16_compress_hook)
         return ddp
 

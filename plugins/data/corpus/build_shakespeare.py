@@ -19,10 +19,26 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parent / "shakespeare"
 PLAYS = [
-    "antony_and_cleopatra", "as_you_like_it", "comedy_of_errors", "coriolanus", "cymbeline",
-    "hamlet", "henry_iv_part_1", "henry_v", "julius_caesar", "lear", "macbeth",
-    "measure_for_measure", "merchant_of_venice", "much_ado_about_nothing", "othello",
-    "richard_iii", "romeo_and_juliet", "taming_of_the_shrew", "tempest", "twelfth_night",
+    "antony_and_cleopatra",
+    "as_you_like_it",
+    "comedy_of_errors",
+    "coriolanus",
+    "cymbeline",
+    "hamlet",
+    "henry_iv_part_1",
+    "henry_v",
+    "julius_caesar",
+    "lear",
+    "macbeth",
+    "measure_for_measure",
+    "merchant_of_venice",
+    "much_ado_about_nothing",
+    "othello",
+    "richard_iii",
+    "romeo_and_juliet",
+    "taming_of_the_shrew",
+    "tempest",
+    "twelfth_night",
     "winters_tale",
 ]
 VAL_PLAYS = {"twelfth_night", "winters_tale"}
