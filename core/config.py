@@ -75,13 +75,13 @@ def tag(data: dict[str, Any], folder: Path) -> Table:
 def subtable(table: dict[str, Any], drop: tuple[str, ...] = ()) -> Table:
     """A copy of ``table`` without the keys in ``drop``, keeping the origins of the rest."""
     out = Table({k: v for k, v in table.items() if k not in drop})
-    out.origins = {k: v for k, v in getattr(table, "origins", {}).items() if k not in drop}
+    out.origins = {k: v for k, v in (table.origins if isinstance(table, Table) else {}).items() if k not in drop}
     return out
 
 
 def origin_of(table: dict[str, Any], key: str) -> Path | None:
     """The folder relative paths in ``table[key]`` are relative to; None when unknown."""
-    return getattr(table, "origins", {}).get(key)
+    return table.origins.get(key) if isinstance(table, Table) else None
 
 
 UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
