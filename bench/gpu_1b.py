@@ -109,10 +109,10 @@ def host_available_bytes() -> int:
 
 
 def peak_tflops() -> float | None:
-    """The device's dense bf16 peak in TFLOP/s from core.metrics (one table for training and benches)."""
+    """The device's dense bf16 peak in TFLOP/s from the mfu monitor (one table for training and benches)."""
     import torch
 
-    from core.metrics import peak_flops
+    from plugins.monitors.mfu import peak_flops
 
     peak = peak_flops(torch.device("cuda", 0))
     return peak / 1e12 if peak is not None else None

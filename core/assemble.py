@@ -83,6 +83,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         spec=spec,
         optimizer=optimizer,
         state={"wall_time_s": 0.0, "best_val_loss": math.inf},
+        log_every=rc.train.log_every,
     )
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
     run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)

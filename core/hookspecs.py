@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from core.registry import Registry
     from core.run import Run
 
@@ -79,10 +81,38 @@ def plait_step_end(run: "Run", step: int, metrics: dict[str, Any]) -> None:
     ``metrics`` is filled on log steps only (``train.log_every``) and holds at
     least ``loss`` (averaged over every token of the step on all ranks),
     ``grad_norm``, ``lr``, ``tokens_seen``, ``tokens_per_s``, ``step_time_s``,
-    ``elapsed_s`` and ``eta_s``; on other steps it is empty, so that a hook
+    ``elapsed_s`` and ``eta_s``, then what monitors added through
+    :func:`plait_metrics`; on other steps it is empty, so that a hook
     that only needs the step number costs nothing. Call
     ``run.request_stop(reason, checkpoint=True|False)`` to end the run at
     this step boundary; every rank follows the request of any rank.
+    """
+
+
+@hookspec
+def plait_metrics(run: "Run", step: int, metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """A log step: return more metrics for it, or None.
+
+    Called on log steps only, before :func:`plait_step_end`, on every rank
+    (so a collective is allowed: every rank calls it on the same steps).
+    ``metrics`` holds what the core measured (see :func:`plait_step_end`)
+    and what the monitors listed earlier returned; do not change it. The
+    dicts returned are merged into it in monitor order, and every monitor's
+    ``plait_step_end`` then receives the whole. The ``mfu``, ``memory`` and
+    ``update_ratio`` monitors are built this way.
+    """
+
+
+@hookspec
+def plait_replace_batch(run: "Run", step: int, micro: int, inputs: "torch.Tensor", labels: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor] | None":
+    """Micro-batch ``micro`` (0-based) of step ``step`` (1-based) is about to enter the model.
+
+    Return ``(inputs, labels)`` to train on instead, tensors of the same
+    shapes (integer token ids below the model's vocabulary size), or None to
+    keep the batch. The first monitor (in config order) to return a pair
+    wins. The real batch is consumed either way: the data position moves on.
+    This is for rehearsals and tests of what bad data does
+    (``spike_rehearsal``); it is called only while a monitor implements it.
     """
 
 
@@ -135,7 +165,9 @@ def plait_train_end(run: "Run", reason: str) -> None:
 
 RUN_EVENT_HOOKS: tuple[str, ...] = (
     "plait_train_start",
+    "plait_replace_batch",
     "plait_before_update",
+    "plait_metrics",
     "plait_step_end",
     "plait_validation_end",
     "plait_checkpoint_saved",

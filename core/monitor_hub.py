@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import pluggy
+import torch
 
 from core import log
 from core.errors import PluginError
@@ -52,6 +53,13 @@ def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
         raise PluginError(f"monitor {name!r}: {e}") from None
 
 
+def _check_batch(result: Any, inputs: Any, labels: Any) -> None:
+    """A replacement batch must be an (inputs, labels) pair of tensors shaped like the real one."""
+    ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
+    if not ok or tuple(result[0].shape) != tuple(inputs.shape) or tuple(result[1].shape) != tuple(labels.shape):
+        raise TypeError(f"returned {type(result).__name__}; expected None or (inputs, labels) shaped {tuple(inputs.shape)} and {tuple(labels.shape)}")
+
+
 def check_monitor(name: str, obj: Any) -> None:
     """What prepare asks of each enabled monitor (a fresh plugin manager: nothing stays registered)."""
     register_monitor(plugin_manager(), name, obj)
@@ -70,25 +78,41 @@ class MonitorHub:
             self.names.append(name)
 
     def emit(self, hook: str, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` on each monitor that implements it, in config order; their results."""
         assert hook in RUN_EVENT_HOOKS
         impls = {impl.plugin_name: impl for impl in getattr(self.pm.hook, hook).get_hookimpls()}
-        results = []
+        return [self._call(name, impls[name], hook, kwargs) for name in self.names if name in impls and name not in self.failed]
+
+    def metrics(self, run: Any, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``metrics`` with what each monitor's ``plait_metrics`` adds, merged in config order
+        (a monitor sees what the ones before it added)."""
+        impls = {impl.plugin_name: impl for impl in self.pm.hook.plait_metrics.get_hookimpls()}
         for name in self.names:
-            impl = impls.get(name)
-            if impl is None or name in self.failed:
-                continue
-            try:
-                results.append(impl.function(**{k: kwargs[k] for k in impl.argnames}))
-            except Exception as e:
-                why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
-                self.failed[name] = why
-                run = kwargs.get("run")
-                if run is not None and run.dist.is_main or run is None:
-                    action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
-                    log.error(f"{why}; {action} (monitors.on_error = {self.on_error!r})")
-                if self.on_error == "stop" and run is not None:
-                    run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
-        return results
+            if name in impls and name not in self.failed:
+                extra = self._call(name, impls[name], "plait_metrics", {"run": run, "step": step, "metrics": dict(metrics)})
+                if extra:
+                    metrics = {**metrics, **extra}
+        return metrics
+
+    def _call(self, name: str, impl: Any, hook: str, kwargs: dict[str, Any]) -> Any:
+        """One monitor's hook; a failure disables the monitor and, under ``on_error = "stop"``, stops the run."""
+        try:
+            result = impl.function(**{k: kwargs[k] for k in impl.argnames})
+            if hook == "plait_metrics" and not isinstance(result, (dict, type(None))):
+                raise TypeError(f"returned a {type(result).__name__}; expected a dict of metrics or None")
+            if hook == "plait_replace_batch" and result is not None:
+                _check_batch(result, kwargs["inputs"], kwargs["labels"])
+            return result
+        except Exception as e:
+            why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
+            self.failed[name] = why
+            run = kwargs.get("run")
+            if run is None or run.dist.is_main:
+                action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
+                log.error(f"{why}; {action} (monitors.on_error = {self.on_error!r})")
+            if self.on_error == "stop" and run is not None:
+                run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
+            return None
 
     def implements(self, hook: str) -> bool:
         return bool(getattr(self.pm.hook, hook).get_hookimpls())

@@ -254,7 +254,7 @@ def add_time_and_money(
 
 
 # Overrides for a measurement: one process, nothing written to the run's folders, no checkpoints
-# or validation, no initial weights, no spike rehearsal (measure() also drops the monitors).
+# or validation, no initial weights (measure() also drops the monitors, a spike rehearsal with them).
 def _measure_overrides(tmp: str) -> list[str]:
     return [
         f"--train.output_dir={tmp}/out",
@@ -264,7 +264,6 @@ def _measure_overrides(tmp: str) -> list[str]:
         "--checkpoint.keep_best=0",
         "--checkpoint.initial_load=@default",
         "--validation.every=0",
-        "--train.inject_spike_at_step=0",
     ]
 
 

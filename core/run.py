@@ -39,6 +39,11 @@ class Run:
     optimizer: Any = None
     state: dict[str, Any] = field(default_factory=dict)
     stop: StopRequest | None = None
+    log_every: int = 1  # train.log_every
+
+    def is_log_step(self, step: int) -> bool:
+        """Are metrics logged after ``step`` (1-based)? Every ``train.log_every`` steps, and the last."""
+        return step % self.log_every == 0 or step == self.total_steps
 
     def request_stop(self, reason: str, checkpoint: bool = True, source: str = "", exit_code: int = 0) -> None:
         """End the run at the next step boundary, saving a checkpoint first if ``checkpoint``.

@@ -51,7 +51,6 @@ class TrainOptions:
     )
     activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
     compile: bool = option(False, "torch.compile each block, and the loss where the model offers it (compile_loss)")
-    inject_spike_at_step: int = option(0, "rehearsal: replace the batches of this step and the next 4 with rare tokens (0: off)", ge=0)
 
     def check(self) -> None:
         if self.steps == 0 and self.target_tokens == 0:
@@ -65,7 +64,7 @@ class BudgetOptions:
 
 @dataclass
 class MonitorsOptions:
-    enabled: list[str] = option(["console", "jsonl"], "monitor plugins to run, in call order")
+    enabled: list[str] = option(["console", "jsonl", "mfu", "memory", "update_ratio"], "monitor plugins to run, in call order")
     on_error: Literal["stop", "continue"] = option("stop", "a monitor that raises: stop the run cleanly (with a checkpoint), or disable that monitor and go on")
 
 

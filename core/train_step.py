@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 
 from core.checkpoint import TrainingState
-from core.metrics import UpdateRatio
 from core.nonfinite import NonFiniteGuard
 from core.protocols import DistInfo
 
@@ -33,16 +32,16 @@ class TrainStep:
         self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
 
     def forward_backward(
-        self, micro_batches: list[Batch], replace: Callable[[int, torch.Size], Batch] | None = None
+        self, micro_batches: list[Batch], replace: Callable[[int, torch.Tensor, torch.Tensor], Batch] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gradients of the step's mean loss, clipped: ``(loss, grad_norm, bad)``, all on the device;
-        ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, shape)``
-        swaps micro-batch ``m`` for another (a spike rehearsal)."""
+        ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, inputs, labels)``
+        may swap micro-batch ``m`` for another (a monitor's ``plait_replace_batch``)."""
         dev, accum = self.dist.device, self.grad_accum
         loss_sum: torch.Tensor | None = None
         for m, (inputs, labels) in enumerate(micro_batches):
             if replace is not None:
-                inputs, labels = replace(m, inputs.shape)
+                inputs, labels = replace(m, inputs, labels)
             inputs = inputs.to(dev, non_blocking=True)
             labels = labels.to(dev, non_blocking=True)
             with self.parallelism.sync_context(self.train_model, sync=m == accum - 1):
@@ -55,11 +54,9 @@ class TrainStep:
         bad = self.guard.flag(loss_sum, grad_norm)
         return loss_sum / accum, grad_norm, bad
 
-    def update(self, bad: torch.Tensor, update_ratio: UpdateRatio | None = None) -> None:
+    def update(self, bad: torch.Tensor) -> None:
         """Apply the gradients (unless ``bad``), move the schedule on, clear the gradients."""
         optimizer = self.state.optimizer
-        if update_ratio is not None:
-            update_ratio.before()
         lr = optimizer.param_groups[0]["lr"]  # this step's LR: the scheduler moves it on after the update
         self.applied_lr = lr.clone() if isinstance(lr, torch.Tensor) else lr
         self.guard.step(optimizer, bad)

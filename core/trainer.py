@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from core import distributed, log, resume, run_files, spike_rehearsal, stages
+from core import distributed, log, resume, run_files, stages
 from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble
@@ -82,6 +82,7 @@ class Trainer:
             gc.collect()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error)
         self.before_update_hooks = self.monitors.implements("plait_before_update")
+        self.replace_batch_hooks = self.monitors.implements("plait_replace_batch")
 
     def meta_model(self) -> torch.nn.Module:
         with torch.device("meta"):
@@ -102,10 +103,10 @@ class Trainer:
         about = {"optimizer_plugin": rc.slots["optimizer"].component.name, "versions": self.versions, "seed": rc.train.seed}
         self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist)
-        self.step_metrics = StepMetrics(self.dist, self.c["model"].flops_per_token(rc.seq_len), built.state.optimizer)
+        self.step_metrics = StepMetrics(self.dist)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
         self.skipping_now = 0  # steps skipped in a row up to the last read
-        self.before_update_hooks = False  # set once the monitors exist
+        self.before_update_hooks = self.replace_batch_hooks = False  # set once the monitors exist
 
     def close_loader(self) -> None:
         """Stop the loader's read-ahead thread, if it has one (CUDA)."""
@@ -137,7 +138,7 @@ class Trainer:
         run, rc, ckpt = self.run, self.rc, self.checkpointer
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
-        log_every, every = rc.train.log_every, ckpt.opts.every
+        every = ckpt.opts.every
         reason, end_detail = policy.COMPLETED, ""
         if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
@@ -146,15 +147,14 @@ class Trainer:
         while run.step < run.total_steps:
             if self.stage_changes():
                 batches = self.switch_stage()
-            is_log = policy.is_log_step(run.step + 1, log_every, run.total_steps)
+            is_log = run.is_log_step(run.step + 1)
             precision_log_step(self.c["precision"], is_log)  # fp8 plugins record amax on log steps only
-            spiking = self.spike_due()  # keyed on the data position before this step's batches
             micro_batches, why = self.next_step_batches(batches)
             if micro_batches is None:
                 log.info(f"{why}; ending the run after step {run.step}")
                 reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
                 break
-            loss, grad_norm = self.train_step(micro_batches, spiking, measure_update=is_log)
+            loss, grad_norm = self.train_step(micro_batches)
             if loss is None:  # rolled back: the run continues from the checkpoint's step
                 batches = iter(self.loader)
                 continue
@@ -216,10 +216,10 @@ class Trainer:
             self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
         return (None, why) if why else (micro, "")
 
-    def train_step(self, micro_batches: list, spiking: bool = False, measure_update: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def train_step(self, micro_batches: list) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One step; monitors implementing ``plait_before_update`` may skip its update or roll
         the run back (``(None, grad_norm)``: the loop goes on from the restored step)."""
-        replace = self.spike_batch if spiking else None
+        replace = self.replace_batch if self.replace_batch_hooks else None
         loss, grad_norm, bad = self.stepper.forward_backward(micro_batches, replace)
         if self.before_update_hooks:
             step = self.run.step + 1
@@ -231,7 +231,7 @@ class Trainer:
                 self.stepper.skip_update()
                 log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
                 return loss, grad_norm
-        self.stepper.update(bad, self.step_metrics.update_ratio if measure_update else None)
+        self.stepper.update(bad)
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:
@@ -245,7 +245,7 @@ class Trainer:
             extra.append(data_metrics(self.loader.state_dict().get("consumed_samples", 0)))
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
         metrics["skipped_steps"] = self.last_skipped
-        return metrics
+        return self.monitors.metrics(self.run, self.run.step, metrics)  # mfu, memory, update ratios...
 
     def read_skipped_steps(self) -> int:
         """Read the guard's counters (a host sync); warn of skipped steps; the longest run of them."""
@@ -255,7 +255,7 @@ class Trainer:
             log.warn(f"step {self.run.step}: {skipped} recent step(s) had a non-finite loss or gradient norm and were skipped (update not applied)")
         return worst
 
-    # -- stages, spikes, rollback, validation --------------------------------
+    # -- stages, replaced batches, rollback, validation ----------------------
     def stage_changes(self) -> bool:
         stages_cfg = self.rc.core_keys["data"].get("seq_len_stages", [])
         return bool(stages_cfg) and self.stage_seq_len() != self.built.loader_spec.seq_len
@@ -271,20 +271,16 @@ class Trainer:
         built.loader_spec = stages.respec(built.loader_spec, seq)
         built.state.loader = prefetching(self.c["data"].loader(built.loader_spec), self.prep.grad_accum, self.dist.device)
         built.state.loader.load_state_dict(position)
-        self.step_metrics.flops_per_token = self.c["model"].flops_per_token(seq)
         log.info(f"step {self.run.step + 1}: sequence length {seq}, micro-batch {built.loader_spec.micro_batch} (stage change)")
         return iter(built.state.loader)
 
-    def spike_due(self) -> bool:
-        inject = self.rc.train.inject_spike_at_step
-        if inject <= 0:
-            return False
-        return spike_rehearsal.due(inject, self.run.step, self.loader.state_dict(), self.built.loader_spec.global_batch)
-
-    def spike_batch(self, micro: int, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
-        if micro == 0 and self.dist.is_main:
-            log.info(f"step {self.run.step + 1}: injected spike batch (train.inject_spike_at_step)")
-        return spike_rehearsal.batch(shape, self.c["model"].vocab_size, self.rc.train.seed, self.run.step, self.dist.rank, micro)
+    def replace_batch(self, micro: int, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-batch ``micro`` of the next step, or what the first monitor implementing
+        ``plait_replace_batch`` returns instead (a spike rehearsal)."""
+        for other in self.monitors.emit("plait_replace_batch", run=self.run, step=self.run.step + 1, micro=micro, inputs=inputs, labels=labels):
+            if other is not None:
+                return other
+        return inputs, labels
 
     def rollback(self) -> bool:
         """Restore the last complete checkpoint but keep the data position. False if there is none."""

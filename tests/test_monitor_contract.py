@@ -92,7 +92,8 @@ def test_spikes_window_survives_resume(tiny_config, tmp_path):
     window = state["train"]["spikes_window"]
     assert len(window["loss"]) == 5 and len(window["grad_norm"]) == 5
     # resumed with a spike at once: detected only if the window came back (min_steps 3 > 0 steps seen)
-    r = run_module("core.train", *common, "--train.steps=8", "--train.inject_spike_at_step=7")
+    rehearse = ['--monitors.enabled=["jsonl", "spikes", "spike_rehearsal"]', "--monitors.spike_rehearsal.at_step=7"]
+    r = run_module("core.train", *common, "--train.steps=8", *rehearse)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "spikes: step 7: spike in" in r.stderr
     assert read_metrics(out)[-1]["step"] == 8

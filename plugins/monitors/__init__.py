@@ -1,4 +1,5 @@
-"""Monitors: ``console``, ``jsonl``, ``tensorboard``, ``budget_guard``, ``spikes``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
+"""Monitors: ``console``, ``jsonl``, ``tensorboard``, ``mfu``, ``memory``, ``update_ratio``, ``budget_guard``, ``spikes``,
+``spike_rehearsal``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
 
 from core.hookspecs import hookimpl
 
@@ -8,15 +9,22 @@ def plait_register(registry):
     from plugins.monitors.budget_guard import BudgetGuard, BudgetGuardOptions
     from plugins.monitors.console import Console, ConsoleOptions
     from plugins.monitors.jsonl import Jsonl, JsonlOptions
+    from plugins.monitors.memory import Memory
+    from plugins.monitors.mfu import MFU
     from plugins.monitors.mlflow_logger import MLflowLogger, MLflowOptions
     from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMonitorOptions
+    from plugins.monitors.spike_rehearsal import SpikeRehearsal, SpikeRehearsalOptions
     from plugins.monitors.spikes import Spikes, SpikesOptions
     from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
+    from plugins.monitors.update_ratio import UpdateRatio
     from plugins.monitors.wandb_logger import WandbLogger, WandbOptions
 
     registry.add("monitor", "console", Console, options=ConsoleOptions, doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")
     registry.add("monitor", "jsonl", Jsonl, options=JsonlOptions, doc="one JSON object per logged step in <output_dir>/metrics.jsonl")
     registry.add("monitor", "tensorboard", TensorBoard, options=TensorBoardOptions, doc="TensorBoard scalars in <output_dir>/tensorboard")
+    registry.add("monitor", "mfu", MFU, doc="adds mfu and peak_tflops to log steps: model FLOPs against the device's dense bf16 peak")
+    registry.add("monitor", "memory", Memory, doc="adds the device memory (allocated, reserved, peak GiB; CUDA) to log steps")
+    registry.add("monitor", "update_ratio", UpdateRatio, doc="adds ||update|| / ||parameters|| per parameter group to log steps")
     registry.add(
         "monitor",
         "budget_guard",
@@ -26,6 +34,13 @@ def plait_register(registry):
     )
     registry.add(
         "monitor", "spikes", Spikes, options=SpikesOptions, doc="loss and grad-norm spikes against a rolling window: log, skip the update, or roll back"
+    )
+    registry.add(
+        "monitor",
+        "spike_rehearsal",
+        SpikeRehearsal,
+        options=SpikeRehearsalOptions,
+        doc="rehearsal: rare-token batches for a few steps from at_step on, to test spike handling",
     )
     registry.add(
         "monitor",

@@ -6,7 +6,7 @@ with a rolling window of the previous ``window`` steps: a value more than
 ``min_ratio`` times the mean) is a spike. Actions: ``log`` (a warning),
 ``skip`` (drop that update), ``rollback`` (restore the last complete
 checkpoint and skip the data since then). Spikes never enter the window.
-Rehearse with ``train.inject_spike_at_step``.
+Rehearse with the ``spike_rehearsal`` monitor.
 """
 
 from __future__ import annotations
