@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import pytest
 from conftest import REPO, read_metrics, run_module, torchrun
@@ -27,7 +28,7 @@ def guarded(tiny_config, tmp_path):
         ),
     )
     args = ("--config", str(cfg), '--monitors.enabled=["console", "jsonl", "budget_guard"]')
-    return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": str(REPO / "tests" / "seams")}, tmp_path
+    return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}, tmp_path
 
 
 def committed(out):

@@ -248,7 +248,7 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if labels is None:
             return self.output(h)
-        from core.losses import chunked_cross_entropy, output_cross_entropy
+        from core.api import chunked_cross_entropy, output_cross_entropy
 
         if self.args.loss_chunk_tokens > 0:
             return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens, compile=self.compile_loss)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from core.options import option
+from core.api import option
 from model_specs.llama3.model import ModelArgs, Transformer
 
 

@@ -1,6 +1,6 @@
 """Data sources: ``synthetic``, ``token_bin`` (nanoGPT's train.bin / val.bin) and ``mixture``."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

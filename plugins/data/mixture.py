@@ -42,9 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.data import DataExhausted, IndexedLoader, IndexedSource, mix_seed
-from core.errors import ConfigError, DataError
-from core.options import option
+from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, mix_seed, option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -265,7 +263,7 @@ class Mixture(IndexedSource):
     def tokens_per_epoch(self) -> int | None:
         """The sources' sizes together (each source's own pass is ``data/<label>_epochs``);
         None when any source does not know its size (a stream)."""
-        from core.protocols import data_tokens_per_epoch
+        from core.api import data_tokens_per_epoch
 
         sizes = [data_tokens_per_epoch(source) for source in self.sources]
         return sum(sizes) if sizes and all(sizes) else None

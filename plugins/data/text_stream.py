@@ -36,9 +36,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from core.data import ignore_stop_signals, mix_seed, shut_down_at_exit
-from core.errors import DataError
-from core.options import option
+from core.api import DataError, ignore_stop_signals, mix_seed, option, shut_down_at_exit
 
 PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format fails at once
 

@@ -1,6 +1,6 @@
 """Monitors: ``console``, ``jsonl``, ``tensorboard``, ``budget_guard``, ``spikes``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

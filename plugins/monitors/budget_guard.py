@@ -33,9 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ConfigError
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import ConfigError, hookimpl, option
 
 EXIT_PROJECTED_OVER_CAP = 75
 EXIT_SPENT_OVER_CAP = 76

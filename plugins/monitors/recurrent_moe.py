@@ -24,8 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, option
 
 Action = Literal["warn", "stop"]
 

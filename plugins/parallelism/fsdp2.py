@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from core.options import option
+from core.api import ConfigError, option
 from plugins.parallelism.common import clip_grad_norm
 
 
