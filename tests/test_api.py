@@ -1,4 +1,5 @@
-"""core.api is the one module plugins import from, and it documents what it exports."""
+"""core.api is the one module plugins import from, it documents what it exports, and plugins say
+things through its logger rather than print."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ INTERNAL_IMPORTS = {
     ("plugins/data/prepare.py", "core.errors.DataError"): "a command-line tool that starts without torch, which core.api imports",
     ("plugins/data/prepare.py", "core.errors.PlaitError"): "a command-line tool that starts without torch, which core.api imports",
 }
+
+# Files that print on purpose: the console monitor's step lines (no ``plait:`` prefix) and command-line tools.
+PRINTS = {"plugins/monitors/console.py", "plugins/data/prepare.py", "plugins/data/corpus/build_shakespeare.py"}
 
 
 def sources(*roots: Path) -> list[Path]:
@@ -120,3 +124,64 @@ def test_the_contract_is_declared_by_the_slot_protocol(slot):
             params = [p for p in inspect.signature(getattr(proto, m.name)).parameters.values() if p.name != "self"]
             assert len(params) == m.params, f"{proto.__name__}.{m.name} takes {len(params)} argument(s), the contract {m.params}"
     assert members <= {m.name for m in CONTRACT[slot] if m.required}, f"{proto.__name__} declares members the contract lacks"
+
+
+# -- one logger ------------------------------------------------------------------------------
+
+
+def test_plugins_and_model_specs_do_not_print():
+    printing = set()
+    for path in sources(*BUILTIN, EXAMPLE):
+        rel = path.relative_to(REPO).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id == "print") or (
+                isinstance(f, ast.Attribute) and f.attr == "write" and isinstance(f.value, ast.Attribute) and f.value.attr in ("stdout", "stderr")
+            ):
+                printing.add(rel)
+                assert rel in PRINTS, f"{rel}:{node.lineno} prints: use core.api.log (info, note, warn, error)"
+    assert printing == PRINTS, f"PRINTS lists files that no longer print: {sorted(PRINTS - printing)}"
+
+
+def test_plugins_do_not_read_the_rank_from_the_environment():
+    """Whether to speak is the logger's decision; a plugin that needs its rank has DistInfo."""
+    for path in sources(*BUILTIN, EXAMPLE):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            assert not (isinstance(node, ast.Constant) and node.value in ("RANK", "LOCAL_RANK")), f"{path.relative_to(REPO)}:{node.lineno}"
+
+
+def spike(monitor):
+    from core.protocols import DistInfo
+    from core.run import Run
+
+    run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=100, tokens_per_step=1)
+    for step in range(1, 12):
+        monitor.plait_before_update(run=run, step=step, loss=3.0 + 0.01 * (step % 2), grad_norm=1.0)
+    return monitor.plait_before_update(run=run, step=12, loss=30.0, grad_norm=1.0)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_monitor_warning_is_printed_by_rank_zero_only(monkeypatch, capsys, rank):
+    from plugins.monitors.spikes import Spikes, SpikesOptions
+
+    monkeypatch.setenv("RANK", rank)
+    assert spike(Spikes(SpikesOptions(action="log"))) is None
+    err = capsys.readouterr().err
+    assert ("plait: spikes: step 12: spike in loss 30" in err) == (rank == "0"), err
+
+
+def test_a_shard_speaks_for_itself_on_every_rank(monkeypatch, capsys, tmp_path):
+    import json
+
+    from core.protocols import LoaderSpec
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(8)))
+    monkeypatch.setenv("RANK", "1")
+    s = TextStream(TextStreamOptions(files=[str(corpus)], on_end="stop"))
+    s.validate(512, 32)
+    assert list(s.loader(LoaderSpec(32, 2, 1, 1, 2, 42)))
+    assert 'plait: text_stream shard 1: end of the files (on_end = "stop")' in capsys.readouterr().err

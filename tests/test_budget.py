@@ -103,7 +103,7 @@ def test_malformed_or_missing_file_warns_never_crashes(tmp_path, clock, capsys, 
         (tmp_path / "budget.json").write_text(content)
     g, run = guard(tmp_path)
     g.plait_step_end(run=run, step=10, metrics={})
-    assert run.stop is None and "budget_guard: warning: budget file" in capsys.readouterr().err
+    assert run.stop is None and "plait: warning: budget_guard: budget file" in capsys.readouterr().err
 
 
 def test_stale_file_warns_once(tmp_path, clock, capsys):

@@ -182,18 +182,13 @@ class Transformer(nn.Module):
 
     def log_attention_backend(self, seq_len: int, device: torch.device) -> None:
         """Say which SDPA kernel the attention runs on (rank 0, stderr)."""
-        import os
-        import sys
+        from core.api import log
 
-        if self.args.attention == "flash_attn" or int(os.environ.get("RANK", 0)) != 0:
+        if self.args.attention == "flash_attn":
             return
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.tok_embeddings.weight.dtype
         backend = sdpa_backend(self.args.n_heads, self.args.head_dim, seq_len, dtype, device)
-        print(
-            f"plait: attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, seq {seq_len})",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.note(f"attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, seq {seq_len})")
 
     def tie_weights(self) -> None:
         """Make the output head share the embedding matrix, if tied.
