@@ -23,6 +23,7 @@ INTERNAL_IMPORTS = {
     ("plugins/data/mixture.py", "core.registry"): "the mixture builds its sources' data plugins by name, as the core does",
     ("plugins/data/mixture.py", "core.config.subtable"): "each source's table keeps where its values came from (relative paths)",
     ("plugins/data/mixture.py", "core.options.build_options"): "each source's options are built and checked like a top-level plugin's",
+    ("plugins/data/__init__.py", "core.hookspecs.hookimpl"): "importing plugins.data.prepare runs it: that CLI starts without torch",
     ("plugins/data/prepare.py", "core.errors.ArgumentParser"): "a command-line tool: plait's argparse (no abbreviations, exit code 2)",
     ("plugins/data/prepare.py", "core.errors.exit_bad_input"): "a command-line tool: a bad input is one line and exit code 2",
     ("plugins/data/prepare.py", "core.errors.DataError"): "a command-line tool that starts without torch, which core.api imports",
@@ -99,6 +100,16 @@ def test_builtin_plugins_import_core_internals_only_where_listed():
     stale = sorted(set(INTERNAL_IMPORTS) - set(internal))
     assert not stale, f"INTERNAL_IMPORTS lists imports that are gone: {stale}"
     assert all(INTERNAL_IMPORTS.values()), "every exception says why"
+
+
+def test_the_data_preparation_cli_starts_without_torch():
+    """Why plugins/data/__init__.py and prepare.py import from core.hookspecs and core.errors: core.api imports torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, plugins.data.prepare; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
 
 
 def protocol_members(proto: type) -> set[str]:
