@@ -67,8 +67,8 @@ CONTRACT: dict[str, list[Member]] = {
         method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
         method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False),
-        method("from_hf_state_dict", 1, "Hugging Face state dict -> plait names (initial_load of an HF folder)", False),
-        method("hf_config", 0, "the Hugging Face config.json dict written by export", False),
+        method("from_hf_state_dict", 1, "Hugging Face state dict -> plait names (initial_load of an HF folder); default: HF folders are refused", False),
+        method("hf_config", 0, "the Hugging Face config.json dict written by export; default: none (needed with to_hf_state_dict)", False),
     ],
     "parallelism": [
         method("wrap", 4, "(model, spec, dist, precision) -> the module to call"),
@@ -93,7 +93,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("validate", 2, "(vocab_size, seq_len) check files and ids before anything is built"),
         method("loader", 1, "(LoaderSpec) -> the loader (core.protocols.DataLoaderLike)"),
         method("has_split", 1, "(split) whether a validation split exists; default: assumed", False),
-        method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve", False),
+        method("check_resume", 2, "(checkpoint state.json, world size) refuse a resume it cannot serve; default: any resume", False),
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
         method("tokens_per_epoch", 0, "tokens in one pass over the training split, or None if unknown (the logged epoch); default: unknown", False),
         method(

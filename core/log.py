@@ -19,6 +19,7 @@ _warned: set[str] = set()
 
 
 def rank() -> int:
+    """This process's global rank (torchrun's ``RANK``; 0 without one)."""
     return int(os.environ.get("RANK", 0))
 
 
@@ -33,6 +34,7 @@ def _emit(stream, text: str, all_ranks: bool) -> None:
 
 
 def info(message: str, all_ranks: bool = False) -> None:
+    """A progress line on stdout: ``plait: <message>``."""
     _emit(sys.stdout, f"plait: {message}", all_ranks)
 
 
@@ -42,6 +44,8 @@ def note(message: str, all_ranks: bool = False) -> None:
 
 
 def warn(message: str, once: str | None = None, all_ranks: bool = False) -> None:
+    """``plait: warning: <message>`` on stderr; with ``once``, only the first warning of that key
+    in this process (for a condition that repeats every step)."""
     if once is not None:
         if once in _warned:
             return
@@ -50,4 +54,5 @@ def warn(message: str, once: str | None = None, all_ranks: bool = False) -> None
 
 
 def error(message: str, all_ranks: bool = False) -> None:
+    """``plait: error: <message>`` on stderr."""
     _emit(sys.stderr, f"plait: error: {message}", all_ranks)

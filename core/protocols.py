@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from core.errors import PluginError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from core.param_groups import OptimizerOptions
 
 SLOTS: tuple[str, ...] = (
     "model",
@@ -75,6 +78,11 @@ class ModelSpec(Protocol):
     parallelism wrappers, then calls ``init_weights``. The module's
     ``forward(input_ids, labels)`` returns the mean cross-entropy over the
     tokens (a 0-dim tensor); ``forward(input_ids)`` returns logits.
+
+    Optional members (what the core does without each: ``core.contract.CONTRACT``):
+    ``high_precision_modules(model)``, ``compile_loss(model)``, ``param_counts()``,
+    ``max_seq_len``, and the Hugging Face adapters ``to_hf_state_dict(sd)``,
+    ``from_hf_state_dict(sd)`` and ``hf_config()``.
     """
 
     vocab_size: int
@@ -108,7 +116,11 @@ def spec_compile_loss(spec: ModelSpec, model: nn.Module) -> bool:
 
 @runtime_checkable
 class Parallelism(Protocol):
-    """Data parallel strategy. Applied after precision conversion."""
+    """Data parallel strategy. Applied after precision conversion.
+
+    Optional members (defaults in ``core.contract.CONTRACT``): ``check_world(world_size)``,
+    ``shards_parameters`` and ``wraps_before_compile``.
+    """
 
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...
 
@@ -123,7 +135,11 @@ class Parallelism(Protocol):
 
 @runtime_checkable
 class Precision(Protocol):
-    """Numeric format. ``supported`` is asked before anything is built."""
+    """Numeric format. ``supported`` is asked before anything is built.
+
+    Optional members (defaults in ``core.contract.CONTRACT``): ``check_model(model)``,
+    ``post_optimizer_step(model)`` and ``log_step(on)``.
+    """
 
     name: str
 
@@ -240,7 +256,12 @@ def precision_log_step(precision: Any, on: bool) -> None:
 
 @runtime_checkable
 class DataSource(Protocol):
-    """A source of training tokens."""
+    """A source of training tokens.
+
+    Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
+    ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``
+    and ``validation_loaders(spec)``. Map-style sources subclass :class:`core.data.IndexedSource`.
+    """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:
         """Check files and token ids before any process group or model exists; raise DataError."""
@@ -268,7 +289,13 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
 
 @runtime_checkable
 class OptimizerBuilder(Protocol):
-    """Builds a torch optimizer from the parameter groups the core made."""
+    """Builds a torch optimizer from the parameter groups the core made.
+
+    Optional member (default in ``core.contract.CONTRACT``): ``state_bytes_per_param``.
+    """
+
+    options: OptimizerOptions
+    """Its options, an instance of a :class:`core.param_groups.OptimizerOptions` subclass."""
 
     def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer: ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import pytest
 from conftest import REPO, read_metrics, run_module, torchrun
@@ -27,7 +28,7 @@ def guarded(tiny_config, tmp_path):
         ),
     )
     args = ("--config", str(cfg), '--monitors.enabled=["console", "jsonl", "budget_guard"]')
-    return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": str(REPO / "tests" / "seams")}, tmp_path
+    return args, {"PLAIT_TEST_CLOCK_FILE": str(clock), "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}, tmp_path
 
 
 def committed(out):
@@ -102,7 +103,7 @@ def test_malformed_or_missing_file_warns_never_crashes(tmp_path, clock, capsys, 
         (tmp_path / "budget.json").write_text(content)
     g, run = guard(tmp_path)
     g.plait_step_end(run=run, step=10, metrics={})
-    assert run.stop is None and "budget_guard: warning: budget file" in capsys.readouterr().err
+    assert run.stop is None and "plait: warning: budget_guard: budget file" in capsys.readouterr().err
 
 
 def test_stale_file_warns_once(tmp_path, clock, capsys):

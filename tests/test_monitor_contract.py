@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import REPO, read_metrics, run_module
@@ -68,7 +69,7 @@ def test_contract_breaches_are_one_line_errors_naming_the_monitor(monitor, words
 def test_train_end_hears_of_a_crash_and_exit_status_says_error(tiny_config, tmp_path):
     cfg = tiny_config(steps=10)
     out = tmp_path / "out"
-    r = run_module("core.train", "--config", str(cfg), extra_env={"PYTHONPATH": str(SEAMS), "PLAIT_TEST_CRASH_AT_STEP": "4"})
+    r = run_module("core.train", "--config", str(cfg), extra_env={"PYTHONPATH": os.pathsep.join([str(SEAMS), str(REPO)]), "PLAIT_TEST_CRASH_AT_STEP": "4"})
     assert r.returncode == 1 and "planted crash" in r.stderr
     ends = [row for row in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()) if row.get("kind") == "end"]
     assert ends and ends[-1]["reason"] == "error"

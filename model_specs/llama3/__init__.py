@@ -1,6 +1,6 @@
 """The ``llama3`` model plugin: a Llama-3 style decoder (see :mod:`model_specs.llama3.model`)."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 from model_specs.llama3.spec import FLAVORS, Llama3Options, Llama3Spec
 
 __all__ = ["FLAVORS", "Llama3Options", "Llama3Spec", "plait_register"]

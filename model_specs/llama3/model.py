@@ -182,18 +182,13 @@ class Transformer(nn.Module):
 
     def log_attention_backend(self, seq_len: int, device: torch.device) -> None:
         """Say which SDPA kernel the attention runs on (rank 0, stderr)."""
-        import os
-        import sys
+        from core.api import log
 
-        if self.args.attention == "flash_attn" or int(os.environ.get("RANK", 0)) != 0:
+        if self.args.attention == "flash_attn":
             return
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.tok_embeddings.weight.dtype
         backend = sdpa_backend(self.args.n_heads, self.args.head_dim, seq_len, dtype, device)
-        print(
-            f"plait: attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, seq {seq_len})",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.note(f"attention: SDPA {backend} kernel ({str(dtype).removeprefix('torch.')}, head_dim {self.args.head_dim}, seq {seq_len})")
 
     def tie_weights(self) -> None:
         """Make the output head share the embedding matrix, if tied.
@@ -248,7 +243,7 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if labels is None:
             return self.output(h)
-        from core.losses import chunked_cross_entropy, output_cross_entropy
+        from core.api import chunked_cross_entropy, output_cross_entropy
 
         if self.args.loss_chunk_tokens > 0:
             return chunked_cross_entropy(h, self.output.weight, labels, self.args.loss_chunk_tokens, compile=self.compile_loss)

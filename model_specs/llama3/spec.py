@@ -13,13 +13,12 @@ flavor's value, any other value overrides it::
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from torch import nn
 
-from core.options import option
+from core.api import log, option
 from model_specs.llama3.model import ModelArgs, Transformer
 
 
@@ -30,14 +29,10 @@ def resolve_attention(requested: str) -> str:
     try:
         import flash_attn  # noqa: F401
     except ImportError as e:
-        if requested not in _WARNED:
-            _WARNED.add(requested)
-            print(f"plait: warning: model.attention = 'flash_attn' but flash-attn is not importable ({e}); using sdpa", file=sys.stderr, flush=True)
+        log.warn(f"model.attention = 'flash_attn' but flash-attn is not importable ({e}); using sdpa", once="llama3:flash_attn")
         return "sdpa"
     return "flash_attn"
 
-
-_WARNED: set[str] = set()
 
 FLAVORS: dict[str, ModelArgs] = {
     # Trains in seconds on a CPU; byte-level data uses ids < 257.

@@ -1,6 +1,6 @@
 """The ``recurrent_moe`` model spec plugin: a looped mixture-of-experts transformer."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from core.options import option
+from core.api import option
 from model_specs.llama3.model import ModelArgs
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 

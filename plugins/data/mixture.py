@@ -36,15 +36,12 @@ sources = [
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from core.data import DataExhausted, IndexedLoader, IndexedSource, mix_seed
-from core.errors import ConfigError, DataError
-from core.options import option
+from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, log, mix_seed, option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -132,7 +129,6 @@ class Mixture(IndexedSource):
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
         self._epochs_warned = [0] * len(self.sources)
-        self.dp_rank = 0
         self.seq_len = 0
 
     def validate(self, vocab_size: int, seq_len: int) -> None:
@@ -178,7 +174,7 @@ class Mixture(IndexedSource):
         if spec.split == "train":  # validation loaders must not change the train stream's layout
             if (spec.total_samples, spec.seq_len) != (self.total_samples, self.seq_len):
                 self._block_counts, self._block = self._block_counts[:1], None
-            self.seq_len, self.total_samples, self.dp_rank = spec.seq_len, spec.total_samples, spec.dp_rank
+            self.seq_len, self.total_samples = spec.seq_len, spec.total_samples
         return MixtureLoader(self, spec)
 
     def validation_loaders(self, spec) -> dict[str, IndexedLoader]:
@@ -255,17 +251,12 @@ class Mixture(IndexedSource):
             if self.on_exhausted[k] == "stop":
                 raise DataExhausted(f'[data] mixture: source {self.labels[k]!r} ran out after {capacity} samples (one epoch) and on_exhausted = "stop"')
             self._epochs_warned[k] = int((used[k] - 1) // capacity)
-            if self.dp_rank == 0:
-                print(
-                    f"plait: warning: mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            log.warn(f"mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}")
 
     def tokens_per_epoch(self) -> int | None:
         """The sources' sizes together (each source's own pass is ``data/<label>_epochs``);
         None when any source does not know its size (a stream)."""
-        from core.protocols import data_tokens_per_epoch
+        from core.api import data_tokens_per_epoch
 
         sizes = [data_tokens_per_epoch(source) for source in self.sources]
         return sum(sizes) if sizes and all(sizes) else None

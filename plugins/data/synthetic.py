@@ -11,9 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from core.data import IndexedSource, mix_seed
-from core.errors import DataError
-from core.options import option
+from core.api import DataError, IndexedSource, mix_seed, option
 
 
 @dataclass

@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import copy
 import glob
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 import torch
 
-from core.data import ignore_stop_signals, mix_seed, shut_down_at_exit
-from core.errors import DataError
-from core.options import option
+from core.api import DataError, ignore_stop_signals, log, mix_seed, option, shut_down_at_exit
 
 PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format fails at once
 
@@ -113,11 +110,11 @@ class _Shard(torch.utils.data.IterableDataset):
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
             if self.opts.on_end == "stop":
-                print(f'plait: text_stream shard {shard}: end of the files (on_end = "stop")', file=sys.stderr, flush=True)
+                log.note(f'text_stream shard {shard}: end of the files (on_end = "stop")', all_ranks=True)
                 return
             st["epoch"] += 1
             st["next_doc"] = shard
-            print(f"plait: warning: text_stream shard {shard}: end of the files, starting epoch {st['epoch']}", file=sys.stderr, flush=True)
+            log.warn(f"text_stream shard {shard}: end of the files, starting epoch {st['epoch']}", all_ranks=True)
 
     def _through_buffer(self, st, window):
         size = self.opts.shuffle_buffer

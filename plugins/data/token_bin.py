@@ -26,9 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from core.data import IndexedSource, mix_seed, permute
-from core.errors import DataError
-from core.options import option
+from core.api import DataError, IndexedSource, mix_seed, option, permute
 
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24

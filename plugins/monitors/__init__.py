@@ -1,7 +1,7 @@
 """Monitors: ``console``, ``jsonl``, ``tensorboard``, ``mfu``, ``memory``, ``update_ratio``, ``budget_guard``, ``spikes``,
 ``spike_rehearsal``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

@@ -28,14 +28,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import ConfigError
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import ConfigError, hookimpl, log, option
 
 EXIT_PROJECTED_OVER_CAP = 75
 EXIT_SPENT_OVER_CAP = 76
@@ -95,9 +92,10 @@ class BudgetGuard:
 
     # -- during training -------------------------------------------------------
     def _warn(self, run, key: str, text: str) -> None:
-        if key not in self.warned and run.dist.is_main:
+        # Once per guard and key, not log's once= (that is per process, and a process may run several guards).
+        if key not in self.warned:
             self.warned.add(key)
-            print(f"plait: budget_guard: warning: {text}", file=sys.stderr, flush=True)
+            log.warn(f"budget_guard: {text}")
 
     def read_file(self, run) -> dict | None:
         o = self.options
@@ -159,7 +157,7 @@ class BudgetGuard:
     def act(self, run, action: str, reason: str) -> None:
         o = self.options
         prefix = "[dry run] would " if o.dry_run else ""
-        print(f"plait: budget_guard: {prefix}{action}: {reason}", file=sys.stderr, flush=True)
+        log.note(f"budget_guard: {prefix}{action}: {reason}")
         if o.dry_run:
             return
         if action == "alert":

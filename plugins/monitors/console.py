@@ -26,9 +26,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import closest
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import closest, hookimpl, option
 
 
 def num(value: Any) -> Any:

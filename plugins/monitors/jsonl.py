@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, option
 
 
 def plain(value: Any) -> Any:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.errors import PluginError
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import PluginError, hookimpl, option
 
 
 @dataclass

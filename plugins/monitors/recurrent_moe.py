@@ -19,13 +19,11 @@ every logger through the step's metrics.
 
 from __future__ import annotations
 
-import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, log, option
 
 Action = Literal["warn", "stop"]
 
@@ -98,7 +96,7 @@ class RecurrentMoEMonitor:
             run.state.setdefault("moe_alerts", {}).setdefault(name, 0)
             run.state["moe_alerts"][name] += 1
             suffix = self.due(name, step) if action == "warn" else ""
-            if suffix is not None and run.dist.is_main:
-                print(f"plait: recurrent_moe: step {step}: {text} ({action}{suffix})", file=sys.stderr, flush=True)
+            if suffix is not None:
+                log.note(f"recurrent_moe: step {step}: {text} ({action}{suffix})")
             if action == "stop":
                 run.request_stop(f"recurrent_moe: {text}", checkpoint=True, source="recurrent_moe")

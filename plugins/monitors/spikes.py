@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, log, option
 
 
 @dataclass
@@ -78,7 +76,6 @@ class Spikes:
             return None
         self.spikes += 1
         run.state["spikes"] = run.state.get("spikes", 0) + 1
-        if run.dist.is_main:
-            what = ", ".join(f"{n} {values[n]:.4g} (window mean {statistics.fmean(self.history[n]):.4g})" for n in hits)
-            print(f"plait: spikes: step {step}: spike in {what}; action: {self.options.action}", file=sys.stderr, flush=True)
+        what = ", ".join(f"{n} {values[n]:.4g} (window mean {statistics.fmean(self.history[n]):.4g})" for n in hits)
+        log.note(f"spikes: step {step}: spike in {what}; action: {self.options.action}")
         return None if self.options.action == "log" else self.options.action

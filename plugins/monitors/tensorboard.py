@@ -13,9 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import PluginError
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import PluginError, hookimpl, option
 
 SKIP = {"step"}
 

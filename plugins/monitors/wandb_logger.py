@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from core.errors import PluginError
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import PluginError, hookimpl, option
 from plugins.monitors.mlflow_logger import numeric
 
 

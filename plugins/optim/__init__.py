@@ -1,6 +1,6 @@
 """Optimizers: ``adamw`` (torch), ``adamw8bit``/``adamw4bit``/``adamw_fp8`` (torchao), ``bnb_adamw8bit`` (bitsandbytes)."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

@@ -7,8 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-from core.options import option
-from core.param_groups import OptimizerOptions
+from core.api import OptimizerOptions, option
 
 
 @dataclass

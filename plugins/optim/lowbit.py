@@ -13,9 +13,7 @@ from typing import Any
 
 import torch
 
-from core.errors import PluginError
-from core.options import option
-from core.param_groups import OptimizerOptions
+from core.api import OptimizerOptions, PluginError, option
 
 TORCHAO_CLASSES = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "adamw_fp8": "AdamWFp8"}
 STATE_BYTES = {"adamw8bit": 2.0, "adamw4bit": 1.0, "adamw_fp8": 2.0}

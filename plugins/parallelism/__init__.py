@@ -1,6 +1,6 @@
 """Data parallel strategies: ``single``, ``ddp`` and ``fsdp2``."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

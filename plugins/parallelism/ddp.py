@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from core.options import option
+from core.api import option
 from plugins.parallelism.common import clip_grad_norm
 
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from core.options import option
+from core.api import ConfigError, log, option
 from plugins.parallelism.common import clip_grad_norm
 
 
@@ -72,8 +71,8 @@ class FSDP2:
             # The last block's parameters are needed again at once by the backward pass.
             fully_shard(block, reshard_after_forward=o.reshard_after_forward and i < len(blocks) - 1, **kwargs)
         fully_shard(model, reshard_after_forward=o.reshard_after_forward, **kwargs)
-        if o.cpu_offload and dist.is_main:
-            print(f"plait: fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))", flush=True)
+        if o.cpu_offload:
+            log.info(f"fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))")
         return model
 
     def sync_context(self, model: nn.Module, sync: bool):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from core.errors import ConfigError
+from core.api import ConfigError
 from plugins.parallelism.common import clip_grad_norm
 
 

@@ -1,6 +1,6 @@
 """Numeric formats: ``fp32``, ``bf16``, ``fp8`` and ``mxfp8`` (torchao), ``te_fp8`` (Transformer Engine)."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

@@ -36,7 +36,7 @@ def linear_filter(skip: list[str], multiple: int = 16):
 def kept_high(spec, model: torch.nn.Module, skip_head: bool) -> list[str]:
     """What the model spec declares high precision (:func:`core.protocols.high_precision_modules`),
     when the plugin's ``skip_head`` is on."""
-    from core.protocols import high_precision_modules
+    from core.api import high_precision_modules
 
     return high_precision_modules(spec, model) if skip_head and spec is not None else []
 

@@ -19,16 +19,13 @@ on log steps only).
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from core.options import option
+from core.api import ConfigError, log, option
 from plugins.precision.basic import BF16
 from plugins.precision.capability import count_eligible, cuda_capability, kept_high, linear_filter, quiet_torchao_import
 
@@ -92,13 +89,10 @@ class FP8(BF16):
             accept = with_size_filter(accept, self.options.recipe)
         eligible = count_eligible(model, skip, multiple)
         converted = sum(accept(m, name) for name, m in model.named_modules())
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(
-                f"plait: fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
-                + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else ""),
-                file=sys.stderr,
-                flush=True,
-            )
+        log.note(
+            f"fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
+            + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else "")
+        )
         model = convert_to_float8_training(model, config=config, module_filter_fn=accept)
         self.recorder.attach(model)
         return model

@@ -22,8 +22,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from core.options import option
+from core.api import ConfigError, option
 from plugins.precision.basic import BF16
 from plugins.precision.capability import count_eligible, cuda_capability, kept_high, linear_filter, quiet_torchao_import
 from plugins.precision.fp8 import AmaxRecorder, fp8_weight_stats

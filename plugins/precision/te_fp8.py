@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from core.options import option
+from core.api import option
 from plugins.precision.basic import BF16
 from plugins.precision.capability import cuda_capability, kept_high, linear_filter
 

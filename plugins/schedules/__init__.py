@@ -1,6 +1,6 @@
 """LR schedules: ``warmup_cosine``, ``constant``, ``wsd`` and ``linear``."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 
 
 @hookimpl

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from core.options import option
+from core.api import option
 
 
 def warmup_steps_of(warmup_steps: int, warmup_fraction: float, total_steps: int) -> int:

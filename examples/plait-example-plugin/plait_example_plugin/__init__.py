@@ -1,6 +1,6 @@
 """An example plait plugin: the entry point ``example`` in the group ``plait`` names this module."""
 
-from core.hookspecs import hookimpl
+from core.api import hookimpl
 from plait_example_plugin.compressed_ddp import DDPFP16, DDPFP16Options
 from plait_example_plugin.lion import Lion, LionOptions
 from plait_example_plugin.loss_target import LossTarget, LossTargetOptions

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from core.options import option
+from core.api import option
 
 
 @dataclass

@@ -7,8 +7,7 @@ from typing import Any
 
 import torch
 
-from core.options import option
-from core.param_groups import OptimizerOptions
+from core.api import OptimizerOptions, option
 
 
 @dataclass

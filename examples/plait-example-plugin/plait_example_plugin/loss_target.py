@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, option
 
 
 @dataclass

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.data import IndexedSource
-from core.errors import DataError
-from core.options import option
+from core.api import DataError, IndexedSource, option
 
 
 @dataclass

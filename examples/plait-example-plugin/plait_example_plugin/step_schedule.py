@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.options import option
+from core.api import option
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from core.options import option
+from core.api import option
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.options import option
+from core.api import option
 
 
 @dataclass

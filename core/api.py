@@ -1,0 +1,129 @@
+"""plait's public API for plugin authors: import from here, and from nowhere else in ``core``.
+
+A plugin is a module named by an entry point in the group ``plait`` that implements
+``plait_register(registry)`` with :data:`hookimpl`; ``docs/writing_plugins.md`` walks through
+one component per slot (``examples/plait-example-plugin`` is the installable example).
+What this module holds, by group:
+
+* **Hooks**: :data:`hookimpl` marks ``plait_register`` and a monitor's run-event methods
+  (:data:`RUN_EVENT_HOOKS`; their reference docs are in ``core/hookspecs.py``). ``plait_register``
+  receives a :class:`Registry`; run-event hooks receive a :class:`Run`.
+* **Options**: every component has an options dataclass; each field is declared with
+  :func:`option` (default, one-line doc, bounds). :class:`NoOptions` is for components without.
+* **Slot protocols and run types**: the object a factory returns satisfies its slot's protocol
+  (:data:`SLOTS`: :class:`ModelSpec`, :class:`Parallelism`, :class:`Precision`,
+  :class:`DataSource`, :class:`DataLoaderLike`, :class:`OptimizerBuilder`, :class:`LRSchedule`,
+  :class:`Monitor`; :data:`SLOT_PROTOCOLS` maps each slot to its protocol).
+  The protocols declare the required members; :data:`CONTRACT` lists every member the core
+  reads from each slot's object, the optional ones with what the core does without them, and
+  every component is checked against it before a run starts (``python -m core.plugins
+  --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
+  in; :func:`high_precision_modules` and :func:`data_tokens_per_epoch` read a spec's or a
+  source's optional member with the core's default (for plugins that wrap other plugins).
+* **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
+  ``sample``) with :class:`IndexedLoader`; :class:`OptimizerOptions` for optimizers' options;
+  :class:`DataExhausted` ends a loader; :func:`mix_seed`, :func:`permute` and
+  :func:`checked_sample` give deterministic samples; :func:`ignore_stop_signals` and
+  :func:`shut_down_at_exit` are for loaders with worker processes.
+* **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
+  without materializing all logits); a model module's ``step_metrics(reduce)`` receives
+  ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules).
+* **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
+  :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
+  prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
+* **Logging**: :mod:`log <core.log>` (``log.info``, ``log.note``, ``log.warn(..., once=key)``,
+  ``log.error``): rank 0 speaks unless ``all_ranks=True``, each line prefixed ``plait:``.
+  Plugins do not ``print``.
+
+Everything here is a re-export; the definitions stay in their modules.
+"""
+
+from __future__ import annotations
+
+from core import log
+from core.contract import CONTRACT
+from core.data import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+from core.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
+from core.hookspecs import RUN_EVENT_HOOKS, hookimpl
+from core.losses import chunked_cross_entropy, output_cross_entropy
+from core.metrics import reduce_parts
+from core.options import NoOptions, option
+from core.param_groups import OptimizerOptions
+from core.protocols import (
+    SLOTS,
+    DataLoaderLike,
+    DataSource,
+    DistInfo,
+    LoaderSpec,
+    LRSchedule,
+    ModelSpec,
+    Monitor,
+    OptimizerBuilder,
+    Parallelism,
+    Precision,
+    data_tokens_per_epoch,
+    high_precision_modules,
+)
+from core.registry import Registry
+from core.run import Run
+
+__all__ = [
+    # hooks
+    "hookimpl",
+    "RUN_EVENT_HOOKS",
+    "Registry",
+    "Run",
+    # options
+    "option",
+    "NoOptions",
+    # slot protocols and run types
+    "SLOTS",
+    "SLOT_PROTOCOLS",
+    "CONTRACT",
+    "ModelSpec",
+    "Parallelism",
+    "Precision",
+    "DataSource",
+    "DataLoaderLike",
+    "OptimizerBuilder",
+    "LRSchedule",
+    "Monitor",
+    "DistInfo",
+    "LoaderSpec",
+    "high_precision_modules",
+    "data_tokens_per_epoch",
+    # base classes and data helpers
+    "IndexedSource",
+    "IndexedLoader",
+    "OptimizerOptions",
+    "DataExhausted",
+    "mix_seed",
+    "permute",
+    "checked_sample",
+    "ignore_stop_signals",
+    "shut_down_at_exit",
+    # model helpers
+    "chunked_cross_entropy",
+    "output_cross_entropy",
+    "reduce_parts",
+    # errors
+    "PlaitError",
+    "ConfigError",
+    "PluginError",
+    "DataError",
+    "CheckpointError",
+    "closest",
+    # logging
+    "log",
+]
+
+# Which protocol each slot's object satisfies (the monitor slot's is hook methods, not members).
+SLOT_PROTOCOLS: dict[str, type] = {
+    "model": ModelSpec,
+    "parallelism": Parallelism,
+    "precision": Precision,
+    "data": DataSource,
+    "optimizer": OptimizerBuilder,
+    "lr_schedule": LRSchedule,
+    "monitor": Monitor,
+}
