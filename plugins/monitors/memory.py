@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from core.hookspecs import hookimpl
-from core.options import NoOptions
+from core.api import NoOptions, hookimpl
 
 GIB = 2**30
 

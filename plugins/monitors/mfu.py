@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from core.hookspecs import hookimpl
-from core.options import NoOptions
+from core.api import NoOptions, hookimpl
 
 # Dense bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS: list[tuple[str, float]] = [

@@ -18,9 +18,7 @@ from typing import Any
 
 import torch
 
-from core import log
-from core.hookspecs import hookimpl
-from core.options import option
+from core.api import hookimpl, log, option
 
 
 @dataclass

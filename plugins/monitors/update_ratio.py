@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from core.hookspecs import hookimpl
-from core.options import NoOptions
+from core.api import NoOptions, hookimpl
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
