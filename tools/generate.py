@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from core.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, exit_bad_input
-from core.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
-from core.text_codec import Codec, TokenizerRecord, find_in_config, resolve
+from tools.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
+from tools.text_codec import Codec, TokenizerRecord, find_in_config, resolve
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Loaded:
 
 def export_record(path: Path) -> dict[str, Any]:
     """The ``plait.json`` of an export folder (or next to an export file), or {}."""
-    from core.text_codec import read_json
+    from tools.text_codec import read_json
 
     folder = path if path.is_dir() else path.parent
     file = folder / PLAIT_FILE

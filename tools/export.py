@@ -30,7 +30,7 @@ GENERATION_CONFIG = "generation_config.json"
 def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, Any], where: str):
     """The Codec of ``--tokenizer`` or of the one the data was prepared with; None (said in one
     line) when none is recorded or the recorded one cannot be read: the weights export anyway."""
-    from core.text_codec import Codec, TokenizerRecord, find_in_config, resolve
+    from tools.text_codec import Codec, TokenizerRecord, find_in_config, resolve
 
     if spec_arg is not None:  # asked for explicitly: a bad one is an error
         return Codec(TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer"))
