@@ -21,6 +21,7 @@ WORKDIR /opt/plait
 # The package (what pyproject.toml installs), then the dependencies and plait itself.
 COPY pyproject.toml README.md ./
 COPY core ./core
+COPY tools ./tools
 COPY plugins ./plugins
 COPY model_specs ./model_specs
 RUN python -m pip install ".${EXTRAS:+[${EXTRAS}]}" \

@@ -113,7 +113,7 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
 
 def plan_error(capsys, *args: str) -> str:
     """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line."""
-    from core import plan
+    from tools import plan
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
@@ -168,8 +168,8 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
-    from core import plan
     from core.prepare import probe_folder
+    from tools import plan
 
     (tmp_path / "keep").mkdir()
     out = tmp_path / "keep" / "a" / "b"
@@ -426,7 +426,7 @@ def test_remote_refuses_non_numeric_environment(tmp_path, var, value):
 
 
 def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
-    from core import plan
+    from tools import plan
 
     args = ["--config", str(tiny_config()), f"--data.path={tmp_path / 'elsewhere'}"]
     assert "does not exist" in plan_error(capsys, *args)

@@ -37,7 +37,7 @@ enabled = ["jsonl"]
 
 def export(ckpt, fmt, out, *extra):
     """``python -m core.export`` in this process (the command line itself is tested in test_bad_paths_exit_2)."""
-    from core.export import main
+    from tools.export import main
 
     assert main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(out), *extra]) == 0
     return out

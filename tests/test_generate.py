@@ -77,7 +77,7 @@ def bpe_ckpt(tmp_path_factory):
 
 
 def export(ckpt, out, fmt="hf"):
-    from core.export import main
+    from tools.export import main
 
     assert main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(out)]) == 0
     return out
@@ -85,7 +85,7 @@ def export(ckpt, out, fmt="hf"):
 
 def cli(capsys, *args):
     """``python -m core.generate`` in this process (the real command line is run in test_errors_one_line_exit_2)."""
-    from core.generate import main
+    from tools.generate import main
 
     capsys.readouterr()  # drop what came before (export's lines)
     assert main(list(map(str, args))) == 0
@@ -93,8 +93,8 @@ def cli(capsys, *args):
 
 
 def ours_greedy(path, prompt, n):
-    from core.generate import generate, load
-    from core.text_codec import Codec
+    from tools.generate import generate, load
+    from tools.text_codec import Codec
 
     loaded = load(path)
     codec = Codec(loaded.tokenizer)
@@ -145,7 +145,7 @@ def test_greedy_bpe_checkpoint_matches_transformers_with_its_tokenizer(bpe_ckpt,
 
 
 def test_sampling_is_seeded(bytes_ckpt, tmp_path, capsys):
-    from core.generate import generate, load
+    from tools.generate import generate, load
 
     def sample(seed, path=bytes_ckpt):
         return cli(capsys, "--checkpoint", path, "--prompt", PROMPT, "--max-new-tokens", 40, "--temperature", 1.0, "--top-k", 20, "--seed", seed)
@@ -177,7 +177,7 @@ class Recorder(torch.nn.Module):
 
 
 def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
-    from core.generate import generate
+    from tools.generate import generate
 
     model = Recorder()
     out = generate(model, [1, 2, 3], 20, max_seq_len=8, vocab_limit=257)
@@ -187,7 +187,7 @@ def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
 
 
 def one_line_error(capsys, *args):
-    from core.generate import main
+    from tools.generate import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -235,7 +235,7 @@ def test_tokenizer_lookup_through_data_sections(tmp_path):
     import hashlib
 
     from core.errors import DataError
-    from core.text_codec import Codec, find_in_config
+    from tools.text_codec import Codec, find_in_config
 
     ranks = tmp_path / "data" / "bytes.tiktoken"
     ranks.parent.mkdir()

@@ -204,8 +204,8 @@ def exits_2_with_one_line(main, args: list[str]) -> str:
 
 
 def test_crafted_metadata_runs_nothing(shared, run, tmp_path):
-    from core.export import main as export_main
-    from core.report import main as report_main
+    from tools.export import main as export_main
+    from tools.report import main as report_main
 
     marker = tmp_path / "pwned"
     newest = ckpt(run, 8)

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import REPO
 
-from core.plan import main
+from tools.plan import main
 
 GUARD = '["console", "jsonl", "budget_guard"]'
 

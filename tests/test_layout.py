@@ -1,0 +1,111 @@
+"""The package layout: ``core/`` holds the core and never imports ``tools/``; the commands the README
+documents as ``python -m core.<command>`` still run, the moved ones through a hand-off in ``core/``
+that holds nothing but that hand-off."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+
+import pytest
+from conftest import PY, REPO, env, run_module
+
+CORE = REPO / "core"
+# python -m core.<name> for each command that moved to tools/<name>.py
+SHIMS = ("plan", "plugins", "export", "report", "generate")
+
+
+def is_main_guard(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``"""
+    if not isinstance(node, ast.If) or node.orelse or not isinstance(node.test, ast.Compare):
+        return False
+    t = node.test
+    return (
+        isinstance(t.left, ast.Name)
+        and t.left.id == "__name__"
+        and len(t.ops) == 1
+        and isinstance(t.ops[0], ast.Eq)
+        and isinstance(t.comparators[0], ast.Constant)
+        and t.comparators[0].value == "__main__"
+    )
+
+
+def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module a file imports: import statements, ``__import__`` and ``importlib.import_module`` with a literal name."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in ("__import__", "import_module"):
+                out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def is_tools(module: str) -> bool:
+    return module == "tools" or module.startswith("tools.")
+
+
+def test_core_never_imports_tools():
+    """Only the command hand-offs name tools, and only when run as ``python -m`` (a guarded import)."""
+    files = sorted(CORE.rglob("*.py"))
+    assert len(files) > 20
+    bad = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        allowed: set[int] = set()
+        if path.parent == CORE and path.stem in SHIMS:
+            guard = tree.body[-1]
+            assert is_main_guard(guard), f"{path.name}: ends in if __name__ == '__main__'"
+            allowed = {n.lineno for n in ast.walk(guard) if isinstance(n, ast.ImportFrom)}
+        bad += [f"{path.relative_to(REPO)}:{line}: imports {m}" for line, m in imported_names(tree) if is_tools(m) and line not in allowed]
+    assert not bad, "core imports tools:\n" + "\n".join(bad)
+
+
+def test_importing_every_core_module_loads_no_tools():
+    code = (
+        "import importlib, pkgutil, sys, core\n"
+        "for m in pkgutil.iter_modules(core.__path__):\n"
+        "    importlib.import_module('core.' + m.name)\n"
+        "print(sorted(k for k in sys.modules if k == 'tools' or k.startswith('tools.')))\n"
+    )
+    proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("name", SHIMS)
+def test_a_shim_holds_only_the_hand_off(name):
+    path = CORE / f"{name}.py"
+    text = path.read_text()
+    assert len(text.splitlines()) < 15, f"core/{name}.py: more than a hand-off"
+    tree = ast.parse(text)
+    doc, guard = tree.body  # a docstring and the __main__ guard, nothing else: no names to import from core.<name>
+    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and f"tools.{name}" in doc.value.value
+    assert is_main_guard(guard)
+    imp, raise_ = guard.body
+    assert isinstance(imp, ast.ImportFrom) and imp.module == f"tools.{name}" and [a.name for a in imp.names] == ["main"]
+    assert ast.unparse(raise_) == "raise SystemExit(main())"
+    assert (REPO / "tools" / f"{name}.py").is_file()
+
+
+def documented_commands() -> list[str]:
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    found = {m for p in docs for m in re.findall(r"python3? -m core\.(\w+)", p.read_text())}
+    return sorted(found)
+
+
+def test_the_documented_commands_are_the_known_ones():
+    assert set(SHIMS) | {"train"} == set(documented_commands())
+
+
+@pytest.mark.parametrize("name", documented_commands())
+def test_documented_command_help(name):
+    proc = run_module(f"core.{name}", "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: python -m core.{name}"), proc.stdout[:200]

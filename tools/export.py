@@ -1,0 +1,129 @@
+"""``python -m core.export --checkpoint DIR --format safetensors|hf --out DIR [--dtype bf16]``
+
+Writes a committed plait checkpoint's model weights as plait's own
+safetensors file (plait names, tied weights once, the model section in the
+metadata) or in Hugging Face's Llama layout (``config.json`` plus safetensors
+shards) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+Both carry ``plait.json`` (the model section and the tokenizer the data was
+prepared with, its file copied next to the weights) for ``core.generate``;
+the Hugging Face layout also carries ``generation_config.json`` (EOS, and the
+padded vocabulary's ids suppressed) and, for an ``hf:`` tokenizer,
+``tokenizer.json`` with a minimal ``tokenizer_config.json``, so
+``transformers`` can generate from it. Needs no process group and no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.errors import CheckpointError, PlaitError, exit_bad_input
+
+PLAIT_FILE = "plait.json"
+GENERATION_CONFIG = "generation_config.json"
+
+
+def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, Any], where: str):
+    """The Codec of ``--tokenizer`` or of the one the data was prepared with; None (said in one
+    line) when none is recorded or the recorded one cannot be read: the weights export anyway."""
+    from tools.text_codec import Codec, TokenizerRecord, find_in_config, resolve
+
+    if spec_arg is not None:  # asked for explicitly: a bad one is an error
+        return Codec(TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer"))
+    try:
+        record = find_in_config(config, where)
+        codec = Codec(record) if record is not None else None
+    except PlaitError as e:
+        print(f"plait: warning: no tokenizer exported: {e}", file=sys.stderr, flush=True)
+        return None
+    if codec is None:
+        print("plait: warning: no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)", file=sys.stderr, flush=True)
+    return codec
+
+
+def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int) -> tuple[list[Path], str | None]:
+    """Copy the tokenizer's file into ``out`` (plus tokenizer_config.json for hf); return (paths, spec relative to out)."""
+    if codec is None:
+        return [], None
+    kind = codec.record.kind
+    if kind == "bytes":
+        if fmt == "hf":
+            print("tokenizer 'bytes' has no Hugging Face form: no tokenizer files written (core.generate reads it from plait.json)")
+        return [], "bytes"
+    name = "tokenizer.json" if kind == "hf" else "tokenizer.tiktoken"
+    shutil.copyfile(codec.record.file, out / name)
+    paths = [out / name]
+    if fmt == "hf" and kind == "hf":
+        eos = codec.token_text(codec.eos_id)
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "pad_token": eos,
+            "model_max_length": max_seq_len,
+            "clean_up_tokenization_spaces": False,
+        }
+        paths.append(write_json(out / "tokenizer_config.json", tok_config))
+    elif fmt == "hf":
+        print(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
+    return paths, f"{kind}:{name}"
+
+
+def generation_config(codec: Any, model_vocab: int) -> dict[str, Any]:
+    """transformers' generation defaults: stop at EOS, pad with it, never produce the ids
+    past the tokenizer's vocabulary (a padded embedding), as core.generate does."""
+    config: dict[str, Any] = {"eos_token_id": codec.eos_id, "pad_token_id": codec.eos_id}
+    if codec.vocab_size < model_vocab:
+        config["suppress_tokens"] = list(range(codec.vocab_size, model_vocab))
+    return config
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from core.weights import DTYPES
+
+    p = argparse.ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
+    p.add_argument("--format", required=True, choices=["safetensors", "hf"])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating tensors (default: as saved, fp32)")
+    p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB")
+    p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
+    p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
+    args = p.parse_args(argv)
+    try:
+        from core.weights import checkpoint_model, save_hf, save_safetensors
+
+        spec, config, model = checkpoint_model(args.checkpoint)
+        codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")
+        sd = model.state_dict()
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        if args.format == "safetensors":
+            paths = [save_safetensors(sd, args.out, config["model"], dtype)]
+        else:
+            if not hasattr(spec, "to_hf_state_dict"):
+                raise CheckpointError(f"model {config['model']['name']!r} does not support hf export")
+            ids = {"bos_token_id": None, "eos_token_id": codec.eos_id} if codec is not None else None
+            paths = save_hf(spec, sd, args.out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
+            if codec is not None:
+                paths.append(write_json(args.out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
+        tok_paths, tok_spec = write_tokenizer_files(codec, args.out, args.format, spec.max_seq_len)
+        paths += tok_paths
+        record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
+        paths.append(write_json(args.out / PLAIT_FILE, record))
+    except PlaitError as e:
+        exit_bad_input(e)
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

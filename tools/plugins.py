@@ -1,0 +1,80 @@
+"""``python -m core.plugins``: every slot, its installed plugins and their options.
+
+Also lists the core's own sections. ``--slot NAME`` limits the listing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from core.errors import PlaitError, exit_bad_input
+from core.options import describe
+from core.protocols import SLOT_DOCS, SLOTS
+
+
+def _fmt(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def render_options(cls, indent: str) -> list[str]:
+    rows = describe(cls)
+    if not rows:
+        return [f"{indent}(no options)"]
+    width = max(len(r[0]) for r in rows)
+    return [f"{indent}{name:<{width}}  {tp} = {_fmt(default)}  # {doc}" for name, tp, default, doc in rows]
+
+
+def render(slot_filter: str | None = None) -> str:
+    from core import registry as registry_mod
+    from core.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+
+    registry = registry_mod.load()
+    lines: list[str] = []
+    if slot_filter is None:
+        lines.append("core sections")
+        for section, cls in CORE_SECTION_OPTIONS.items():
+            lines.append(f"  [{section}]")
+            lines += render_options(cls, "      ")
+        lines.append("")
+    for slot in SLOTS:
+        if slot_filter and slot != slot_filter:
+            continue
+        section = SLOT_SECTIONS.get(slot, "monitors.<name>")
+        lines.append(f"{slot}: {SLOT_DOCS[slot]}  [{section}]")
+        core_keys = dict(SLOT_CORE_KEYS.get(slot, {}))
+        if slot == "precision":
+            core_keys.update(PRECISION_CHAIN_DOC)
+        for key, (tp, default, doc) in core_keys.items():
+            from core.options import _type_name
+
+            tname = tp if isinstance(tp, str) else _type_name(tp)
+            lines.append(f"  (core key) {key}  {tname} = {_fmt(default)}  # {doc}")
+        for comp in registry.components(slot):
+            lines.append(f"  {comp.name}  -- {comp.doc}  [from {comp.distribution}, plugin {comp.plugin!r}]")
+            lines += render_options(comp.options, "      ")
+        if not registry.names(slot):
+            lines.append("  (none installed)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m core.plugins", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--slot", choices=SLOTS, help="show one slot only")
+    parser.add_argument("--contract", action="store_true", help="print what the core reads from each slot's object (core/contract.py)")
+    args = parser.parse_args(argv)
+    try:
+        if args.contract:
+            from core.contract import describe_contract
+
+            print(describe_contract())
+            return 0
+        print(render(args.slot))
+    except PlaitError as e:
+        exit_bad_input(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""``python -m core.report --run DIR --out DIR``: a run's artifacts for a post-mortem or a paper.
+
+Writes into ``--out``:
+
+* ``manifest.json``: seed, library versions, config hash, hardware, world
+  size, steps, tokens, dollars spent (budget guard's or computed), and the
+  final checkpoint;
+* ``metrics.csv``: long format ``step,kind,name,value``, one row per logged
+  value (for a resumed run the last value logged for a step wins);
+* ``loss-curve.png`` (train and validation), ``gradnorm-curve.png``,
+  ``throughput.png`` (matplotlib);
+* ``final.safetensors``: the last complete checkpoint's weights, reloaded
+  and compared tensor by tensor before the command succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.errors import CheckpointError, PlaitError, exit_bad_input
+
+
+def read_rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise CheckpointError(f"run {run}: metrics.jsonl not found (enable the jsonl monitor)")
+    latest: dict[tuple[str, int], dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if "step" in row:
+            latest[(row.get("kind", "train"), row["step"])] = row
+    return [latest[k] for k in sorted(latest, key=lambda k: (k[1], k[0]))]
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> int:
+    n = 0
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "kind", "name", "value"])
+        for row in rows:
+            for name, value in row.items():
+                if name in ("step", "kind") or isinstance(value, (dict, list)):
+                    continue
+                w.writerow([row["step"], row.get("kind", "train"), name, value])
+                n += 1
+    return n
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in rows if r.get("kind") == "train"]
+    val = [r for r in rows if r.get("kind") == "val"]
+    made = []
+
+    def figure(name: str, series: list[tuple[str, list, list]], ylabel: str, xlabel: str = "step") -> None:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for label, xs, ys in series:
+            ax.plot(xs, ys, label=label, marker="o" if len(xs) < 30 else None)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        if len(series) > 1:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(out / name)
+
+    figure(
+        "loss-curve.png",
+        [("train", [r["step"] for r in train], [r["loss"] for r in train])]
+        + ([("validation", [r["step"] for r in val], [r["val_loss"] for r in val])] if val else []),
+        "loss",
+    )
+    figure("gradnorm-curve.png", [("grad norm", [r["step"] for r in train], [r["grad_norm"] for r in train])], "gradient norm")
+    figure("throughput.png", [("tokens/s", [r["elapsed_s"] / 3600 for r in train], [r["tokens_per_s"] for r in train])], "tokens/s", xlabel="training hours")
+    return made
+
+
+def final_checkpoint(run: Path, config: dict) -> Path | None:
+    from core.checkpoint import committed
+
+    ckpt = config.get("checkpoint", {})
+    root = Path(ckpt["dir"]) if ckpt.get("dir") else run / "checkpoints"
+    done = committed(root)
+    return done[-1] if done else None
+
+
+def export_final(ckpt: Path, out: Path) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from core.weights import checkpoint_model, unique_tensors
+
+    _, _, model = checkpoint_model(ckpt)
+    tensors, aliases = unique_tensors(model.state_dict())
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    path = out / "final.safetensors"
+    save_file(tensors, str(path), metadata={"plait": json.dumps({"aliases": aliases}, sort_keys=True)})
+    reloaded = load_file(str(path))
+    for name, t in tensors.items():
+        if reloaded[name].dtype != t.dtype or not torch.equal(reloaded[name], t):
+            raise CheckpointError(f"{path}: {name} did not reload bit for bit")
+    return path
+
+
+def manifest(run: Path, rows: list[dict], ckpt: Path | None) -> dict[str, Any]:
+    from core import config as config_io
+
+    info = json.loads((run / "run_info.json").read_text()) if (run / "run_info.json").is_file() else {}
+    resolved_text = (run / "config.resolved.toml").read_text()
+    resolved = config_io.tomllib.loads(resolved_text)
+    train = [r for r in rows if r.get("kind") == "train"]
+    spent = None
+    if ckpt is not None:
+        state = json.loads((ckpt / "state.json").read_text())
+        spent = state.get("train", {}).get("budget_spent_usd")
+    if spent is None:  # computed the budget guard's way, when a rate is configured
+        guard = resolved.get("monitors", {}).get("budget_guard", {})
+        rate = guard.get("rate_usd_per_hr", 0.0)
+        if rate and train:
+            spent = rate * (guard.get("gpus") or info.get("world_size", 1)) * train[-1]["elapsed_s"] / 3600
+    return {
+        "run": str(run),
+        "seed": resolved["train"]["seed"],
+        "config_sha256": hashlib.sha256(resolved_text.encode()).hexdigest(),
+        "versions": info.get("versions", {}),
+        "hardware": {"device": info.get("device"), "device_name": info.get("device_name"), "backend": info.get("backend")},
+        "world_size": info.get("world_size"),
+        "steps": train[-1]["step"] if train else 0,
+        "tokens_seen": train[-1]["tokens_seen"] if train else 0,
+        "final_loss": train[-1]["loss"] if train else None,
+        "best_val_loss": min((r["val_loss"] for r in rows if r.get("kind") == "val"), default=None),
+        "dollars_spent": spent,
+        "final_checkpoint": str(ckpt) if ckpt else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m core.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, type=Path, help="a run's output_dir")
+    p.add_argument("--out", required=True, type=Path)
+    args = p.parse_args(argv)
+    try:
+        from core import config as config_io
+
+        if not (args.run / "config.resolved.toml").is_file():
+            raise CheckpointError(f"run {args.run}: config.resolved.toml not found; is this a plait output_dir?")
+        rows = read_rows(args.run)
+        resolved = config_io.tomllib.loads((args.run / "config.resolved.toml").read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        ckpt = final_checkpoint(args.run, resolved)
+        made = [args.out / "metrics.csv"]
+        write_csv(rows, made[0])
+        made += plot(rows, args.out)
+        if ckpt is not None:
+            made.append(export_final(ckpt, args.out))
+        (args.out / "manifest.json").write_text(json.dumps(manifest(args.run, rows, ckpt), indent=1) + "\n")
+        made.append(args.out / "manifest.json")
+    except PlaitError as e:
+        exit_bad_input(e)
+    for path in made:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
