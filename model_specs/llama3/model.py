@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -162,6 +163,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope_cos: torch.Tensor  # registered buffers (declared for the type checker)
+    rope_sin: torch.Tensor
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -216,7 +220,8 @@ class Transformer(nn.Module):
         self.init_buffers()
         nn.init.normal_(self.tok_embeddings.weight, std=init_std)
         residual_std = a.dim**-0.5 / math.sqrt(2 * a.n_layers)
-        for layer in self.layers:
+        for block in self.layers:
+            layer = cast(Block, block)
             attn, ffn = layer.attention, layer.feed_forward
             for lin in (attn.wq, attn.wk, attn.wv, ffn.w1, ffn.w3):
                 nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)

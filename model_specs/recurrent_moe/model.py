@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,9 @@ PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy":
 
 
 class RecurrentMoE(nn.Module):
+    rope_cos: torch.Tensor  # registered buffers (declared for the type checker)
+    rope_sin: torch.Tensor
+
     def __init__(self, a: MoEArgs):
         super().__init__()
         self.args = a
@@ -135,12 +139,13 @@ class RecurrentMoE(nn.Module):
         nn.init.normal_(self.tok_embeddings.weight, std=init_std)
         depth = len(self.prelude) + len(self.core) * self.args.n_loops + len(self.coda)
         residual_std = b.dim**-0.5 / math.sqrt(2 * depth)
-        for block in self.blocks():
+        for block in cast("list[MoEBlock]", self.blocks()):
             at, moe = block.attention, block.moe
             for lin in (at.wq, at.wk, at.wv, moe.router):
                 nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)
             nn.init.normal_(at.wo.weight, std=residual_std)
-            for ffn in moe.experts:
+            for expert in moe.experts:
+                ffn = cast(FeedForward, expert)
                 nn.init.normal_(ffn.w1.weight, std=b.dim**-0.5)
                 nn.init.normal_(ffn.w3.weight, std=b.dim**-0.5)
                 nn.init.normal_(ffn.w2.weight, std=residual_std)
@@ -185,7 +190,7 @@ class RecurrentMoE(nn.Module):
         ``set_to_none`` after every step), so the parts always describe the last step."""
         if self.tok_embeddings.weight.grad is None:
             self._parts, self._micro = {}, 0
-        blocks = self.blocks()
+        blocks = cast("list[MoEBlock]", self.blocks())
         cos = loop_cosines(states).min() if len(states) > 1 else lm.new_ones(())
         now = {
             "lm": lm.float(),
@@ -202,7 +207,7 @@ class RecurrentMoE(nn.Module):
             else:
                 self._parts[key] = torch.minimum(old, value) if PART_OPS[key] == "min" else old + value
         self._micro += 1
-        counts = sum(block.moe.stats["counts"] for block in blocks)
+        counts = cast(torch.Tensor, sum(block.moe.stats["counts"] for block in blocks))
         self._counts = counts if self._counts is None else self._counts + counts
 
     def step_metrics(self, reduce) -> dict[str, float | list[int]]:

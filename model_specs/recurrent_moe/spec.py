@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -98,10 +98,10 @@ class RecurrentMoESpec:
         return RecurrentMoE(self.args)
 
     def init_weights(self, model: nn.Module) -> None:
-        getattr(model, "module", model).init_weights()
+        _inner(model).init_weights()
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
-        return getattr(model, "module", model).blocks()
+        return _inner(model).blocks()
 
     def _active_params(self) -> int:
         """Parameters a token passes through: attention + top_k experts per applied block, head."""
@@ -123,3 +123,8 @@ class RecurrentMoESpec:
         tokens = micro_batch * seq_len
         per_block = tokens * (10 * b.dim + 4 * b.ffn_dim * a.top_k) * bytes_per_element
         return applied * per_block + tokens * (3 * b.dim * bytes_per_element + 4 * b.vocab_size)
+
+
+def _inner(model: nn.Module) -> RecurrentMoE:
+    """The RecurrentMoE itself, under a wrapper that keeps it as ``.module``."""
+    return cast(RecurrentMoE, getattr(model, "module", model))

@@ -259,7 +259,8 @@ class Mixture(IndexedSource):
         from core.api import data_tokens_per_epoch
 
         sizes = [data_tokens_per_epoch(source) for source in self.sources]
-        return sum(sizes) if sizes and all(sizes) else None
+        known = [n for n in sizes if n]
+        return sum(known) if sizes and len(known) == len(sizes) else None
 
     def metrics(self, consumed_samples: int) -> dict[str, float]:
         used = self.counts(consumed_samples)
@@ -273,6 +274,8 @@ class Mixture(IndexedSource):
 
 class MixtureLoader(IndexedLoader):
     """Indexed rows from the mixture; rows of streaming sources from this rank's shard of each stream."""
+
+    source: Mixture
 
     def __init__(self, mixture: Mixture, spec) -> None:
         super().__init__(mixture, spec)

@@ -34,7 +34,7 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 
@@ -257,7 +257,8 @@ def _texts(task: Task, text_field: str) -> tuple[list[int], list[str]]:
             if not isinstance(t, str):
                 raise DataError(f"{path}: column {text_field!r} holds {type(t).__name__} values, expected strings")
         return list(range(first_doc, first_doc + len(items))), items
-    numbers, texts = [], []
+    numbers: list[int] = []
+    texts: list[str] = []
     for n, line in enumerate(items, first_line):
         if line.isspace():
             continue
@@ -283,7 +284,7 @@ def is_val(path: str, number: int, val_fraction: float) -> bool:
 def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str) -> tuple[np.ndarray, np.ndarray, int, float]:
     """(train tokens, val tokens) of one task in the on-disk dtype, its documents and input bytes.
     A pure function of the task: the output does not depend on which worker ran it."""
-    tok = _TOKENIZER
+    tok = cast(Tokenizer, _TOKENIZER)  # set in every worker by _init()
     numbers, texts = _texts(task, text_field)
     keep = [(k, t) for k, t in zip(numbers, texts) if t.strip()]  # an empty document would only add an EOS
     eos = np.asarray([tok.eos_id], dtype=np.int64)

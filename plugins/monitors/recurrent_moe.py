@@ -55,7 +55,7 @@ class RecurrentMoEMonitor:
 
     def signals(self, metrics) -> list[tuple[str, str, str]]:
         o = self.options
-        out = []
+        out: list[tuple[str, str, str]] = []
         cos = metrics.get("moe/loop_cos_min")
         if cos is not None and cos < o.drift_cos:
             out.append(("drift", o.on_drift, f"loop states drift: cosine {cos:.3f} < {o.drift_cos}"))

@@ -43,7 +43,7 @@ WINDOW_KEY = "spikes_window"  # run.state entry: the rolling windows, saved with
 class Spikes:
     def __init__(self, options: SpikesOptions) -> None:
         self.options = options
-        self.history = {name: deque(maxlen=options.window) for name in ("loss", "grad_norm")}
+        self.history: dict[str, deque[float]] = {name: deque(maxlen=options.window) for name in ("loss", "grad_norm")}
         self.spikes = 0
 
     def is_spike(self, name: str, value: float) -> bool:

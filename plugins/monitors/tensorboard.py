@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.api import PluginError, hookimpl, option
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 SKIP = {"step"}
 
@@ -35,7 +38,7 @@ class TensorBoardOptions:
 class TensorBoard:
     def __init__(self, options: TensorBoardOptions) -> None:
         self.options = options
-        self.writer = None
+        self.writer: SummaryWriter | None = None
         try:  # lazy: only runs that enable this monitor pay for the import
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
@@ -49,13 +52,16 @@ class TensorBoard:
         self.writer = self._writer_cls(str(run.output_dir / self.options.subdir), purge_step=run.step + 1 if run.step else None)
 
     def _scalars(self, prefix: str, step: int, metrics: dict[str, Any]) -> None:
+        writer = self.writer
+        if writer is None:
+            return
         for key, value in metrics.items():
             v = scalar(value)
             if key in SKIP or v is None:
                 continue
             if prefix == "val" and key.startswith("val_"):
                 key = key[len("val_") :]
-            self.writer.add_scalar(f"{prefix}/{key}", v, global_step=step)
+            writer.add_scalar(f"{prefix}/{key}", v, global_step=step)
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,7 @@ class FSDP2:
             mesh = init_device_mesh(device_type, (o.replicate, dist.world_size // o.replicate), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
-        kwargs = {"mesh": mesh}
+        kwargs: dict[str, Any] = {"mesh": mesh}
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
@@ -76,8 +77,9 @@ class FSDP2:
         return model
 
     def sync_context(self, model: nn.Module, sync: bool):
-        if hasattr(model, "set_requires_gradient_sync"):
-            model.set_requires_gradient_sync(sync)
+        set_sync = getattr(model, "set_requires_gradient_sync", None)  # an FSDPModule's
+        if set_sync is not None:
+            set_sync(sync)
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 from torch import nn
@@ -19,11 +20,16 @@ class BF16Options:
     pass
 
 
-class FP32:
-    name = "fp32"
-    param_dtype = None
+OptionsT = TypeVar("OptionsT")
 
-    def __init__(self, options: FP32Options) -> None:
+
+class FP32(Generic[OptionsT]):
+    """Generic in its options type, so that subclasses (``FP8(BF16[FP8Options])``) see their own options."""
+
+    name = "fp32"
+    param_dtype: torch.dtype | None = None
+
+    def __init__(self, options: OptionsT) -> None:
         self.options = options
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
@@ -39,7 +45,7 @@ class FP32:
         return {}
 
 
-class BF16(FP32):
+class BF16(FP32[OptionsT]):
     name = "bf16"
     param_dtype = torch.bfloat16
 

@@ -20,7 +20,7 @@ on log steps only).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ class FP8Options:
     small_gemm_filter: bool = option(True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
 
 
-class FP8(BF16):
+class FP8(BF16[FP8Options]):
     name = "fp8"
 
     def __init__(self, options: FP8Options) -> None:
@@ -207,7 +207,7 @@ class AmaxRecorder:
         if with_scales:
             from torchao.float8.float8_utils import amax_to_scale
 
-            c = self.modules[0].config
+            c: Any = self.modules[0].config  # torchao's Float8LinearConfig, a plain attribute
             rnd = c.round_scales_to_power_of_2
             out[f"{prefix}/fwd_scale"] = float(amax_to_scale(both[0:1], c.cast_config_input.target_dtype, rnd)[0])
             if f"{prefix}/bwd_amax" in out:
@@ -238,7 +238,7 @@ def fp8_weight_stats(model: nn.Module, dtype: torch.dtype) -> dict[str, float]:
     amaxes = []
     for module in model.modules():
         if type(module).__name__ in ("Float8Linear", "MXLinear") or getattr(module, "_plait_lowp", False):
-            w = module.weight
+            w = cast(torch.Tensor, module.weight)
             w = w.full_tensor() if hasattr(w, "full_tensor") else w
             amaxes.append(w.detach().abs().max().float())
     if not amaxes:

@@ -43,7 +43,7 @@ class MXFP8Options:
     emulate: bool = option(False, "use the emulated kernel where sm100 kernels are missing (slow; CPU tests)")
 
 
-class MXFP8(BF16):
+class MXFP8(BF16[MXFP8Options]):
     name = "mxfp8"
 
     def __init__(self, options: MXFP8Options) -> None:

@@ -42,7 +42,7 @@ class TEFP8Options:
     )
 
 
-class TEFP8(BF16):
+class TEFP8(BF16[TEFP8Options]):
     name = "te_fp8"
 
     def __init__(self, options: TEFP8Options) -> None:

