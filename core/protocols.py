@@ -13,7 +13,6 @@ run starts; ``python -m core.plugins --contract`` prints it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Protocol, runtime_checkable
 
@@ -311,7 +310,3 @@ class Monitor(Protocol):
     """A monitor is an object with pluggy ``hookimpl`` methods from
     :mod:`core.hookspecs` (``plait_train_start``, ``plait_step_end``...).
     It may call ``run.request_stop(reason, checkpoint=...)``."""
-
-
-def null_context() -> ContextManager:
-    return contextlib.nullcontext()
