@@ -3,8 +3,8 @@
 :class:`SafeFileSystemReader` is the only reader plait uses (resume,
 ``checkpoint.initial_load``, ``core.export``, ``core.report``). Stock DCP
 unpickles ``.metadata`` with :mod:`pickle` and loads non-tensor ("bytes")
-items with ``torch.load(weights_only=False)``: a crafted checkpoint could run
-anything. Here ``.metadata`` goes through an unpickler that resolves only the
+items with ``torch.load`` with its weights-only guard turned off: a crafted
+checkpoint could run anything. Here ``.metadata`` goes through an unpickler that resolves only the
 classes DCP metadata is made of, and bytes items through
 ``torch.load(weights_only=True)``; anything else is a :class:`CheckpointError`
 naming the file and the class.

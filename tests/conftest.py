@@ -40,18 +40,14 @@ def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, 
     )
 
 
+def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[str]:
+    """The command line of a local torchrun job on a free port: ``core.train`` (or ``script``) with ``args``."""
+    target = [str(script)] if script is not None else ["-m", "core.train"]
+    return [PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", *target, *args]
+
+
 def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    cmd = [
-        PY,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "-m",
-        "core.train",
-        *args,
-    ]
+    cmd = torchrun_argv(nproc, *args)
     return subprocess.run(cmd, cwd=cwd, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
 
 

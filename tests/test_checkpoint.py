@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, env, free_port, read_metrics, run_module, torchrun, write_tiny_config
+from conftest import REPO, env, read_metrics, run_module, torchrun, torchrun_argv, write_tiny_config
 
 SEAMS = REPO / "tests" / "seams"
 
@@ -115,20 +115,7 @@ def test_resharded_resume_continues_the_global_stream(cfg, tmp_path, straight, f
 
 def test_sigkill_during_save_resumes_from_last_complete(cfg, tmp_path):
     out = tmp_path / "killed"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "-m",
-        "core.train",
-        "--config",
-        str(cfg),
-        f"--train.output_dir={out}",
-        "--checkpoint.every=2",
-    ]
+    cmd = torchrun_argv(2, "--config", str(cfg), f"--train.output_dir={out}", "--checkpoint.every=2")
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,

@@ -293,9 +293,8 @@ def test_mixture_reports_validation_loss_per_source(tmp_path):
     """Two token_bin sources of one repeated id each (7 and 9), mixed 0.7/0.3, evaluated on 2 gloo ranks:
     val_loss/<label> is the model's loss on that source's sequence, and val_loss the row-weighted mean."""
     import subprocess
-    import sys
 
-    from conftest import env, free_port
+    from conftest import env, torchrun_argv
 
     for label, tok in (("sevens", 7), ("nines", 9)):
         write(tmp_path / label / "train.bin", np.full(4000, tok))
@@ -333,17 +332,7 @@ enabled = []
     (tmp_path / "script.py").write_text(PER_SOURCE_SCRIPT)
     out = tmp_path / "result.json"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            str(tmp_path / "script.py"),
-            str(cfg),
-            str(out),
-        ],
+        torchrun_argv(2, str(cfg), str(out), script=tmp_path / "script.py"),
         cwd=REPO,
         env=env(PYTHONPATH=str(REPO)),
         capture_output=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, env, flat_checkpoint, free_port, run_module, write_tiny_config
+from conftest import REPO, env, flat_checkpoint, run_module, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -236,20 +236,7 @@ def _children(pid: int) -> list[int]:
 def test_ranks_die_with_a_killed_launcher(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=100_000)
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "-m",
-        "core.train",
-        "--config",
-        str(cfg),
-        "--checkpoint.every=2",
-        "--train.log_every=1",
-    ]
+    cmd = torchrun_argv(2, "--config", str(cfg), "--checkpoint.every=2", "--train.log_every=1")
     launcher = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not committed_steps(out):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, env, free_port
+from conftest import REPO, env, torchrun_argv
 
 from core.metrics import reduce_parts
 from core.protocols import DistInfo
@@ -32,16 +32,7 @@ def per_micro_batch(model, ids):
 
 def test_loss_parts_are_means_over_ranks_and_micro_batches(tmp_path):
     out = tmp_path / "got.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(REPO / "tests" / "workers" / "moe_parts.py"),
-        str(out),
-    ]
+    cmd = torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "moe_parts.py")
     proc = subprocess.run(cmd, cwd=REPO, env=env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, env, free_port, read_metrics, write_tiny_config
+from conftest import PY, REPO, env, read_metrics, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -131,19 +131,7 @@ enabled = ["jsonl"]
 
 
 def torchrun_cmd(cfg: Path, *args: str) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        "-m",
-        "core.train",
-        "--config",
-        str(cfg),
-        *args,
-    ]
+    return torchrun_argv(2, "--config", str(cfg), *args)
 
 
 @pytest.fixture(scope="module")
