@@ -86,7 +86,7 @@ def origin_of(table: dict[str, Any], key: str) -> Path | None:
 
 UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
 # Keys of a slot section that belong to the core, not to the plugin, so they survive a plugin
-# switch (filled by core.run_config: data.seq_len, data.seq_len_stages).
+# switch (filled by core.run_config: data.seq_len).
 KEEP_ON_SWITCH: dict[str, tuple[str, ...]] = {}
 
 

@@ -116,6 +116,23 @@ def plait_replace_batch(run: "Run", step: int, micro: int, inputs: "torch.Tensor
     """
 
 
+@hookspec(firstresult=True)
+def plait_seq_len_schedule(seq_len: int, total_steps: int) -> list[tuple[int, int]] | None:
+    """The sequence lengths of the run: asked once, before the run starts (and by ``core.plan``).
+
+    Return ``[(first_step, seq_len), ...]`` with ``first_step`` rising: once
+    ``first_step`` steps are complete (0-based; ``0`` is the first step), the
+    batches are ``seq_len`` tokens long; before the first entry they are
+    ``data.seq_len`` long (the ``seq_len`` argument). Tokens per micro-batch stay
+    ``train.micro_batch x data.seq_len``, so every ``seq_len`` must divide that
+    number; the core checks this and the model's ``max_seq_len`` and refuses
+    the run with one line (exit 2) otherwise, and switches the loader to the
+    new shape at the same data position. ``total_steps`` is the run's length.
+    The first monitor (in config order) to return a list wins; None keeps
+    ``data.seq_len`` throughout. The ``seq_len_stages`` monitor is built this way.
+    """
+
+
 @hookspec
 def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float) -> str | None:
     """Gradients of step ``step`` (1-based) are ready; the optimizer has not stepped yet.
@@ -166,6 +183,7 @@ def plait_train_end(run: "Run", reason: str) -> None:
 RUN_EVENT_HOOKS: tuple[str, ...] = (
     "plait_train_start",
     "plait_replace_batch",
+    "plait_seq_len_schedule",
     "plait_before_update",
     "plait_metrics",
     "plait_step_end",

@@ -25,8 +25,9 @@ from core.checkpoint import STATE_FILE, find_resume
 from core.contract import check_component
 from core.data import IndexedSource, checked_sample
 from core.distributed import env_world, pick_device
-from core.errors import ConfigError
-from core.monitor_hub import check_monitor
+from core.errors import ConfigError, PlaitError, PluginError
+from core.monitor_hub import register_monitor
+from core.registry import plugin_manager
 from core.run_config import RunConfig, batch_layout, resolve, total_steps
 
 
@@ -45,6 +46,7 @@ class Prepared:
     total_steps: int
     resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.resume)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
+    seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
 
     @property
     def checkpoint_root(self) -> Path:
@@ -85,7 +87,12 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     check_world = getattr(components["parallelism"], "check_world", None)
     if check_world is not None:
         check_world(world)
-    stages = check_seq_len_stages(rc, world, str(path))  # sets data.seq_len to the first stage's: before the batch layout
+    monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
+    pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
+    for name, monitor in monitors:
+        register_monitor(pm, name, monitor)
+    steps = total_steps(rc.train, rc.train.global_batch_tokens)
+    schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, steps, str(path))
     micro_auto: list[int] = []
     if rc.train.micro_batch == "auto":
         from core.micro_batch import candidates
@@ -93,7 +100,6 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         micro_auto = candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
-    steps = total_steps(rc.train, rc.train.global_batch_tokens)
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
@@ -105,9 +111,10 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
 
     spec = components["model"]
     max_seq = getattr(spec, "max_seq_len", None)
-    longest = max([rc.seq_len] + [seq for _, seq in stages])
+    longest = max([rc.seq_len] + [seq for _, seq in schedule])
     if max_seq is not None and longest > max_seq:
-        raise ConfigError(f"{path}: data.seq_len {longest} exceeds the model's max_seq_len {max_seq}")
+        what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
+        raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
     if validate_data:
         components["data"].validate(spec.vocab_size, rc.seq_len)
         data = components["data"]
@@ -119,9 +126,8 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split")
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
-    for chosen in rc.monitors:  # the hook contract, then monitors' own pre-flight checks (the budget guard's projection)
-        monitor = chosen.instantiate()
-        check_monitor(chosen.component.name, monitor)
+    prep.seq_len_schedule = schedule
+    for _, monitor in monitors:  # monitors' own pre-flight checks (the budget guard's projection)
         preflight = getattr(monitor, "preflight", None)
         if preflight is not None:
             preflight(prep, rc.sections["budget"].force)
@@ -227,25 +233,38 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
     )
 
 
-def check_seq_len_stages(rc: RunConfig, world: int, path: str) -> list[tuple[float, int]]:
-    """``data.seq_len_stages``: ascending start fractions from 0; each stage keeps tokens per micro-batch."""
-    stages = [tuple(s) for s in rc.core_keys["data"].get("seq_len_stages", [])]
-    if not stages:
-        return []
-    starts = [f for f, _ in stages]
-    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= 1:
-        raise ConfigError(f"{path}: data.seq_len_stages: start fractions must begin at 0.0, rise, and stay below 1; got {starts}")
-    if rc.train.micro_batch == "auto":
-        raise ConfigError(f"{path}: data.seq_len_stages needs a fixed train.micro_batch")
-    tokens = rc.train.micro_batch * stages[0][1]
-    for _, seq in stages:
-        if seq <= 0 or tokens % seq:
-            raise ConfigError(
-                f"{path}: data.seq_len_stages: stage seq_len {seq} does not divide the micro-batch's "
-                f"{tokens} tokens (micro_batch {rc.train.micro_batch} x first stage seq_len {stages[0][1]})"
-            )
-    rc.core_keys["data"]["seq_len"] = stages[0][1]
-    return stages
+def seq_len_schedule(pm: Any, order: list[str], rc: RunConfig, steps: int, path: str) -> list[tuple[int, int]]:
+    """The run's sequence-length schedule from the first monitor (in config order) whose
+    ``plait_seq_len_schedule`` returns one, checked: rising steps, lengths that divide the
+    micro-batch's tokens. ``[]``: ``data.seq_len`` throughout."""
+    impls = {impl.plugin_name: impl for impl in pm.hook.plait_seq_len_schedule.get_hookimpls()}
+    for name in [n for n in order if n in impls]:
+        try:
+            schedule = impls[name].function(**{k: {"seq_len": rc.seq_len, "total_steps": steps}[k] for k in impls[name].argnames})
+        except PlaitError:
+            raise
+        except Exception as e:
+            raise PluginError(f"monitor {name!r}: plait_seq_len_schedule failed: {type(e).__name__}: {e}") from None
+        if schedule is None:
+            continue
+        where = f"{path}: monitor {name!r}: sequence-length schedule"
+        pairs = [tuple(p) for p in schedule] if isinstance(schedule, list) else None
+        if pairs is None or any(len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in p) for p in pairs):
+            raise PluginError(f"{where}: expected a list of (first_step, seq_len) integer pairs, got {schedule!r}")
+        firsts = [first for first, _ in pairs]
+        if firsts != sorted(set(firsts)) or (firsts and (firsts[0] < 0 or firsts[-1] > steps)):
+            raise PluginError(f"{where}: first steps must rise within 0..{steps}; got {firsts}")
+        if pairs and rc.train.micro_batch == "auto":
+            raise ConfigError(f'{where} needs a fixed train.micro_batch, not "auto"')
+        tokens = rc.train.micro_batch * rc.seq_len
+        for _, seq in pairs:
+            if seq <= 0 or tokens % seq:
+                raise ConfigError(
+                    f"{where}: sequence length {seq} does not divide the micro-batch's {tokens} tokens "
+                    f"(train.micro_batch {rc.train.micro_batch} x data.seq_len {rc.seq_len})"
+                )
+        return [(int(first), int(seq)) for first, seq in pairs]
+    return []
 
 
 def checkpoint_root(rc: RunConfig) -> Path:

@@ -72,7 +72,6 @@ class MonitorsOptions:
 SLOT_CORE_KEYS: dict[str, dict[str, tuple[Any, Any, str]]] = {
     "data": {
         "seq_len": (int, 256, "tokens per training sequence"),
-        "seq_len_stages": (list[tuple[float, int]], [], "[[start_fraction, seq_len], ...]: longer sequences later, tokens per step kept"),
     },
 }
 config_io.KEEP_ON_SWITCH.update({slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()})  # the core's, not the plugin's

@@ -10,6 +10,7 @@ of it all through pluggy hooks (:mod:`core.monitor_hub`).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from core import distributed, log, resume, run_files, stages
+from core import distributed, log, resume, run_files
 from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble
@@ -257,18 +258,20 @@ class Trainer:
 
     # -- stages, replaced batches, rollback, validation ----------------------
     def stage_changes(self) -> bool:
-        stages_cfg = self.rc.core_keys["data"].get("seq_len_stages", [])
-        return bool(stages_cfg) and self.stage_seq_len() != self.built.loader_spec.seq_len
+        return bool(self.prep.seq_len_schedule) and self.stage_seq_len() != self.built.loader_spec.seq_len
 
     def stage_seq_len(self) -> int:
-        return stages.seq_len_at(self.run.step, self.run.total_steps, self.rc.seq_len, self.rc.core_keys["data"].get("seq_len_stages", []))
+        """The sequence length of the next step: the last schedule entry reached, else ``data.seq_len``."""
+        reached = [seq for first, seq in self.prep.seq_len_schedule if self.run.step >= first]
+        return reached[-1] if reached else self.rc.seq_len
 
     def switch_stage(self):
-        """A new sequence-length stage: a loader for the new shape, at the same data position."""
+        """A new sequence length: a loader for the new shape (same tokens per micro-batch), at the same data position."""
         built, seq = self.built, self.stage_seq_len()
         position = built.state.loader.state_dict()
         self.close_loader()
-        built.loader_spec = stages.respec(built.loader_spec, seq)
+        spec = built.loader_spec
+        built.loader_spec = dataclasses.replace(spec, seq_len=seq, micro_batch=spec.micro_batch * spec.seq_len // seq)
         built.state.loader = prefetching(self.c["data"].loader(built.loader_spec), self.prep.grad_accum, self.dist.device)
         built.state.loader.load_state_dict(position)
         log.info(f"step {self.run.step + 1}: sequence length {seq}, micro-batch {built.loader_spec.micro_batch} (stage change)")

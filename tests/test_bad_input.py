@@ -139,7 +139,10 @@ def plan_error(capsys, *args: str) -> str:
         (["--train.grad_clip=nan"], "[train].grad_clip: expected a number, got nan"),
         (["--lr_schedule.warmup_fraction=nan"], ".warmup_fraction: expected a number, got nan"),
         (["--lr_schedule.name=wsd", "--lr_schedule.decay_fraction=nan"], ".decay_fraction: expected a number, got nan"),
-        (["--data.seq_len_stages=[[0.0, 128], [nan, 64]]"], "[data].seq_len_stages: expected numbers, got nan"),
+        (
+            ['--monitors.enabled=["console", "seq_len_stages"]', "--monitors.seq_len_stages.stages=[[0.0, 128], [nan, 64]]"],
+            "[monitors.seq_len_stages].stages: expected a number, got nan",
+        ),
         (["--model.loss_chunk_tokens=-1"], ".loss_chunk_tokens: must be >= 0, got -1"),
         (["--train.seed=-1"], "[train].seed: must be >= 0 and <= 4294967295, got -1"),
         (["--train.seed=4294967296"], "[train].seed: must be >= 0 and <= 4294967295, got 4294967296"),

@@ -153,18 +153,65 @@ def test_mixture_stages_switch_weights_by_run_fraction():
         Mixture(MixtureOptions(sources=sources, stages=[(0.0, [1.0, 0.0]), (0.5, [1.0])]))
 
 
+STAGES = '--monitors.enabled=["console", "jsonl", "seq_len_stages"]'
+
+
 def test_seq_len_stages_keep_tokens_per_step(tiny_config, tmp_path):
-    cfg = tiny_config(steps=6)
-    proc = run_module(
-        "core.train", "--config", str(cfg), "--train.micro_batch=4", "--train.global_batch_tokens=512", "--data.seq_len_stages=[[0.0, 64], [0.5, 128]]"
-    )
+    cfg = tiny_config(steps=6)  # data.seq_len 128: 512 tokens per micro-batch of 4
+    stages = "--monitors.seq_len_stages.stages=[[0.0, 64], [0.5, 128]]"
+    proc = run_module("core.train", "--config", str(cfg), "--train.micro_batch=4", "--train.global_batch_tokens=512", STAGES, stages)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = read_metrics(tmp_path / "out")
     assert [r["seq_len"] for r in rows] == [64, 64, 64, 128, 128, 128]
     assert [r["tokens_seen"] for r in rows] == [512 * s for s in range(1, 7)]
-    assert "sequence length 128, micro-batch 2 (stage change)" in proc.stdout
-    bad = run_module("core.train", "--config", str(cfg), "--train.micro_batch=4", "--data.seq_len_stages=[[0.0, 64], [0.5, 96]]")
-    assert bad.returncode == 2 and "does not divide the micro-batch's 256 tokens" in bad.stderr
+    assert "step 1: sequence length 64, micro-batch 8 (stage change)" in proc.stdout
+    assert "step 4: sequence length 128, micro-batch 4 (stage change)" in proc.stdout
+    bad = run_module("core.train", "--config", str(cfg), "--train.micro_batch=2", STAGES, "--monitors.seq_len_stages.stages=[[0.0, 64], [0.5, 96]]")
+    assert (
+        bad.returncode == 2
+        and "monitor 'seq_len_stages': sequence-length schedule: sequence length 96 does not divide the micro-batch's 256 tokens" in bad.stderr
+    )
+    bad = run_module("core.train", "--config", str(cfg), STAGES, "--monitors.seq_len_stages.stages=[[0.5, 64], [0.2, 32]]")
+    assert bad.returncode == 2 and "start fractions must rise" in bad.stderr
+    longest = ["--train.micro_batch=64", "--train.global_batch_tokens=8192", "--monitors.seq_len_stages.stages=[[0.5, 8192]]"]
+    bad = run_module("core.train", "--config", str(cfg), STAGES, *longest)
+    assert bad.returncode == 2 and "the sequence-length schedule's length 8192 exceeds the model's max_seq_len" in bad.stderr
+
+
+def test_a_third_party_seq_len_schedule_is_checked():
+    """Any monitor may state the schedule; the core holds what it returns to the hook's contract."""
+    from core.api import PluginError, hookimpl
+    from core.monitor_hub import register_monitor
+    from core.prepare import seq_len_schedule
+    from core.registry import plugin_manager
+
+    class Schedule:
+        def __init__(self, result):
+            self.result = result
+
+        @hookimpl
+        def plait_seq_len_schedule(self, total_steps):
+            return self.result
+
+    class RC:
+        seq_len = 128
+
+        class train:
+            micro_batch = 2
+
+    def ask(*results):
+        pm, names = plugin_manager(), []
+        for i, r in enumerate(results):
+            register_monitor(pm, f"m{i}", Schedule(r))
+            names.append(f"m{i}")
+        return seq_len_schedule(pm, names, RC, 10, "run.toml")
+
+    assert ask(None) == []
+    assert ask(None, [(0, 64), (5, 256)], [(0, 32)]) == [(0, 64), (5, 256)]  # the first in config order wins
+    with pytest.raises(PluginError, match=r"monitor 'm0': sequence-length schedule: first steps must rise within 0..10; got \[5, 5\]"):
+        ask([(5, 64), (5, 128)])
+    with pytest.raises(PluginError, match="expected a list of \\(first_step, seq_len\\) integer pairs"):
+        ask([(0.5, 64)])
 
 
 def test_mixture_bad_weights_and_names():

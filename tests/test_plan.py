@@ -64,7 +64,7 @@ def test_without_a_throughput_the_eta_is_asked_for_not_guessed(tiny_config, caps
 
 def test_seq_len_stages_with_their_micro_batch_and_scaled_eta(tiny_config, capsys):
     cfg = str(tiny_config(steps=5, micro_batch=4))  # 1024 tokens/step
-    stages = ["--data.seq_len=64", "--data.seq_len_stages=[[0.0, 64], [0.5, 128], [0.8, 256]]"]
+    stages = ["--data.seq_len=64", '--monitors.enabled=["seq_len_stages"]', "--monitors.seq_len_stages.stages=[[0.5, 128], [0.8, 256]]"]
     p = plan_json(capsys, "--config", cfg, *stages, "--tokens-per-s=100")
     assert p["grad_accum"] == 4  # 1024 / (4 x 64)
     st = p["seq_len_stages"]
@@ -79,8 +79,8 @@ def test_seq_len_stages_with_their_micro_batch_and_scaled_eta(tiny_config, capsy
     assert f[0] < f[1] < f[2]
     assert p["eta_s"] == pytest.approx((3 * 1024 + 1024 * f[1] / f[0] + 1024 * f[2] / f[0]) / 100)
     text = plan_text(capsys, "--config", cfg, *stages)
-    assert "stages      from 0: seq 64 x micro 4, steps 1-3 (3 steps, 3.07K tokens)" in text
-    assert "from 0.5: seq 128 x micro 2, steps 4-4" in text and "from 0.8: seq 256 x micro 1, steps 5-5" in text
+    assert "stages      from step 1: seq 64 x micro 4, steps 1-3 (3 steps, 3.07K tokens)" in text
+    assert "from step 4: seq 128 x micro 2, steps 4-4" in text and "from step 5: seq 256 x micro 1, steps 5-5" in text
     one = plan_json(capsys, "--config", cfg)["seq_len_stages"]
     assert [(s["seq_len"], s["micro_batch"], s["steps"]) for s in one] == [(128, 4, 5)]
 

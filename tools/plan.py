@@ -15,9 +15,9 @@ together, as the logged ``tokens_per_s``): ``--tokens-per-s``, else
 machine, one process; multiplied by ``--nproc`` when that is above 1, which
 assumes perfect scaling), else ``[monitors.budget_guard]
 expected_tokens_per_s`` when that monitor is enabled. The throughput is taken
-as the one at ``data.seq_len`` (the first stage); later stages of
-``data.seq_len_stages`` are scaled by their FLOPs per token (the same model
-FLOP/s). Cost = USD per device-hour (``--usd-per-device-hr``, else the budget
+as the one at the first stage's sequence length; later stages (a monitor's
+``plait_seq_len_schedule``, such as ``seq_len_stages``) are scaled by their
+FLOPs per token (the same model FLOP/s). Cost = USD per device-hour (``--usd-per-device-hr``, else the budget
 guard's ``rate_usd_per_hr``) x devices (the budget guard's ``gpus``, else the
 world size) x hours.
 """
@@ -119,9 +119,9 @@ def render(plan: dict[str, Any]) -> str:
     for i, stage in enumerate(st):
         label = "stages      " if i == 0 else "            "
         lines.append(
-            f"  {label}{'from ' + format(stage['start_fraction'], 'g') + ': ' if staged else ''}seq {stage['seq_len']} "
+            f"  {label}{'from step ' + format(stage['first_step'], ',') + ': ' if staged else ''}seq {stage['seq_len']} "
             f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
-            f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (no data.seq_len_stages)")
+            f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (one sequence length)")
         )
     lines += render_time_and_money(plan)
     return "\n".join(lines)
@@ -174,25 +174,23 @@ def duration(seconds: float) -> str:
 
 
 def stages(prep) -> list[dict[str, Any]]:
-    """The sequence-length stages as the trainer runs them (:func:`core.stages.seq_len_at`): stage i
-    covers the 0-based steps ``s >= start_i x total``; each keeps tokens per micro-batch, so
-    its micro-batch is ``micro x first seq_len / seq_len``. Without ``data.seq_len_stages``,
-    one stage at ``data.seq_len``."""
-    rc, spec = prep.rc, prep.components["model"]
-    total = prep.total_steps
-    table = [tuple(x) for x in rc.core_keys["data"].get("seq_len_stages", [])] or [(0.0, rc.seq_len)]
-    micro0, seq0 = rc.train.micro_batch, table[0][1]
-    firsts = [min(total, math.ceil(start * total)) for start, _ in table] + [total]
+    """The sequence lengths as the trainer runs them (``prep.seq_len_schedule``): a stage covers
+    the 0-based steps from its first step to the next stage's; each keeps the tokens per
+    micro-batch, so its micro-batch is ``train.micro_batch x data.seq_len / seq_len``. Without a
+    schedule, one stage at ``data.seq_len``."""
+    rc, spec, total = prep.rc, prep.components["model"], prep.total_steps
+    table = [(0, rc.seq_len), *prep.seq_len_schedule]
+    table = [entry for i, entry in enumerate(table) if i + 1 == len(table) or table[i + 1][0] > entry[0]]  # drop empty ones
+    firsts = [first for first, _ in table] + [total]
     out = []
-    for i, (start, seq) in enumerate(table):
-        steps = max(0, firsts[i + 1] - firsts[i])
+    for i, (first, seq) in enumerate(table):
+        steps = max(0, firsts[i + 1] - first)
         out.append(
             {
-                "start_fraction": float(start),
                 "seq_len": int(seq),
-                "micro_batch": micro0 * seq0 // seq,
-                "first_step": firsts[i] + 1,  # 1-based, as logged
-                "last_step": firsts[i] + steps,
+                "micro_batch": rc.train.micro_batch * rc.seq_len // seq,
+                "first_step": first + 1,  # 1-based, as logged
+                "last_step": first + steps,
                 "steps": steps,
                 "tokens": steps * prep.tokens_per_step,
                 "flops_per_token": spec.flops_per_token(seq),

@@ -1,5 +1,5 @@
 """Monitors: ``console``, ``jsonl``, ``tensorboard``, ``mfu``, ``memory``, ``update_ratio``, ``budget_guard``, ``spikes``,
-``spike_rehearsal``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
+``spike_rehearsal``, ``seq_len_stages``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
 
 from core.api import hookimpl
 
@@ -13,6 +13,7 @@ def plait_register(registry):
     from plugins.monitors.mfu import MFU
     from plugins.monitors.mlflow_logger import MLflowLogger, MLflowOptions
     from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMonitorOptions
+    from plugins.monitors.seq_len_stages import SeqLenStages, SeqLenStagesOptions
     from plugins.monitors.spike_rehearsal import SpikeRehearsal, SpikeRehearsalOptions
     from plugins.monitors.spikes import Spikes, SpikesOptions
     from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
@@ -41,6 +42,13 @@ def plait_register(registry):
         SpikeRehearsal,
         options=SpikeRehearsalOptions,
         doc="rehearsal: rare-token batches for a few steps from at_step on, to test spike handling",
+    )
+    registry.add(
+        "monitor",
+        "seq_len_stages",
+        SeqLenStages,
+        options=SeqLenStagesOptions,
+        doc="sequence-length stages: shorter sequences early, longer later, tokens per step kept",
     )
     registry.add(
         "monitor",
