@@ -60,11 +60,6 @@ def _check_batch(result: Any, inputs: Any, labels: Any) -> None:
         raise TypeError(f"returned {type(result).__name__}; expected None or (inputs, labels) shaped {tuple(inputs.shape)} and {tuple(labels.shape)}")
 
 
-def check_monitor(name: str, obj: Any) -> None:
-    """What prepare asks of each enabled monitor (a fresh plugin manager: nothing stays registered)."""
-    register_monitor(plugin_manager(), name, obj)
-
-
 class MonitorHub:
     """Calls run-event hooks on each enabled monitor in config order, naming the one that fails."""
 

@@ -10,7 +10,8 @@ from conftest import REPO, read_metrics, run_module
 
 from core.errors import PluginError
 from core.hookspecs import hookimpl
-from core.monitor_hub import check_monitor
+from core.monitor_hub import register_monitor
+from core.registry import plugin_manager
 
 SEAMS = REPO / "tests" / "seams"
 
@@ -45,7 +46,7 @@ class Unmarked:
 
 
 def test_a_good_monitor_passes():
-    check_monitor("good", Good())
+    register_monitor(plugin_manager(), "good", Good())
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_a_good_monitor_passes():
 )
 def test_contract_breaches_are_one_line_errors_naming_the_monitor(monitor, words):
     with pytest.raises(PluginError) as e:
-        check_monitor("mine", monitor)
+        register_monitor(plugin_manager(), "mine", monitor)
     message = str(e.value)
     assert "\n" not in message and message.startswith("monitor 'mine':")
     for w in words:
