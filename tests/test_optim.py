@@ -133,3 +133,33 @@ def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
     assert 'micro_batch = "auto" chose 8 (accumulation 3)' in proc.stdout
     resolved = config.tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())
     assert resolved["train"]["micro_batch"] == 8 and resolved["derived"]["grad_accum"] == 3
+
+
+def test_adamw_auto_picks_the_fused_kernel_where_torch_has_one():
+    """``impl = "auto"``: fused on CPU (3-4x the foreach kernel there, docs/benchmarks.md) and CUDA;
+    foreach where torch has no fused kernel (the meta device of a plan). The fused kernel moves the
+    weights as the foreach one does, and skips an update on the device (found_inf)."""
+    import torch
+
+    from plugins.optim.adamw import AdamW, AdamWOptions
+
+    def build(impl: str, device: str = "cpu") -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(64, 32, device=device))
+        return AdamW(AdamWOptions(lr=1e-2, impl=impl)).build([{"params": [p], "weight_decay": 0.1}])
+
+    assert build("auto").defaults["fused"] is True
+    assert build("auto", "meta").defaults["fused"] is None and build("auto", "meta").defaults["foreach"] is True
+    fused, foreach = build("auto"), build("foreach")
+    for opt in (fused, foreach):
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            p = opt.param_groups[0]["params"][0]
+            p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+    a, b = fused.param_groups[0]["params"][0], foreach.param_groups[0]["params"][0]
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6) and not torch.equal(a, build("auto").param_groups[0]["params"][0])
+    before = a.detach().clone()
+    fused.grad_scale, fused.found_inf = None, torch.ones(())  # what core.nonfinite sets on a non-finite step
+    fused.step()
+    assert torch.equal(a, before)
