@@ -136,7 +136,7 @@ def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
 
 
 def test_adamw_auto_picks_the_fused_kernel_where_torch_has_one():
-    """``impl = "auto"``: fused on CPU (3-4x the foreach kernel there, docs/benchmarks.md) and CUDA;
+    """``impl = "auto"``: fused on CPU (3.5-5x the foreach kernel there, docs/benchmarks.md) and CUDA;
     foreach where torch has no fused kernel (the meta device of a plan). The fused kernel moves the
     weights as the foreach one does, and skips an update on the device (found_inf)."""
     import torch
