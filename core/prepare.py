@@ -238,9 +238,10 @@ def seq_len_schedule(pm: Any, order: list[str], rc: RunConfig, steps: int, path:
     ``plait_seq_len_schedule`` returns one, checked: rising steps, lengths that divide the
     micro-batch's tokens. ``[]``: ``data.seq_len`` throughout."""
     impls = {impl.plugin_name: impl for impl in pm.hook.plait_seq_len_schedule.get_hookimpls()}
+    args = {"seq_len": rc.seq_len, "total_steps": steps}
     for name in [n for n in order if n in impls]:
         try:
-            schedule = impls[name].function(**{k: {"seq_len": rc.seq_len, "total_steps": steps}[k] for k in impls[name].argnames})
+            schedule = impls[name].function(**{k: args[k] for k in impls[name].argnames})
         except PlaitError:
             raise
         except Exception as e:
