@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from core import integrity, log
+from core import hyperparams, integrity, log
 from core.checkpoint_folders import (  # noqa: F401 - the folder API, re-exported for plugins and tools
     BEST_FILE,
     COMMIT_MARKER,
@@ -345,11 +345,15 @@ class Checkpointer:
                 f"checkpoint {path} holds optimizer state of {meta.get('optimizer_plugin')!r}, "
                 f"this run uses {current_opt!r}: loading the weights and starting the optimizer fresh"
             )
+        mine = hyperparams.settings(self.state.optimizer)  # this run's config: it wins over the checkpoint's settings
         self._load_shards(path, skip)
-        self._load_json_parts(path, meta, skip)
+        changed = hyperparams.reapply(self.state.optimizer, mine)
+        self._load_json_parts(path, meta, skip, changed)
         self.last_saved_step = self.state.run.step
         if self.dist.is_main:
             self._say_restored(path, meta, skip)
+            hyperparams.say_changes(path, changed)
+            hyperparams.seed_changed(path, meta, self.about["seed"])
 
     def _load_shards(self, path: Path, skip: set[str]) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -379,7 +383,7 @@ class Checkpointer:
         if "optimizer" in shards:
             set_optimizer_state_dict(model, optimizer, shards["optimizer"])
 
-    def _load_json_parts(self, path: Path, meta: dict[str, Any], skip: set[str]) -> None:
+    def _load_json_parts(self, path: Path, meta: dict[str, Any], skip: set[str], changed: dict[str, Any]) -> None:
         run, scheduler, loader, rank = self.state.run, self.state.scheduler, self.state.loader, self.dist.rank
         if "train" not in skip:
             run.step = int(meta["step"])
@@ -387,9 +391,10 @@ class Checkpointer:
             run.state.update(meta.get("train", {}))
         if "lr_schedule" not in skip:
             sched = scheduler.state_dict()
+            peaks = list(sched["base_lrs"])  # this run's config
             sched.update(meta["lr_schedule"])
             scheduler.load_state_dict(sched)
-            for group, lr in zip(self.state.optimizer.param_groups, scheduler.get_last_lr()):
+            for group, lr in zip(self.state.optimizer.param_groups, hyperparams.next_lrs(scheduler, peaks, changed)):
                 if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep lr in a tensor
                     group["lr"].fill_(float(lr))
                 else:

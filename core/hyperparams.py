@@ -1,0 +1,78 @@
+"""On resume, this run's config wins over the checkpoint's optimizer and schedule settings.
+
+``optimizer.load_state_dict`` (and DCP's ``set_optimizer_state_dict``) restores the
+param groups as they were saved: learning rate, betas, weight decay, eps, all of
+them, and ``LambdaLR.load_state_dict`` restores the peak learning rates
+(``base_lrs``). Without this module an ``--optimizer.lr=1e-4`` given to a resumed
+run would be silently ignored. The checkpoint keeps what is state (the moments,
+the step counts, the schedule's position); the config keeps what is a setting.
+Every setting that differs is named in one line, so a change is never silent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from core import log
+
+STATE_KEYS = frozenset({"params", "lr"})  # the parameters, and the LR the schedule sets each step
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The param groups' settings as this run's config made them (call before loading)."""
+    return [{k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in g.items() if k not in STATE_KEYS} for g in optimizer.param_groups]
+
+
+def reapply(optimizer: torch.optim.Optimizer, before: list[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    """Put the config's settings back after a load; ``{key: (checkpoint's, config's)}`` for those that differed
+    (one example per key; ``initial_lr`` is the group's peak LR)."""
+    changed: dict[str, tuple[Any, Any]] = {}
+    if len(before) != len(optimizer.param_groups):
+        return changed
+    for group, mine in zip(optimizer.param_groups, before):
+        for key, value in mine.items():
+            loaded = group.get(key)
+            if _plain(loaded) != _plain(value):
+                changed.setdefault(key, (_plain(loaded), _plain(value)))
+                if isinstance(loaded, torch.Tensor) and isinstance(value, torch.Tensor) and loaded.shape == value.shape:
+                    loaded.copy_(value)
+                else:
+                    group[key] = value
+    return changed
+
+
+def next_lrs(scheduler: Any, peaks: list[float], changed: dict[str, tuple[Any, Any]]) -> list[float]:
+    """After the schedule's state is loaded (core/assemble.py's ``LambdaLR``): this run's peak LRs back in
+    place, and the LRs of the next step, the peak times the multiplier at the restored step."""
+    if list(scheduler.base_lrs) != peaks:
+        changed.setdefault("initial_lr", (scheduler.base_lrs[0], peaks[0]))
+        scheduler.base_lrs = peaks
+    lrs = [peak * multiplier(scheduler.last_epoch) for peak, multiplier in zip(peaks, scheduler.lr_lambdas)]
+    scheduler._last_lr = lrs
+    return lrs
+
+
+def say_changes(path: Any, changed: dict[str, tuple[Any, Any]]) -> None:
+    if changed:
+        parts = ", ".join(f"{'peak lr' if k == 'initial_lr' else k} {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+        log.note(f"checkpoint {path}: this run's config changes optimizer settings, and they apply from the next step: {parts}")
+
+
+def seed_changed(path: Any, meta: dict[str, Any], seed: int) -> None:
+    """Warn when the seed differs from the checkpoint's: the data order from here on follows the new one."""
+    saved = meta.get("config", {}).get("train", {}).get("seed")
+    if isinstance(saved, int) and saved != seed:
+        log.warn(
+            f"checkpoint {path} was trained with train.seed = {saved}, this run uses {seed}: the data order from the "
+            f"next step follows seed {seed}, so samples of the current epoch may repeat or be skipped"
+        )
