@@ -354,6 +354,7 @@ class Checkpointer:
             self._say_restored(path, meta, skip)
             hyperparams.say_changes(path, changed)
             hyperparams.seed_changed(path, meta, self.about["seed"])
+            hyperparams.config_changed(path, meta, self.state.run.config)
 
     def _load_shards(self, path: Path, skip: set[str]) -> None:
         from torch.distributed.checkpoint.state_dict import (

@@ -1,4 +1,5 @@
-"""On resume, this run's config wins over the checkpoint's optimizer and schedule settings.
+"""On resume, this run's config wins over the checkpoint's optimizer and schedule settings, and
+every config value that differs from the checkpoint's is named.
 
 ``optimizer.load_state_dict`` (and DCP's ``set_optimizer_state_dict``) restores the
 param groups as they were saved: learning rate, betas, weight decay, eps, all of
@@ -76,3 +77,25 @@ def seed_changed(path: Any, meta: dict[str, Any], seed: int) -> None:
             f"checkpoint {path} was trained with train.seed = {saved}, this run uses {seed}: the data order from the "
             f"next step follows seed {seed}, so samples of the current epoch may repeat or be skipped"
         )
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changed(path: Any, meta: dict[str, Any], config: dict[str, Any], shown: int = 8) -> None:
+    """One line naming the config values that differ from the ones the checkpoint was saved with
+    (``train.seed`` has a warning of its own)."""
+    saved, now = _flat(meta.get("config") or {}), _flat(config)
+    keys = sorted(k for k in saved.keys() | now.keys() if k != "train.seed" and saved.get(k) != now.get(k))
+    if not keys:
+        return
+    parts = [f"{k} {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}" for k in keys[:shown]]
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    log.note(f"checkpoint {path}: the config differs from the one it was saved with: {', '.join(parts)}{more}")

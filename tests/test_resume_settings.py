@@ -30,13 +30,13 @@ def saved(tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
-def resume(saved: dict[str, Path], impl: str, tmp_path: Path, *overrides: str):
-    """Copy run ``impl`` to ``tmp_path`` and resume it to step 6 with ``overrides``; (process, metrics of steps 5-6)."""
+def resume(saved: dict[str, Path], impl: str, tmp_path: Path, *overrides: str, steps: int = 6):
+    """Copy run ``impl`` to ``tmp_path`` and resume it to ``steps`` with ``overrides``; (process, metrics after step 4)."""
     src = saved[impl].parent
     shutil.copytree(src / "out", tmp_path / "out")
     cfg = tmp_path / "run.toml"
     cfg.write_text(saved[impl].read_text().replace(str(src / "out"), str(tmp_path / "out")))
-    proc = run_module("core.train", "--config", str(cfg), "--train.steps=6", *overrides)
+    proc = run_module("core.train", "--config", str(cfg), f"--train.steps={steps}", *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
     return proc, [r for r in read_metrics(tmp_path / "out") if r["step"] > 4]
@@ -46,6 +46,9 @@ def test_a_new_learning_rate_applies_on_resume_and_is_named(saved, tmp_path):
     _, same = resume(saved, "fused", tmp_path / "same")
     proc, new = resume(saved, "fused", tmp_path / "new", "--optimizer.lr=0.01")
     assert proc.stderr.count(NOTE) == 1 and "peak lr 0.0003 -> 0.01" in proc.stderr
+    # and the config line names every value that differs from the checkpoint's config
+    line = next(x for x in proc.stderr.splitlines() if "the config differs from the one it was saved with" in x)
+    assert "optimizer.lr 0.0003 -> 0.01" in line and "train.steps 4 -> 6" in line  # (and the copied output_dir)
     assert [r["step"] for r in new] == [5, 6]
     for a, b in zip(same, new):  # the schedule's multiplier is the same; the peak is the config's
         assert b["lr"] == pytest.approx(a["lr"] * 0.01 / 0.0003, rel=1e-6)
@@ -68,3 +71,9 @@ def test_a_foreach_checkpoint_resumes_with_the_fused_default(saved, tmp_path):
 def test_another_seed_on_resume_is_a_warning_naming_both(saved, tmp_path):
     proc, _ = resume(saved, "fused", tmp_path, "--train.seed=7")
     assert proc.stderr.count("was trained with train.seed = 42, this run uses 7") == 1
+
+
+def test_a_checkpoint_past_train_steps_says_there_is_nothing_to_train(saved, tmp_path):
+    proc, rows = resume(saved, "fused", tmp_path, steps=3)
+    assert "nothing to train: the run is at step 4 and train.steps is 3" in proc.stdout
+    assert "training steps" not in proc.stdout and rows == []

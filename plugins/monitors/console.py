@@ -204,6 +204,9 @@ class Console:
 
     @hookimpl
     def plait_train_start(self, run):
+        if run.step >= run.total_steps:
+            self._print(run, f"plait: nothing to train: the run is at step {run.step} and train.steps is {run.total_steps}")
+            return
         self._print(
             run,
             f"plait: training steps {run.step + 1}-{run.total_steps} on {run.dist.world_size} rank(s), "
