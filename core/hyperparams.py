@@ -66,7 +66,7 @@ def next_lrs(scheduler: Any, peaks: list[float], changed: dict[str, tuple[Any, A
 def say_changes(path: Any, changed: dict[str, tuple[Any, Any]]) -> None:
     if changed:
         parts = ", ".join(f"{'peak lr' if k == 'initial_lr' else k} {old} -> {new}" for k, (old, new) in sorted(changed.items()))
-        log.note(f"checkpoint {path}: this run's config changes optimizer settings, and they apply from the next step: {parts}")
+        log.note(f"checkpoint {path}: the optimizer settings it holds differ from this run's, which apply from the next step: {parts}")
 
 
 def seed_changed(path: Any, meta: dict[str, Any], seed: int) -> None:

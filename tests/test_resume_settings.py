@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import read_metrics, run_module, write_tiny_config
 
-NOTE = "this run's config changes optimizer settings"
+NOTE = "the optimizer settings it holds differ from this run's"
 
 
 @pytest.fixture(scope="module")
