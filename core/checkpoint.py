@@ -161,6 +161,7 @@ class Checkpointer:
             "world_size": self.dist.world_size,
             "config": run.config,
             "versions": self.about["versions"],
+            "data_fingerprint": self.about.get("data_fingerprint"),
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
@@ -355,6 +356,7 @@ class Checkpointer:
             hyperparams.say_changes(path, changed)
             hyperparams.seed_changed(path, meta, self.about["seed"])
             hyperparams.config_changed(path, meta, self.state.run.config)
+            hyperparams.data_changed(path, meta, self.about.get("data_fingerprint"))
 
     def _load_shards(self, path: Path, skip: set[str]) -> None:
         from torch.distributed.checkpoint.state_dict import (

@@ -97,6 +97,12 @@ CONTRACT: dict[str, list[Member]] = {
         method("metrics", 1, "(consumed_samples) data metrics for log steps (mixture shares); default: none", False),
         method("tokens_per_epoch", 0, "tokens in one pass over the training split, or None if unknown (the logged epoch); default: unknown", False),
         method(
+            "fingerprint",
+            0,
+            "a short string that changes when the training data does; saved in checkpoints, a resume on other data warns; default: none",
+            False,
+        ),
+        method(
             "validation_loaders",
             1,
             "(validation LoaderSpec) -> {label: loader}: each part's validation batches, logged as val_loss/<label> (mixture sources); default: val_loss only",
@@ -175,3 +181,8 @@ def describe_contract() -> str:
         lines.append(f"[{slot}]")
         lines += [f"  {m.describe()}" for m in members]
     return "\n".join(lines)
+
+
+def optional_provided(slot: str, obj: Any) -> list[str]:
+    """The optional members of ``slot`` that ``obj`` provides (``python -m core.plugins`` lists them)."""
+    return [m.name for m in CONTRACT.get(slot, []) if not m.required and getattr(obj, m.name, None) is not None]

@@ -99,3 +99,16 @@ def config_changed(path: Any, meta: dict[str, Any], config: dict[str, Any], show
     parts = [f"{k} {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}" for k in keys[:shown]]
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
     log.note(f"checkpoint {path}: the config differs from the one it was saved with: {', '.join(parts)}{more}")
+
+
+def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> None:
+    """Warn when the data source's ``fingerprint()`` differs from the one saved in the checkpoint: the
+    restored data position now indexes other data."""
+    saved = meta.get("data_fingerprint")
+    if saved and fingerprint and saved != fingerprint:
+        position = meta.get("data", {}).get("consumed_samples")
+        at = f" (sample {position:,})" if isinstance(position, int) else ""
+        log.warn(
+            f"checkpoint {path} was trained on other data ({saved}); this run's data is {fingerprint}: "
+            f"the restored data position{at} now indexes different data"
+        )

@@ -245,6 +245,14 @@ def data_tokens_per_epoch(data: Any) -> int | None:
     return int(size) if size else None
 
 
+def data_fingerprint(data: Any) -> str | None:
+    """The data source's optional ``fingerprint()``: a short string that changes when its training
+    data does (files, sizes, tokenizer); None (or absent) when it has none."""
+    fn = getattr(data, "fingerprint", None)
+    value = fn() if fn is not None else None
+    return str(value) if value else None
+
+
 def precision_log_step(precision: Any, on: bool) -> None:
     """Tell the precision plugin whether the coming step is a log step (its optional
     ``log_step(on)``: fp8 plugins then record forward and backward amax for ``metrics``)."""
@@ -258,8 +266,8 @@ class DataSource(Protocol):
     """A source of training tokens.
 
     Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
-    ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``
-    and ``validation_loaders(spec)``. Map-style sources subclass :class:`core.data.IndexedSource`.
+    ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
+    ``fingerprint()`` and ``validation_loaders(spec)``. Map-style sources subclass :class:`core.data.IndexedSource`.
     """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:

@@ -29,7 +29,7 @@ from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
 from core.prefetch import PrefetchingLoader, prefetching
 from core.prepare import Prepared
-from core.protocols import DistInfo, loader_may_end, precision_log_step
+from core.protocols import DistInfo, data_fingerprint, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 
@@ -101,7 +101,12 @@ class Trainer:
         """The fresh state (:func:`core.assemble.assemble`), its checkpointer and its step."""
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
-        about = {"optimizer_plugin": rc.slots["optimizer"].component.name, "versions": self.versions, "seed": rc.train.seed}
+        about = {
+            "optimizer_plugin": rc.slots["optimizer"].component.name,
+            "versions": self.versions,
+            "seed": rc.train.seed,
+            "data_fingerprint": data_fingerprint(self.c["data"]),
+        }
         self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist)
         self.step_metrics = StepMetrics(self.dist)

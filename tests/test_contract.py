@@ -120,3 +120,21 @@ def test_a_data_source_off_by_one_is_refused():
     )
     with pytest.raises(DataError, match="expected a 1-D integer array of seq_len \\+ 1 = 17"):
         next(iter(loader))
+
+
+def test_plugins_listing_names_the_optional_members_each_component_provides():
+    from tools.plugins import render
+
+    def block(text: str, name: str) -> str:
+        start = text.index(f"  {name}  -- ")
+        end = text.find("\n  ", text.index("optional", start))
+        return text[start:end]
+
+    data, model, par = render("data"), render("model"), render("parallelism")
+    assert block(data, "token_bin").endswith("optional: has_split, tokens_per_epoch, fingerprint")
+    assert block(data, "synthetic").endswith("optional: has_split")
+    # mixture's defaults (no sources) cannot be built: its class says what it provides, and says so
+    assert "optional (from its class; default options: ConfigError): has_split, check_resume, metrics" in block(data, "mixture")
+    assert "to_hf_state_dict, from_hf_state_dict, hf_config" in block(model, "llama3")
+    assert block(par, "ddp").endswith("optional: shards_parameters, wraps_before_compile")
+    assert "optional" not in render("lr_schedule").split("warmup_cosine")[1]  # the slot has no optional member

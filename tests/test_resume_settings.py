@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import read_metrics, run_module, write_tiny_config
+from conftest import REPO, read_metrics, run_module, write_tiny_config
 
 NOTE = "the optimizer settings it holds differ from this run's"
 
@@ -77,3 +77,20 @@ def test_a_checkpoint_past_train_steps_says_there_is_nothing_to_train(saved, tmp
     proc, rows = resume(saved, "fused", tmp_path, steps=3)
     assert "nothing to train: the run is at step 4 and train.steps is 3" in proc.stdout
     assert "training steps" not in proc.stdout and rows == []
+
+
+def test_training_data_rebuilt_under_the_same_path_is_a_warning_on_resume(tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(REPO / "plugins" / "data" / "corpus" / "shakespeare", corpus)
+    cfg = write_tiny_config(tmp_path, body="[checkpoint]\nevery = 2\n")
+    args = ("core.train", "--config", str(cfg), f"--data.path={corpus}")
+    first = run_module(*args, "--train.steps=4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    same = run_module(*args, "--train.steps=5")  # the same data: nothing to say
+    assert same.returncode == 0 and "trained on other data" not in same.stderr, same.stderr[-3000:]
+    train = corpus / "train.bin"
+    train.write_bytes(train.read_bytes()[: 2 * 400_000])  # rebuilt in place: same path, other tokens
+    rebuilt = run_module(*args, "--train.steps=6")
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    line = next(x for x in rebuilt.stderr.splitlines() if "was trained on other data" in x)
+    assert "train.bin 800000 bytes uint16" in line and "the restored data position (sample 40) now indexes different data" in line

@@ -25,6 +25,24 @@ def render_options(cls, indent: str) -> list[str]:
     return [f"{indent}{name:<{width}}  {tp} = {_fmt(default)}  # {doc}" for name, tp, default, doc in rows]
 
 
+def optional_line(comp, indent: str) -> list[str]:
+    """Which optional members of its slot (core/contract.py) the component provides, read from an
+    object its factory builds with the default options; said so when that cannot be built here."""
+    from core.contract import CONTRACT, optional_provided
+
+    if not any(not m.required for m in CONTRACT.get(comp.slot, [])):
+        return []
+    try:
+        obj = comp.factory(comp.options())
+    except Exception as e:  # a plugin whose defaults need a file, a library or a device
+        if isinstance(comp.factory, type):  # a class: its methods and class attributes say it
+            names = optional_provided(comp.slot, comp.factory)
+            return [f"{indent}optional (from its class; default options: {type(e).__name__}): {', '.join(names) if names else 'none'}"]
+        return [f"{indent}optional: not known until configured ({type(e).__name__} with the default options)"]
+    names = optional_provided(comp.slot, obj)
+    return [f"{indent}optional: {', '.join(names) if names else 'none'}"]
+
+
 def render(slot_filter: str | None = None) -> str:
     from core import registry as registry_mod
     from core.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
@@ -53,6 +71,7 @@ def render(slot_filter: str | None = None) -> str:
         for comp in registry.components(slot):
             lines.append(f"  {comp.name}  -- {comp.doc}  [from {comp.distribution}, plugin {comp.plugin!r}]")
             lines += render_options(comp.options, "      ")
+            lines += optional_line(comp, "      ")
         if not registry.names(slot):
             lines.append("  (none installed)")
         lines.append("")

@@ -253,6 +253,18 @@ class Mixture(IndexedSource):
             self._epochs_warned[k] = int((used[k] - 1) // capacity)
             log.warn(f"mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}")
 
+    def fingerprint(self) -> str | None:
+        """The sources' fingerprints with their labels and weights; None when any source has none."""
+        from core.api import data_fingerprint
+
+        parts = [data_fingerprint(source) for source in self.sources]
+        if not parts or any(p is None for p in parts):
+            return None
+        import hashlib
+
+        text = repr(list(zip(self.labels, self.weights, parts)))
+        return "mixture " + hashlib.sha256(text.encode()).hexdigest()[:16]
+
     def tokens_per_epoch(self) -> int | None:
         """The sources' sizes together (each source's own pass is ``data/<label>_epochs``);
         None when any source does not know its size (a stream)."""

@@ -140,6 +140,20 @@ class TokenBin(IndexedSource):
         """Tokens in the training file: the logged ``epoch`` is tokens seen over this (either order)."""
         return self.num_tokens("train")
 
+    def fingerprint(self) -> str:
+        """The training file's size, dtype and CRC-32 of its first and last MiB, and the tokenizer's
+        fingerprint from ``meta.json``: cheap on any size, and it changes when the file is rebuilt."""
+        import zlib
+
+        f, edge = self.file("train"), 2**20
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            crc = zlib.crc32(fh.read(edge))
+            fh.seek(max(0, size - edge))
+            crc = zlib.crc32(fh.read(edge), crc)
+        tokenizer = str(self.meta().get("tokenizer_fingerprint", ""))[:12]
+        return f"{f.name} {size} bytes {self.dtype().name} crc32 {crc:08x}" + (f" tokenizer {tokenizer}" if tokenizer else "")
+
     def epoch_samples(self, seq_len: int, split: str) -> int | None:
         if self.options.order == "random":
             return None
