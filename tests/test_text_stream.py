@@ -154,3 +154,17 @@ def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path)
     assert r.returncode != 0 and status["exit_code"] == 2, r.stderr[-3000:]
     assert f"{path}:401" in r.stderr
     assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
+
+
+def test_fingerprint_follows_the_files(corpus):
+    def fingerprint(**kw):
+        s = TextStream(TextStreamOptions(files=[str(corpus)], **kw))
+        assert s.fingerprint() is None  # nothing known before validate
+        s.validate(512, 32)
+        return s.fingerprint()
+
+    first = fingerprint()
+    assert first == fingerprint() and first.startswith("1 file(s), ")
+    with open(corpus, "a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    assert fingerprint() != first

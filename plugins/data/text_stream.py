@@ -196,6 +196,17 @@ class TextStream:
         if not list(islice(documents(Path(path), self.options.text_field), PEEK_DOCUMENTS)):
             raise DataError(f"[data] text_stream: {path} holds no document (empty file)")
 
+    def fingerprint(self) -> str | None:
+        """The files' names and sizes in reading order, and the tokenizer (after ``validate``)."""
+        import hashlib
+        import os
+
+        if not self.paths:
+            return None
+        sizes = [os.path.getsize(p) for p in self.paths]
+        listing = "\n".join(f"{os.path.basename(p)} {n}" for p, n in zip(self.paths, sizes)) + f"\n{self.options.tokenizer}"
+        return f"{len(self.paths)} file(s), {sum(sizes)} bytes, sha256 {hashlib.sha256(listing.encode()).hexdigest()[:16]}"
+
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
         """Before resuming from a checkpoint whose state.json is ``saved``: same world size and workers."""
         saved_workers = saved.get("config", {}).get("data", {}).get("workers", 0)
