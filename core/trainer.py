@@ -101,12 +101,8 @@ class Trainer:
         """The fresh state (:func:`core.assemble.assemble`), its checkpointer and its step."""
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
-        about = {
-            "optimizer_plugin": rc.slots["optimizer"].component.name,
-            "versions": self.versions,
-            "seed": rc.train.seed,
-            "data_fingerprint": data_fingerprint(self.c["data"]),
-        }
+        optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
+        about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint}
         self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist)
         self.step_metrics = StepMetrics(self.dist)
