@@ -63,9 +63,17 @@ def next_lrs(scheduler: Any, peaks: list[float], changed: dict[str, tuple[Any, A
     return lrs
 
 
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_show(v) for v in value) + ")"
+    return str(value)
+
+
 def say_changes(path: Any, changed: dict[str, tuple[Any, Any]]) -> None:
     if changed:
-        parts = ", ".join(f"{'peak lr' if k == 'initial_lr' else k} {old} -> {new}" for k, (old, new) in sorted(changed.items()))
+        parts = ", ".join(f"{'peak lr' if k == 'initial_lr' else k} {_show(old)} -> {_show(new)}" for k, (old, new) in sorted(changed.items()))
         log.note(f"checkpoint {path}: the optimizer settings it holds differ from this run's, which apply from the next step: {parts}")
 
 
