@@ -97,16 +97,19 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for every config value that differs (``train.seed`` has a warning of its own)."""
+    a, b = _flat(saved or {}), _flat(now)
+    keys = sorted(k for k in a.keys() | b.keys() if k != "train.seed" and a.get(k) != b.get(k))
+    return [f"{k} {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys]
+
+
 def config_changed(path: Any, meta: dict[str, Any], config: dict[str, Any], shown: int = 8) -> None:
-    """One line naming the config values that differ from the ones the checkpoint was saved with
-    (``train.seed`` has a warning of its own)."""
-    saved, now = _flat(meta.get("config") or {}), _flat(config)
-    keys = sorted(k for k in saved.keys() | now.keys() if k != "train.seed" and saved.get(k) != now.get(k))
-    if not keys:
-        return
-    parts = [f"{k} {saved.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}" for k in keys[:shown]]
-    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    log.note(f"checkpoint {path}: the config differs from the one it was saved with: {', '.join(parts)}{more}")
+    """One line naming the config values that differ from the ones the checkpoint was saved with."""
+    parts = config_differences(meta.get("config") or {}, config)
+    if parts:
+        more = f" and {len(parts) - shown} more" if len(parts) > shown else ""
+        log.note(f"checkpoint {path}: the config differs from the one it was saved with: {', '.join(parts[:shown])}{more}")
 
 
 def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> None:

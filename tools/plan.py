@@ -90,7 +90,20 @@ def make_plan(prep) -> dict[str, Any]:
         "total_flops": fpt * prep.total_steps * prep.tokens_per_step,
         "memory_per_rank": mem,
         "seq_len_stages": stages(prep),
+        "resume": resume_summary(prep),
     }
+
+
+def resume_summary(prep) -> dict[str, Any] | None:
+    """The checkpoint a start would resume from, its step, and the config values that differ from its own."""
+    from core.checkpoint import STATE_FILE
+    from core.hyperparams import config_differences
+
+    path = prep.resume_from
+    if path is None:
+        return None
+    meta = json.loads((path / STATE_FILE).read_text())
+    return {"from": str(path), "step": int(meta["step"]), "config_changes": config_differences(meta.get("config") or {}, prep.resolved)}
 
 
 def human(n: float) -> str:
@@ -123,6 +136,11 @@ def render(plan: dict[str, Any]) -> str:
             f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
             f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (one sequence length)")
         )
+    resume = plan.get("resume")
+    if resume:
+        changes = resume["config_changes"]
+        lines.append(f"  resume      from {resume['from']} (step {resume['step']:,} of {plan['steps']:,})")
+        lines += [f"              config changed since: {c}" for c in changes]
     lines += render_time_and_money(plan)
     return "\n".join(lines)
 
