@@ -7,7 +7,9 @@ them, and ``LambdaLR.load_state_dict`` restores the peak learning rates
 (``base_lrs``). Without this module an ``--optimizer.lr=1e-4`` given to a resumed
 run would be silently ignored. The checkpoint keeps what is state (the moments,
 the step counts, the schedule's position); the config keeps what is a setting.
-Every setting that differs is named in one line, so a change is never silent.
+Every setting that differs is named in one line, so a change is never silent; so are
+the config values that differ from the checkpoint's config (also shown by ``core.plan``),
+a different ``train.seed`` and training data whose fingerprint changed (warnings).
 """
 
 from __future__ import annotations
