@@ -101,7 +101,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """``key old -> new`` for every config value that differs (``train.seed`` has a warning of its own)."""
-    a, b = _flat(saved or {}), _flat(now)
+    a, b = _flat(saved), _flat(now)
     keys = sorted(k for k in a.keys() | b.keys() if k != "train.seed" and a.get(k) != b.get(k))
     return [f"{k} {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys]
 

@@ -427,3 +427,21 @@ def test_validation_loss_is_a_plain_float_to_checkpoints_and_monitors():
     assert json.loads(json.dumps({"val_loss": loss, "best_val_loss": best})) == {"val_loss": 1.25, "best_val_loss": 1.25}
     assert type(pickle.loads(pickle.dumps(loss))) is float and loss.parts == {"val_loss/web": 1.5}
     assert ValidationLoss(2.0).parts == {}
+
+
+def test_mixture_fingerprint_combines_its_sources_and_weights():
+    from conftest import REPO
+
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    corpus = str(REPO / "plugins" / "data" / "corpus" / "shakespeare")
+
+    def fingerprint(w, second="token_bin"):
+        extra = {"path": corpus} if second == "token_bin" else {}
+        sources = [{"name": "token_bin", "label": "a", "weight": w, "path": corpus}, {"name": second, "label": "b", "weight": 1 - w, **extra}]
+        return Mixture(MixtureOptions(sources=sources)).fingerprint()
+
+    first = fingerprint(0.5)
+    assert first is not None and first.startswith("mixture ") and first == fingerprint(0.5)
+    assert fingerprint(0.7) != first  # other weights: another mixture of the same files
+    assert fingerprint(0.5, second="synthetic") is None  # a source without a fingerprint: none for the mixture

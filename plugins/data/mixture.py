@@ -35,6 +35,7 @@ sources = [
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -260,8 +261,6 @@ class Mixture(IndexedSource):
         parts = [data_fingerprint(source) for source in self.sources]
         if not parts or any(p is None for p in parts):
             return None
-        import hashlib
-
         text = repr(list(zip(self.labels, self.weights, parts)))
         return "mixture " + hashlib.sha256(text.encode()).hexdigest()[:16]
 
