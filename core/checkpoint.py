@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from core import hyperparams, integrity, log
+from core import hyperparams, integrity, log, retention
 from core.checkpoint_folders import (  # noqa: F401 - the folder API, re-exported for plugins and tools
     BEST_FILE,
     COMMIT_MARKER,
@@ -110,6 +110,8 @@ class Checkpointer:
         self.best_step = -1
         self.last_stall_s = 0.0
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
+        self.retention = retention.Retention(self.root, self.opts)
+        self.losses = retention.LossTally(where.dist.device, self.group)  # train_loss of the next save
 
     @property
     def lineage(self) -> str:
@@ -148,7 +150,7 @@ class Checkpointer:
             "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer),
         }
 
-    def _json_state(self) -> dict[str, Any]:
+    def _json_state(self, train_loss: float | None) -> dict[str, Any]:
         run = self.state.run
         sched = {k: plain(v) for k, v in self.state.scheduler.state_dict().items() if k != "lr_lambdas"}
         return {
@@ -162,6 +164,7 @@ class Checkpointer:
             "config": run.config,
             "versions": self.about["versions"],
             "data_fingerprint": self.about.get("data_fingerprint"),
+            "train_loss": train_loss,  # mean over the steps since the previous save (retention)
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
@@ -198,7 +201,7 @@ class Checkpointer:
         except OSError as e:
             error = e
         self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
-        json_state = self._json_state()
+        json_state = self._json_state(self.losses.mean_and_reset())
         self.writer = HashingFileSystemWriter(path)
         t0 = time.perf_counter()
         try:
@@ -288,8 +291,8 @@ class Checkpointer:
             tmp.write_text(json.dumps(manifest, indent=1))
             os.replace(tmp, path / COMMIT_MARKER)
             if step == self.best_step:
-                self._write_best()
-            self._prune()
+                retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
+            self.retention.prune(self.lineage, self.pending[2] if self.pending is not None else None)
         self.on_saved(step, str(path))
 
     def save_best(self, step: int) -> None:
@@ -300,37 +303,7 @@ class Checkpointer:
         if step != self.last_saved_step:
             self.maybe_save(step)
         elif self.pending is None and self.dist.is_main:
-            self._write_best()
-
-    def _write_best(self) -> None:
-        ranking = [{"step": int(s), "path": step_dir(self.root, int(s)).name, "val_loss": loss} for loss, s in self.state.run.state.get("best_checkpoints", [])]
-        tmp = self.root / (BEST_FILE + ".tmp")
-        tmp.write_text(json.dumps({"best": ranking}, indent=1))
-        os.replace(tmp, self.root / BEST_FILE)
-
-    def best_paths(self) -> set[Path]:
-        try:
-            return {self.root / b["path"] for b in json.loads((self.root / BEST_FILE).read_text())["best"]}
-        except (OSError, ValueError, KeyError, TypeError):
-            return set()
-
-    def _prune(self) -> None:
-        """Retention (rank 0, after a commit). Only this run's own checkpoints are ever deleted: of its
-        verified ones the newest ``keep_latest`` stay, and so do the newest one and the ``keep_best``
-        ones; its interrupted saves older than its newest verified checkpoint go too. Checkpoints of
-        other runs, damaged ones and anything plait did not write are left alone."""
-        good = [p for p in self.where.own(self.lineage) if verifies(p)]
-        if not good:
-            return
-        keep = self.best_paths() | {good[-1]}
-        if self.opts.keep_latest:
-            for old in good[: -self.opts.keep_latest]:
-                if old not in keep:
-                    shutil.rmtree(old, ignore_errors=True)
-        in_flight = self.pending[2] if self.pending is not None else None
-        for p in self.root.glob("step_*"):
-            if p.name < good[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == self.lineage:
-                shutil.rmtree(p, ignore_errors=True)
+            retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
 
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:
@@ -352,7 +325,7 @@ class Checkpointer:
         self._load_json_parts(path, meta, skip, changed)
         self.last_saved_step = self.state.run.step
         if self.dist.is_main:
-            self._say_restored(path, meta, skip)
+            hyperparams.say_restored(path, meta, skip, self.state, self.dist.world_size)
             hyperparams.say_changes(path, changed)
             hyperparams.seed_changed(path, meta, self.about["seed"])
             hyperparams.config_changed(path, meta, self.state.run.config)
@@ -423,16 +396,3 @@ class Checkpointer:
                     raise CheckpointError(f"{rng_file} is not an RNG state ({type(e).__name__}: {e})") from None
             else:
                 torch.manual_seed(self.about["seed"] + run.step * 1000 + rank)
-
-    def _say_restored(self, path: Path, meta: dict[str, Any], skip: set[str]) -> None:
-        run, loader = self.state.run, self.state.loader
-        log.info(f"resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {self.dist.world_size})")
-        lr = self.state.optimizer.param_groups[0]["lr"]
-        position = loader.state_dict() if not loader_state_per_rank(loader) else {}
-        data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
-        parts = [f"tokens seen {run.tokens_seen:,}", f"lr {float(lr):.3g}", f"data at {data}"]
-        if "optimizer" in skip:
-            parts.append("optimizer started fresh")
-        if skip - {"optimizer"}:
-            parts.append(f"not restored: {', '.join(sorted(skip - {'optimizer'}))}")
-        log.info(f"restored {'; '.join(parts)}")

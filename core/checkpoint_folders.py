@@ -58,6 +58,10 @@ class CheckpointOptions:
         0,
         "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
     )
+    keep_lowest_loss: bool = option(
+        True,
+        "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
+    )
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
     allow_foreign: bool = option(
         False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned"

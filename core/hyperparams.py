@@ -100,9 +100,10 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """``key old -> new`` for every config value that differs (``train.seed`` has a warning of its own)."""
+    """``key old -> new`` for every config value that differs (``train.seed`` has a warning of its own;
+    ``checkpoint.resume`` names the checkpoint, so it differs whenever one is named)."""
     a, b = _flat(saved), _flat(now)
-    keys = sorted(k for k in a.keys() | b.keys() if k != "train.seed" and a.get(k) != b.get(k))
+    keys = sorted(k for k in a.keys() | b.keys() if k not in ("train.seed", "checkpoint.resume") and a.get(k) != b.get(k))
     return [f"{k} {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys]
 
 
@@ -125,3 +126,20 @@ def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> No
             f"checkpoint {path} was trained on other data ({saved}); this run's data is {fingerprint}: "
             f"the restored data position{at} now indexes different data"
         )
+
+
+def say_restored(path: Any, meta: dict[str, Any], skip: set[str], state: Any, world_size: int) -> None:
+    """Two lines after a resume: where from, and what the restored state (``TrainingState``) holds."""
+    from core.protocols import loader_state_per_rank
+
+    run, loader = state.run, state.loader
+    log.info(f"resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {world_size})")
+    lr = state.optimizer.param_groups[0]["lr"]
+    position = loader.state_dict() if not loader_state_per_rank(loader) else {}
+    data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
+    parts = [f"tokens seen {run.tokens_seen:,}", f"lr {float(lr):.3g}", f"data at {data}"]
+    if "optimizer" in skip:
+        parts.append("optimizer started fresh")
+    if skip - {"optimizer"}:
+        parts.append(f"not restored: {', '.join(sorted(skip - {'optimizer'}))}")
+    log.info(f"restored {'; '.join(parts)}")

@@ -97,6 +97,25 @@ def restore(ckpt: Any, path: Path, last: bool) -> bool:
     return False
 
 
+def leave_branch(ckpt: Any, path: Path) -> None:
+    """After resuming from ``path``: this run's later checkpoints are a branch it leaves; rank 0
+    moves them aside (:func:`core.retention.set_aside_later`). A failed move stops every rank
+    (CheckpointError on rank 0): the new branch's saves would be pruned beside them."""
+    from core.retention import set_aside_later
+
+    error = None
+    if ckpt.dist.is_main:
+        try:
+            set_aside_later(ckpt.root, ckpt.lineage, path, chosen=ckpt.opts.resume != "auto")
+        except OSError as e:
+            error = f"resumed from {path}, but could not move this run's later checkpoints aside ({e}); move them out of {ckpt.root} and start again"
+    error = agree(ckpt.group, error)
+    if error is not None:
+        if ckpt.dist.is_main:
+            raise CheckpointError(error)
+        raise SystemExit(EXIT_BAD_INPUT)  # rank 0 says why, once
+
+
 def one_line(path: Path, what: str, error: Exception) -> str:
     text = str(error).strip().splitlines()
     return f"checkpoint {path} {what}: {type(error).__name__}: {text[0] if text else ''}"

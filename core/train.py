@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
-    from core import distributed
+    from core import distributed, run_files
     from core.checkpoint import SaveFailed
     from core.trainer import Trainer
 
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
         trainer.build()
-        trainer.write_run_files()
+        run_files.write_run_info(prep, info, trainer.versions)
         if info.is_main:
-            print(trainer.summary(), flush=True)
+            print(run_files.summary(prep, info, trainer.model, trainer.run), flush=True)
         return trainer.fit()
     except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
         assert trainer is not None  # SaveFailed comes from fit()

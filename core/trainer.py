@@ -81,6 +81,8 @@ class Trainer:
             self.close_loader()
             del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
+        if path is not None:
+            resume.leave_branch(self.checkpointer, path)
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error)
         self.before_update_hooks = self.monitors.implements("plait_before_update")
         self.replace_batch_hooks = self.monitors.implements("plait_replace_batch")
@@ -114,12 +116,6 @@ class Trainer:
         """Stop the loader's read-ahead thread, if it has one (CUDA)."""
         if isinstance(self.built.state.loader, PrefetchingLoader):
             self.built.state.loader.close()
-
-    def summary(self) -> str:
-        return run_files.summary(self.prep, self.dist, self.model, self.run)
-
-    def write_run_files(self) -> None:
-        run_files.write_run_info(self.prep, self.dist, self.versions)
 
     # -- signals -------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -234,6 +230,7 @@ class Trainer:
                 log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
                 return loss, grad_norm
         self.stepper.update(bad)
+        self.checkpointer.losses.add(loss)  # saves record the mean (retention keeps the lowest)
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:

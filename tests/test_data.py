@@ -261,6 +261,7 @@ def test_keep_best_checkpoints_survive_pruning(tiny_config, tmp_path):
         "--checkpoint.every=1",
         "--checkpoint.keep_latest=1",
         "--checkpoint.keep_best=2",
+        "--checkpoint.keep_lowest_loss=false",  # keep_best alone (tests/test_retention.py has the lowest-loss rule)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     vals = sorted(read_metrics(tmp_path / "out", kind="val"), key=lambda v: v["val_loss"])

@@ -140,6 +140,7 @@ def test_damaged_newest_falls_back_with_one_warning(shared, run, damage, expecte
     newest = ckpt(run, 8)
     if damage == "shard":  # same size: only a checksum sees it
         flip_bytes(newest / "__1_0.distcp")
+        damaged = (newest / "__1_0.distcp").read_bytes()
     elif damage == "metadata":
         flip_bytes(newest / ".metadata", at=0.7)
     else:  # valid JSON, written and committed as it is (a writer bug)
@@ -151,6 +152,11 @@ def test_damaged_newest_falls_back_with_one_warning(shared, run, damage, expecte
     assert code == 0, err[-2000:]
     assert len(warnings_in(err)) == 1 and expected in warnings_in(err)[0], err
     assert "step_000000006 at step 6" in out
+    if damage == "shard":  # the quick check after each commit would pass it: set aside, so it never outranks this run's saves
+        (aside,) = (newest.parent / "abandoned").iterdir()
+        assert (aside / newest.name / "__1_0.distcp").read_bytes() == damaged
+        assert "the 1 newer checkpoint(s) that could not be resumed (step_000000008 to step_000000008) are moved to" in err
+    assert (newest / "COMMITTED").is_file()  # this run's own step 8, saved at the end
     # resumed on one rank from two: the same global samples, so the losses of the straight run
     resumed = {r["step"]: r["loss"] for r in read_metrics(run)}
     assert resumed[7] == pytest.approx(straight[7], rel=2e-5) and resumed[8] == pytest.approx(straight[8], rel=2e-5)

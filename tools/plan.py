@@ -96,14 +96,21 @@ def make_plan(prep) -> dict[str, Any]:
 
 def resume_summary(prep) -> dict[str, Any] | None:
     """The checkpoint a start would resume from, its step, and the config values that differ from its own."""
-    from core.checkpoint import STATE_FILE
+    from core.checkpoint import STATE_FILE, lineage_of
     from core.hyperparams import config_differences
+    from core.retention import later_than
 
     path = prep.resume_from
     if path is None:
         return None
     meta = json.loads((path / STATE_FILE).read_text())
-    return {"from": str(path), "step": int(meta["step"]), "config_changes": config_differences(meta.get("config") or {}, prep.resolved)}
+    later = later_than(prep.checkpoint_root, lineage_of(path), path)
+    return {
+        "from": str(path),
+        "step": int(meta["step"]),
+        "config_changes": config_differences(meta.get("config") or {}, prep.resolved),
+        "sets_aside": [p.name for p in later],  # a new branch: moved to <dir>/abandoned/ at the start
+    }
 
 
 def human(n: float) -> str:
@@ -141,6 +148,9 @@ def render(plan: dict[str, Any]) -> str:
         changes = resume["config_changes"]
         lines.append(f"  resume      from {resume['from']} (step {resume['step']:,} of {plan['steps']:,})")
         lines += [f"              config changed since: {c}" for c in changes]
+        if resume["sets_aside"]:
+            aside = resume["sets_aside"]
+            lines.append(f"              a new branch: the {len(aside)} later checkpoint(s), {aside[0]} to {aside[-1]}, move to abandoned/")
     lines += render_time_and_money(plan)
     return "\n".join(lines)
 

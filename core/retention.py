@@ -1,0 +1,172 @@
+"""Which checkpoints stay: pruning after each commit, and the branch an older resume leaves.
+
+Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
+
+* After each commit, of this run's verified checkpoints the newest ``keep_latest``
+  stay, and so do the newest one, the ``keep_best`` ones (validation, ``BEST.json``)
+  and, with ``keep_lowest_loss``, the one with the lowest training loss: a loss that
+  rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
+  every checkpoint from before it. This run's interrupted saves older than its
+  newest verified checkpoint go too.
+* A resume from a checkpoint that is not this run's newest starts a branch: the
+  later (verified) checkpoints of the run are moved, never deleted, to
+  ``<dir>/abandoned/<time>_after_step_<n>/``, where neither pruning nor
+  ``resume = "auto"`` looks. Left in place they would outrank the new branch:
+  pruning by step would delete each of its saves as soon as it is committed,
+  and an automatic restart would continue the abandoned branch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core import log
+from core.checkpoint_folders import BEST_FILE, COMMIT_MARKER, CheckpointOptions, committed, lineage_of, step_dir, verify
+from core.errors import CheckpointError
+
+ABANDONED_DIR = "abandoned"
+
+
+class LossTally:
+    """The mean training loss over the steps since the last save, which the save records as
+    ``train_loss``: added up on the device (no host sync per step), read at the save."""
+
+    def __init__(self, device: torch.device, group: Any) -> None:
+        self.group = group  # the checkpoint's gloo group (None on one process)
+        self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
+
+    def add(self, loss: torch.Tensor) -> None:
+        """A step's loss (this rank's); a non-finite one does not count."""
+        loss = loss.detach().to(torch.float64)
+        finite = torch.isfinite(loss)
+        self.total += torch.stack([torch.where(finite, loss, 0.0), finite.to(torch.float64)])
+
+    def mean_and_reset(self) -> float | None:
+        """The mean over every rank (a collective: every rank calls it); None if no step counted."""
+        both = self.total.to("cpu", copy=True)
+        self.total.zero_()
+        if self.group is not None:
+            import torch.distributed as tdist
+
+            tdist.all_reduce(both, group=self.group)
+        return float(both[0] / both[1]) if both[1] > 0 else None
+
+
+def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
+    """This run's committed checkpoints that verify (without the shards' checksums), oldest
+    first, each with its state.json."""
+    found = {}
+    for path in committed(root):
+        if lineage_of(path) != lineage:
+            continue
+        try:
+            found[path] = verify(path, shards=False)
+        except CheckpointError:
+            pass  # damaged: not ours to judge, never deleted
+    return found
+
+
+def train_loss(state: dict[str, Any]) -> float | None:
+    """The checkpoint's training loss (state.json ``train_loss``), if it has a finite one."""
+    loss = state.get("train_loss")
+    return float(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None
+
+
+class Retention:
+    """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
+
+    def __init__(self, root: Path, opts: CheckpointOptions) -> None:
+        self.root, self.opts = root, opts
+        self.said_lowest: Path | None = None
+
+    def prune(self, lineage: str, in_flight: Path | None) -> None:
+        """Apply the retention rules after a commit (rank 0)."""
+        good = own_verified(self.root, lineage)
+        if not good:
+            return
+        paths = list(good)
+        keep = best_paths(self.root) | {paths[-1]}
+        if self.opts.keep_lowest_loss:
+            keep |= self.lowest_loss(good)
+        if self.opts.keep_latest:
+            for old in paths[: -self.opts.keep_latest]:
+                if old not in keep:
+                    shutil.rmtree(old, ignore_errors=True)
+        for p in self.root.glob("step_*"):
+            if p.name < paths[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def lowest_loss(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
+        """The checkpoint with the lowest training loss (none if none has one); one line when it
+        is kept beyond ``keep_latest``."""
+        losses = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}
+        if not losses:
+            return set()
+        lowest = min(losses, key=lambda p: (losses[p], -int(p.name[len("step_") :])))  # ties: the newest
+        newest = list(good)[-1]
+        beyond = self.opts.keep_latest and lowest not in list(good)[-self.opts.keep_latest :]
+        if beyond and lowest != self.said_lowest and newest in losses:
+            log.warn(
+                f"checkpoint {lowest.name} has this run's lowest training loss ({losses[lowest]:.4g}; the newest, "
+                f"{newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "
+                f'resume from it with --checkpoint.resume="{lowest}"'
+            )
+            self.said_lowest = lowest
+        return {lowest}
+
+
+def best_paths(root: Path) -> set[Path]:
+    """The checkpoints ``BEST.json`` lists (``keep_best``)."""
+    try:
+        return {root / b["path"] for b in json.loads((root / BEST_FILE).read_text())["best"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def write_best(root: Path, ranking: list[list[Any]]) -> None:
+    """``BEST.json`` from ``[[val_loss, step], ...]``, best first, replaced atomically."""
+    best = [{"step": int(s), "path": step_dir(root, int(s)).name, "val_loss": loss} for loss, s in ranking]
+    tmp = root / (BEST_FILE + ".tmp")
+    tmp.write_text(json.dumps({"best": best}, indent=1))
+    os.replace(tmp, root / BEST_FILE)
+
+
+def later_than(root: Path, lineage: str | None, resumed: Path) -> list[Path]:
+    """This run's verified checkpoints in ``root`` with a later step than ``resumed``: the branch a
+    resume from ``resumed`` leaves. Damaged ones stay out (a save of their step replaces them)."""
+    if lineage is None or resumed.parent.resolve() != root.resolve():
+        return []  # resumed from another folder: this one's checkpoints are not its history
+    return [p for p in own_verified(root, lineage) if p.name > resumed.name]
+
+
+def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Path | None:
+    """Move this run's verified checkpoints with a later step than ``resumed`` (a folder in
+    ``root``) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder, or None if there
+    were none. ``chosen``: ``resumed`` was named (``checkpoint.resume``), rather than reached by
+    ``resume = "auto"`` skipping the newer ones as damaged or unloadable. Raises OSError if a move fails (the caller stops the run: a new branch beside
+    them would lose its saves)."""
+    later = later_than(root, lineage, resumed)
+    if not later:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = root / ABANDONED_DIR / f"{stamp}_after_{resumed.name}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in later:
+        os.replace(p, dest / p.name)
+    span = f"{later[0].name} to {later[-1].name}"
+    if chosen:
+        log.warn(
+            f"resumed from {resumed.name}, which is not this run's newest checkpoint: the {len(later)} later one(s) "
+            f"({span}) are a branch this run leaves; moved to {dest} (kept, never pruned or resumed from automatically)"
+        )
+    else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either
+        log.note(f"the {len(later)} newer checkpoint(s) that could not be resumed ({span}) are moved to {dest}")
+    return dest

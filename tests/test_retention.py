@@ -1,0 +1,96 @@
+"""Retention under a diverging loss and after a resume from an older checkpoint.
+
+Two ways the newest checkpoints stopped being the good ones used to lose data:
+a loss that rose without reaching NaN pruned every checkpoint from before it, and a
+resume from an older checkpoint left the abandoned branch's later checkpoints in
+place, where pruning by step deleted each of the new branch's saves as soon as it
+was committed and an automatic restart continued the abandoned branch. Real runs,
+real DCP checkpoints; the branch resume runs on two gloo ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import read_metrics, run_module, torchrun, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def steps_in(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("step_*") if (p / "COMMITTED").is_file())
+
+
+def train_loss(ckpt: Path) -> float | None:
+    return json.loads((ckpt / "state.json").read_text())["train_loss"]
+
+
+def test_a_diverging_loss_never_prunes_the_lowest_loss_checkpoint(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=14, body="[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 2\nkeep_latest = 2\n")
+    root = tmp_path / "out" / "checkpoints"
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=6")
+    assert r.returncode == 0, r.stderr[-2000:]
+    good = train_loss(root / "step_000000006")
+    assert good is not None and good < train_loss(root / "step_000000004")  # the mean loss since the previous save
+    # the same run goes on with an LR a thousand times too high: the loss rises far, but stays finite
+    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=3.0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert steps_in(root) == ["step_000000006", "step_000000012", "step_000000014"]
+    assert train_loss(root / "step_000000014") > 2 * good
+    kept = [line for line in r.stderr.splitlines() if "lowest training loss" in line]
+    assert len(kept) == 1 and "step_000000006" in kept[0] and 'resume="' in kept[0], r.stderr[-2000:]
+
+
+def test_keep_lowest_loss_off_prunes_by_step_alone(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=14, body="[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 2\nkeep_latest = 2\nkeep_lowest_loss = false\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg), "--train.steps=6").returncode == 0
+    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=3.0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert steps_in(root) == ["step_000000012", "step_000000014"]
+    assert "lowest training loss" not in r.stderr
+
+
+def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=12, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    r = torchrun(2, "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    old = {s: (root / s / "COMMITTED").read_text() for s in ("step_000000009", "step_000000012")}
+    # train_loss: the mean over both ranks of the steps since the previous save (7, 8, 9), as logged
+    logged = {row["step"]: row["loss"] for row in read_metrics(tmp_path / "out")}
+    assert train_loss(root / "step_000000009") == pytest.approx(sum(logged[s] for s in (7, 8, 9)) / 3, rel=1e-6)
+    # a new branch from step 6 with another LR, on two ranks, pruning to the newest two
+    r = torchrun(2, "--config", str(cfg), f"--checkpoint.resume={root / 'step_000000006'}", "--checkpoint.keep_latest=2", "--optimizer.lr=1e-4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if "branch this run leaves" in line]
+    assert len(lines) == 1 and "step_000000009 to step_000000012" in lines[0], r.stderr[-2000:]
+    # the new branch's saves survive pruning; the abandoned ones are kept, unchanged, out of the way
+    assert steps_in(root) == ["step_000000009", "step_000000012"]
+    assert all((root / s / "COMMITTED").read_text() != old[s] for s in old)
+    (aside,) = (root / "abandoned").iterdir()
+    assert aside.name.endswith("_after_step_000000006")
+    assert {s: (aside / s / "COMMITTED").read_text() for s in steps_in(aside)} == old
+    # an automatic restart continues the new branch (its step 12 is the one resumed)
+    new12 = (root / "step_000000012" / "COMMITTED").read_text()
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=13")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000012'} at step 12" in r.stdout + r.stderr
+    assert "branch" not in r.stdout + r.stderr
+    assert old["step_000000012"] != new12 and (aside / "step_000000012" / "COMMITTED").read_text() == old["step_000000012"]
+
+
+def test_a_branch_that_cannot_be_set_aside_stops_before_training(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    metrics = (tmp_path / "out" / "metrics.jsonl").read_text()
+    (root / "abandoned").write_text("a file where the folder would go\n")
+    r = run_module("core.train", "--config", str(cfg), f"--checkpoint.resume={root / 'step_000000003'}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert "could not move this run's later checkpoints aside" in lines[-1] and str(root) in lines[-1], r.stderr[-2000:]
+    assert steps_in(root) == ["step_000000003", "step_000000006"]
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # not a step trained
