@@ -174,6 +174,18 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def section_hint(key: str) -> str:
+    """`` (did you mean --train.steps?)`` when a core section has an option named ``key``."""
+    import dataclasses
+
+    from core.run_config import CORE_SECTION_OPTIONS
+
+    for section, cls in CORE_SECTION_OPTIONS.items():
+        if any((f.metadata.get("key") or f.name) == key for f in dataclasses.fields(cls)):
+            return f" (did you mean --{section}.{key}?)"
+    return ""
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     """``["--a.b=1", "--c.d", "x"]`` -> ``[("a.b", 1), ("c.d", "x")]``."""
     out: list[tuple[str, Any]] = []
@@ -192,6 +204,8 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
             key, text = body, "true"  # a bare flag such as --budget.force
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"command line: bad key in {arg!r}")
+        if "." not in key:
+            raise ConfigError(f"command line: {arg!r} names no section; expected --section.key=value{section_hint(key.replace('-', '_'))}")
         out.append((key.replace("-", "_"), parse_value(text)))
         i += 1
     return out

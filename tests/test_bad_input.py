@@ -32,6 +32,11 @@ def test_unknown_section(tiny_config):
     assert "unknown section [optimiser]" in one_error_line(train("--config", str(tiny_config()), "--optimiser.lr=1"))
 
 
+def test_an_override_without_a_section_is_named(tiny_config):
+    msg = one_error_line(train("--config", str(tiny_config()), "--steps=5"))
+    assert msg == "plait: error: command line: '--steps=5' names no section; expected --section.key=value (did you mean --train.steps?)"
+
+
 def test_wrong_type(tiny_config):
     msg = one_error_line(train("--config", str(tiny_config()), '--train.steps="ten"'))
     assert "[train].steps: expected int, got str" in msg
@@ -157,6 +162,9 @@ def plan_error(capsys, *args: str) -> str:
         (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
         (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
         (["--=5"], "command line: bad key in '--=5'"),
+        (["--steps=5"], "command line: '--steps=5' names no section; expected --section.key=value (did you mean --train.steps?)"),
+        (["--keep-latest", "2"], "(did you mean --checkpoint.keep_latest?)"),
+        (["--bogus"], "command line: '--bogus' names no section; expected --section.key=value"),
         (["--nproc", "x"], "command line: argument --nproc: invalid int value: 'x'"),
     ],
 )
