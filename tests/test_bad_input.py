@@ -199,6 +199,9 @@ def test_resume_checkpoint_checked_by_plan(tiny_config, tmp_path, capsys):
 def test_data_checked_by_plan(tiny_config, tmp_path, capsys):
     msg = plan_error(capsys, "--config", str(tiny_config()), f"--data.path={tmp_path / 'nodata'}")
     assert "nodata" in msg and "does not exist" in msg
+    (tmp_path / "afile.bin").write_bytes(b"\0" * 16)
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--data.path={tmp_path / 'afile.bin'}")
+    assert "afile.bin is a file; expected a folder holding train.bin" in msg
 
 
 def test_bounds_are_listed_by_core_plugins():

@@ -87,7 +87,8 @@ class TokenBin(IndexedSource):
 
     def validate(self, vocab_size: int, seq_len: int) -> None:
         if not self.root.is_dir():
-            raise DataError(f"[data] token_bin: folder {self.root} does not exist")
+            what = "is a file" if self.root.exists() else "does not exist"
+            raise DataError(f"[data] token_bin: path {self.root} {what}; expected a folder holding train.bin (python -m plugins.data.prepare makes one)")
         dtype = self.dtype()
         meta_vocab = self.meta().get("vocab_size")
         if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
