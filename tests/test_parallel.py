@@ -25,6 +25,11 @@ def test_fsdp2_and_ddp_agree(tiny_config, tmp_path):
     assert len(got["ddp"]) == 5
     assert got["fsdp2"] == pytest.approx(got["ddp"], rel=1e-5)
     assert got["ddp"][-1] < got["ddp"][0]
+    # ddp broadcasts no buffers by default: llama3's RoPE tables are the same on every rank, so the
+    # losses equal those of a run that broadcasts them before every forward
+    proc = torchrun(2, "--config", str(cfg), "--parallelism.name=ddp", "--parallelism.broadcast_buffers=true", f"--train.output_dir={tmp_path / 'bcast'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(tmp_path / "bcast") == got["ddp"]
     # HSDP: a 2-D mesh of 2 replicas x 1 shard (all-reduce across replicas, sharding within) agrees too
     proc = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--parallelism.replicate=2", f"--train.output_dir={tmp_path / 'hsdp'}")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -18,6 +18,9 @@ class DDPOptions:
     bucket_cap_mb: int = option(25, "gradient all-reduce bucket size in MiB")
     static_graph: bool = option(False, "tell DDP the graph is the same every step (enables some optimizations)")
     gradient_as_bucket_view: bool = option(True, "gradients are views into the all-reduce buckets (saves memory)")
+    broadcast_buffers: bool = option(
+        False, "broadcast the model's buffers from rank 0 before every forward: only for buffers that training changes (RoPE tables do not)"
+    )
 
 
 class DDP:
@@ -37,6 +40,7 @@ class DDP:
             bucket_cap_mb=o.bucket_cap_mb,
             static_graph=o.static_graph,
             gradient_as_bucket_view=o.gradient_as_bucket_view,
+            broadcast_buffers=o.broadcast_buffers,
         )
 
     def sync_context(self, model: nn.Module, sync: bool):
