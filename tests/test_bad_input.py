@@ -162,6 +162,7 @@ def plan_error(capsys, *args: str) -> str:
         (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
         (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
         (["--=5"], "command line: bad key in '--=5'"),
+        (['--monitors.enabled=["spikes"]', "--monitors.spikes.max_in_a_row=-1"], "[monitors.spikes]: max_in_a_row must be >= 0, got -1"),
         (["--steps=5"], "command line: '--steps=5' names no section; expected --section.key=value (did you mean --train.steps?)"),
         (["--keep-latest", "2"], "(did you mean --checkpoint.keep_latest?)"),
         (["--bogus"], "command line: '--bogus' names no section; expected --section.key=value"),

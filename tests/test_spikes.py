@@ -55,6 +55,59 @@ def test_rollback_restores_and_skips_the_data(tiny_config, tmp_path):
     assert state["step"] == 20 and state["data"]["consumed_samples"] > 20 * per_step
 
 
+def test_a_lasting_change_of_level_stops_the_run_instead_of_skipping_forever(tiny_config, tmp_path):
+    """Thirty steps of rare tokens: not a spike but a new level. Before, every one of those updates
+    was skipped (and with a lasting change, every update of the run); now the tenth in a row stops
+    the run with exit code 3 and a checkpoint of the weights no spike reached."""
+    cfg = tiny_config(steps=40)
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(cfg),
+        "--optimizer.lr=3e-3",
+        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
+        "--monitors.spike_rehearsal.at_step=15",
+        "--monitors.spike_rehearsal.steps=30",
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=5",
+        "--checkpoint.every=5",
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stdout.count("update skipped") == 10
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["exit_code"] == 3 and status["step"] == 24 and "10 spikes in a row up to step 24" in status["detail"]
+    saved = tmp_path / "out" / "checkpoints" / "step_000000024"
+    assert (saved / "COMMITTED").is_file()
+    state = json.loads((saved / "state.json").read_text())
+    assert "spikes_window" not in state["train"] and state["train"]["spikes_in_a_row"] == 0  # a resume judges afresh
+
+
+def test_spikes_in_a_row_count_through_rollbacks_and_only_for_skip_and_rollback():
+    from core.protocols import DistInfo
+    from core.run import Run
+    from plugins.monitors.spikes import Spikes, SpikesOptions
+
+    def feed(action: str, limit: int, restore: bool) -> tuple[list, Run]:
+        run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=100, tokens_per_step=8)
+        monitor = Spikes(SpikesOptions(window=5, min_steps=5, action=action, max_in_a_row=limit))
+        monitor.plait_train_start(run)
+        verdicts = [monitor.plait_before_update(run, s, 3.0 + 0.01 * (s % 2), 1.0) for s in range(1, 7)]
+        saved = dict(run.state)  # what a checkpoint of step 6 holds
+        for s in range(7, 20):
+            verdicts.append(monitor.plait_before_update(run, s, 9.0, 1.0))  # a new level
+            if restore:  # a rollback restores the checkpoint's run.state
+                run.state = dict(saved)
+        return verdicts, run
+
+    verdicts, run = feed("rollback", 4, restore=True)
+    assert verdicts[6:9] == ["rollback"] * 3 and verdicts[9] == "skip"  # the 4th in a row: stop, weights as they are
+    assert run.stop is not None and run.stop.exit_code == 3 and run.stop.checkpoint and "4 spikes in a row up to step 10" in run.stop.reason
+    verdicts, run = feed("skip", 0, restore=False)
+    assert verdicts[6:] == ["skip"] * 13 and run.stop is None  # 0: never stops
+    verdicts, run = feed("log", 3, restore=False)
+    assert verdicts[6:] == [None] * 13 and run.stop is None  # log applies every update: nothing to stop
+
+
 # -- in-process: the rehearsal monitor and the plait_replace_batch hook ------------------------
 
 

@@ -6,6 +6,10 @@ with a rolling window of the previous ``window`` steps: a value more than
 ``min_ratio`` times the mean) is a spike. Actions: ``log`` (a warning),
 ``skip`` (drop that update), ``rollback`` (restore the last complete
 checkpoint and skip the data since then). Spikes never enter the window.
+A lasting change of level is not a spike: after ``max_in_a_row`` spikes in a
+row with ``skip`` or ``rollback`` (which would otherwise skip every update, or
+roll back every step, for the rest of the run) the monitor stops the run with
+exit code 3 and a checkpoint of its unchanged state.
 Rehearse with the ``spike_rehearsal`` monitor.
 """
 
@@ -28,6 +32,9 @@ class SpikesOptions:
     min_ratio: float = option(1.3, "and at least this many times the window mean")
     watch: list[str] = option(["loss", "grad_norm"], "signals to watch: loss, grad_norm")
     action: Literal["log", "skip", "rollback"] = option("skip", "what to do on a spike")
+    max_in_a_row: int = option(
+        10, "with skip or rollback: stop the run (exit code 3, with a checkpoint) after this many spikes in a row, a lasting change of level; 0: never"
+    )
 
     def check(self) -> None:
         bad = [w for w in self.watch if w not in ("loss", "grad_norm")]
@@ -35,9 +42,13 @@ class SpikesOptions:
             raise ValueError(f"watch: unknown signal {bad[0]!r}; signals: loss, grad_norm")
         if self.window < 2 or self.min_steps < 2:
             raise ValueError("window and min_steps must be >= 2")
+        if self.max_in_a_row < 0:
+            raise ValueError(f"max_in_a_row must be >= 0, got {self.max_in_a_row}")
 
 
 WINDOW_KEY = "spikes_window"  # run.state entry: the rolling windows, saved with each checkpoint
+IN_A_ROW_KEY = "spikes_in_a_row"  # run.state entry: spikes since the last ordinary step
+EXIT_LASTING = 3  # as a run whose loss stays non-finite: it cannot go on as it is
 
 
 class Spikes:
@@ -45,6 +56,7 @@ class Spikes:
         self.options = options
         self.history: dict[str, deque[float]] = {name: deque(maxlen=options.window) for name in ("loss", "grad_norm")}
         self.spikes = 0
+        self.in_a_row = 0  # on the monitor, not only in run.state: a rollback restores run.state
 
     def is_spike(self, name: str, value: float) -> bool:
         h = self.history[name]
@@ -58,6 +70,7 @@ class Spikes:
     def plait_train_start(self, run):
         """After a resume the window is the one the checkpoint saved (``run.state``), so detection
         goes on exactly where it was."""
+        self.in_a_row = int(run.state.get(IN_A_ROW_KEY, 0))
         saved = run.state.get(WINDOW_KEY, {})
         for name, values in saved.items():
             if name in self.history:
@@ -73,9 +86,27 @@ class Spikes:
             for name, value in values.items():
                 self.history[name].append(value)
             run.state[WINDOW_KEY] = {name: list(h) for name, h in self.history.items()}  # saved in checkpoints
+            self.in_a_row = run.state[IN_A_ROW_KEY] = 0
             return None
         self.spikes += 1
         run.state["spikes"] = run.state.get("spikes", 0) + 1
+        self.in_a_row += 1
+        in_a_row = run.state[IN_A_ROW_KEY] = self.in_a_row
         what = ", ".join(f"{n} {values[n]:.4g} (window mean {statistics.fmean(self.history[n]):.4g})" for n in hits)
         log.note(f"spikes: step {step}: spike in {what}; action: {self.options.action}")
-        return None if self.options.action == "log" else self.options.action
+        if self.options.action == "log":
+            return None
+        limit = self.options.max_in_a_row
+        if limit and in_a_row >= limit:
+            run.request_stop(
+                f"spikes: {in_a_row} spikes in a row up to step {step} ({what}): the level has changed for good, not spiked; "
+                f"every update would be {'skipped' if self.options.action == 'skip' else 'rolled back'}. Check the data and the "
+                "learning rate, then resume (the window starts afresh) or raise monitors.spikes.max_in_a_row",
+                checkpoint=True,
+                source="spikes",
+                exit_code=EXIT_LASTING,
+            )
+            self.in_a_row = run.state[IN_A_ROW_KEY] = 0
+            run.state.pop(WINDOW_KEY, None)  # a resume judges the new level afresh
+            return "skip"  # the weights stay as they are (a rollback now would only delay the stop)
+        return self.options.action
