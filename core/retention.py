@@ -110,7 +110,7 @@ class Retention:
         losses = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}
         if not losses:
             return set()
-        lowest = min(losses, key=lambda p: (losses[p], -int(p.name[len("step_") :])))  # ties: the newest
+        lowest = min(reversed(list(losses)), key=losses.__getitem__)  # ties: the newest
         newest = list(good)[-1]
         beyond = self.opts.keep_latest and lowest not in list(good)[-self.opts.keep_latest :]
         if beyond and lowest != self.said_lowest and newest in losses:
