@@ -72,7 +72,8 @@ class Trainer:
         self.versions = run_files.library_versions()
         where = CheckpointDir(rc.sections["checkpoint"], self.prep.checkpoint_root, dist, self.control)
         candidates = list(self.prep.resume_candidates)
-        model_meta = self.meta_model() if candidates else None
+        with torch.device("meta"):  # precision conversions keep parameter names
+            model_meta = self.c["model"].build() if candidates else None
         while True:
             path, candidates = resume.first_sound(where, candidates, model_meta)
             self.build_state(where, initial_load=path is None)
@@ -86,10 +87,6 @@ class Trainer:
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error)
         self.before_update_hooks = self.monitors.implements("plait_before_update")
         self.replace_batch_hooks = self.monitors.implements("plait_replace_batch")
-
-    def meta_model(self) -> torch.nn.Module:
-        with torch.device("meta"):
-            return self.c["model"].build()  # precision conversions keep parameter names
 
     def check_precision_agrees(self) -> None:
         if self.rc.precision_chain:  # every rank must have made the same choice
@@ -133,10 +130,9 @@ class Trainer:
     # -- the loop ------------------------------------------------------------
     def fit(self) -> int:
         """Train to ``run.total_steps``: fetch, step, count, log, validate, decide, save."""
-        run, rc, ckpt = self.run, self.rc, self.checkpointer
+        run, ckpt, val = self.run, self.checkpointer, self.rc.sections["validation"]
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
-        every = ckpt.opts.every
         reason, end_detail = policy.COMPLETED, ""
         if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
@@ -153,8 +149,11 @@ class Trainer:
                 reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
                 break
             loss, grad_norm = self.train_step(micro_batches)
-            if loss is None:  # rolled back: the run continues from the checkpoint's step
+            if loss is None:  # rolled back: the run continues from the checkpoint's step, unless told to stop
                 batches = iter(self.loader)
+                if (stop := self.agreed_stop(worst=0)) is not None:
+                    reason = stop
+                    break
                 continue
             run.step += 1
             run.tokens_seen += run.tokens_per_step
@@ -162,18 +161,15 @@ class Trainer:
             now = time.perf_counter()
             run.state["wall_time_s"] += now - last  # everything since the last step, saves included
             last = now
-            save_due = policy.save_due(run.step, every, run.total_steps)
+            save_due = policy.save_due(run.step, ckpt.opts.every, run.total_steps)
             worst = self.read_skipped_steps() if is_log or save_due else 0  # the host syncs there anyway
             metrics = self.log_metrics(loss, grad_norm) if is_log else {}
             self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
-            val = rc.sections["validation"]
             if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
                 self.validate(val)
             ckpt.poll()
-            agreed = self.agree(diverged=worst > rc.train.max_nonfinite_steps)
-            stop = policy.stop_reason(agreed)
-            if stop is not None:
-                reason = self.follow_stop(stop, agreed, worst)
+            if (stop := self.agreed_stop(worst)) is not None:
+                reason = stop
                 break
             if save_due and self.skipping_now:  # the last step was skipped: its state is suspect, save later
                 log.warn(f"step {run.step}: the last step had a non-finite loss or gradient norm; this checkpoint is skipped")
@@ -265,8 +261,7 @@ class Trainer:
 
     def switch_stage(self):
         """A new sequence length: a loader for the new shape (same tokens per micro-batch), at the same data position."""
-        built, seq = self.built, self.stage_seq_len()
-        position = built.state.loader.state_dict()
+        built, seq, position = self.built, self.stage_seq_len(), self.built.state.loader.state_dict()
         self.close_loader()
         spec = built.loader_spec
         built.loader_spec = dataclasses.replace(spec, seq_len=seq, micro_batch=spec.micro_batch * spec.seq_len // seq)
@@ -329,6 +324,13 @@ class Trainer:
             self.run.stop = None
             self.run.request_stop(str(e), checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
             return False
+
+    def agreed_stop(self, worst: int) -> str | None:
+        """The stop every rank agrees on at this step boundary (``worst``: non-finite steps in a row),
+        ``run.stop`` made to say why on every rank; None: train on."""
+        agreed = self.agree(diverged=worst > self.rc.train.max_nonfinite_steps)
+        stop = policy.stop_reason(agreed)
+        return None if stop is None else self.follow_stop(stop, agreed, worst)
 
     def agree(self, diverged: bool) -> policy.Agreed:
         """What every rank knows after this step, the same on every rank (one small all-reduce)."""

@@ -165,3 +165,47 @@ def test_a_replacement_of_the_wrong_shape_is_a_monitor_failure(capsys):
         "monitor 'wrong' failed in plait_replace_batch: TypeError: returned tuple; expected None or (inputs, labels) shaped (2, 4)" in capsys.readouterr().err
     )
     assert run.stop is not None and run.stop.exit_code == 4
+
+
+def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
+    """A monitor that rolls back at every step (as a spike detector facing a new level does):
+    a SIGTERM then must stop the run with a checkpoint, not wait for an ordinary step that never
+    comes (the loop used to go straight on after a rollback, past the stop check)."""
+    import signal
+
+    import torch
+    from conftest import write_tiny_config
+
+    from core.hookspecs import hookimpl
+    from core.monitor_hub import register_monitor
+    from core.prepare import prepare
+    from core.protocols import DistInfo
+    from core.trainer import Trainer
+
+    cfg = write_tiny_config(tmp_path, steps=20)
+    trainer = Trainer(prepare(str(cfg), ["--checkpoint.every=4"]), DistInfo(device=torch.device("cpu")))
+    trainer.build()
+
+    class AlwaysRollback:
+        calls = 0
+
+        @hookimpl
+        def plait_before_update(self, run, step, loss, grad_norm):
+            if step <= 5:
+                return None  # train to step 5: a checkpoint at step 4
+            self.calls += 1
+            if self.calls == 3:
+                trainer._on_signal(signal.SIGTERM, None)  # as the handler does when the signal arrives
+            if self.calls > 50:
+                raise RuntimeError("the signal was never followed")
+            return "rollback"
+
+    monitor = AlwaysRollback()
+    register_monitor(trainer.monitors.pm, "always_rollback", monitor)
+    trainer.monitors.names.append("always_rollback")
+    trainer.before_update_hooks = True
+    assert trainer.fit() == 0
+    assert monitor.calls == 3 and trainer.run.step == 4  # stopped right after the third rollback
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 4
+    assert (tmp_path / "out" / "checkpoints" / "step_000000004" / "COMMITTED").is_file()
