@@ -96,12 +96,12 @@ def test_jsonl_rows_and_resume_appends(tmp_path):
     assert got[3] == {"kind": "checkpoint", "step": 20, "path": str(out / "checkpoints/step_000000020")}
     assert got[-1]["reason"] == "completed" and got[-1]["step"] == 30
 
-    # resumed from the checkpoint at step 20: the earlier lines stay, new ones are appended
+    # resumed from the checkpoint at step 20: the earlier lines stay, a resume line and the new ones are appended
     resumed = make_run(out, step=20, total=40)
     drive(manager(Jsonl(JsonlOptions())), resumed, range(21, 41))
     again = rows(out / "metrics.jsonl")
     assert again[: len(got)] == got
-    assert [(r["kind"], r["step"]) for r in again[len(got) :]] == [("train", 30), ("train", 40), ("end", 40)]
+    assert [(r["kind"], r["step"]) for r in again[len(got) :]] == [("resume", 20), ("train", 30), ("train", 40), ("end", 40)]
     last = {r["step"]: r["loss"] for r in again if r["kind"] == "train"}
     assert sorted(last) == [10, 20, 30, 40] and last[40] == pytest.approx(2.6)
 

@@ -37,6 +37,25 @@ def test_report_writes_every_artifact(tiny_config, tmp_path):
         assert torch.equal(final[k], v), k
 
 
+def test_report_follows_the_branch_a_resume_from_an_older_checkpoint_keeps(tiny_config, tmp_path):
+    cfg = tiny_config(steps=12, body="[checkpoint]\nevery = 3\n")
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    older = tmp_path / "out" / "checkpoints" / "step_000000006"
+    proc = run_module("core.train", "--config", str(cfg), f"--checkpoint.resume={older}", "--train.steps=9", "--optimizer.lr=1e-4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert {"kind": "resume", "step": 6, "tokens_seen": 6 * 1024} in lines
+    new_branch = {r["step"]: r["loss"] for r in lines[lines.index({"kind": "resume", "step": 6, "tokens_seen": 6 * 1024}) :] if r["kind"] == "train"}
+    out = tmp_path / "report"
+    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["steps"] == 9 and m["final_loss"] == new_branch[9]  # not the left branch's step 12
+    rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r["name"] == "loss" and r["kind"] == "train"]
+    assert [int(r["step"]) for r in rows] == list(range(1, 10))
+    assert [float(r["value"]) for r in rows[6:]] == [new_branch[s] for s in (7, 8, 9)]
+
+
 def test_report_on_a_folder_that_is_not_a_run(tmp_path):
     proc = run_module("core.report", "--run", str(tmp_path), "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "config.resolved.toml not found" in proc.stderr

@@ -36,7 +36,9 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill
-        if "step" in row:
+        if row.get("kind") == "resume":  # what was logged past this step is a history the run left
+            latest = {k: r for k, r in latest.items() if k[1] <= row["step"]}
+        elif "step" in row:
             latest[(row.get("kind", "train"), row["step"])] = row
     return [latest[k] for k in sorted(latest, key=lambda k: (k[1], k[0]))]
 

@@ -1,15 +1,16 @@
 """``jsonl``: one JSON object per event in ``<output_dir>/metrics.jsonl``, rank 0 only.
 
-Each line carries ``kind`` (``"train"``, ``"val"``, ``"checkpoint"`` or
-``"end"``), ``step`` and the metrics of the event, as Python numbers (tensors
+Each line carries ``kind`` (``"train"``, ``"val"``, ``"checkpoint"``,
+``"resume"`` or ``"end"``), ``step`` and the metrics of the event, as Python numbers (tensors
 and numpy scalars converted; NaN and infinity written as JSON's ``NaN`` /
 ``Infinity``, which ``json.loads`` reads back). Every line is flushed when
 written, so a killed run keeps what it logged.
 
 A fresh run (``run.step == 0`` at train start) truncates the file; a resumed
-run appends. Steps between the resumed checkpoint and the point where the
-earlier run stopped then appear twice, the later line being the one that
-holds for the resumed run.
+run appends, after a ``"resume"`` line with the step it resumed at. Every line
+written before that line with a later step belongs to a history the run left
+(the steps lost to a crash, or a branch left by a resume from an older
+checkpoint): ``python -m core.report`` drops them, and readers should too.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class Jsonl:
         path = run.output_dir / self.options.filename
         path.parent.mkdir(parents=True, exist_ok=True)  # a filename may name a sub-folder of output_dir
         self.file = path.open("a" if run.step > 0 else "w", buffering=1, encoding="utf-8")
+        if run.step > 0:
+            self._write("resume", run.step, {"tokens_seen": run.tokens_seen})
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):
