@@ -216,6 +216,23 @@ def warn(message: str) -> None:
         log.warn(f"{message}")
 
 
+def refuse_restart_in_place(opts: CheckpointOptions, root: Path, path: Path) -> None:
+    """Excluding ``train`` starts the step count and the run's lineage over. In a checkpoint folder
+    that already holds checkpoints its saves would collide with them (each one skipped, the final
+    one included), and a restart of the same command would start over once more. Raises CheckpointError."""
+    if "train" not in opts.exclude_from_loading or not committed(root):
+        return
+    if path.parent.resolve() == root.resolve():
+        why = f"in the folder of the checkpoints its saves would collide with ({root})"
+    else:
+        why = f"but {root} already holds checkpoints (a restart of this command?); to go on with them, resume without 'train' excluded"
+    raise CheckpointError(
+        f"checkpoint.exclude_from_loading has 'train': the run would start over at step 0 from {path}, {why}; a run that "
+        f'starts over needs an empty checkpoint folder (--train.output_dir=... with checkpoint.resume = "{path}"), or '
+        "start from the weights with checkpoint.initial_load"
+    )
+
+
 def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> list[Path]:
     """The checkpoints to try resuming from, best first, checked before any process group exists.
 
@@ -232,6 +249,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         path = Path(opts.resume)
         verify(path, shards=False)
         check_fits(opts, path, model_meta)
+        refuse_restart_in_place(opts, root, path)
         return [path]
     done = list(reversed(committed(root)))
     for i, path in enumerate(done):
@@ -241,6 +259,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
             warn(f"skipping checkpoint: {e}")
             continue
         check_fits(opts, path, model_meta)
+        refuse_restart_in_place(opts, root, path)
         return done[i:]
     if done:
         warn(f"no usable checkpoint in {root}: starting fresh")

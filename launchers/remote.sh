@@ -100,7 +100,9 @@ for arg in "$@"; do  # a --checkpoint.resume=... flag is RESUME: first attempt o
     esac
 done
 
-# An explicit RESUME is for the first attempt; a restart resumes from the run's own latest checkpoint.
+# An explicit RESUME is for the first attempt; a restart resumes from the run's own latest checkpoint,
+# all of it: checkpoint.exclude_from_loading shaped the first start (a fresh optimizer, a step count
+# started over) and must not be applied to the run's own checkpoints again.
 first_resume="--checkpoint.resume=${RESUME:-auto}"
 
 # 3. Bad input is final: check it once, without a process group (core.plan runs every check that
@@ -114,11 +116,11 @@ fi
 attempt=0
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
-    if [ "$attempt" -eq 0 ]; then resume=$first_resume; else resume="--checkpoint.resume=auto"; fi
-    log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume#--})"
+    if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
+    log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
-        -m core.train "${args[@]}" "$resume" 2>&1 | tee -a "$LOG"
+        -m core.train "${args[@]}" "${resume[@]}" 2>&1 | tee -a "$LOG"
     code=${PIPESTATUS[0]}
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then

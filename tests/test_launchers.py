@@ -68,7 +68,8 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
 
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
     proc = subprocess.Popen(
-        ["bash", "launchers/remote.sh", *small_args(tiny_config, 400)],
+        # exclude_from_loading shapes the first start only: a restart resumes its own checkpoint whole
+        ["bash", "launchers/remote.sh", *small_args(tiny_config, 400), '--checkpoint.exclude_from_loading=["train", "optimizer"]'],
         cwd=REPO,
         env=remote_env(tmp_path, CKPT_EVERY="5", RESUME="none"),
         stdout=subprocess.PIPE,
@@ -91,9 +92,10 @@ def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
     # let it restart and resume, then stop it cleanly
     deadline = time.time() + 180
     log = tmp_path / "out" / "remote.log"
-    while time.time() < deadline and "resumed from" not in log.read_text():
+    while time.time() < deadline and "restored tokens seen" not in log.read_text():
         time.sleep(0.3)
     assert "trainer died" in log.read_text() and "resumed from" in log.read_text()
+    assert "optimizer started fresh" not in log.read_text() and "not restored" not in log.read_text()
     # RESUME is the first attempt's only: the restart resumes with "auto"
     assert "attempt 1, 2 processes, checkpoint.resume=none" in log.read_text()
     assert "attempt 2, 2 processes, checkpoint.resume=auto" in log.read_text()

@@ -94,3 +94,25 @@ def test_a_branch_that_cannot_be_set_aside_stops_before_training(tmp_path):
     assert "could not move this run's later checkpoints aside" in lines[-1] and str(root) in lines[-1], r.stderr[-2000:]
     assert steps_in(root) == ["step_000000003", "step_000000006"]
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == metrics  # not a step trained
+
+
+def test_a_step_count_started_over_needs_a_checkpoint_folder_of_its_own(tmp_path):
+    """Excluding 'train' starts the step count and the lineage over: beside the checkpoints it came
+    from, the run's saves at steps 9 and 12 were skipped as another run's (its final state never
+    saved) and the next automatic resume took the old run's step 12."""
+    cfg = write_tiny_config(tmp_path, steps=12, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    before = {p.name: (p / "COMMITTED").read_text() for p in root.glob("step_*")}
+    r = run_module("core.train", "--config", str(cfg), '--checkpoint.exclude_from_loading=["train"]')
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "would start over at step 0 from" in lines[0] and "collide" in lines[0], r.stderr
+    assert {p.name: (p / "COMMITTED").read_text() for p in root.glob("step_*")} == before
+    # in a folder of its own it starts over; the same command again would start over once more: refused
+    again = [f"--train.output_dir={tmp_path / 'over'}", f"--checkpoint.resume={root / 'step_000000012'}", '--checkpoint.exclude_from_loading=["train"]']
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=6", *again)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert steps_in(tmp_path / "over" / "checkpoints") == ["step_000000003", "step_000000006"]
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=6", *again)
+    assert r.returncode == 2 and "a restart of this command?" in r.stderr, r.stderr[-2000:]
