@@ -161,6 +161,11 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Pa
     dest.mkdir(parents=True, exist_ok=True)
     for p in later:
         os.replace(p, dest / p.name)
+    try:  # BEST.json lists only what is still here
+        best = json.loads((root / BEST_FILE).read_text())["best"]
+        write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none, or not ours to mend
     span = f"{later[0].name} to {later[-1].name}"
     if chosen:
         log.warn(

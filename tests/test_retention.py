@@ -116,3 +116,19 @@ def test_a_step_count_started_over_needs_a_checkpoint_folder_of_its_own(tmp_path
     assert steps_in(tmp_path / "over" / "checkpoints") == ["step_000000003", "step_000000006"]
     r = run_module("core.train", "--config", str(cfg), "--train.steps=6", *again)
     assert r.returncode == 2 and "a restart of this command?" in r.stderr, r.stderr[-2000:]
+
+
+def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
+    from core.checkpoint_folders import lineage_of
+    from core.retention import set_aside_later
+
+    body = "[checkpoint]\nevery = 2\nkeep_latest = 0\nkeep_best = 2\n[validation]\nevery = 2\nbatches = 1\n"
+    cfg = write_tiny_config(tmp_path, steps=6, body=body)
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    root = tmp_path / "out" / "checkpoints"
+    listed = [b["step"] for b in json.loads((root / "BEST.json").read_text())["best"]]
+    assert len(listed) == 2 and 6 in listed  # the loss falls: the newest validation is among the best two
+    dest = set_aside_later(root, lineage_of(root / "step_000000002"), root / "step_000000002", chosen=True)
+    assert dest is not None and steps_in(dest) == ["step_000000004", "step_000000006"]
+    best = json.loads((root / "BEST.json").read_text())["best"]
+    assert [b["step"] for b in best] == [s for s in listed if s == 2] and all((root / b["path"]).is_dir() for b in best)
