@@ -5,8 +5,9 @@ the model and optimizer go to DCP shards, the schedule, data position and run
 counters to ``state.json``, the RNGs to ``rng/``. It decides nothing about
 *when* to save (:mod:`core.stop_policy` does); it decides *how*: one save in
 flight, every rank agreeing on failure, never from NaN/inf state, committed
-with checksums, and pruning only this run's own verified checkpoints. The
-folder layout and verification are in :mod:`core.checkpoint_folders`.
+with checksums, then pruned by :mod:`core.retention` (only this run's own
+verified checkpoints; never the lowest-loss one). The folder layout and
+verification are in :mod:`core.checkpoint_folders`.
 """
 
 from __future__ import annotations
