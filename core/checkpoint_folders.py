@@ -38,6 +38,7 @@ COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
+SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (core.retention)
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
 EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
@@ -216,6 +217,15 @@ def warn(message: str) -> None:
         log.warn(f"{message}")
 
 
+def being_set_aside(root: Path) -> set[str]:
+    """Checkpoint folders a start that was killed while moving a left branch aside had not moved
+    yet (``SETTING_ASIDE.json``, :mod:`core.retention`): never resumed from; the next start moves them."""
+    try:
+        return set(json.loads((root / SETTING_ASIDE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
 def refuse_restart_in_place(opts: CheckpointOptions, root: Path, path: Path) -> None:
     """Excluding ``train`` starts the step count and the run's lineage over. In a checkpoint folder
     that already holds checkpoints its saves would collide with them (each one skipped, the final
@@ -251,7 +261,10 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         check_fits(opts, path, model_meta)
         refuse_restart_in_place(opts, root, path)
         return [path]
-    done = list(reversed(committed(root)))
+    aside = being_set_aside(root)
+    done = [p for p in reversed(committed(root)) if p.name not in aside]
+    if aside & {p.name for p in committed(root)}:
+        warn(f"a start was killed while moving {', '.join(sorted(aside))} aside (a branch left): not resuming from them")
     for i, path in enumerate(done):
         try:
             verify(path, shards=False)

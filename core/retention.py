@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from core import log
-from core.checkpoint_folders import BEST_FILE, COMMIT_MARKER, CheckpointOptions, committed, lineage_of, step_dir, verify
+from core.checkpoint_folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, verify
 from core.errors import CheckpointError
 
 ABANDONED_DIR = "abandoned"
@@ -159,8 +159,11 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Pa
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest = root / ABANDONED_DIR / f"{stamp}_after_{resumed.name}"
     dest.mkdir(parents=True, exist_ok=True)
+    marker = root / SETTING_ASIDE_FILE  # a kill inside the loop: resume = "auto" still skips the rest
+    marker.write_text(json.dumps([p.name for p in later]))
     for p in later:
         os.replace(p, dest / p.name)
+    marker.unlink()
     try:  # BEST.json lists only what is still here
         best = json.loads((root / BEST_FILE).read_text())["best"]
         write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])

@@ -132,3 +132,24 @@ def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
     assert dest is not None and steps_in(dest) == ["step_000000004", "step_000000006"]
     best = json.loads((root / "BEST.json").read_text())["best"]
     assert [b["step"] for b in best] == [s for s in listed if s == 2] and all((root / b["path"]).is_dir() for b in best)
+
+
+def test_a_start_killed_while_setting_a_branch_aside_never_resumes_the_branch(tmp_path):
+    """The set-aside is one rename per folder; a kill between two of them used to leave the rest in
+    place for resume = "auto" to pick. The marker written first names them: auto skips them and the
+    next start moves them."""
+    cfg = write_tiny_config(tmp_path, steps=12, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    # as a start that resumed from step 6 leaves it, killed after moving step 9 and before step 12
+    (root / "SETTING_ASIDE.json").write_text(json.dumps(["step_000000009", "step_000000012"]))
+    (root / "abandoned" / "x_after_step_000000006").mkdir(parents=True)
+    (root / "step_000000009").rename(root / "abandoned" / "x_after_step_000000006" / "step_000000009")
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=7")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000006'} at step 6" in r.stdout + r.stderr
+    assert "killed while moving step_000000009, step_000000012 aside" in r.stderr
+    assert steps_in(root) == ["step_000000003", "step_000000006", "step_000000007"]
+    moved = {p.name: p.parent.name for p in (root / "abandoned").glob("*/step_*")}
+    assert moved["step_000000009"] == "x_after_step_000000006" and moved["step_000000012"].endswith("Z_after_step_000000006")
+    assert not (root / "SETTING_ASIDE.json").exists()
