@@ -226,11 +226,12 @@ def being_set_aside(root: Path) -> set[str]:
         return set()
 
 
-def refuse_restart_in_place(opts: CheckpointOptions, root: Path, path: Path) -> None:
+def refuse_restart_in_place(opts: CheckpointOptions, root: Path, path: Path, done: list[Path]) -> None:
     """Excluding ``train`` starts the step count and the run's lineage over. In a checkpoint folder
     that already holds checkpoints its saves would collide with them (each one skipped, the final
-    one included), and a restart of the same command would start over once more. Raises CheckpointError."""
-    if "train" not in opts.exclude_from_loading or not committed(root):
+    one included), and a restart of the same command would start over once more. ``done``: the
+    committed checkpoints in ``root``. Raises CheckpointError."""
+    if "train" not in opts.exclude_from_loading or not done:
         return
     if path.parent.resolve() == root.resolve():
         why = f"in the folder of the checkpoints its saves would collide with ({root})"
@@ -259,11 +260,11 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         path = Path(opts.resume)
         verify(path, shards=False)
         check_fits(opts, path, model_meta)
-        refuse_restart_in_place(opts, root, path)
+        refuse_restart_in_place(opts, root, path, committed(root))
         return [path]
-    aside = being_set_aside(root)
-    done = [p for p in reversed(committed(root)) if p.name not in aside]
-    if aside & {p.name for p in committed(root)}:
+    aside, every = being_set_aside(root), committed(root)
+    done = [p for p in reversed(every) if p.name not in aside]
+    if aside & {p.name for p in every}:
         warn(f"a start was killed while moving {', '.join(sorted(aside))} aside (a branch left): not resuming from them")
     for i, path in enumerate(done):
         try:
@@ -272,7 +273,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
             warn(f"skipping checkpoint: {e}")
             continue
         check_fits(opts, path, model_meta)
-        refuse_restart_in_place(opts, root, path)
+        refuse_restart_in_place(opts, root, path, every)
         return done[i:]
     if done:
         warn(f"no usable checkpoint in {root}: starting fresh")

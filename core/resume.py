@@ -111,9 +111,14 @@ def leave_branch(ckpt: Any, path: Path) -> None:
             error = f"resumed from {path}, but could not move this run's later checkpoints aside ({e}); move them out of {ckpt.root} and start again"
     error = agree(ckpt.group, error)
     if error is not None:
-        if ckpt.dist.is_main:
-            raise CheckpointError(error)
-        raise SystemExit(EXIT_BAD_INPUT)  # rank 0 says why, once
+        stop_every_rank(ckpt, error)
+
+
+def stop_every_rank(ckpt: Any, error: str) -> None:
+    """End the run on every rank with exit code 2: rank 0 raises ``error`` (one line), the others exit quietly."""
+    if ckpt.dist.is_main:
+        raise CheckpointError(error)
+    raise SystemExit(EXIT_BAD_INPUT)  # rank 0 says why, once
 
 
 def one_line(path: Path, what: str, error: Exception) -> str:
@@ -124,9 +129,7 @@ def one_line(path: Path, what: str, error: Exception) -> str:
 def drop(ckpt: Any, error: str, last: bool) -> None:
     """A candidate failed on some rank: warn and go on (auto), or end the run (an explicit path)."""
     if ckpt.opts.resume != "auto":
-        if ckpt.dist.is_main:
-            raise CheckpointError(error)
-        raise SystemExit(EXIT_BAD_INPUT)  # rank 0 says why, once
+        stop_every_rank(ckpt, error)
     warn(f"skipping checkpoint: {error}")
     if last:
         warn(f"no usable checkpoint in {ckpt.root}: starting fresh")

@@ -11,20 +11,26 @@ from conftest import read_metrics, run_module
 pytestmark = pytest.mark.slow
 
 
-def rehearse(tiny_config, tmp_path, action):
-    cfg = tiny_config(steps=20)
-    proc = run_module(
+def spike_run(tiny_config, action: str, steps: int = 20, spike_steps: int = 5):
+    """A run with the spikes monitor and ``spike_steps`` injected spike batches from step 15."""
+    cfg = tiny_config(steps=steps)
+    return run_module(
         "core.train",
         "--config",
         str(cfg),
         "--optimizer.lr=3e-3",
         '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
         "--monitors.spike_rehearsal.at_step=15",
+        f"--monitors.spike_rehearsal.steps={spike_steps}",
         f"--monitors.spikes.action={action}",
         "--monitors.spikes.window=5",
         "--monitors.spikes.min_steps=5",
         "--checkpoint.every=5",
     )
+
+
+def rehearse(tiny_config, tmp_path, action):
+    proc = spike_run(tiny_config, action)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("injected spike batch") >= 5
     return proc
@@ -59,19 +65,7 @@ def test_a_lasting_change_of_level_stops_the_run_instead_of_skipping_forever(tin
     """Thirty steps of rare tokens: not a spike but a new level. Before, every one of those updates
     was skipped (and with a lasting change, every update of the run); now the tenth in a row stops
     the run with exit code 3 and a checkpoint of the weights no spike reached."""
-    cfg = tiny_config(steps=40)
-    proc = run_module(
-        "core.train",
-        "--config",
-        str(cfg),
-        "--optimizer.lr=3e-3",
-        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
-        "--monitors.spike_rehearsal.at_step=15",
-        "--monitors.spike_rehearsal.steps=30",
-        "--monitors.spikes.window=5",
-        "--monitors.spikes.min_steps=5",
-        "--checkpoint.every=5",
-    )
+    proc = spike_run(tiny_config, "skip", steps=40, spike_steps=30)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stdout.count("update skipped") == 10
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())

@@ -91,15 +91,15 @@ class Spikes:
         self.spikes += 1
         run.state["spikes"] = run.state.get("spikes", 0) + 1
         self.in_a_row += 1
-        in_a_row = run.state[IN_A_ROW_KEY] = self.in_a_row
+        run.state[IN_A_ROW_KEY] = self.in_a_row
         what = ", ".join(f"{n} {values[n]:.4g} (window mean {statistics.fmean(self.history[n]):.4g})" for n in hits)
         log.note(f"spikes: step {step}: spike in {what}; action: {self.options.action}")
         if self.options.action == "log":
             return None
         limit = self.options.max_in_a_row
-        if limit and in_a_row >= limit:
+        if limit and self.in_a_row >= limit:
             run.request_stop(
-                f"spikes: {in_a_row} spikes in a row up to step {step} ({what}): the level has changed for good, not spiked; "
+                f"spikes: {self.in_a_row} spikes in a row up to step {step} ({what}): the level has changed for good, not spiked; "
                 f"every update would be {'skipped' if self.options.action == 'skip' else 'rolled back'}. Check the data and the "
                 "learning rate, then resume (the window starts afresh) or raise monitors.spikes.max_in_a_row",
                 checkpoint=True,
