@@ -21,6 +21,9 @@ WORKDIR /opt/plait
 # The package (what pyproject.toml installs), then the dependencies and plait itself.
 COPY pyproject.toml README.md ./
 COPY core ./core
+COPY checkpointing ./checkpointing
+COPY preflight ./preflight
+COPY dataloading ./dataloading
 COPY tools ./tools
 COPY plugins ./plugins
 COPY model_specs ./model_specs

@@ -111,7 +111,7 @@ def usable(path: Path) -> str:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from core.checkpoint import verify
+    from checkpointing.folders import verify
 
     try:
         verify(path)

@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench.guard_cost: --device cuda asked, but torch sees no CUDA device", file=sys.stderr)
         return 2
-    from core.prepare import prepare
     from core.protocols import DistInfo
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     extra = {"vocab_size": 512} if args.flavor == "debug" else {}
     cfg = synthetic_config(args.flavor, args.seq_len, args.micro_batch, args.device, "/tmp/plait-bench-guard", **extra)

@@ -232,8 +232,8 @@ def worker_bare(a, s):
 def plait_trainer(a, total_steps: int):
     """plait's Trainer, built for this file's shape, batch, precision and optimizer (see the module docstring)."""
     from core import distributed
-    from core.prepare import prepare
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     ws = world()[1]
     overrides = [

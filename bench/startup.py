@@ -39,9 +39,9 @@ def child() -> None:
     import torch  # noqa: F401
 
     from core import registry
-    from core.prepare import prepare
     from core.protocols import DistInfo
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     t1 = time.perf_counter()
     registry.load()

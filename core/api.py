@@ -43,7 +43,6 @@ from __future__ import annotations
 
 from core import log
 from core.contract import CONTRACT
-from core.data import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
 from core.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
 from core.hookspecs import RUN_EVENT_HOOKS, hookimpl
 from core.losses import chunked_cross_entropy, output_cross_entropy
@@ -68,6 +67,7 @@ from core.protocols import (
 )
 from core.registry import Registry
 from core.run import Run
+from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
 
 __all__ = [
     # hooks

@@ -5,7 +5,7 @@ meta device -> precision conversion (e.g. fp8 linears) -> activation
 checkpointing -> torch.compile per block -> parallelism wrapper (all in
 :func:`core.parallelize.parallelize`) -> real storage with ties kept, and
 initialization -> optimizer and schedule -> loader (read a step ahead in a
-thread on CUDA, :mod:`core.prefetch`).
+thread on CUDA, :mod:`dataloading.prefetch`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
+from checkpointing.checkpointer import TrainingState
 from core import distributed, log
-from core.checkpoint import TrainingState
 from core.materialize import materialize
 from core.param_groups import param_groups
-from core.prefetch import prefetching
-from core.prepare import Prepared
 from core.protocols import DistInfo, LoaderSpec
 from core.rng import seed_everything
 from core.run import Run
+from dataloading.prefetch import prefetching
+from preflight.prepare import Prepared
 
 
 @dataclass
@@ -51,7 +51,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         spec.init_weights(model)
     initial = rc.sections["checkpoint"].initial_load
     if initial and initial_load:
-        from core.weights import copy_into, load_weights
+        from checkpointing.weights import copy_into, load_weights
 
         copy_into(model, load_weights(Path(initial), spec, model))
         if dist.is_main:
@@ -96,7 +96,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
 def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, model: torch.nn.Module, train_model: torch.nn.Module) -> None:
     """``micro_batch = "auto"``: probe on CUDA, agree across ranks, re-derive accumulation."""
     from core.micro_batch import probe
-    from core.run_config import batch_layout
+    from preflight.run_config import batch_layout
 
     rc, c = prep.rc, prep.components
     micro: Any = rc.train.micro_batch

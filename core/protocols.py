@@ -186,7 +186,7 @@ class LoaderSpec:
 class DataLoaderLike(Protocol):
     """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len].
 
-    It may end (``StopIteration``, or :class:`core.data.DataExhausted`). If it can end at a
+    It may end (``StopIteration``, or :class:`dataloading.indexed.DataExhausted`). If it can end at a
     different step on different ranks it sets ``may_end = True``: the trainer then agrees across
     ranks before each step's compute, and every rank stops together with a checkpoint.
     ``per_rank_state = True`` saves ``state_dict()`` per rank (streams) instead of rank 0's.
@@ -267,7 +267,7 @@ class DataSource(Protocol):
 
     Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
     ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
-    ``fingerprint()`` and ``validation_loaders(spec)``. Map-style sources subclass :class:`core.data.IndexedSource`.
+    ``fingerprint()`` and ``validation_loaders(spec)``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
     """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:

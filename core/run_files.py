@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from core import config as config_io
 from core import log
-from core.prepare import Prepared
 from core.protocols import DistInfo
+from preflight import config as config_io
+from preflight.prepare import Prepared
 
 
 def library_versions() -> dict[str, str]:

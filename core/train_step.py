@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.checkpoint import TrainingState
+from checkpointing.checkpointer import TrainingState
 from core.nonfinite import NonFiniteGuard
 from core.protocols import DistInfo
 

@@ -3,7 +3,7 @@
 The pieces it drives each have one job: :mod:`core.assemble` builds the state
 (model, optimizer, schedule, loader, run counters), :class:`core.train_step.TrainStep`
 does one optimizer step, :mod:`core.stop_policy` decides when to stop and save,
-:class:`core.checkpoint.Checkpointer` saves the state it was built from,
+:class:`checkpointing.checkpointer.Checkpointer` saves the state it was built from,
 :class:`core.step_metrics.StepMetrics` measures a log window, and monitors hear
 of it all through pluggy hooks (:mod:`core.monitor_hub`).
 """
@@ -20,18 +20,19 @@ from typing import Any
 
 import torch
 
-from core import distributed, log, resume, run_files
+from checkpointing import folders, resume
+from checkpointing.checkpointer import CheckpointDir, Checkpointer
+from core import distributed, log, run_files
 from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble
-from core.checkpoint import EXIT_SAVE_FAILED, CheckpointDir, Checkpointer, SaveFailed
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
-from core.prefetch import PrefetchingLoader, prefetching
-from core.prepare import Prepared
 from core.protocols import DistInfo, data_fingerprint, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
+from dataloading.prefetch import PrefetchingLoader, prefetching
+from preflight.prepare import Prepared
 
 # One Ctrl-C can reach a rank more than once (directly from the terminal, and forwarded by the
 # launcher): signals within this many seconds of the first are the same stop; a Ctrl-C after
@@ -62,7 +63,7 @@ class Trainer:
     # -- construction --------------------------------------------------------
     def build(self) -> None:
         """Everything the loop needs, resumed from the first candidate checkpoint that every
-        rank finds sound and that loads (:mod:`core.resume`); a load that fails half-way is
+        rank finds sound and that loads (:mod:`checkpointing.resume`); a load that fails half-way is
         followed by a fresh build of the state before the next candidate (or a fresh start)."""
         rc, dist = self.rc, self.dist
         if rc.train.deterministic:
@@ -183,11 +184,10 @@ class Trainer:
         """This step's micro-batches, fetched before any compute: ``(batches, "")``, or
         ``(None, why)`` when the data has run out on any rank. Loaders whose end can differ
         between ranks (``may_end``) cost one all-reduce per step; sources that end
-        deterministically raise :class:`DataExhausted` on every rank at the same step.
-        A bad record found mid-run (:class:`DataError`: a line past the ones checked at start)
-        stops every rank with a checkpoint and exit code 2, naming the file and line."""
-        from core.data import DataExhausted
+        deterministically raise :class:`DataExhausted` on every rank at the same step. A bad record
+        found mid-run (:class:`DataError`) stops every rank with a checkpoint and exit code 2."""
         from core.errors import DataError
+        from dataloading.indexed import DataExhausted
 
         t_wait = time.perf_counter()
         micro, why, bad = [], "", 0
@@ -390,11 +390,11 @@ class Trainer:
         if self.dist.is_main:  # a full or read-only disk: the traceback that follows says enough
             run_files.write_exit_status(self.output_dir, 1, reason, run.step if run else 0, detail, strict=False)
 
-    def save_failed(self, err: SaveFailed) -> int:
+    def save_failed(self, err: folders.SaveFailed) -> int:
         """A checkpoint could not be written (``SaveFailed``, raised on every rank together):
         one line, ``exit_status.json`` with reason ``save_failed``, and its exit code."""
         log.error(f"{err}")
         self.monitors.emit("plait_train_end", run=self.run, reason="save_failed")
         if self.dist.is_main:  # the partial folder is gone by now, so this small file usually fits
-            run_files.write_exit_status(self.output_dir, EXIT_SAVE_FAILED, "save_failed", self.run.step, str(err), strict=False)
-        return EXIT_SAVE_FAILED
+            run_files.write_exit_status(self.output_dir, folders.EXIT_SAVE_FAILED, "save_failed", self.run.step, str(err), strict=False)
+        return folders.EXIT_SAVE_FAILED

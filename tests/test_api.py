@@ -21,8 +21,8 @@ BUILTIN = [REPO / "plugins", REPO / "model_specs"]
 # Built-in plugins that import a core internal, by (file, imported name), with the reason.
 INTERNAL_IMPORTS = {
     ("plugins/data/mixture.py", "core.registry"): "the mixture builds its sources' data plugins by name, as the core does",
-    ("plugins/data/mixture.py", "core.config.subtable"): "each source's table keeps where its values came from (relative paths)",
-    ("plugins/data/mixture.py", "core.options.build_options"): "each source's options are built and checked like a top-level plugin's",
+    ("plugins/data/mixture.py", "preflight.config.subtable"): "each source's table keeps where its values came from (relative paths)",
+    ("plugins/data/mixture.py", "preflight.option_values.build_options"): "each source's options are built and checked like a top-level plugin's",
     ("plugins/data/__init__.py", "core.hookspecs.hookimpl"): "importing plugins.data.prepare runs it: that CLI starts without torch",
     ("plugins/data/prepare.py", "core.errors.ArgumentParser"): "a command-line tool: plait's argparse (no abbreviations, exit code 2)",
     ("plugins/data/prepare.py", "core.errors.exit_bad_input"): "a command-line tool: a bad input is one line and exit code 2",
@@ -40,13 +40,22 @@ def sources(*roots: Path) -> list[Path]:
     return files
 
 
+# plait's internal packages: a plugin reaches them through core.api only.
+INTERNAL_PACKAGES = ("core", "checkpointing", "preflight", "dataloading", "tools")
+
+
+def internal(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in INTERNAL_PACKAGES)
+
+
 def core_imports(path: Path) -> list[str]:
-    """Every name a file imports from ``core``, as ``core.module.name`` (``core.module`` for a module)."""
+    """Every name a file imports from plait's own packages (``core``, ``checkpointing``...), as
+    ``package.module.name`` (``package.module`` for a module)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out += [a.name for a in node.names if a.name == "core" or a.name.startswith("core.")]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (node.module == "core" or node.module.startswith("core.")):
+            out += [a.name for a in node.names if internal(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and internal(node.module):
             out += [f"{node.module}.{a.name}" for a in node.names]
     return out
 

@@ -180,7 +180,7 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
-    from core.prepare import probe_folder
+    from preflight.prepare import probe_folder
     from tools import plan
 
     (tmp_path / "keep").mkdir()
@@ -217,8 +217,8 @@ def test_bounds_are_listed_by_core_plugins():
 
 
 def test_config_nested_thousands_deep_is_one_error(tmp_path):
-    from core import config as config_io
     from core.errors import ConfigError
+    from preflight import config as config_io
 
     (tmp_path / "arrays.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
@@ -232,8 +232,8 @@ def test_config_nested_thousands_deep_is_one_error(tmp_path):
 
 
 def test_extends_chain_of_a_thousand_files(tmp_path):
-    from core import config as config_io
     from core.errors import ConfigError
+    from preflight import config as config_io
 
     for i in range(1000):
         (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i + 1}.toml"\n' if i < 999 else "[train]\nsteps = 1\n")
@@ -243,7 +243,7 @@ def test_extends_chain_of_a_thousand_files(tmp_path):
 
 
 def test_train_argparse_errors_are_one_line(capsys):
-    from core import train
+    from tools import train
 
     with pytest.raises(SystemExit) as exc:
         train.main(["--config"])
@@ -256,7 +256,7 @@ def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, mo
     """Under torchrun a child's exit code 2 becomes 1: exit_status.json tells remote.sh not to retry."""
     import json
 
-    from core import train
+    from tools import train
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     (tmp_path / "out").mkdir()
@@ -372,8 +372,8 @@ def test_text_stream_parquet_column_checked(tmp_path):
 )
 def test_text_stream_negative_counts(table, expected):
     from core.errors import ConfigError
-    from core.options import build_options
     from plugins.data.text_stream import TextStreamOptions
+    from preflight.option_values import build_options
 
     with pytest.raises(ConfigError, match=expected):
         build_options(TextStreamOptions, table, "[data]")
@@ -398,8 +398,8 @@ def test_text_stream_resume_with_other_workers_is_refused():
 def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
     import json
 
+    from checkpointing.weights import HF_INDEX, hf_index_files
     from core.errors import CheckpointError
-    from core.weights import HF_INDEX, hf_index_files
 
     (tmp_path / HF_INDEX).write_text(json.dumps({"weight_map": {"a.weight": "model-1.safetensors", "b.weight": name}}))
     with pytest.raises(CheckpointError, match="weight_map names .* expected a file inside"):

@@ -174,7 +174,7 @@ def test_async_save_matches_sync(cfg, tmp_path):
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from core.checkpoint import verify
+    from checkpointing.folders import verify
 
     outs = {}
     for mode in ("false", "true"):

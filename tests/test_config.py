@@ -8,9 +8,10 @@ from typing import Literal
 
 import pytest
 
-from core import config
 from core.errors import ConfigError
-from core.options import build_options, describe, option
+from core.options import describe, option
+from preflight import config
+from preflight.option_values import build_options
 
 
 def write(path, text):
@@ -139,8 +140,8 @@ def test_describe_uses_toml_keys_and_docs():
 def test_path_options_resolve_against_the_file_that_set_them(tmp_path):
     """A relative path in a config is relative to that config's folder (through extends too); one
     given on the command line is relative to the working directory."""
-    from core.config import load, subtable
     from plugins.data.token_bin import TokenBinOptions
+    from preflight.config import load, subtable
 
     (tmp_path / "parent").mkdir()
     (tmp_path / "child").mkdir()

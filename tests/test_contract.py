@@ -54,7 +54,7 @@ NEEDS = {  # components whose defaults need input
 
 
 def test_every_builtin_component_meets_the_contract():
-    from core.options import build_options
+    from preflight.option_values import build_options
 
     registry = load()
     checked = 0
@@ -99,8 +99,8 @@ def test_a_data_source_off_by_one_is_refused():
     """sample() must return seq_len + 1 ids (inputs and shifted labels); seq_len ids is one line."""
     import numpy as np
 
-    from core.data import IndexedSource, checked_sample
     from core.errors import DataError
+    from dataloading.indexed import IndexedSource, checked_sample
 
     class OffByOne(IndexedSource):
         def sample(self, index, seq_len, split):

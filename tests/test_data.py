@@ -182,8 +182,8 @@ def test_a_third_party_seq_len_schedule_is_checked():
     """Any monitor may state the schedule; the core holds what it returns to the hook's contract."""
     from core.api import PluginError, hookimpl
     from core.monitor_hub import register_monitor
-    from core.prepare import seq_len_schedule
     from core.registry import plugin_manager
+    from preflight.prepare import seq_len_schedule
 
     class Schedule:
         def __init__(self, result):
@@ -312,7 +312,7 @@ PER_SOURCE_SCRIPT = """
 import json, sys
 import numpy as np, torch
 from core import distributed
-from core.prepare import prepare
+from preflight.prepare import prepare
 from core.trainer import Trainer
 from core.validation import evaluate
 

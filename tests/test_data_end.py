@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import REPO, read_metrics, torchrun
 
-from core.data import DataExhausted
 from core.protocols import LoaderSpec
+from dataloading.indexed import DataExhausted
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 

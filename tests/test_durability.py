@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def trainer_for(cfg: Path, *overrides: str):
-    from core.prepare import prepare
     from core.protocols import DistInfo
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
     t.build()
@@ -170,7 +170,7 @@ def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
 
 
 def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
-    from core.checkpoint import LINEAGE_FILE
+    from checkpointing.folders import LINEAGE_FILE
 
     cfg = write_tiny_config(tmp_path, steps=8)
     t = trainer_for(cfg, "--checkpoint.keep_latest=0")
@@ -199,7 +199,7 @@ def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
 
 HOLDER = """
 import sys, time
-from core.ownership import lock_run_folders
+from checkpointing.ownership import lock_run_folders
 lock_run_folders([sys.argv[1]])
 print("locked", flush=True)
 time.sleep(600)

@@ -46,7 +46,7 @@ def export(ckpt, fmt, out, *extra):
 def test_safetensors_reloads_byte_for_byte(trained, tmp_path):
     from safetensors.torch import load_file
 
-    from core.weights import checkpoint_model
+    from checkpointing.weights import checkpoint_model
 
     _, ckpt = trained
     _, _, model = checkpoint_model(ckpt)
@@ -62,7 +62,7 @@ def test_safetensors_reloads_byte_for_byte(trained, tmp_path):
 
 def test_hf_export_loads_in_transformers_with_matching_logits(trained, tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
-    from core.weights import checkpoint_model
+    from checkpointing.weights import checkpoint_model
 
     _, ckpt = trained
     _, _, model = checkpoint_model(ckpt)

@@ -6,7 +6,7 @@ import tomllib
 
 from bench.common import REPO, synthetic_config
 from bench.gpu_1b import BASE, VARIANTS, micro_batch_of
-from core.prepare import prepare
+from preflight.prepare import prepare
 from tests.conftest import run_module
 
 

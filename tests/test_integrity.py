@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
 
-from core.integrity import checksum_file, manifest_files
+from checkpointing.integrity import checksum_file, manifest_files
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def craft_bytes_item(folder: Path, marker: Path) -> str:
     """Point a non-tensor item (an optimizer hyperparameter) at a torch.save of a shell command."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from core.safe_dcp import load_metadata
+    from checkpointing.safe_dcp import load_metadata
 
     meta = load_metadata(folder)
     index = next(i for i in meta.storage_data if i.fqn == "optimizer.param_groups.0.lr")
@@ -99,7 +99,7 @@ def craft_bytes_item(folder: Path, marker: Path) -> str:
 
 def train_here(cfg: Path, run: Path, *extra: str) -> tuple[int, str, str]:
     """core.train in this process (one rank: no process group to isolate): (exit code, stdout, stderr)."""
-    from core.train import main
+    from tools.train import main
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
@@ -185,7 +185,7 @@ def test_explicit_damaged_path_exits_2_with_one_line(shared, run, tmp_path):
 
 
 def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run, monkeypatch):
-    monkeypatch.setattr("core.integrity._warned_size_only", False)  # once per process: this test's process
+    monkeypatch.setattr("checkpointing.integrity._warned_size_only", False)  # once per process: this test's process
     for step in (6, 8):  # written by an older plait: sizes only
         marker = ckpt(run, step) / "COMMITTED"
         manifest = json.loads(marker.read_text())

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError
-from core.options import build_options
 from core.protocols import ModelSpec
 from core.registry import Registry
 from model_specs.llama3 import FLAVORS, Llama3Options, Llama3Spec, plait_register
 from model_specs.llama3.model import Transformer, rope_tables
+from preflight.option_values import build_options
 
 
 def meta_model(spec: Llama3Spec) -> nn.Module:

@@ -259,7 +259,7 @@ def test_console_user_template(tmp_path, capsys):
 )
 def test_console_bad_template_is_one_line(template, expected):
     from core.errors import ConfigError
-    from core.options import build_options
+    from preflight.option_values import build_options
 
     with pytest.raises(ConfigError) as err:
         build_options(ConsoleOptions, {"format": template}, "[monitors.console]")

@@ -17,10 +17,10 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     from conftest import REPO
 
     from core import registry
-    from core.options import build_options
     from core.param_groups import param_groups
     from model_specs.llama3.spec import Llama3Spec
     from plugins.data.token_bin import TokenBin, TokenBinOptions
+    from preflight.option_values import build_options
 
     torch.manual_seed(0)
     spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
@@ -125,7 +125,7 @@ def test_plot_lr_writes_png(tmp_path):
 
 
 def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
-    from core import config
+    from preflight import config
 
     cfg = tiny_config(steps=1, global_batch_tokens=3072)  # 24 sequences of 128
     proc = run_module("core.train", "--config", str(cfg), '--train.micro_batch="auto"', "--train.micro_batch_max=10")

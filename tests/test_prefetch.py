@@ -1,4 +1,4 @@
-"""core.prefetch: the threaded loader hands over the same batches, positions and errors, at the same
+"""dataloading.prefetch: the threaded loader hands over the same batches, positions and errors, at the same
 steps, as the loader read synchronously; on CPU the loop gets the loader itself (no thread).
 
 The threaded path is forced on CPU (no pinned memory); its CUDA parts are in tests/test_cuda.py."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.data import DataExhausted, IndexedSource
 from core.errors import DataError
-from core.prefetch import PrefetchingLoader, prefetching
 from core.protocols import LoaderSpec, loader_may_end
+from dataloading.indexed import DataExhausted, IndexedSource
+from dataloading.prefetch import PrefetchingLoader, prefetching
 
 SEQ, MICRO, ACCUM = 8, 2, 3
 

@@ -149,7 +149,7 @@ def test_stop_actions_are_never_held_back():
 
 def test_monitor_options_are_bounded():
     from core.errors import ConfigError
-    from core.options import build_options
+    from preflight.option_values import build_options
 
     for key, bad, expected in (
         ("router_entropy", -0.1, "must be >= 0"),

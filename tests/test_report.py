@@ -29,7 +29,7 @@ def test_report_writes_every_artifact(tiny_config, tmp_path):
     assert any(r["name"] == "val_loss" for r in rows)
     from safetensors.torch import load_file
 
-    from core.weights import checkpoint_model
+    from checkpointing.weights import checkpoint_model
 
     _, _, model = checkpoint_model(tmp_path / "out" / "checkpoints" / "step_000000004")
     final = load_file(str(out / "final.safetensors"))

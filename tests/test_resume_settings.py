@@ -1,6 +1,6 @@
 """A resumed run trains with its own config's optimizer settings, not the checkpoint's, and says which changed.
 
-Before core/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
+Before checkpointing/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
 ``--optimizer.lr=...`` on a resumed run was silently ignored, and a checkpoint saved with
 ``impl = "foreach"`` crashed a resume under the fused default (``found_inf`` reached the foreach kernel).
 """

@@ -119,8 +119,8 @@ def test_a_step_count_started_over_needs_a_checkpoint_folder_of_its_own(tmp_path
 
 
 def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
-    from core.checkpoint_folders import lineage_of
-    from core.retention import set_aside_later
+    from checkpointing.folders import lineage_of
+    from checkpointing.retention import set_aside_later
 
     body = "[checkpoint]\nevery = 2\nkeep_latest = 0\nkeep_best = 2\n[validation]\nevery = 2\nbatches = 1\n"
     cfg = write_tiny_config(tmp_path, steps=6, body=body)

@@ -7,7 +7,6 @@ import math
 import pytest
 
 from core.errors import ConfigError
-from core.options import build_options
 from plugins.schedules.schedules import (
     Constant,
     ConstantOptions,
@@ -17,6 +16,7 @@ from plugins.schedules.schedules import (
     warmup,
     warmup_steps_of,
 )
+from preflight.option_values import build_options
 
 
 def test_warmup_cosine_exact_points():
@@ -107,7 +107,7 @@ def test_registered():
 def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
     from conftest import read_metrics, run_module
 
-    from core.prepare import prepare
+    from preflight.prepare import prepare
     from tools.plan import lr_values
 
     cfg = tiny_config(steps=6)

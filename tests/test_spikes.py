@@ -172,9 +172,9 @@ def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
 
     from core.hookspecs import hookimpl
     from core.monitor_hub import register_monitor
-    from core.prepare import prepare
     from core.protocols import DistInfo
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     cfg = write_tiny_config(tmp_path, steps=20)
     trainer = Trainer(prepare(str(cfg), ["--checkpoint.every=4"]), DistInfo(device=torch.device("cpu")))

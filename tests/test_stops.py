@@ -234,7 +234,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from core.checkpoint import verify
+    from checkpointing.folders import verify
 
     cfg, first, _ = ctrl_c_run
     out = tmp_path / "out"

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import read_metrics, run_module, torchrun
 
-from core import config
+from preflight import config
 
 
 @pytest.mark.slow

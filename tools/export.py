@@ -87,7 +87,7 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.weights import DTYPES
+    from checkpointing.weights import DTYPES
 
     p = argparse.ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
     args = p.parse_args(argv)
     try:
-        from core.weights import checkpoint_model, save_hf, save_safetensors
+        from checkpointing.weights import checkpoint_model, save_hf, save_safetensors
 
         spec, config, model = checkpoint_model(args.checkpoint)
         codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")

@@ -96,9 +96,9 @@ def make_plan(prep) -> dict[str, Any]:
 
 def resume_summary(prep) -> dict[str, Any] | None:
     """The checkpoint a start would resume from, its step, and the config values that differ from its own."""
-    from core.checkpoint import STATE_FILE, lineage_of
-    from core.hyperparams import config_differences
-    from core.retention import later_than
+    from checkpointing.folders import STATE_FILE, lineage_of
+    from checkpointing.hyperparams import config_differences
+    from checkpointing.retention import later_than
 
     path = prep.resume_from
     if path is None:
@@ -299,9 +299,9 @@ def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[
     plait's own Trainer. Checkpoints, validation and monitors are off and the run's output and
     checkpoint folders are not touched (a temporary folder stands in). Anything the trainer
     prints goes to stderr, so ``--json`` stays clean."""
-    from core.prepare import prepare
     from core.protocols import DistInfo
     from core.trainer import Trainer
+    from preflight.prepare import prepare
 
     with tempfile.TemporaryDirectory(prefix="plait-measure-") as tmp, contextlib.redirect_stdout(sys.stderr):
         with contextlib.redirect_stderr(_Discard()):  # the plan's own prepare has printed its warnings already
@@ -424,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc is not None and args.nproc < 1:
         parser.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
     try:
-        from core.prepare import prepare
+        from preflight.prepare import prepare
 
         prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
         plan = make_plan(prep)
-        from core.ownership import check_run_folders
+        from checkpointing.ownership import check_run_folders
 
         check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # is a job writing there now?
         measured = measure(args.config, overrides, args.measure_warmup, args.measure_steps) if args.measure else None

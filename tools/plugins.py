@@ -45,7 +45,7 @@ def optional_line(comp, indent: str) -> list[str]:
 
 def render(slot_filter: str | None = None) -> str:
     from core import registry as registry_mod
-    from core.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+    from preflight.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
 
     registry = registry_mod.load()
     lines: list[str] = []

@@ -92,7 +92,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def final_checkpoint(run: Path, config: dict) -> Path | None:
-    from core.checkpoint import committed
+    from checkpointing.folders import committed
 
     ckpt = config.get("checkpoint", {})
     root = Path(ckpt["dir"]) if ckpt.get("dir") else run / "checkpoints"
@@ -104,7 +104,7 @@ def export_final(ckpt: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from core.weights import checkpoint_model, unique_tensors
+    from checkpointing.weights import checkpoint_model, unique_tensors
 
     _, _, model = checkpoint_model(ckpt)
     tensors, aliases = unique_tensors(model.state_dict())
@@ -119,7 +119,7 @@ def export_final(ckpt: Path, out: Path) -> Path:
 
 
 def manifest(run: Path, rows: list[dict], ckpt: Path | None) -> dict[str, Any]:
-    from core import config as config_io
+    from preflight import config as config_io
 
     info = json.loads((run / "run_info.json").read_text()) if (run / "run_info.json").is_file() else {}
     resolved_text = (run / "config.resolved.toml").read_text()
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     try:
-        from core import config as config_io
+        from preflight import config as config_io
 
         if not (args.run / "config.resolved.toml").is_file():
             raise CheckpointError(f"run {args.run}: config.resolved.toml not found; is this a plait output_dir?")

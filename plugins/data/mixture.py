@@ -75,8 +75,8 @@ def edges(weights: np.ndarray) -> np.ndarray:
 class Mixture(IndexedSource):
     def __init__(self, options: MixtureOptions) -> None:
         from core import registry as registry_mod
-        from core.config import subtable
-        from core.options import build_options
+        from preflight.config import subtable
+        from preflight.option_values import build_options
 
         if not options.sources:
             raise ConfigError("[data] mixture: sources is empty; give at least one {name, weight, ...} table")

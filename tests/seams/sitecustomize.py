@@ -13,7 +13,7 @@ _pause = os.environ.get("PLAIT_TEST_PAUSE_BEFORE_COMMIT", "")
 if _pause:
     import time
 
-    from core.checkpoint import Checkpointer
+    from checkpointing.checkpointer import Checkpointer
 
     _step, _seconds = int(_pause.split(":")[0]), float(_pause.split(":")[1])
     _commit = Checkpointer._commit

@@ -15,7 +15,7 @@ thread reads the inner loader's ``state_dict()`` after fetching each step and
 hands it over with that step's batches; it becomes the wrapper's position when
 the consumer takes the step's last micro-batch (or meets the step's error). A
 step the consumer is in the middle of counts as not consumed, as
-:class:`core.data.IndexedLoader` counts it. Errors raised by the inner loader
+:class:`dataloading.indexed.IndexedLoader` counts it. Errors raised by the inner loader
 (``DataExhausted``, ``StopIteration``, ``DataError``...) are raised to the
 consumer after the micro-batches fetched before them, at the same step as
 without the thread. ``load_state_dict()`` and a new ``iter()`` stop the thread

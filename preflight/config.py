@@ -1,7 +1,7 @@
 """TOML files with ``extends`` inheritance and ``--section.key=value`` overrides.
 
 This module knows files and dicts only; what the keys mean is decided in
-:mod:`core.run_config` and by each plugin's options dataclass. A config may
+:mod:`preflight.run_config` and by each plugin's options dataclass. A config may
 nest tables and arrays at most :data:`MAX_DEPTH` levels deep and chain at
 most :data:`MAX_EXTENDS` files through ``extends``.
 """
@@ -86,7 +86,7 @@ def origin_of(table: dict[str, Any], key: str) -> Path | None:
 
 UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
 # Keys of a slot section that belong to the core, not to the plugin, so they survive a plugin
-# switch (filled by core.run_config: data.seq_len).
+# switch (filled by preflight.run_config: data.seq_len).
 KEEP_ON_SWITCH: dict[str, tuple[str, ...]] = {}
 
 
@@ -178,7 +178,7 @@ def section_hint(key: str) -> str:
     """`` (did you mean --train.steps?)`` when a core section has an option named ``key``."""
     import dataclasses
 
-    from core.run_config import CORE_SECTION_OPTIONS
+    from preflight.run_config import CORE_SECTION_OPTIONS
 
     for section, cls in CORE_SECTION_OPTIONS.items():
         if any((f.metadata.get("key") or f.name) == key for f in dataclasses.fields(cls)):

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
+from checkpointing.folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, verify
 from core import log
-from core.checkpoint_folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, verify
 from core.errors import CheckpointError
 
 ABANDONED_DIR = "abandoned"

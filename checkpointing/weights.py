@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-import core.checkpoint  # noqa: F401  (its warning filter)
+import checkpointing.checkpointer  # noqa: F401  (its warning filter)
 from core.errors import CheckpointError
 from core.materialize import materialize
 
@@ -26,7 +26,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def spec_from_config(config: dict[str, Any], where: str) -> Any:
     """The model spec that a resolved config's ``[model]`` section describes."""
     from core import registry as registry_mod
-    from core.options import build_options
+    from preflight.option_values import build_options
 
     section = dict(config.get("model", {}))
     name = section.pop("name", None)
@@ -48,8 +48,8 @@ def empty_model(spec: Any) -> torch.nn.Module:
 def read_dcp_model(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Load the ``model`` part of a committed DCP checkpoint into ``model``'s tensors,
     after checking every file against its checksum, through the safe reader."""
-    from core import safe_dcp
-    from core.checkpoint import check_shapes, verify
+    from checkpointing import safe_dcp
+    from checkpointing.folders import check_shapes, verify
 
     verify(path)
     check_shapes(path, model)
@@ -60,7 +60,7 @@ def read_dcp_model(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor
 
 def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any], torch.nn.Module]:
     """(spec, resolved config, model with the checkpoint's weights) for a plait checkpoint folder."""
-    from core.checkpoint import verify
+    from checkpointing.folders import verify
 
     meta = verify(path, shards=False)  # read_dcp_model checks the shards
     config = meta["config"]
@@ -141,7 +141,7 @@ def save_hf(
 
 def weights_kind(path: Path) -> str:
     """``dcp``, ``safetensors`` (plait's export) or ``hf``, or a CheckpointError."""
-    from core.checkpoint import COMMIT_MARKER
+    from checkpointing.folders import COMMIT_MARKER
 
     if path.is_file() and path.suffix == ".safetensors":
         return "safetensors"
@@ -196,7 +196,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module) -> dict[str, tor
 
 def hf_index_files(index: Path) -> list[str]:
     """The shard files that ``model.safetensors.index.json`` names, each a plain file of its folder."""
-    from core.options import escapes
+    from preflight.option_values import escapes
 
     try:
         weight_map = json.loads(index.read_text())["weight_map"]

@@ -5,9 +5,9 @@ the model and optimizer go to DCP shards, the schedule, data position and run
 counters to ``state.json``, the RNGs to ``rng/``. It decides nothing about
 *when* to save (:mod:`core.stop_policy` does); it decides *how*: one save in
 flight, every rank agreeing on failure, never from NaN/inf state, committed
-with checksums, then pruned by :mod:`core.retention` (only this run's own
+with checksums, then pruned by :mod:`checkpointing.retention` (only this run's own
 verified checkpoints; never the lowest-loss one). The folder layout and
-verification are in :mod:`core.checkpoint_folders`.
+verification are in :mod:`checkpointing.folders`.
 """
 
 from __future__ import annotations
@@ -22,31 +22,24 @@ from typing import Any, Callable
 
 import torch
 
-from core import hyperparams, integrity, log, retention
-from core.checkpoint_folders import (  # noqa: F401 - the folder API, re-exported for plugins and tools
+from checkpointing import hyperparams, integrity, retention
+from checkpointing.folders import (
     BEST_FILE,
     COMMIT_MARKER,
     EXIT_SAVE_FAILED,
     LINEAGE_FILE,
-    PARTS,
     STATE_FILE,
     CheckpointOptions,
     SaveFailed,
-    check_fits,
-    check_shapes,
     committed,
-    find_resume,
     io_error,
     lineage_of,
     plain,
     read_json,
-    read_manifest,
-    refuse_foreign,
     step_dir,
-    verifies,
     verify,
-    warn,
 )
+from core import log
 from core.errors import CheckpointError
 from core.protocols import DistInfo, loader_state_per_rank
 from core.rng import rng_state, set_rng_state
@@ -179,7 +172,7 @@ class Checkpointer:
     def save(self, step: int, use_async: bool) -> None:
         import torch.distributed.checkpoint as dcp
 
-        from core.safe_dcp import HashingFileSystemWriter
+        from checkpointing.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
         state = self._dcp_state()
@@ -308,7 +301,7 @@ class Checkpointer:
 
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:
-        """Restore the state from ``path`` (its shards already checked by :mod:`core.resume`, or
+        """Restore the state from ``path`` (its shards already checked by :mod:`checkpointing.resume`, or
         saved by this run), leaving out ``checkpoint.exclude_from_loading`` and ``exclude``.
         May fail half-way, leaving the state mixed: the caller builds it afresh then."""
         skip = set(self.opts.exclude_from_loading) | set(exclude)
@@ -340,7 +333,7 @@ class Checkpointer:
             set_optimizer_state_dict,
         )
 
-        from core import safe_dcp
+        from checkpointing import safe_dcp
         from core.nonfinite import count_nonfinite
 
         model, optimizer = self.state.model, self.state.optimizer

@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from core import config as config_io
-from core.checkpoint import CheckpointOptions
-from core.config import subtable
+from checkpointing.folders import CheckpointOptions
 from core.errors import ConfigError, PluginError, closest
-from core.options import _matches, _type_name, build_options, nonfinite, option, to_dict
+from core.options import _type_name, option, to_dict
 from core.registry import Component, Registry
 from core.validation import ValidationOptions
+from preflight import config as config_io
+from preflight.config import subtable
+from preflight.option_values import _matches, build_options, nonfinite
 
 # Checkpoint folders are step_<9 digits>, sorted by name; step counts and tokens must fit an int64.
 MAX_STEPS = 999_999_999
@@ -76,7 +77,7 @@ SLOT_CORE_KEYS: dict[str, dict[str, tuple[Any, Any, str]]] = {
 }
 config_io.KEEP_ON_SWITCH.update({slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()})  # the core's, not the plugin's
 
-# Listed by `python -m core.plugins`; read by resolve_precision_chain and core.prepare.
+# Listed by `python -m core.plugins`; read by resolve_precision_chain and preflight.prepare.
 PRECISION_CHAIN_DOC: dict[str, tuple[str, Any, str]] = {
     "fallback": ("list[str]", [], "try these precision plugins in order, use the first supported here (options in [precision.<name>])"),
     "fallback_reasons": ("dict[str, str]", {}, "written by plait in the resolved config: why each skipped entry was unsupported"),
@@ -188,7 +189,7 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
             raise ConfigError(f"{source}: [{section}].name: expected a plugin name (str), got {name!r}")
         if slot == "precision" and table.get("fallback"):
             chain = resolve_precision_chain(table, registry, f"{source}: [{section}]")
-            slots[slot] = chain[0]  # core.prepare picks the first supported one
+            slots[slot] = chain[0]  # preflight.prepare picks the first supported one
             core_keys[slot] = {}
             precision_chain = chain
             continue

@@ -1,7 +1,7 @@
 """Choosing and loading the checkpoint to resume from, once the process group exists.
 
-``core.prepare`` (before any process group) lists the candidates
-(:func:`core.checkpoint.find_resume`): an explicit path, or the committed
+``preflight.prepare`` (before any process group) lists the candidates
+(:func:`checkpointing.folders.find_resume`): an explicit path, or the committed
 checkpoints newest first, the first of them checked except for its shards.
 Here every rank takes part, and all ranks agree on every outcome:
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from core import integrity
-from core.checkpoint_folders import check_fits, read_json, read_manifest, verify, warn
+from checkpointing import integrity
+from checkpointing.folders import check_fits, read_json, read_manifest, verify, warn
 from core.errors import EXIT_BAD_INPUT, CheckpointError
 from core.rng import set_rng_state
 
@@ -99,9 +99,9 @@ def restore(ckpt: Any, path: Path, last: bool) -> bool:
 
 def leave_branch(ckpt: Any, path: Path) -> None:
     """After resuming from ``path``: this run's later checkpoints are a branch it leaves; rank 0
-    moves them aside (:func:`core.retention.set_aside_later`). A failed move stops every rank
+    moves them aside (:func:`checkpointing.retention.set_aside_later`). A failed move stops every rank
     (CheckpointError on rank 0): the new branch's saves would be pruned beside them."""
-    from core.retention import set_aside_later
+    from checkpointing.retention import set_aside_later
 
     error = None
     if ckpt.dist.is_main:

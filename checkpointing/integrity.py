@@ -5,7 +5,7 @@ The manifest lists every file of the checkpoint folder with its size
 CRC-32 (zlib) is the fastest content checksum in the standard library here
 (``bench/checkpoint_hash.py``); it guards against damage, not against an
 attacker, who could rewrite the manifest too (that is what
-:mod:`core.safe_dcp` is for). Checkpoints written before checksums existed
+:mod:`checkpointing.safe_dcp` is for). Checkpoints written before checksums existed
 have sizes only; they are still accepted, with a warning.
 """
 

@@ -18,17 +18,17 @@ from typing import Any
 
 import torch
 
-from core import config as config_io
+from checkpointing.folders import STATE_FILE, find_resume
 from core import log
 from core import registry as registry_mod
-from core.checkpoint import STATE_FILE, find_resume
 from core.contract import check_component
-from core.data import IndexedSource, checked_sample
 from core.distributed import env_world, pick_device
 from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
 from core.registry import plugin_manager
-from core.run_config import RunConfig, batch_layout, resolve, total_steps
+from dataloading.indexed import IndexedSource, checked_sample
+from preflight import config as config_io
+from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Prepared:
     grad_accum: int
     tokens_per_step: int
     total_steps: int
-    resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.resume)
+    resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (checkpointing.resume)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
 
@@ -141,7 +141,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
-            from core.weights import HF_INDEX, hf_index_files, weights_kind
+            from checkpointing.weights import HF_INDEX, hf_index_files, weights_kind
 
             if weights_kind(Path(initial)) == "hf" and (Path(initial) / HF_INDEX).is_file():  # exists, known layout
                 hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder

@@ -142,7 +142,7 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     """
     import signal
 
-    from core import ownership
+    from checkpointing import ownership
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -11,12 +11,12 @@ A checkpoint is a folder ``<dir>/step_000001000/`` holding
 * ``rng/rank_<r>.json``: python, numpy, torch and cuda RNG states per rank;
 * ``COMMITTED``: written last, by rank 0, once every rank has finished
   writing; it lists every file with its size and CRC-32 (each rank checksums
-  its shards while writing them, :mod:`core.safe_dcp`). A folder without it,
-  or whose files do not match it, is never resumed from (:mod:`core.integrity`).
+  its shards while writing them, :mod:`checkpointing.safe_dcp`). A folder without it,
+  or whose files do not match it, is never resumed from (:mod:`checkpointing.integrity`).
 
-Checkpoints are read only through :class:`core.safe_dcp.SafeFileSystemReader`,
+Checkpoints are read only through :class:`checkpointing.safe_dcp.SafeFileSystemReader`,
 which runs no code from the files. Writing and loading them is
-:class:`core.checkpoint.Checkpointer`'s job; nothing here needs a process group.
+:class:`checkpointing.checkpointer.Checkpointer`'s job; nothing here needs a process group.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from core import integrity, log
+from checkpointing import integrity
+from core import log
 from core.errors import CheckpointError
 from core.options import option
 
@@ -38,7 +39,7 @@ COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
-SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (core.retention)
+SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (checkpointing.retention)
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
 EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
@@ -157,13 +158,13 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     """Check that ``path`` is a complete, undamaged checkpoint; return its state.json.
 
     Checks every listed file's size and checksum, that the DCP metadata is
-    made of nothing but DCP metadata (:mod:`core.safe_dcp`), and that
+    made of nothing but DCP metadata (:mod:`checkpointing.safe_dcp`), and that
     state.json has the keys a resume reads. ``shards=False`` leaves out the
     checksums of the DCP shards (the bulk of the bytes): a resume checks those
-    after the process group exists, each rank a share (:mod:`core.resume`).
+    after the process group exists, each rank a share (:mod:`checkpointing.resume`).
     Raises CheckpointError.
     """
-    from core.safe_dcp import load_metadata
+    from checkpointing.safe_dcp import load_metadata
 
     manifest = read_manifest(path)
     integrity.check_sizes(path, manifest, exclude=COMMIT_MARKER)
@@ -189,7 +190,7 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
     """Compare the checkpoint's model tensors with ``model`` (may live on meta). Raises CheckpointError."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from core.safe_dcp import load_metadata
+    from checkpointing.safe_dcp import load_metadata
 
     meta = load_metadata(path)
     saved = {k[len("model.") :]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
@@ -219,7 +220,7 @@ def warn(message: str) -> None:
 
 def being_set_aside(root: Path) -> set[str]:
     """Checkpoint folders a start that was killed while moving a left branch aside had not moved
-    yet (``SETTING_ASIDE.json``, :mod:`core.retention`): never resumed from; the next start moves them."""
+    yet (``SETTING_ASIDE.json``, :mod:`checkpointing.retention`): never resumed from; the next start moves them."""
     try:
         return set(json.loads((root / SETTING_ASIDE_FILE).read_text()))
     except (OSError, ValueError, TypeError):
@@ -251,7 +252,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     fit the model, or it is an error. ``resume = "auto"``: the newest complete
     checkpoint that passes the same checks, then every older one (checked
     later, should the first fail the checks made after the process group
-    exists, :mod:`core.resume`); each damaged one is skipped with a warning.
+    exists, :mod:`checkpointing.resume`); each damaged one is skipped with a warning.
     """
     refuse_foreign(opts, root)
     if opts.resume == "none":

@@ -1,0 +1,125 @@
+"""``python -m core.train --config F [--section.key=value ...]``
+
+Runs on one process, or on many under ``torchrun``; gloo on CPU and nccl on
+CUDA, picked from the device. Bad input exits with code 2 before any process
+group or model is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+from core.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = ArgumentParser(prog="python -m core.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="run TOML file")
+    return parser.parse_known_args(argv)
+
+
+def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
+    """Under torchrun, ``<output_dir>/exit_status.json`` with exit code 2 (when that folder
+    exists), so that a launcher that sees only torchrun's exit code (1 for any failed child)
+    never retries bad input. Best effort: the folder itself may be the bad input."""
+    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    try:
+        out = Path(output_dir)
+        if not out.is_dir():
+            return
+        tmp = out / f"exit_status.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"exit_code": EXIT_BAD_INPUT, "reason": "bad_input", "step": 0, "detail": str(err)}) + "\n")
+        os.replace(tmp, out / "exit_status.json")
+    except OSError:
+        pass
+
+
+def output_dir_of(config: str, overrides: list[str]) -> str | None:
+    """train.output_dir of a config that failed to prepare, when it can be read at all."""
+    try:
+        from preflight import config as config_io
+
+        value = config_io.load(config, overrides).get("train", {}).get("output_dir", "runs/default")
+        return value if isinstance(value, str) else None
+    except (PlaitError, OSError, ValueError, RecursionError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    from checkpointing import ownership
+
+    ownership.die_with_launcher()  # a rank never trains (or writes) on after its launcher is gone
+    try:
+        from core.distributed import env_world
+        from preflight.prepare import prepare
+
+        prep = prepare(args.config, overrides)
+        if env_world()[0] == 0:  # one writer per run folder, held until this process ends
+            ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
+    except PlaitError as e:
+        record_bad_input(e, output_dir_of(args.config, overrides))
+        exit_bad_input(e)
+
+    from checkpointing.folders import SaveFailed
+    from core import distributed, run_files
+    from core.trainer import Trainer
+
+    info = distributed.init(prep.rc.train.device)
+    trainer = None
+    try:
+        trainer = Trainer(prep, info)
+        trainer.install_signal_handlers()
+        trainer.build()
+        run_files.write_run_info(prep, info, trainer.versions)
+        if info.is_main:
+            print(run_files.summary(prep, info, trainer.model, trainer.run), flush=True)
+        return trainer.fit()
+    except SaveFailed as e:  # raised on every rank together: a one-line error and exit code 74
+        assert trainer is not None  # SaveFailed comes from fit()
+        return trainer.save_failed(e)
+    except PlaitError as e:
+        if info.is_main:
+            record_bad_input(e, prep.rc.train.output_dir)
+        exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
+    except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
+        if trainer is not None:
+            trainer.fail(e)
+        raise
+    finally:
+        # Free the model, optimizer and sharding state (they hold process groups, and the trainer
+        # has reference cycles) while the interpreter is fully alive, then destroy the groups: a
+        # gloo group left to interpreter finalization can abort the process after a good run.
+        trainer = None
+        gc.collect()
+        distributed.shutdown()
+
+
+def run_and_exit() -> None:
+    """``main()``, then leave without interpreter finalization. Everything the run writes is
+    flushed and closed by then (checkpoints committed, monitors closed, exit_status.json written);
+    what finalization would still tear down (gloo and DCP threads) can abort a finished rank with
+    "terminate called without an active exception" (SIGABRT) once in a while, turning a good
+    run into a failed one for torchrun. An exception still ends the process the normal way."""
+    import os
+
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    from dataloading.indexed import _shut_down_workers
+
+    _shut_down_workers()  # loader worker processes (atexit handlers do not run after os._exit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+if __name__ == "__main__":
+    run_and_exit()
