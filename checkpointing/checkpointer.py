@@ -13,7 +13,6 @@ verification are in :mod:`checkpointing.folders`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from checkpointing import hyperparams, integrity, retention
+from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
     COMMIT_MARKER,
@@ -132,7 +132,7 @@ class Checkpointer:
                 return False
             shutil.rmtree(path)
         (path / "rng").mkdir(parents=True)
-        (path / LINEAGE_FILE).write_text(self.lineage + "\n")
+        write_durable(path / LINEAGE_FILE, self.lineage + "\n")
         return True
 
     # ---- state ----
@@ -189,9 +189,9 @@ class Checkpointer:
         if not self.where.agree(claimed):
             return
         try:
-            (path / "rng" / f"rank_{self.dist.rank}.json").write_text(json.dumps(rng_state()))
+            write_durable(path / "rng" / f"rank_{self.dist.rank}.json", json.dumps(rng_state()))
             if loader_state_per_rank(self.state.loader):  # streaming sources: each rank's own position
-                (path / "rng" / f"data_rank_{self.dist.rank}.json").write_text(json.dumps(self.state.loader.state_dict()))
+                write_durable(path / "rng" / f"data_rank_{self.dist.rank}.json", json.dumps(self.state.loader.state_dict()))
         except OSError as e:
             error = e
         self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
@@ -277,13 +277,16 @@ class Checkpointer:
 
     def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
         # DCP's save returns (or its future resolves) on rank 0 only after every
-        # rank reported its writes, so rank 0 alone can commit.
+        # rank reported its writes (each fsynced), so rank 0 alone can commit. The marker reaches
+        # the disk after everything it lists, and is on disk before any older checkpoint is pruned
+        # (checkpointing.durable_io: a machine crash, not only a killed process).
         if self.dist.is_main:
-            (path / STATE_FILE).write_text(json.dumps(json_state, indent=1))
+            write_durable(path / STATE_FILE, json.dumps(json_state, indent=1))
+            sync_dir(path / "rng")
+            sync_dir(path)
             manifest = {"step": step, "world_size": self.dist.world_size, **integrity.manifest_files(path, exclude=COMMIT_MARKER, known=self.writer.checksums)}
-            tmp = path / (COMMIT_MARKER + ".tmp")
-            tmp.write_text(json.dumps(manifest, indent=1))
-            os.replace(tmp, path / COMMIT_MARKER)
+            replace_durable(path / COMMIT_MARKER, json.dumps(manifest, indent=1))
+            sync_dir(self.root)  # the step folder's own name
             if step == self.best_step:
                 retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
             self.retention.prune(self.lineage, self.pending[2] if self.pending is not None else None)

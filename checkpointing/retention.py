@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, verify
 from core import log
 from core.errors import CheckpointError
@@ -134,9 +135,7 @@ def best_paths(root: Path) -> set[Path]:
 def write_best(root: Path, ranking: list[list[Any]]) -> None:
     """``BEST.json`` from ``[[val_loss, step], ...]``, best first, replaced atomically."""
     best = [{"step": int(s), "path": step_dir(root, int(s)).name, "val_loss": loss} for loss, s in ranking]
-    tmp = root / (BEST_FILE + ".tmp")
-    tmp.write_text(json.dumps({"best": best}, indent=1))
-    os.replace(tmp, root / BEST_FILE)
+    replace_durable(root / BEST_FILE, json.dumps({"best": best}, indent=1))
 
 
 def later_than(root: Path, lineage: str | None, resumed: Path) -> list[Path]:
@@ -160,9 +159,12 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Pa
     dest = root / ABANDONED_DIR / f"{stamp}_after_{resumed.name}"
     dest.mkdir(parents=True, exist_ok=True)
     marker = root / SETTING_ASIDE_FILE  # a kill inside the loop: resume = "auto" still skips the rest
-    marker.write_text(json.dumps([p.name for p in later]))
+    write_durable(marker, json.dumps([p.name for p in later]))
+    sync_dir(root)
     for p in later:
         os.replace(p, dest / p.name)
+    sync_dir(dest)
+    sync_dir(root)
     marker.unlink()
     try:  # BEST.json lists only what is still here
         best = json.loads((root / BEST_FILE).read_text())["best"]

@@ -164,6 +164,9 @@ class _ChecksummingStream(io.RawIOBase):
         return self.raw.tell()
 
     def fileno(self) -> int:
+        # DCP fsyncs fileno() before it closes the stream: flush first, or the fsync misses the
+        # tail still in the file object's buffer.
+        self.raw.flush()
         return self.raw.fileno()
 
     def flush(self) -> None:

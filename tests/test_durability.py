@@ -195,6 +195,58 @@ def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
     assert ckpt_dirs(t.output_dir) == ["step_000000002", "step_000000003", "step_000000004", "step_000000009"]
 
 
+# --- a machine crash ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, monkeypatch, async_save):
+    """A power loss or a VM stopped hard loses what the page cache held, and a rename may persist
+    before the data it names. So every file a checkpoint holds (shards, .metadata, state.json, RNGs,
+    LINEAGE, the marker itself) is fsynced before COMMITTED is renamed into place, the folders'
+    entries are fsynced too, and older checkpoints are pruned only after all of that."""
+    import os
+    import shutil
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_rmtree = os.fsync, os.replace, shutil.rmtree
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        return real_replace(src, dst)
+
+    def rmtree(path, *args, **kwargs):
+        events.append(("rmtree", str(path)))
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    cfg = write_tiny_config(tmp_path, steps=6)
+    t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=1", f"--checkpoint.async={str(async_save).lower()}")
+    assert t.fit() == 0
+    root = (tmp_path / "out" / "checkpoints").resolve()
+    commits = [i for i, (kind, path) in enumerate(events) if kind == "replace" and path.endswith("/COMMITTED")]
+    assert len(commits) == 3, events  # steps 2, 4, 6
+    pruned = [path for kind, path in events if kind == "rmtree"]
+    assert [Path(p).name for p in pruned] == ["step_000000002", "step_000000004"]
+    final = root / "step_000000006"
+    files = sorted(p for p in final.rglob("*") if p.is_file() and p.name != "COMMITTED")
+    assert {p.name for p in files} >= {".metadata", "__0_0.distcp", "state.json", "LINEAGE", "rank_0.json"}
+    before = {path for kind, path in events[: commits[-1]] if kind == "fsync"}
+    for f in files:
+        assert str(f) in before or f"{f}.tmp" in before, f"{f.relative_to(root)} was not on disk before COMMITTED"
+    assert {str(final / "COMMITTED.tmp"), str(final), str(final / "rng")} <= before
+    for i in commits[:2]:  # after each of the first two commits, one older checkpoint is pruned
+        step = Path(events[i][1]).parent
+        rm = next(j for j in range(i, len(events)) if events[j][0] == "rmtree")
+        synced = {path for kind, path in events[i:rm] if kind == "fsync"}
+        assert {str(step), str(root)} <= synced, f"{step.name}'s commit was not on disk before pruning"
+
+
 # --- one writer, and no orphans -------------------------------------------------------
 
 HOLDER = """
