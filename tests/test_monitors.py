@@ -110,6 +110,25 @@ def test_jsonl_rows_and_resume_appends(tmp_path):
     assert [(r["kind"], r["step"]) for r in rows(out / "metrics.jsonl")] == [("train", 10), ("end", 10)]
 
 
+def test_jsonl_resume_after_a_cut_line_keeps_the_resume_line_whole(tmp_path):
+    """A machine crash or a full disk can leave the last line cut short; the resumed run's
+    ``"resume"`` line must not be glued to it (the report would lose it and splice histories)."""
+    from tools.report import read_rows
+
+    out = tmp_path / "out"
+    drive(manager(Jsonl(JsonlOptions())), make_run(out, total=40), range(1, 31))
+    path = out / "metrics.jsonl"
+    text = path.read_text()
+    path.write_text(text + '{"kind": "train", "step": 40, "lo')  # cut inside a row past the checkpoint
+    # resumed from an older checkpoint (step 10), this run ends at 20: the old branch's 30 must go
+    drive(manager(Jsonl(JsonlOptions())), make_run(out, step=10, total=20), range(11, 21), loss=lambda s: 1.0)
+    lines = path.read_text().splitlines()
+    assert lines[len(text.splitlines())] == '{"kind": "train", "step": 40, "lo'
+    assert json.loads(lines[len(text.splitlines()) + 1])["kind"] == "resume"
+    train = [(r["step"], r["loss"]) for r in read_rows(out) if r["kind"] == "train"]
+    assert train == [(10, pytest.approx(2.9)), (20, 1.0)]
+
+
 def test_jsonl_converts_values_and_keeps_lines_of_a_killed_run(tmp_path):
     out = tmp_path / "out"
     run = make_run(out)

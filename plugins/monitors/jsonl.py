@@ -4,7 +4,8 @@ Each line carries ``kind`` (``"train"``, ``"val"``, ``"checkpoint"``,
 ``"resume"`` or ``"end"``), ``step`` and the metrics of the event, as Python numbers (tensors
 and numpy scalars converted; NaN and infinity written as JSON's ``NaN`` /
 ``Infinity``, which ``json.loads`` reads back). Every line is flushed when
-written, so a killed run keeps what it logged.
+written, so a killed run keeps what it logged; a line cut short (a machine crash, a full disk)
+is ended before a resumed run appends, so it spoils only itself.
 
 A fresh run (``run.step == 0`` at train start) truncates the file; a resumed
 run appends, after a ``"resume"`` line with the step it resumed at. Every line
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from core.api import hookimpl, option
@@ -34,6 +35,19 @@ def plain(value: Any) -> Any:
     elif isinstance(value, (list, tuple)):
         value = [plain(v) for v in value]
     return value
+
+
+def ends_inside_a_line(path: Path) -> bool:
+    """Whether the file exists, is not empty, and its last line lacks its newline."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
 
 
 @dataclass
@@ -59,7 +73,10 @@ class Jsonl:
             return
         path = run.output_dir / self.options.filename
         path.parent.mkdir(parents=True, exist_ok=True)  # a filename may name a sub-folder of output_dir
+        cut = run.step > 0 and ends_inside_a_line(path)
         self.file = path.open("a" if run.step > 0 else "w", buffering=1, encoding="utf-8")
+        if cut:  # a machine crash or a full disk cut the last line: end it, so the resume line stands alone
+            self.file.write("\n")
         if run.step > 0:
             self._write("resume", run.step, {"tokens_seen": run.tokens_seen})
 
