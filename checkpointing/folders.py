@@ -75,6 +75,8 @@ class CheckpointOptions:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
         if self.every < 0 or self.keep_latest < 0 or self.keep_best < 0:
             raise ValueError("every, keep_latest and keep_best must be >= 0")
+        if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
+            raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
 
 
 class SaveFailed(Exception):

@@ -56,6 +56,8 @@ class TrainOptions:
     def check(self) -> None:
         if self.steps == 0 and self.target_tokens == 0:
             raise ValueError("set steps or target_tokens")
+        if not self.output_dir.strip():  # e.g. --train.output_dir=$RUN_DIR with RUN_DIR unset: never the working directory
+            raise ValueError("output_dir: expected a folder, got an empty string")
 
 
 @dataclass

@@ -161,6 +161,8 @@ def plan_error(capsys, *args: str) -> str:
         (['--monitors.enabled=["budget_guard"]', "--monitors.budget_guard.cap_usd=-1"], "[monitors.budget_guard].cap_usd: must be >= 0, got -1"),
         (["--checkpoint.dir=/proc/x"], "[checkpoint].dir = /proc/x: cannot create or write a file there"),
         (["--train.output_dir=/proc/y"], "[train].output_dir = /proc/y: cannot create or write a file there"),
+        (["--train.output_dir="], "[train]: output_dir: expected a folder, got an empty string"),  # an unset shell variable
+        (["--checkpoint.resume="], "[checkpoint]: resume: expected 'auto', 'none' or a checkpoint folder, got an empty string"),
         (["--=5"], "command line: bad key in '--=5'"),
         (['--monitors.enabled=["spikes"]', "--monitors.spikes.max_in_a_row=-1"], "[monitors.spikes]: max_in_a_row must be >= 0, got -1"),
         (["--steps=5"], "command line: '--steps=5' names no section; expected --section.key=value (did you mean --train.steps?)"),
