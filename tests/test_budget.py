@@ -211,3 +211,77 @@ def test_no_figures_at_all_is_said_once(tmp_path, clock, capsys):
         g.plait_step_end(run=run, step=step, metrics={})
     err = capsys.readouterr().err
     assert err.count("cap_usd/warn_usd cannot be checked yet") == 1 and run.stop is None
+
+
+# -- billed time across crashes: the ledger -----------------------------------------------
+
+
+def attempt(tmp_path, monkeypatch, clock, age_s=0.0, wall_s=3600.0, lineage="run-a", **opts):
+    """One process of a run under the guard (computed spend: $2 per GPU-hour, one GPU): started
+    ``age_s`` seconds before its train start, resumed with ``wall_s`` of checkpointed wall time."""
+    import plugins.monitors.budget_guard as budget_guard
+
+    monkeypatch.setattr(budget_guard, "process_age_s", lambda: age_s)
+    g, run = guard(tmp_path, **{"budget_file": "", "rate_usd_per_hr": 2.0, "gpus": 1, "warn_usd": 0.0, "cap_usd": 100.0, **opts})
+    run.state.update(lineage=lineage, wall_time_s=wall_s)
+    g.plait_train_start(run=run)
+    return g, run
+
+
+def tick(clock, seconds: float) -> None:
+    clock.write_text(str(float(clock.read_text()) + seconds))
+
+
+def test_billed_time_counts_startup_and_the_steps_a_crash_threw_away(tmp_path, clock, monkeypatch):
+    """The checkpoints' wall time misses a process's startup and whatever it ran after its last
+    checkpoint; a crash-and-restart loop would spend without the guard seeing it. The ledger sees it."""
+    g, run = attempt(tmp_path, monkeypatch, clock, age_s=600.0)  # 10 minutes of startup (resume, compile)
+    tick(clock, 7200)  # two hours of training past the checkpoint (wall time 1 h), then a SIGKILL
+    g.plait_step_end(run=run, step=10, metrics={})
+    billed = 3600 + 600 + 7200
+    assert run.state["budget_spent_usd"] == pytest.approx(billed / 3600 * 2.0)
+    ledger = json.loads((tmp_path / "budget_ledger.json").read_text())
+    assert ledger["lineage"] == "run-a" and ledger["billed_s"] == pytest.approx(billed)
+
+    # the restart resumes the same checkpoint (wall time 1 h again): spend goes on from the ledger
+    g2, run2 = attempt(tmp_path, monkeypatch, clock)
+    tick(clock, 60)
+    g2.plait_step_end(run=run2, step=10, metrics={})
+    assert run2.state["budget_spent_usd"] == pytest.approx((billed + 60) / 3600 * 2.0)
+    g2.plait_train_end(run=run2, reason="completed")
+    assert json.loads((tmp_path / "budget_ledger.json").read_text())["billed_s"] == pytest.approx(billed + 60)
+
+
+def test_a_restart_after_a_stop_over_the_cap_stops_at_once(tmp_path, clock, monkeypatch):
+    """Stopped over the cap without a checkpoint (exit 76), restarted by hand: the checkpoint's
+    wall time is under the cap, the money spent is not."""
+    g, run = attempt(tmp_path, monkeypatch, clock, cap_usd=5.0)
+    tick(clock, 3 * 3600)
+    g.plait_step_end(run=run, step=10, metrics={})
+    assert run.stop is not None and run.stop.exit_code == 76
+    g2, run2 = attempt(tmp_path, monkeypatch, clock, cap_usd=5.0)
+    tick(clock, 1)
+    g2.plait_step_end(run=run2, step=10, metrics={})
+    assert run2.stop is not None and run2.stop.exit_code == 76 and not run2.stop.checkpoint
+
+
+def test_another_runs_ledger_is_not_billed(tmp_path, clock, monkeypatch, capsys):
+    g, run = attempt(tmp_path, monkeypatch, clock)
+    tick(clock, 10 * 3600)
+    g.plait_step_end(run=run, step=10, metrics={})
+    fresh, run2 = attempt(tmp_path, monkeypatch, clock, wall_s=0.0, lineage="run-b")  # a new run in the same folder
+    tick(clock, 3600)
+    fresh.plait_step_end(run=run2, step=10, metrics={})
+    assert run2.state["budget_spent_usd"] == pytest.approx(2.0)
+    assert json.loads((tmp_path / "budget_ledger.json").read_text())["lineage"] == "run-b"
+    (tmp_path / "budget_ledger.json").write_text("{cut")  # a damaged ledger: a warning, the wall time bounds the spend
+    g3, run3 = attempt(tmp_path, monkeypatch, clock, lineage="run-b")
+    g3.plait_step_end(run=run3, step=10, metrics={})
+    assert run3.state["budget_spent_usd"] == pytest.approx(2.0) and "budget_ledger.json is not usable" in capsys.readouterr().err
+
+
+def test_process_age_is_this_process_lifetime():
+    from plugins.monitors.budget_guard import process_age_s
+
+    age = process_age_s()
+    assert 0.0 < age < float(open("/proc/uptime").read().split()[0]) + 1

@@ -2,10 +2,16 @@
 
 Spend comes from a budget file that a sidecar keeps current
 (``{"spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd",
-"last_update_utc"}``), or, without one, from ``rate_usd_per_hr x GPUs x wall
-time`` where the wall time is cumulative across resumes (it lives in the
-train state that checkpoints save). Every ``check_every_s`` seconds rank 0
-checks, in this order:
+"last_update_utc"}``), or, without one, from ``rate_usd_per_hr x GPUs x billed
+time``. Billed time is every second a process of this run has lived, across
+restarts: startup, resume and compile included, and the steps a crash, a kill
+or a stop without a checkpoint threw away, which the checkpoints' wall time
+never sees. Rank 0 keeps it in ``<output_dir>/budget_ledger.json`` (written
+at each check and at the end, replaced atomically and fsynced; a ledger of
+another run in the folder is ignored and replaced), so a restart after a crash,
+or after a stop over the cap, starts from what was really spent. Time between
+processes (a launcher's back-off, a node's reboot) is not seen; a sidecar's
+budget file is. Every ``check_every_s`` seconds rank 0 checks, in this order:
 
 * spent over ``cap_usd``: stop at once, no checkpoint, exit code 76;
 * projected total over ``cap_usd``: checkpoint, then exit code 75;
@@ -52,6 +58,30 @@ def now() -> float:
     return time.time()
 
 
+LEDGER_FILE = "budget_ledger.json"
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux ``/proc``), so that billed time includes the
+    startup before training; 0 where it cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks after boot
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def write_ledger(path: Path, record: dict) -> None:
+    """Replace the ledger atomically and durably (it must survive the crash it accounts for)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 @dataclass
 class BudgetGuardOptions:
     budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x wall time", path=True)
@@ -75,6 +105,8 @@ class BudgetGuard:
         self.alerted = False
         self.warned: set[str] = set()
         self.last_good: dict | None = None  # the last usable figures of the budget file
+        self.attempt_start: float | None = None  # when this process started (the clock of now())
+        self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
 
     # -- before training ------------------------------------------------------
     def preflight(self, prep, force: bool) -> None:
@@ -133,13 +165,48 @@ class BudgetGuard:
             return f"keeping the last good figures (spent ${self.last_good['spent']:,.2f})"
         return "using computed spend" if self.options.rate_usd_per_hr else "no spend figure to check the cap against yet"
 
+    def billed_s(self, run) -> float:
+        """Seconds this run's processes have lived, all attempts together (at least the wall time
+        its checkpoints carry)."""
+        wall = run.state.get("wall_time_s", 0.0)
+        if self.attempt_start is None:  # no train start seen: the checkpoints' wall time only
+            return wall
+        return max(wall, self.billed_before + now() - self.attempt_start)
+
+    def ledger(self, run) -> Path:
+        return Path(run.output_dir) / LEDGER_FILE
+
+    def read_ledger(self, run) -> float:
+        """Billed seconds the ledger holds for this run (its lineage); 0 for none or another run's."""
+        path = self.ledger(run)
+        try:
+            data = json.loads(path.read_text())
+            if data.get("lineage") != run.state.get("lineage"):
+                return 0.0
+            billed = float(data["billed_s"])
+            return billed if math.isfinite(billed) and billed >= 0 else 0.0
+        except FileNotFoundError:
+            return 0.0
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            self._warn(run, "ledger", f"{path} is not usable ({type(e).__name__}: {e}); billing from the checkpoint's wall time")
+            return 0.0
+
+    def record(self, run) -> None:
+        """Write the ledger (rank 0, computed spend only)."""
+        if self.attempt_start is None or not self.options.rate_usd_per_hr:
+            return
+        stamp = datetime.datetime.fromtimestamp(now(), datetime.timezone.utc).isoformat()
+        try:
+            write_ledger(self.ledger(run), {"lineage": run.state.get("lineage"), "billed_s": self.billed_s(run), "updated_utc": stamp})
+        except OSError as e:  # a full disk: the checkpoints' wall time still bounds the spend from below
+            self._warn(run, "ledger_write", f"cannot write {self.ledger(run)} ({e}); billing from the wall time until it can")
+
     def computed(self, run) -> dict:
         o = self.options
         gpus = o.gpus or run.dist.world_size
-        hours = run.state.get("wall_time_s", 0.0) / 3600
-        spent = hours * gpus * o.rate_usd_per_hr
+        spent = self.billed_s(run) / 3600 * gpus * o.rate_usd_per_hr
         done = max(run.step, 1)
-        remaining_h = hours / done * (run.total_steps - run.step)
+        remaining_h = run.state.get("wall_time_s", 0.0) / 3600 / done * (run.total_steps - run.step)  # at the training pace
         return {"spent": spent, "projected": spent + remaining_h * gpus * o.rate_usd_per_hr}
 
     def spend(self, run) -> dict | None:
@@ -170,6 +237,19 @@ class BudgetGuard:
             run.request_stop(f"budget: {reason}", checkpoint=False, source="budget_guard", exit_code=EXIT_SPENT_OVER_CAP)
 
     @hookimpl
+    def plait_train_start(self, run):
+        if not run.dist.is_main:
+            return
+        self.attempt_start = now() - process_age_s()
+        # earlier processes: the ledger, or at least what their checkpoints' wall time carries
+        self.billed_before = max(self.read_ledger(run), run.state.get("wall_time_s", 0.0))
+
+    @hookimpl
+    def plait_train_end(self, run, reason):
+        if run is not None and run.dist.is_main:
+            self.record(run)
+
+    @hookimpl
     def plait_step_end(self, run, step, metrics):
         if not run.dist.is_main:  # rank 0 decides; the trainer makes every rank follow
             return
@@ -177,6 +257,7 @@ class BudgetGuard:
         if t - self.last_check < self.options.check_every_s:
             return
         self.last_check = t
+        self.record(run)
         figures = self.spend(run)
         if figures is None:
             return
