@@ -84,7 +84,7 @@ def write_ledger(path: Path, record: dict) -> None:
 
 @dataclass
 class BudgetGuardOptions:
-    budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x wall time", path=True)
+    budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x billed time (budget_ledger.json)", path=True)
     rate_usd_per_hr: float = option(0.0, "price of one GPU-hour, for computed spend and the pre-flight projection", ge=0)
     gpus: int = option(0, "GPUs billed; 0 means the world size", ge=0)
     warn_usd: float = option(0.0, "alert once when spend passes this; 0 disables", ge=0)
