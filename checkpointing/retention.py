@@ -164,6 +164,7 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Pa
     for p in later:
         os.replace(p, dest / p.name)
     sync_dir(dest)
+    sync_dir(dest.parent)  # the new folder's own name in abandoned/
     sync_dir(root)
     marker.unlink()
     try:  # BEST.json lists only what is still here
