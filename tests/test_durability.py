@@ -247,6 +247,44 @@ def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, mo
         assert {str(step), str(root)} <= synced, f"{step.name}'s commit was not on disk before pruning"
 
 
+def test_setting_a_branch_aside_reaches_the_disk_before_the_marker_goes(tmp_path, monkeypatch):
+    """A resume from an older checkpoint moves this run's later ones to abandoned/. The marker that
+    names them is on disk before the first move, and the moved folders' new names (in their folder,
+    in abandoned/ and in the root) are on disk before the marker is removed."""
+    import os
+
+    cfg = write_tiny_config(tmp_path, steps=6)
+    assert trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=0").fit() == 0
+    root = (tmp_path / "out" / "checkpoints").resolve()
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_unlink = os.fsync, os.replace, Path.unlink
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(dst)))
+        return real_replace(src, dst)
+
+    def unlink(self, *args, **kwargs):
+        events.append(("unlink", str(self)))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    trainer_for(cfg, "--checkpoint.every=2", f"--checkpoint.resume={root / 'step_000000002'}")
+    moves = [i for i, (kind, path) in enumerate(events) if kind == "replace" and "/abandoned/" in path]
+    assert [Path(events[i][1]).name for i in moves] == ["step_000000004", "step_000000006"]
+    dest = Path(events[moves[0]][1]).parent
+    before = {path for kind, path in events[: moves[0]] if kind == "fsync"}
+    assert {str(root / "SETTING_ASIDE.json"), str(root)} <= before
+    gone = next(i for i, (kind, path) in enumerate(events) if kind == "unlink" and path.endswith("SETTING_ASIDE.json"))
+    synced = {path for kind, path in events[moves[-1] : gone] if kind == "fsync"}
+    assert {str(dest), str(dest.parent), str(root)} <= synced
+
+
 # --- one writer, and no orphans -------------------------------------------------------
 
 HOLDER = """
