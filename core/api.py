@@ -25,7 +25,8 @@ What this module holds, by group:
   ``sample``) with :class:`IndexedLoader`; :class:`OptimizerOptions` for optimizers' options;
   :class:`DataExhausted` ends a loader; :func:`mix_seed`, :func:`permute` and
   :func:`checked_sample` give deterministic samples; :func:`ignore_stop_signals` and
-  :func:`shut_down_at_exit` are for loaders with worker processes.
+  :func:`shut_down_at_exit` are for loaders with worker processes; :func:`replace_durable`
+  replaces a small file atomically and fsyncs it (state a monitor must not lose to a crash).
 * **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
   without materializing all logits); a model module's ``step_metrics(reduce)`` receives
   ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules).
@@ -41,6 +42,7 @@ Everything here is a re-export; the definitions stay in their modules.
 
 from __future__ import annotations
 
+from checkpointing.durable_io import replace_durable
 from core import log
 from core.contract import CONTRACT
 from core.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
@@ -105,6 +107,7 @@ __all__ = [
     "checked_sample",
     "ignore_stop_signals",
     "shut_down_at_exit",
+    "replace_durable",
     # model helpers
     "chunked_cross_entropy",
     "output_cross_entropy",

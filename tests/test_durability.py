@@ -198,17 +198,14 @@ def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
 # --- a machine crash ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, monkeypatch, async_save):
-    """A power loss or a VM stopped hard loses what the page cache held, and a rename may persist
-    before the data it names. So every file a checkpoint holds (shards, .metadata, state.json, RNGs,
-    LINEAGE, the marker itself) is fsynced before COMMITTED is renamed into place, the folders'
-    entries are fsynced too, and older checkpoints are pruned only after all of that."""
+def record_disk_events(monkeypatch) -> list[tuple[str, str]]:
+    """From now on, every fsync (by the path it syncs), rename (by its target), folder removal and
+    file removal, in order, as ``(kind, path)``; the real operations still run."""
     import os
     import shutil
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_replace, real_rmtree = os.fsync, os.replace, shutil.rmtree
+    real_fsync, real_replace, real_rmtree, real_unlink = os.fsync, os.replace, shutil.rmtree, Path.unlink
 
     def fsync(fd):
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -222,9 +219,24 @@ def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, mo
         events.append(("rmtree", str(path)))
         return real_rmtree(path, *args, **kwargs)
 
+    def unlink(self, *args, **kwargs):
+        events.append(("unlink", str(self)))
+        return real_unlink(self, *args, **kwargs)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    return events
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, monkeypatch, async_save):
+    """A power loss or a VM stopped hard loses what the page cache held, and a rename may persist
+    before the data it names. So every file a checkpoint holds (shards, .metadata, state.json, RNGs,
+    LINEAGE, the marker itself) is fsynced before COMMITTED is renamed into place, the folders'
+    entries are fsynced too, and older checkpoints are pruned only after all of that."""
+    events = record_disk_events(monkeypatch)
     cfg = write_tiny_config(tmp_path, steps=6)
     t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=1", f"--checkpoint.async={str(async_save).lower()}")
     assert t.fit() == 0
@@ -251,29 +263,10 @@ def test_setting_a_branch_aside_reaches_the_disk_before_the_marker_goes(tmp_path
     """A resume from an older checkpoint moves this run's later ones to abandoned/. The marker that
     names them is on disk before the first move, and the moved folders' new names (in their folder,
     in abandoned/ and in the root) are on disk before the marker is removed."""
-    import os
-
     cfg = write_tiny_config(tmp_path, steps=6)
     assert trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=0").fit() == 0
     root = (tmp_path / "out" / "checkpoints").resolve()
-    events: list[tuple[str, str]] = []
-    real_fsync, real_replace, real_unlink = os.fsync, os.replace, Path.unlink
-
-    def fsync(fd):
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        return real_fsync(fd)
-
-    def replace(src, dst):
-        events.append(("replace", str(dst)))
-        return real_replace(src, dst)
-
-    def unlink(self, *args, **kwargs):
-        events.append(("unlink", str(self)))
-        return real_unlink(self, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(Path, "unlink", unlink)
+    events = record_disk_events(monkeypatch)
     trainer_for(cfg, "--checkpoint.every=2", f"--checkpoint.resume={root / 'step_000000002'}")
     moves = [i for i, (kind, path) in enumerate(events) if kind == "replace" and "/abandoned/" in path]
     assert [Path(events[i][1]).name for i in moves] == ["step_000000004", "step_000000006"]

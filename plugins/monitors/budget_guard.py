@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.api import ConfigError, hookimpl, log, option
+from core.api import ConfigError, hookimpl, log, option, replace_durable
 
 EXIT_PROJECTED_OVER_CAP = 75
 EXIT_SPENT_OVER_CAP = 76
@@ -70,16 +70,6 @@ def process_age_s() -> float:
         return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
     except (OSError, ValueError, IndexError):
         return 0.0
-
-
-def write_ledger(path: Path, record: dict) -> None:
-    """Replace the ledger atomically and durably (it must survive the crash it accounts for)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -197,7 +187,7 @@ class BudgetGuard:
             return
         stamp = datetime.datetime.fromtimestamp(now(), datetime.timezone.utc).isoformat()
         try:
-            write_ledger(self.ledger(run), {"lineage": run.state.get("lineage"), "billed_s": self.billed_s(run), "updated_utc": stamp})
+            replace_durable(self.ledger(run), json.dumps({"lineage": run.state.get("lineage"), "billed_s": self.billed_s(run), "updated_utc": stamp}) + "\n")
         except OSError as e:  # a full disk: the checkpoints' wall time still bounds the spend from below
             self._warn(run, "ledger_write", f"cannot write {self.ledger(run)} ({e}); billing from the wall time until it can")
 
