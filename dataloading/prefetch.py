@@ -58,6 +58,8 @@ class PrefetchingLoader:
         self.inner = loader
         self.grad_accum = grad_accum
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # the thread must name the device it serves
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.depth = depth
         # The optional flags of the inner loader, read through the core's declared accessors.
@@ -133,8 +135,15 @@ class PrefetchingLoader:
 
     # -- the thread ----------------------------------------------------------
     def _fetch_loop(self, it, q: queue.Queue, stop: threading.Event) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+        except BaseException as e:  # noqa: BLE001 - a thread that dies silently would leave the consumer waiting forever
+            failed = _Step()
+            failed.error = e
+            failed.state_after = copy.deepcopy(self._position)
+            q.put(failed)
+            return
         while not stop.is_set():
             step = _Step()
             try:
