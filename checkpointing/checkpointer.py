@@ -102,7 +102,9 @@ class Checkpointer:
         self.pending: tuple[Any, int, Path, dict[str, Any]] | None = None  # (future, step, path, state.json)
         self.last_saved_step = -1
         self.best_step = -1
-        self.last_stall_s = 0.0
+        self.last_stall_s = 0.0  # how long the last save held the training loop (its copy included)
+        self.staging: Any = None  # an async save's copy of the state, still being made (a Future)
+        self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
         self.retention = retention.Retention(self.root, self.opts)
         self.losses = retention.LossTally(where.dist.device, self.group)  # train_loss of the next save
@@ -175,6 +177,7 @@ class Checkpointer:
         from checkpointing.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
+        started = time.perf_counter()
         state = self._dcp_state()
         self._check_finite(step, state)
         path = step_dir(self.root, step)
@@ -197,15 +200,17 @@ class Checkpointer:
         self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
         json_state = self._json_state(self.losses.mean_and_reset())
         self.writer = HashingFileSystemWriter(path)
-        t0 = time.perf_counter()
         try:
             if use_async:
-                future = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
-                self.last_stall_s = time.perf_counter() - t0
+                if self.dist.device.type == "cuda":  # the copy runs on a side stream: the step's kernels must be done
+                    torch.cuda.current_stream(self.dist.device).synchronize()
+                response = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None, async_stager=self.stager())
+                self.staging, future = response.staging_completion, response.upload_completion
+                self.last_stall_s = time.perf_counter() - started
                 self.pending = (future, step, path, json_state)
             else:
                 dcp.save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
-                self.last_stall_s = time.perf_counter() - t0
+                self.last_stall_s = time.perf_counter() - started
                 self._commit(step, path, json_state)
         except BaseException as e:  # DCP wraps each rank's error in a CheckpointException (a BaseException)
             error = io_error(e)
@@ -216,6 +221,28 @@ class Checkpointer:
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
             log.info(f"checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s")
+
+    def stager(self) -> Any:
+        """The run's :class:`checkpointing.staging.HostStager`: async saves copy the state into
+        host buffers it keeps, in a background thread, while training goes on."""
+        if self._stager is None:
+            from checkpointing.staging import HostStager
+
+            self._stager = HostStager(self.dist.device)
+        return self._stager
+
+    def wait_for_staging(self) -> None:
+        """Block until an async save's copy of the state is made. Called before anything changes
+        the state (the optimizer step, a load); the wait counts in ``last_stall_s``."""
+        if self.staging is None:
+            return
+        t0 = time.perf_counter()
+        staging, self.staging = self.staging, None
+        try:
+            staging.result()
+        except BaseException:  # noqa: BLE001 - the upload future fails with it; wait() reports that
+            pass
+        self.last_stall_s += time.perf_counter() - t0
 
     def poll(self) -> None:
         """Commit a finished async save (called at step boundaries; never blocks). While a
@@ -233,6 +260,7 @@ class Checkpointer:
         """Block until the save in flight is written, then commit it."""
         if self.pending is None:
             return
+        self.wait_for_staging()
         future, step, path, json_state = self.pending
         self.pending = None
         error = None
@@ -307,6 +335,7 @@ class Checkpointer:
         """Restore the state from ``path`` (its shards already checked by :mod:`checkpointing.resume`, or
         saved by this run), leaving out ``checkpoint.exclude_from_loading`` and ``exclude``.
         May fail half-way, leaving the state mixed: the caller builds it afresh then."""
+        self.wait_for_staging()  # an async save may still be copying the state this load overwrites
         skip = set(self.opts.exclude_from_loading) | set(exclude)
         meta = verify(path, shards=False)
         current_opt = self.about["optimizer_plugin"]

@@ -21,9 +21,19 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 class TrainStep:
     def __init__(
-        self, state: TrainingState, train_model: torch.nn.Module, components: dict[str, Any], grad_accum: int, grad_clip: float, dist: DistInfo
+        self,
+        state: TrainingState,
+        train_model: torch.nn.Module,
+        components: dict[str, Any],
+        grad_accum: int,
+        grad_clip: float,
+        dist: DistInfo,
+        before_update: Callable[[], None] = lambda: None,
     ) -> None:
+        """``before_update()`` runs before the optimizer changes the state (the checkpointer waits
+        there for an async save's copy of it)."""
         self.state, self.train_model, self.dist = state, train_model, dist
+        self.before_update = before_update
         self.parallelism, self.precision = components["parallelism"], components["precision"]
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
         self.guard = NonFiniteGuard(state.optimizer, dist)
@@ -56,6 +66,7 @@ class TrainStep:
 
     def update(self, bad: torch.Tensor) -> None:
         """Apply the gradients (unless ``bad``), move the schedule on, clear the gradients."""
+        self.before_update()
         optimizer = self.state.optimizer
         lr = optimizer.param_groups[0]["lr"]  # this step's LR: the scheduler moves it on after the update
         self.applied_lr = lr.clone() if isinstance(lr, torch.Tensor) else lr

@@ -345,3 +345,32 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypatch):
+    """An async save copies the state in a background thread while the next forward and backward
+    run. However slow that copy is, the optimizer waits for it, so the checkpoint holds its own
+    step's weights and moments (equal to a sync save's), and the host buffers serve every save."""
+    from checkpointing import staging
+
+    real = staging.HostStager._copy
+
+    def slow(self, state):
+        time.sleep(0.5)  # without the wait, the next update would change the state mid-copy
+        return real(self, state)
+
+    monkeypatch.setattr(staging.HostStager, "_copy", slow)
+    cfg = write_tiny_config(tmp_path, steps=6)
+    stagers = []
+    for mode in ("true", "false"):
+        t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=0", f"--checkpoint.async={mode}", f"--train.output_dir={tmp_path / mode}")
+        assert t.fit() == 0
+        stagers.append(t.checkpointer._stager)
+    assert stagers[0] is not None and stagers[0].buffers and stagers[1] is None  # only async saves stage
+    for step in ("step_000000002", "step_000000004", "step_000000006"):
+        a, b = (flat_checkpoint(tmp_path / mode / "checkpoints" / step) for mode in ("true", "false"))
+        flat_a, flat_b = (dict(torch.utils._pytree.tree_flatten_with_path(x)[0]) for x in (a, b))
+        assert flat_a.keys() == flat_b.keys()
+        for k in flat_a:
+            x, y = flat_a[k], flat_b[k]
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, (step, k)
