@@ -9,34 +9,55 @@
 # docs/benchmarks.md are copied to $OUT after every step.
 set -u
 OUT=${OUT:-/tmp/plait-gpu-out}
-mkdir -p "$OUT/logs"
+# Logs are kept outside $OUT and come back as one archive: the device tool returns at most 8 files.
+LOGS=${LOGS:-/tmp/plait-gpu-logs}
+mkdir -p "$OUT" "$LOGS/logs"
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/logs/install.txt" 2>&1 || { cat "$OUT/logs/install.txt"; exit 1; }
+    > "$LOGS/logs/install.txt" 2>&1 || { cat "$LOGS/logs/install.txt"; exit 1; }
   export PYTHONPATH=/tmp/site
 fi
-collect() { cp docs/benchmarks.md "$OUT/benchmarks.md"; tar -czf "$OUT/logs.tgz" -C "$OUT" logs; }
+collect() { cp docs/benchmarks.md "$OUT/benchmarks.md"; tar -czf "$OUT/logs.tgz" -C "$LOGS" logs; }
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/logs/$name.txt" 2>&1
+  timeout "$limit" "$@" > "$LOGS/logs/$name.txt" 2>&1
   local rc=$?
-  tail -n 25 "$OUT/logs/$name.txt"
+  tail -n 25 "$LOGS/logs/$name.txt"
   echo "=== $name: exit $rc after $((SECONDS - t0)) s"
   collect
 }
 { nvidia-smi; python3 -c "import torch, torchao; print(torch.__version__, torch.version.cuda, torchao.__version__, torch.cuda.get_device_name(0))"; } \
-  > "$OUT/logs/env.txt" 2>&1
-cat "$OUT/logs/env.txt" | tail -n 3
+  > "$LOGS/logs/env.txt" 2>&1
+cat "$LOGS/logs/env.txt" | tail -n 3
 part=${1:-a}
 if [ "$part" = a ]; then
-  step test_cuda 150 python3 -m pytest -q -x tests/test_cuda.py
+  step test_cuda 120 python3 -m pytest -q -x tests/test_cuda.py
   step gpu_1b 290 python3 -m bench.gpu_1b --only bf16-eager-mb4 bf16-compile-mb8 fp8-tensorwise-compile-mb8 fp8-rowwise-compile-mb8 \
-    --profile "$OUT/logs/prof"
+    --profile "$LOGS/logs/prof"
   step overhead 60 python3 -m bench.overhead --device cuda --precision bf16
   step checkpoint_stall 100 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --repeats 2
+elif [ "$part" = b2 ]; then
+  step test_cuda 120 python3 -m pytest -q tests/test_cuda.py
+  step overhead 60 python3 -m bench.overhead --device cuda --precision bf16
+  step checkpoint_stall 100 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --repeats 2
+  step gpu_1b_config 150 python3 -m bench.gpu_1b --only config-1b_h100
+  step guard_cost 80 python3 -m bench.guard_cost --device cuda --flavor 1b --seq-len 2048 --micro-batch 4 --steps 10 --rounds 3
+elif [ "$part" = b3 ]; then
+  step test_cuda 120 python3 -m pytest -q tests/test_cuda.py
+  step checkpoint_stall 170 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --modes async --repeats 3
+  step guard_cost 60 python3 -m bench.guard_cost --device cuda --flavor 1b --seq-len 2048 --micro-batch 4 --steps 10 --rounds 3
+  step overhead 50 python3 -m bench.overhead --device cuda --precision bf16 --steps 100
+  step cuda_profile 60 python3 -m bench.cuda_profile --steps 20
+  step gpu_1b_rest 100 python3 -m bench.gpu_1b --only bf16-compile-mb4 bf16-compile-ac-every2-mb8
+elif [ "$part" = b4 ]; then
+  step checkpoint_stall 170 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --modes async --repeats 3
+  step checkpoint_stall_sync 90 python3 -m bench.checkpoint_stall --flavor 1b --device cuda --modes sync --repeats 1
+  step test_cuda 250 python3 -m pytest -q tests/test_cuda.py
+elif [ "$part" = c ]; then
+  step gpu_1b_rest 330 python3 -m bench.gpu_1b --only bf16-compile-mb4 bf16-compile-ac-every2-mb8 bf16-compile-ac-selective-mb16 config-1b_h100
   step guard_cost 90 python3 -m bench.guard_cost --device cuda --flavor 1b --seq-len 2048 --micro-batch 4 --steps 10 --rounds 3
 else
   step gpu_1b_all 420 python3 -m bench.gpu_1b

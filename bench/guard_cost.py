@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     micro = t.next_step_batches(batches)[0]
 
     def timed(g) -> float:
-        t.guard = g
+        t.stepper.guard = g  # the step's guard (Trainer.guard reads it)
         sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()

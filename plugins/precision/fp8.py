@@ -89,7 +89,7 @@ class FP8(BF16[FP8Options]):
             accept = with_size_filter(accept, self.options.recipe)
         eligible = count_eligible(model, skip, multiple)
         converted = sum(accept(m, name) for name, m in model.named_modules())
-        log.note(
+        (log.warn if converted == 0 else log.note)(
             f"fp8 {self.options.recipe}: {converted} of {eligible} eligible linears in float8"
             + (f" ({eligible - converted} too small to gain stay in bf16)" if converted < eligible else "")
         )
