@@ -153,3 +153,25 @@ def test_flags_of_the_inner_loader_are_kept():
     loader.may_end = True
     assert loader_may_end(threaded(loader))
     assert not loader_may_end(threaded(Counting().loader(spec())))
+
+
+def test_a_thread_that_fails_before_fetching_raises_in_the_consumer(monkeypatch):
+    """The thread's set-up (on CUDA: choosing its device) can fail. The consumer then gets that
+    error at its first batch, with the position unchanged, instead of waiting forever for a
+    batch that never comes (what bench.overhead did on the first H100)."""
+    import types
+
+    pre = threaded(Counting().loader(spec()))
+    pre.device = types.SimpleNamespace(type="cuda")  # the thread takes the CUDA set-up path
+
+    def refuse(device):
+        raise ValueError("Expected a torch.device with a specified index or an integer, but got:cuda")
+
+    monkeypatch.setattr(torch.cuda, "set_device", refuse)
+    it = iter(pre)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="specified index"):
+        next(it)
+    assert time.monotonic() - t0 < 5
+    assert pre.state_dict() == {"consumed_samples": 0}
+    pre.close()
