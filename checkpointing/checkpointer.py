@@ -231,6 +231,14 @@ class Checkpointer:
             self._stager = HostStager(self.dist.device)
         return self._stager
 
+    def before_update(self) -> None:
+        """Called before each optimizer step: wait for an async save's copy of the state; and once
+        the optimizer state exists, have the host buffers of async saves allocated in the
+        background, so that the first save does not hold training while they are pinned."""
+        self.wait_for_staging()
+        if self.opts.async_save and self._stager is None and self.state.optimizer.state:
+            self.stager().prepare(self._dcp_state())
+
     def wait_for_staging(self) -> None:
         """Block until an async save's copy of the state is made. Called before anything changes
         the state (the optimizer step, a load); the wait counts in ``last_stall_s``."""

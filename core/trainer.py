@@ -104,7 +104,7 @@ class Trainer:
         optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
         about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint}
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
-        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.wait_for_staging)
+        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update)
         self.step_metrics = StepMetrics(self.dist)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
         self.skipping_now = 0  # steps skipped in a row up to the last read
