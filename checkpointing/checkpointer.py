@@ -173,6 +173,7 @@ class Checkpointer:
 
     def save(self, step: int, use_async: bool) -> None:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
         from checkpointing.safe_dcp import HashingFileSystemWriter
 
@@ -202,9 +203,8 @@ class Checkpointer:
         self.writer = HashingFileSystemWriter(path)
         try:
             if use_async:
-                if self.dist.device.type == "cuda":  # the copy runs on a side stream: the step's kernels must be done
-                    torch.cuda.current_stream(self.dist.device).synchronize()
                 response = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None, async_stager=self.stager())
+                assert isinstance(response, AsyncSaveResponse), "a stager that returns a Future gets both futures back"
                 self.staging, future = response.staging_completion, response.upload_completion
                 self.last_stall_s = time.perf_counter() - started
                 self.pending = (future, step, path, json_state)
