@@ -169,7 +169,10 @@ def same(a, b, where) -> None:
         assert a == b, where
 
 
-def test_async_save_matches_sync(cfg, tmp_path):
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+def test_async_save_matches_sync(cfg, tmp_path, parallelism):
+    """An async save (its copy of the state made in a background thread while the next step runs;
+    under fsdp2 each rank's shards as DTensors) writes what a sync save of the same step writes."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -179,7 +182,7 @@ def test_async_save_matches_sync(cfg, tmp_path):
     outs = {}
     for mode in ("false", "true"):
         out = tmp_path / f"async_{mode}"
-        proc = train(2, cfg, out, "--checkpoint.every=4", f"--checkpoint.async={mode}")
+        proc = train(2, cfg, out, "--checkpoint.every=4", f"--checkpoint.async={mode}", f"--parallelism.name={parallelism}")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert ckpts(out) == ["step_000000004", "step_000000008"]
         kind = "async" if mode == "true" else "sync"
