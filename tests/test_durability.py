@@ -347,10 +347,12 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypatch, optimizer):
     """An async save copies the state in a background thread while the next forward and backward
     run. However slow that copy is, the optimizer waits for it, so the checkpoint holds its own
-    step's weights and moments (equal to a sync save's), and the host buffers serve every save."""
+    step's weights and moments (equal to a sync save's, torchao's 8-bit moments too), and the host
+    buffers serve every save."""
     from checkpointing import staging
 
     real = staging.HostStager._copy
@@ -363,7 +365,14 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     cfg = write_tiny_config(tmp_path, steps=6)
     stagers = []
     for mode in ("true", "false"):
-        t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.keep_latest=0", f"--checkpoint.async={mode}", f"--train.output_dir={tmp_path / mode}")
+        t = trainer_for(
+            cfg,
+            f"--optimizer.name={optimizer}",
+            "--checkpoint.every=2",
+            "--checkpoint.keep_latest=0",
+            f"--checkpoint.async={mode}",
+            f"--train.output_dir={tmp_path / mode}",
+        )
         assert t.fit() == 0
         stagers.append(t.checkpointer._stager)
     assert stagers[0] is not None and stagers[0].buffers and stagers[1] is None  # only async saves stage
