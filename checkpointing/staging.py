@@ -10,8 +10,9 @@ speed on a side stream) and copies in a background thread, so the copy
 overlaps the next forward and backward. The trainer waits for it
 (:meth:`checkpointing.checkpointer.Checkpointer.wait_for_staging`) before the
 optimizer changes the state. It is plait's own rather than DCP's
-``DefaultStager`` because torch 2.11's ``async_save`` closes the stager it is
-given after each save, which breaks the next one.
+``DefaultStager`` because under torch 2.11 a ``DefaultStager`` kept for the run
+failed on its second save (its copy table had been cleared by ``close()``, which
+that version's ``async_save`` calls after each save; seen on an H100).
 
 The host buffers cost as much host memory as this rank's shard of the
 checkpoint, for as long as the run lasts.
