@@ -8,59 +8,68 @@ alternating rounds of 60 steps each; medians and every round.
     python -m bench.overhead_parts
 """
 
+from __future__ import annotations
+
 import argparse
 import statistics
 import sys
 
 import torch
 
-import core.assemble as A
-import core.trainer as T
-from bench import overhead
-from bench.guard_cost import NoGuard
-from dataloading import prefetch
-
-if not torch.cuda.is_available():
-    print("bench.overhead_parts: needs a CUDA device; torch sees none", file=sys.stderr)
-    sys.exit(2)
-args = argparse.Namespace(flavor="debug", seq_len=512, micro_batch=8, accum=2, steps=60, device="cuda", precision="bf16")
-base = overhead.plait_trainer(args)
-hand = overhead.HandLoop(base, args)
-
 
 def no_thread(loader, accum, device, force_thread=False):
+    """Stands in for dataloading.prefetch.prefetching: the loop reads the loader itself."""
     return loader
 
 
-A.prefetching = T.prefetching = no_thread
-noprefetch = overhead.plait_trainer(args)
-A.prefetching = T.prefetching = prefetch.prefetching
-noguard = overhead.plait_trainer(args)
-noguard.stepper.guard = NoGuard(torch.zeros((), device="cuda"))
-A.prefetching = T.prefetching = no_thread
-both = overhead.plait_trainer(args)
-both.stepper.guard = NoGuard(torch.zeros((), device="cuda"))
-print(
-    "optimizer",
-    type(base.optimizer).__name__,
-    base.optimizer.defaults.get("fused"),
-    base.optimizer.defaults.get("foreach"),
-    "loader",
-    type(base.loader).__name__,
-    type(noprefetch.loader).__name__,
-)
-cands = {
-    "hand": hand.time,
-    "plait": lambda n: overhead.time_plait(base, n),
-    "no-prefetch": lambda n: overhead.time_plait(noprefetch, n),
-    "no-guard": lambda n: overhead.time_plait(noguard, n),
-    "no-prefetch-no-guard": lambda n: overhead.time_plait(both, n),
-}
-for f in cands.values():
-    f(10)
-res = {k: [] for k in cands}
-for _ in range(5):
-    for k, f in cands.items():
-        res[k].append(f(args.steps) * 1000)
-for k, v in res.items():
-    print(f"{k:22s} median {statistics.median(v):6.2f} ms  {[round(x, 2) for x in v]}")
+def build(args, prefetch_thread: bool, guard: bool):
+    import core.assemble
+    import core.trainer
+    from bench import overhead
+    from bench.guard_cost import NoGuard
+    from dataloading import prefetch
+
+    chosen = prefetch.prefetching if prefetch_thread else no_thread
+    core.assemble.prefetching = core.trainer.prefetching = chosen  # type: ignore[attr-defined]
+    try:
+        trainer = overhead.plait_trainer(args)
+    finally:
+        core.assemble.prefetching = core.trainer.prefetching = prefetch.prefetching  # type: ignore[attr-defined]
+    if not guard:
+        trainer.stepper.guard = NoGuard(torch.zeros((), device=args.device))
+    return trainer
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.overhead_parts: needs a CUDA device; torch sees none", file=sys.stderr)
+        return 2
+    from bench import overhead
+
+    shape = argparse.Namespace(flavor="debug", seq_len=512, micro_batch=8, accum=2, steps=args.steps, device="cuda", precision="bf16")
+    base = build(shape, prefetch_thread=True, guard=True)
+    loops = {
+        "hand": overhead.HandLoop(base, shape).time,
+        "plait": base,
+        "no-prefetch": build(shape, prefetch_thread=False, guard=True),
+        "no-guard": build(shape, prefetch_thread=True, guard=False),
+        "no-prefetch-no-guard": build(shape, prefetch_thread=False, guard=False),
+    }
+    run = {k: (v if callable(v) else (lambda n, t=v: overhead.time_plait(t, n))) for k, v in loops.items()}
+    for f in run.values():
+        f(10)  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in run}
+    for _ in range(args.rounds):
+        for k, f in run.items():
+            times[k].append(f(args.steps) * 1000)
+    for k, v in times.items():
+        print(f"{k:22s} median {statistics.median(v):6.2f} ms  {[round(x, 2) for x in v]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import tomllib
 
 from bench.common import REPO, synthetic_config
@@ -29,3 +30,22 @@ def test_config_variant_takes_the_1b_configs_speed_settings(tmp_path):
     path = synthetic_config("1b", 2048, micro, "cpu", str(tmp_path / "out"), loss_chunk_tokens=8192)
     prep = prepare(str(path), BASE + extra + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3", "--train.device=cpu"], world_size=1)
     assert prep.rc.train.compile and prep.micro_batch_candidates == [m for m in (16, 8, 4, 2, 1) if m <= micro]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench.overhead_parts"],
+        ["bench.cuda_profile"],
+        ["bench.overhead", "--device", "cuda", "--no-record"],
+        ["bench.checkpoint_stall", "--device", "cuda", "--no-record"],
+        ["bench.guard_cost", "--device", "cuda", "--no-record"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_every_cuda_bench_refuses_without_cuda_in_one_line(argv):
+    r = run_module(*argv, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and argv[0] in lines[0] and "CUDA" in lines[0], lines
