@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -87,7 +88,16 @@ class HostStager(AsyncStager):
     def _tensor(self, t: torch.Tensor, path: str, copy_in: bool = True) -> torch.Tensor:
         buf = self.buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
+            try:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
+            except RuntimeError as e:  # an OSError: the save fails like a full disk, on every rank together
+                held = sum(b.numel() * b.element_size() for b in self.buffers.values())
+                need = t.numel() * t.element_size()
+                raise OSError(
+                    errno.ENOMEM,
+                    f"no host memory for the async save's copy of {path.lstrip('/')} ({need:,} bytes, with {held:,} held);"
+                    f" free host memory or set [checkpoint] async = false ({str(e).splitlines()[0]})",
+                ) from e
             self.buffers[path] = buf
         if copy_in:
             buf.copy_(t.detach(), non_blocking=self.cuda)

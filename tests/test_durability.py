@@ -398,3 +398,33 @@ def test_async_host_buffers_are_allocated_before_the_first_save(tmp_path):
     assert len(stager.buffers) == len(tensors) > 0
     sync = trainer_for(cfg, "--checkpoint.every=1000", "--checkpoint.at_end=false", f"--train.output_dir={tmp_path / 'sync'}")
     assert sync.fit() == 0 and sync.checkpointer._stager is None  # sync saves allocate nothing
+
+
+def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monkeypatch):
+    """Host memory can run out while an async save copies the state (the buffers are as large as
+    the state). That save fails like a full disk: SaveFailed with one line naming the tensor and
+    what to do, its folder removed, the older checkpoint kept and loadable."""
+    from checkpointing import staging
+    from checkpointing.folders import SaveFailed, verify
+
+    cfg = write_tiny_config(tmp_path, steps=4)
+    assert trainer_for(cfg, "--checkpoint.every=4").fit() == 0  # a good checkpoint at step 4
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        if kwargs.get("device") == "cpu":  # every host buffer of the stager
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(staging.torch, "empty", empty)
+    t = trainer_for(cfg, "--train.steps=10", "--checkpoint.every=4", "--checkpoint.async=true", "--checkpoint.keep_latest=0")
+    assert t.run.step == 4  # resumed
+    with pytest.raises(SaveFailed) as failed:
+        t.fit()  # the async save at step 8 cannot copy the state
+    message = str(failed.value)
+    assert "no host memory for the async save's copy of" in message and "async = false" in message, message
+    assert len(message.splitlines()) == 1
+    root = tmp_path / "out" / "checkpoints"
+    assert committed_steps(tmp_path / "out") == ["step_000000004"]
+    assert not (root / "step_000000008").exists()
+    verify(root / "step_000000004")
