@@ -58,11 +58,6 @@ class HostStager(AsyncStager):
     def close(self) -> None:
         """Kept open: DCP calls this after every save (torch 2.11), and the buffers serve the next one."""
 
-    def release(self) -> None:
-        """Drop the buffers and stop the thread (the run is over)."""
-        self.pool.shutdown(wait=True)
-        self.buffers.clear()
-
     # -- the thread ----------------------------------------------------------
     def _copy(self, state: dict[str, Any]) -> dict[str, Any]:
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
