@@ -35,22 +35,17 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.common import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("sigkill", "sigterm", "ctrl_c")
 KILL = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "ctrl_c": signal.SIGINT}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(folder: Path, steps: int, every: int) -> Path:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import platform
+import random
 import shlex
+import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +18,28 @@ Every figure here was measured by the command shown with it, on the device
 shown with it. Nothing is estimated or copied from elsewhere. Re-run a
 command to append a fresh section; older sections stay for comparison.
 """
+
+
+def free_port() -> int:
+    """A localhost port for a rendezvous that no other socket takes by chance meanwhile: one below
+    the kernel's ephemeral range (where a port from ``bind(0)`` and every connecting socket, gloo's
+    included, get theirs), checked free by binding it. (A port from the ephemeral range could be
+    handed to another job's connection between this check and torchrun's bind: its clients then
+    wait 60 s for a store that is not there.)"""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low} on 127.0.0.1")
 
 
 def device_name(device: str = "cpu") -> str:

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.common import free_port  # noqa: F401  (for the tests: a port outside the ephemeral range)
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -41,9 +36,10 @@ def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, 
 
 
 def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[str]:
-    """The command line of a local torchrun job on a free port: ``core.train`` (or ``script``) with ``args``."""
+    """The command line of a local torchrun job: ``core.train`` (or ``script``) with ``args``. Its store
+    binds a port the kernel picks (``--standalone``), so parallel jobs never race for one."""
     target = [str(script)] if script is not None else ["-m", "core.train"]
-    return [PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", *target, *args]
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *target, *args]
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
