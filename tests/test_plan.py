@@ -182,3 +182,34 @@ def test_plan_names_the_checkpoint_it_would_resume_and_what_changed_since(tiny_c
     assert "a new branch: the 1 later checkpoint(s), step_000000004 to step_000000004, move to abandoned/" in text
     assert "checkpoint.resume" not in text  # naming a checkpoint is not a config change
     assert (tmp_path / "out" / "checkpoints" / "step_000000004" / "COMMITTED").is_file()  # plan moves nothing
+
+
+def test_the_checkpoint_size_is_what_a_save_writes_and_async_saves_name_their_host_memory(tiny_config, tmp_path, capsys):
+    """The plan's checkpoint size (fp32 weights, a tied weight once per name as DCP stores it, plus
+    the optimizer state) is the size of a real checkpoint's shards; async saves add the host memory
+    each rank keeps for the copy (the whole state under ddp, a shard under fsdp2)."""
+    import torch
+
+    from core.protocols import DistInfo
+    from core.trainer import Trainer
+    from preflight.prepare import prepare
+
+    cfg = str(tiny_config(steps=2))
+    t = Trainer(prepare(cfg, ["--checkpoint.every=2", f"--train.output_dir={tmp_path / 'run'}"]), DistInfo(device=torch.device("cpu")))
+    t.build()
+    assert t.fit() == 0
+    capsys.readouterr()  # the run's own output
+    shards = sum(f.stat().st_size for f in (tmp_path / "run" / "checkpoints" / "step_000000002").glob("*.distcp"))
+    p = plan_json(capsys, "--config", cfg, "--nproc=2", "--checkpoint.async=true")
+    c = p["checkpoint"]
+    from torch.distributed.checkpoint import FileSystemReader
+
+    items = len(FileSystemReader(str(tmp_path / "run" / "checkpoints" / "step_000000002")).read_metadata().storage_data)
+    overhead = shards - c["size_gib"] * 2**30  # torch.save's zip framing of each stored tensor, a few KiB
+    assert 0 <= overhead < 4096 * items, (shards, c["size_gib"] * 2**30, items)
+    assert c["async"] and c["async_host_gib_per_rank"] == c["size_gib"]  # ddp: every rank holds it all
+    sharded = plan_json(capsys, "--config", cfg, "--nproc=2", "--checkpoint.async=true", "--parallelism.name=fsdp2")["checkpoint"]
+    assert sharded["async_host_gib_per_rank"] == pytest.approx(c["size_gib"] / 2)
+    assert plan_json(capsys, "--config", cfg)["checkpoint"]["async_host_gib_per_rank"] == 0.0
+    text = plan_text(capsys, "--config", cfg, "--checkpoint.async=true", "--checkpoint.every=2")
+    assert "  checkpoint  " in text and "every 2 steps" in text and "of host memory per rank for the run" in text

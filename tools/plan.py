@@ -51,6 +51,13 @@ def count_params(spec: Any) -> tuple[int, int]:
     return total, total - sum(unique[i].numel() for i in emb if i in unique)
 
 
+def saved_model_numel(spec: Any) -> int:
+    """Elements of the model's state dict as a checkpoint stores it: a tied weight once per name."""
+    with torch.device("meta"):
+        model = spec.build()
+    return sum(t.numel() for t in model.state_dict().values())
+
+
 def make_plan(prep) -> dict[str, Any]:
     rc, c = prep.rc, prep.components
     spec = c["model"]
@@ -67,6 +74,15 @@ def make_plan(prep) -> dict[str, Any]:
         "activations_gib": spec.activation_bytes(rc.train.micro_batch, rc.seq_len, act_bytes_per_el) / GiB,
     }
     mem["total_gib"] = sum(mem.values())
+    ckpt_opts = rc.sections["checkpoint"]
+    ckpt_gib = (saved_model_numel(spec) * 4 + total * opt_bytes) / GiB  # fp32 weights and the optimizer state, all ranks
+    checkpoint = {
+        "size_gib": ckpt_gib,
+        "every": ckpt_opts.every,
+        "async": ckpt_opts.async_save,
+        # async saves copy the state each rank holds into host buffers kept for the run (checkpointing/staging.py)
+        "async_host_gib_per_rank": ckpt_gib / shard if ckpt_opts.async_save else 0.0,
+    }
     fpt = spec.flops_per_token(rc.seq_len)
     return {
         "config": prep.source,
@@ -86,6 +102,7 @@ def make_plan(prep) -> dict[str, Any]:
         "total_tokens": prep.total_steps * prep.tokens_per_step,
         "total_flops": fpt * prep.total_steps * prep.tokens_per_step,
         "memory_per_rank": mem,
+        "checkpoint": checkpoint,
         "seq_len_stages": stages(prep),
         "resume": resume_summary(prep),
     }
@@ -110,6 +127,12 @@ def resume_summary(prep) -> dict[str, Any] | None:
     }
 
 
+def checkpoint_line(c: dict[str, Any]) -> str:
+    when = f"every {c['every']:,} steps" if c["every"] else "at the end and on a stop"
+    host = f"; async: {c['async_host_gib_per_rank']:.2f} GiB of host memory per rank for the run (pinned on CUDA)" if c["async"] else ""
+    return f"  checkpoint  {c['size_gib']:.2f} GiB ({when}, weights + optimizer state){host}"
+
+
 def human(n: float) -> str:
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= div:
@@ -130,6 +153,7 @@ def render(plan: dict[str, Any]) -> str:
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
         f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
         f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate)",
+        checkpoint_line(plan["checkpoint"]),
     ]
     st = plan["seq_len_stages"]
     staged = len(st) > 1
