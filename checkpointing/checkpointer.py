@@ -250,7 +250,10 @@ class Checkpointer:
             staging.result()
         except BaseException:  # noqa: BLE001 - the upload future fails with it; wait() reports that
             pass
-        self.last_stall_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.last_stall_s += waited
+        if waited >= 0.1 and self.dist.is_main:
+            log.info(f"checkpoint step {self.last_saved_step}: training waited {waited:.3f} s more for the async save's copy of the state")
 
     def poll(self) -> None:
         """Commit a finished async save (called at step boundaries; never blocks). While a
