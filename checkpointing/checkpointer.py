@@ -105,6 +105,7 @@ class Checkpointer:
         self.last_stall_s = 0.0  # how long the last save held the training loop (its copy included)
         self.staging: Any = None  # an async save's copy of the state, still being made (a Future)
         self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
+        self.sync_fallback = False  # async saves were asked for, but the host memory for their copy is short
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
         self.retention = retention.Retention(self.root, self.opts)
         self.losses = retention.LossTally(where.dist.device, self.group)  # train_loss of the next save
@@ -179,6 +180,7 @@ class Checkpointer:
 
         self.wait()  # one save in flight at a time
         started = time.perf_counter()
+        use_async = self._async_possible() if use_async else False
         state = self._dcp_state()
         self._check_finite(step, state)
         path = step_dir(self.root, step)
@@ -230,6 +232,18 @@ class Checkpointer:
 
             self._stager = HostStager(self.dist.device)
         return self._stager
+
+    def _async_possible(self) -> bool:
+        """False, on every rank, once any rank could not allocate the host buffers of async saves:
+        the run goes on with sync saves (said once) rather than stop at its first save."""
+        short = self._stager.out_of_memory() if self._stager is not None else ""
+        if self.where.agree(int(not short), "min"):
+            return True
+        if not self.sync_fallback:
+            self.sync_fallback = True
+            why = short or "another rank had no host memory for its copy"
+            log.warn(f"async saves need host memory for a copy of the state and {why}; saving synchronously from now on", all_ranks=bool(short))
+        return False
 
     def before_update(self) -> None:
         """Called before each optimizer step: wait for an async save's copy of the state; and once

@@ -50,7 +50,17 @@ class HostStager(AsyncStager):
     def prepare(self, state_dict: dict[str, Any]) -> Future:
         """Allocate the host buffers for ``state_dict`` in the background (pinning 15 GB takes about
         10 s on an H100 host), so the first save only copies. A ``stage`` queues behind it."""
-        return self.pool.submit(self._walk, state_dict, "", False)
+        self.prepared = self.pool.submit(self._walk, state_dict, "", False)
+        return self.prepared
+
+    def out_of_memory(self) -> str:
+        """Why the host buffers could not all be allocated ('' if they could, or were not asked for);
+        waits for :meth:`prepare` to finish."""
+        prepared = getattr(self, "prepared", None)
+        if prepared is None:
+            return ""
+        error = prepared.exception()
+        return str(error) if isinstance(error, OSError) and error.errno == errno.ENOMEM else ""
 
     def synchronize_staging(self) -> None:
         """Nothing to do: ``stage``'s Future is done only once the copies are."""

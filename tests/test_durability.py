@@ -418,6 +418,10 @@ def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monk
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(staging.torch, "empty", empty)
+    from checkpointing.checkpointer import Checkpointer
+
+    # no buffers allocated ahead (as for an optimizer without state): the save's own copy fails
+    monkeypatch.setattr(Checkpointer, "before_update", Checkpointer.wait_for_staging)
     t = trainer_for(cfg, "--train.steps=10", "--checkpoint.every=4", "--checkpoint.async=true", "--checkpoint.keep_latest=0")
     assert t.run.step == 4  # resumed
     with pytest.raises(SaveFailed) as failed:
@@ -429,3 +433,27 @@ def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monk
     assert committed_steps(tmp_path / "out") == ["step_000000004"]
     assert not (root / "step_000000008").exists()
     verify(root / "step_000000004")
+
+
+def test_no_host_memory_for_the_async_buffers_falls_back_to_sync_saves(tmp_path, monkeypatch, capsys):
+    """When the host buffers of async saves cannot be allocated ahead of the first save, the run
+    does not stop there: it says so once and saves synchronously from then on."""
+    from checkpointing import staging
+
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        if kwargs.get("device") == "cpu":  # every host buffer of the stager
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory")
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(staging.torch, "empty", empty)
+    cfg = write_tiny_config(tmp_path, steps=6)
+    t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.async=true", "--checkpoint.keep_latest=0")
+    assert t.fit() == 0
+    out = capsys.readouterr()
+    assert committed_steps(tmp_path / "out") == ["step_000000002", "step_000000004", "step_000000006"]
+    said = (out.out + out.err).count("saving synchronously from now on")
+    assert said == 1, out
+    assert "no host memory for the async save's copy of" in out.out + out.err
+    assert "checkpoint step 4: sync save stalled training" in out.out and "async save" not in out.out
