@@ -41,6 +41,7 @@ class HostStager(AsyncStager):
         self.buffers: dict[str, torch.Tensor] = {}  # by the tensor's path in the state dict
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-staging")
         self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.prepared: Future | None = None  # the allocation ahead of the first save (prepare)
 
     def stage(self, state_dict: dict[str, Any]) -> Future:  # type: ignore[override]
         if self.stream is not None:  # the copies start after the kernels that wrote the state
@@ -56,10 +57,9 @@ class HostStager(AsyncStager):
     def out_of_memory(self) -> str:
         """Why the host buffers could not all be allocated ('' if they could, or were not asked for);
         waits for :meth:`prepare` to finish."""
-        prepared = getattr(self, "prepared", None)
-        if prepared is None:
+        if self.prepared is None:
             return ""
-        error = prepared.exception()
+        error = self.prepared.exception()
         return str(error) if isinstance(error, OSError) and error.errno == errno.ENOMEM else ""
 
     def synchronize_staging(self) -> None:
