@@ -14,8 +14,8 @@ optimizer changes the state. It is plait's own rather than DCP's
 failed on its second save (its copy table had been cleared by ``close()``, which
 that version's ``async_save`` calls after each save; seen on an H100).
 
-The host buffers cost as much host memory as this rank's shard of the
-checkpoint, for as long as the run lasts.
+The host buffers cost as much host memory as the state this rank holds (all
+of it under ddp, its shard under fsdp2), for as long as the run lasts.
 """
 
 from __future__ import annotations

@@ -401,23 +401,29 @@ def test_async_host_buffers_are_allocated_before_the_first_save(tmp_path):
     assert sync.fit() == 0 and sync.checkpointer._stager is None  # sync saves allocate nothing
 
 
-def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monkeypatch):
-    """Host memory can run out while an async save copies the state (the buffers are as large as
-    the state). That save fails like a full disk: SaveFailed with one line naming the tensor and
-    what to do, its folder removed, the older checkpoint kept and loadable."""
+def no_host_memory_for_staging(monkeypatch) -> None:
+    """Every host buffer the async-save stager asks for fails as torch's CPU allocator fails."""
     from checkpointing import staging
-    from checkpointing.folders import SaveFailed, verify
 
-    cfg = write_tiny_config(tmp_path, steps=4)
-    assert trainer_for(cfg, "--checkpoint.every=4").fit() == 0  # a good checkpoint at step 4
     real_empty = torch.empty
 
     def empty(*args, **kwargs):
-        if kwargs.get("device") == "cpu":  # every host buffer of the stager
+        if kwargs.get("device") == "cpu":
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory")
         return real_empty(*args, **kwargs)
 
     monkeypatch.setattr(staging.torch, "empty", empty)
+
+
+def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monkeypatch):
+    """Host memory can run out while an async save copies the state (the buffers are as large as
+    the state). That save fails like a full disk: SaveFailed with one line naming the tensor and
+    what to do, its folder removed, the older checkpoint kept and loadable."""
+    from checkpointing.folders import SaveFailed, verify
+
+    cfg = write_tiny_config(tmp_path, steps=4)
+    assert trainer_for(cfg, "--checkpoint.every=4").fit() == 0  # a good checkpoint at step 4
+    no_host_memory_for_staging(monkeypatch)
     from checkpointing.checkpointer import Checkpointer
 
     # no buffers allocated ahead (as for an optimizer without state): the save's own copy fails
@@ -438,16 +444,7 @@ def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monk
 def test_no_host_memory_for_the_async_buffers_falls_back_to_sync_saves(tmp_path, monkeypatch, capsys):
     """When the host buffers of async saves cannot be allocated ahead of the first save, the run
     does not stop there: it says so once and saves synchronously from then on."""
-    from checkpointing import staging
-
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        if kwargs.get("device") == "cpu":  # every host buffer of the stager
-            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: not enough memory")
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(staging.torch, "empty", empty)
+    no_host_memory_for_staging(monkeypatch)
     cfg = write_tiny_config(tmp_path, steps=6)
     t = trainer_for(cfg, "--checkpoint.every=2", "--checkpoint.async=true", "--checkpoint.keep_latest=0")
     assert t.fit() == 0
