@@ -6,7 +6,7 @@ import pytest
 import tomllib
 
 from bench.common import REPO, synthetic_config
-from bench.gpu_1b import BASE, VARIANTS, micro_batch_of
+from bench.gpu_1b import BASE, OPT_IN, VARIANTS, micro_batch_of
 from preflight.prepare import prepare
 from tests.conftest import run_module
 
@@ -30,6 +30,19 @@ def test_config_variant_takes_the_1b_configs_speed_settings(tmp_path):
     path = synthetic_config("1b", 2048, micro, "cpu", str(tmp_path / "out"), loss_chunk_tokens=8192)
     prep = prepare(str(path), BASE + extra + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3", "--train.device=cpu"], world_size=1)
     assert prep.rc.train.compile and prep.micro_batch_candidates == [m for m in (16, 8, 4, 2, 1) if m <= micro]
+
+
+@pytest.mark.parametrize("name", list(VARIANTS) + list(OPT_IN))
+def test_every_variant_is_a_config_plait_accepts(tmp_path, name):
+    """A GPU session is rare: a variant with a wrong key or value must fail here, not there."""
+    extra = {**VARIANTS, **OPT_IN}[name]
+    micro = micro_batch_of(extra)
+    path = synthetic_config("1b", 2048, micro, "cpu", str(tmp_path / "out"), loss_chunk_tokens=8192)
+    on_cpu = ["--precision.allow_cpu=true"] if "--precision.name=fp8" in extra else []  # fp8 checks for CUDA first
+    prep = prepare(str(path), BASE + extra + on_cpu + [f"--train.global_batch_tokens={micro * 2048}", "--train.steps=3", "--train.device=cpu"], world_size=1)
+    assert prep.rc.slots["precision"].component.name == ("fp8" if "--precision.name=fp8" in extra else "bf16")
+    if "--precision.skip_head=false" in extra:
+        assert prep.rc.slots["precision"].options.skip_head is False
 
 
 @pytest.mark.parametrize(
