@@ -38,20 +38,32 @@ ABANDONED_DIR = "abandoned"
 
 class LossTally:
     """The mean training loss over the steps since the last save, which the save records as
-    ``train_loss``: added up on the device (no host sync per step), read at the save."""
+    ``train_loss``: each step's loss is copied into a device buffer (one small kernel, no host
+    sync), which is summed on the device when it is full and at the save."""
 
-    def __init__(self, device: torch.device, group: Any) -> None:
+    def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
         self.group = group  # the checkpoint's gloo group (None on one process)
         self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
+        self.losses = torch.zeros(history, dtype=torch.float32, device=device)  # since the last fold
+        self.written = 0
 
     def add(self, loss: torch.Tensor) -> None:
         """A step's loss (this rank's); a non-finite one does not count."""
-        loss = loss.detach().to(torch.float64)
-        finite = torch.isfinite(loss)
-        self.total += torch.stack([torch.where(finite, loss, 0.0), finite.to(torch.float64)])
+        if self.written == len(self.losses):
+            self.fold()
+        self.losses[self.written].copy_(loss.detach())
+        self.written += 1
+
+    def fold(self) -> None:
+        n, self.written = self.written, 0
+        if n:
+            seen = self.losses[:n].double()
+            finite = torch.isfinite(seen)
+            self.total += torch.stack([torch.where(finite, seen, 0.0).sum(), finite.sum(dtype=torch.float64)])
 
     def mean_and_reset(self) -> float | None:
         """The mean over every rank (a collective: every rank calls it); None if no step counted."""
+        self.fold()
         both = self.total.to("cpu", copy=True)
         self.total.zero_()
         if self.group is not None:

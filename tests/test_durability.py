@@ -454,3 +454,63 @@ def test_no_host_memory_for_the_async_buffers_falls_back_to_sync_saves(tmp_path,
     assert said == 1, out
     assert "no host memory for the async save's copy of" in out.out + out.err
     assert "checkpoint step 4: sync save stalled training" in out.out and "async save" not in out.out
+
+
+def reference_counters(flags: list[int], in_a_row: int) -> tuple[int, int, int]:
+    """(skipped, longest run, in a row now) of the steps since a read, counted one by one."""
+    skipped, worst = 0, in_a_row
+    for f in flags:
+        in_a_row = in_a_row + 1 if f else 0
+        skipped += f
+        worst = max(worst, in_a_row)
+    return skipped, worst, in_a_row
+
+
+def test_guard_counters_equal_counting_step_by_step_across_folds():
+    """The guard folds its per-step flags on the device when its buffer fills and at each read;
+    random runs of NaN, inf and finite steps, read at random points, count as one by one."""
+    from core.nonfinite import NonFiniteGuard
+    from core.protocols import DistInfo
+
+    rng = torch.Generator().manual_seed(0)
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    guard = NonFiniteGuard(opt, DistInfo(device=torch.device("cpu")), history=3)
+    in_a_row, reads = 0, 0
+    for _ in range(40):
+        n = int(torch.randint(0, 9, (), generator=rng))
+        kinds = torch.randint(0, 4, (n,), generator=rng).tolist()  # 0, 1: finite; 2: NaN loss; 3: inf norm
+        for k in kinds:
+            loss = torch.tensor(float("nan") if k == 2 else 2.5)
+            norm = torch.tensor(float("inf") if k == 3 else 1e3)
+            assert float(guard.flag(loss, norm)) == float(k >= 2)
+        want = reference_counters([int(k >= 2) for k in kinds], in_a_row)
+        assert guard.read() == want
+        in_a_row, reads = want[2], reads + bool(n)
+    assert reads > 30
+    # a norm next to float32's largest value counts as non-finite (documented), a large finite one does not
+    assert float(guard.flag(torch.tensor(3.0), torch.tensor(3e38))) == 0.0
+    assert float(guard.flag(torch.tensor(1e38), torch.tensor(3e38))) == 1.0
+
+
+def test_loss_tally_mean_counts_finite_losses_across_folds():
+    from checkpointing.retention import LossTally
+
+    tally = LossTally(torch.device("cpu"), None, history=2)
+    for x in [1.0, float("nan"), 3.0, float("inf"), 5.0]:
+        tally.add(torch.tensor(x))
+    assert tally.mean_and_reset() == 3.0
+    assert tally.mean_and_reset() is None
+    tally.add(torch.tensor(7.0))
+    assert tally.mean_and_reset() == 7.0
+
+
+def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_both(tmp_path):
+    out = tmp_path / "guard.json"
+    r = subprocess.run(
+        torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "guard_ranks.py"), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["flags"] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]  # rank 0's own loss was finite throughout
+    assert got["changed"] == [True, True, False, False, True, True]
+    assert got["counters"] == [2, 2, 0] and got["ranks_equal"]
