@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from checkpointing import hyperparams, integrity, retention
+from checkpointing import hyperparams, integrity, replicas, retention
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
@@ -107,6 +107,8 @@ class Checkpointer:
         self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
         self.sync_fallback = False  # async saves were asked for, but the host memory for their copy is short
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
+        self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
+        self.held_said = False  # the host memory of async saves' copies, said once
         self.retention = retention.Retention(self.root, self.opts)
         self.losses = retention.LossTally(where.dist.device, self.group)  # train_loss of the next save
 
@@ -147,6 +149,20 @@ class Checkpointer:
             "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer),
         }
 
+    def _written_share(self, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's share of ``state`` (:mod:`checkpointing.replicas`): every DTensor shard it
+        holds and the replicated tensors it writes, so that an async save copies only those. If
+        the ranks do not see the same replicated tensors, each passes all of them and DCP picks."""
+        if self.group is None:
+            return state
+        mine = replicas.fingerprint(state)
+        if not self.where.agree(int(self.where.agree(mine) == mine)):
+            if not self.mixed_replicas_said:
+                self.mixed_replicas_said = True
+                log.warn("the ranks' replicated model/optimizer tensors differ in names, shapes or dtypes; every rank copies all of them for a save")
+            return state
+        return replicas.share(state, self.dist.rank, self.dist.world_size)
+
     def _json_state(self, train_loss: float | None) -> dict[str, Any]:
         run = self.state.run
         sched = {k: plain(v) for k, v in self.state.scheduler.state_dict().items() if k != "lr_lambdas"}
@@ -183,6 +199,7 @@ class Checkpointer:
         use_async = self._async_possible() if use_async else False
         state = self._dcp_state()
         self._check_finite(step, state)
+        state = self._written_share(state)
         path = step_dir(self.root, step)
         error: BaseException | None = None
         claimed = 1
@@ -251,7 +268,7 @@ class Checkpointer:
         background, so that the first save does not hold training while they are pinned."""
         self.wait_for_staging()
         if self.opts.async_save and self._stager is None and self.state.optimizer.state:
-            self.stager().prepare(self._dcp_state())
+            self.stager().prepare(self._written_share(self._dcp_state()))
 
     def wait_for_staging(self) -> None:
         """Block until an async save's copy of the state is made. Called before anything changes
@@ -264,6 +281,11 @@ class Checkpointer:
             staging.result()
         except BaseException:  # noqa: BLE001 - the upload future fails with it; wait() reports that
             pass
+        else:
+            if not self.held_said and self.dist.is_main:
+                self.held_said = True
+                pinned = ", pinned" if self.dist.device.type == "cuda" else ""
+                log.info(f"async saves keep {self._stager.held_bytes() / 2**20:,.1f} MiB of host memory on each rank for their copy{pinned}")
         waited = time.perf_counter() - t0
         self.last_stall_s += waited
         if waited >= 0.1 and self.dist.is_main:

@@ -14,8 +14,9 @@ optimizer changes the state. It is plait's own rather than DCP's
 failed on its second save (its copy table had been cleared by ``close()``, which
 that version's ``async_save`` calls after each save; seen on an H100).
 
-The host buffers cost as much host memory as the state this rank holds (all
-of it under ddp, its shard under fsdp2), for as long as the run lasts.
+The host buffers cost as much host memory as the state this rank writes (its
+shard under fsdp2, its share of the replicas under ddp: the checkpointer passes
+:func:`checkpointing.replicas.share`), for as long as the run lasts.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class HostStager(AsyncStager):
         error = self.prepared.exception()
         return str(error) if isinstance(error, OSError) and error.errno == errno.ENOMEM else ""
 
+    def held_bytes(self) -> int:
+        """The host memory the buffers take."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
     def synchronize_staging(self) -> None:
         """Nothing to do: ``stage``'s Future is done only once the copies are."""
 
@@ -96,7 +101,7 @@ class HostStager(AsyncStager):
             try:
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
             except RuntimeError as e:  # an OSError: the save fails like a full disk, on every rank together
-                held = sum(b.numel() * b.element_size() for b in self.buffers.values())
+                held = self.held_bytes()
                 need = t.numel() * t.element_size()
                 raise OSError(
                     errno.ENOMEM,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,6 +170,12 @@ def same(a, b, where) -> None:
         assert a == b, where
 
 
+def nbytes(x) -> int:
+    if isinstance(x, dict):
+        return sum(nbytes(v) for v in x.values())
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
 def test_async_save_matches_sync(cfg, tmp_path, parallelism):
     """An async save (its copy of the state made in a background thread while the next step runs;
@@ -188,6 +195,10 @@ def test_async_save_matches_sync(cfg, tmp_path, parallelism):
         kind = "async" if mode == "true" else "sync"
         assert f"checkpoint step 4: {kind} save stalled training" in proc.stdout
         outs[mode] = out
+        if mode == "true":  # each rank copies only what it writes: half of the state, not all of it under ddp
+            held = re.search(r"async saves keep ([\d,.]+) MiB of host memory on each rank", proc.stdout)
+            assert held, proc.stdout[-3000:]
+            held_bytes = float(held.group(1).replace(",", "")) * 2**20
     for step in ("step_000000004", "step_000000008"):
         verify(outs["true"] / "checkpoints" / step)  # the async save's write-time checksums match the files
         loaded = []
@@ -198,6 +209,8 @@ def test_async_save_matches_sync(cfg, tmp_path, parallelism):
         model_keys = [k for k in loaded[0] if k.startswith("model")]
         assert model_keys and set(loaded[0]) == set(loaded[1])
         same(loaded[0], loaded[1], step)
+        tensor_bytes = nbytes(loaded[0])
+        assert 0.4 * tensor_bytes < held_bytes < 0.6 * tensor_bytes, (held_bytes, tensor_bytes)
 
 
 def test_corrupt_checkpoint_auto_falls_back_explicit_fails(cfg, tmp_path):
