@@ -155,13 +155,13 @@ class Checkpointer:
         the ranks do not see the same replicated tensors, each passes all of them and DCP picks."""
         if self.group is None:
             return state
-        mine = replicas.fingerprint(state)
-        if not self.where.agree(int(self.where.agree(mine) == mine)):
+        mine = replicas.agreed_share(state, self.dist.rank, self.dist.world_size, self.where.agree)
+        if mine is None:
             if not self.mixed_replicas_said:
                 self.mixed_replicas_said = True
                 log.warn("the ranks' replicated model/optimizer tensors differ in names, shapes or dtypes; every rank copies all of them for a save")
             return state
-        return replicas.share(state, self.dist.rank, self.dist.world_size)
+        return mine
 
     def _json_state(self, train_loss: float | None) -> dict[str, Any]:
         run = self.state.run

@@ -17,7 +17,7 @@ lets the ranks check that they see the same tensors before they split them.
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -77,3 +77,11 @@ def share(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         return out
 
     return keep(state, ())
+
+
+def agreed_share(state: dict[str, Any], rank: int, world: int, agree: Callable[[int, str], int]) -> dict[str, Any] | None:
+    """:func:`share`, once every rank has the same :func:`fingerprint` (``agree(value, "min")``: the
+    minimum over the ranks, a collective every rank calls); None, on every rank, if any differs."""
+    mine = fingerprint(state)
+    same = agree(int(agree(mine, "min") == mine), "min")
+    return share(state, rank, world) if same else None

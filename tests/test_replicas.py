@@ -50,3 +50,20 @@ def test_every_rank_computes_the_same_owners_and_fingerprint_ignores_values():
     assert owners(a, 4) == owners(b, 4) and fingerprint(a) == fingerprint(b)
     b["model"]["layers.0.w"] = torch.zeros(5, dtype=torch.float16)
     assert fingerprint(a) != fingerprint(b)
+
+
+def test_two_ranks_split_the_same_state_and_keep_everything_when_they_differ(tmp_path):
+    import json
+    import subprocess
+
+    from conftest import REPO, env, torchrun_argv
+
+    out = tmp_path / "shares.json"
+    r = subprocess.run(
+        torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "replica_shares.py"), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rank0, rank1 = json.loads(out.read_text())
+    assert set(rank0["same"]) | set(rank1["same"]) == {f"w{i}" for i in range(6)}
+    assert not set(rank0["same"]) & set(rank1["same"])
+    assert rank0["differ"] is None and rank1["differ"] is None  # every rank passes all of it: DCP picks

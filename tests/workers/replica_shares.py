@@ -1,0 +1,39 @@
+"""Run under torchrun (gloo, 2 ranks): checkpointing.replicas.agreed_share with a real all-reduce, on the
+same replicated state, then on states that differ (rank 1 holds one tensor more). Rank 0 writes what
+each rank got as JSON to argv[1]."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as tdist
+
+from checkpointing.replicas import agreed_share
+from core import distributed
+
+
+def agree(value: int, op: str) -> int:
+    t = torch.tensor([value], dtype=torch.int64)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MIN if op == "min" else tdist.ReduceOp.SUM)
+    return int(t.item())
+
+
+def main() -> None:
+    info = distributed.init("cpu")
+    state = {"model": {f"w{i}": torch.zeros(10 * (i + 1)) for i in range(6)}, "optimizer": {"param_groups": [{"lr": 0.1}]}}
+    same = agreed_share(state, info.rank, 2, agree)
+    if info.rank == 1:
+        state["model"]["extra"] = torch.zeros(3)
+    differ = agreed_share(state, info.rank, 2, agree)
+    got = [None, None]
+    tdist.all_gather_object(got, {"same": sorted(same["model"]) if same else None, "differ": differ})
+    if info.is_main:
+        with open(sys.argv[1], "w") as f:
+            json.dump(got, f)
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
