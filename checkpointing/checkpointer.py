@@ -119,7 +119,8 @@ class Checkpointer:
 
     def _check_finite(self, step: int, state: dict[str, Any]) -> None:
         """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
-        from core.nonfinite import NonFiniteState, count_nonfinite
+        from checkpointing.finite import count_nonfinite
+        from core.nonfinite import NonFiniteState
 
         bad, total = count_nonfinite(state)
         bad, total = self.where.agree(bad, "sum"), self.where.agree(total, "sum")
@@ -413,7 +414,7 @@ class Checkpointer:
         )
 
         from checkpointing import safe_dcp
-        from core.nonfinite import count_nonfinite
+        from checkpointing.finite import count_nonfinite
 
         model, optimizer = self.state.model, self.state.optimizer
         shards: dict[str, Any] = {}

@@ -11,12 +11,11 @@ sync per step on GPU).
 The host reads the counters only where it syncs anyway (log and save steps):
 more than ``train.max_nonfinite_steps`` skipped steps in a row stops the run
 with exit code 3 and no checkpoint. A checkpoint is only written from finite
-parameters and optimizer state (:func:`state_is_finite`).
+parameters and optimizer state (:mod:`checkpointing.finite`, which raises
+:class:`NonFiniteState`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -93,39 +92,6 @@ class NonFiniteGuard:
         self.skipped.zero_()
         self.worst.copy_(self.in_a_row)
         return skipped, worst, now
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _float_tensors(state: Any):
-    if isinstance(state, torch.Tensor):
-        t = _local(state)
-        if type(t) is not torch.Tensor and hasattr(t, "dequantize"):  # low-bit optimizer states (torchao)
-            t = t.dequantize()
-        if t.is_floating_point():
-            yield t
-    elif isinstance(state, dict):
-        for v in state.values():
-            yield from _float_tensors(v)
-    elif isinstance(state, (list, tuple)):
-        for v in state:
-            yield from _float_tensors(v)
-
-
-def count_nonfinite(state: Any) -> tuple[int, int]:
-    """(tensors holding a NaN or inf, floating tensors) in a nested state dict; this rank's shards."""
-    tensors = list(_float_tensors(state))
-    if not tensors:
-        return 0, 0
-    flags = []
-    for t in tensors:
-        try:
-            flags.append((~torch.isfinite(t)).any())
-        except (NotImplementedError, RuntimeError):  # a tensor subclass without isfinite: not judged
-            continue
-    return (int(torch.stack(flags).sum()) if flags else 0), len(tensors)
 
 
 class NonFiniteState(RuntimeError):

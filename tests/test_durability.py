@@ -358,7 +358,7 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     real = staging.HostStager._copy
 
     def slow(self, state):
-        time.sleep(0.5)  # without the wait, the next update would change the state mid-copy
+        time.sleep(1.5)  # without the wait, the next update would change the state mid-copy (longer than a loaded CI's step)
         return real(self, state)
 
     monkeypatch.setattr(staging.HostStager, "_copy", slow)

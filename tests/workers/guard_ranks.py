@@ -45,7 +45,9 @@ def main() -> None:
         out = {"flags": flags, "changed": changed, "counters": counters, "ranks_equal": torch.equal(both[0], both[1])}
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
-    tdist.destroy_process_group()
+    del model  # DDP's reducer goes before the process group it uses
+    tdist.barrier()
+    distributed.shutdown()
 
 
 if __name__ == "__main__":

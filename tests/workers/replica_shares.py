@@ -32,7 +32,8 @@ def main() -> None:
     if info.is_main:
         with open(sys.argv[1], "w") as f:
             json.dump(got, f)
-    tdist.destroy_process_group()
+    tdist.barrier()
+    distributed.shutdown()
 
 
 if __name__ == "__main__":
