@@ -5,6 +5,7 @@ each rank got as JSON to argv[1]."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -38,3 +39,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (tools/train.py)
