@@ -286,7 +286,7 @@ class Checkpointer:
             if not self.held_said and self.dist.is_main:
                 self.held_said = True
                 pinned = ", pinned" if self.dist.device.type == "cuda" else ""
-                log.info(f"async saves keep {self._stager.held_bytes() / 2**20:,.1f} MiB of host memory on each rank for their copy{pinned}")
+                log.info(f"async saves keep {self._stager.held_bytes() / 2**20:,.1f} MiB of host memory on rank 0 for their copy{pinned} (each rank its share)")
         waited = time.perf_counter() - t0
         self.last_stall_s += waited
         if waited >= 0.1 and self.dist.is_main:
