@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,13 +39,14 @@ class DDP:
         # torch 2.13 renamed the per-forward buffer sync (and warns at the old name); buffers are
         # synced once at the wrap either way
         renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+        buffer_sync: dict[str, Any] = {"forward_sync_buffers" if renamed else "broadcast_buffers": o.broadcast_buffers}
         return DistributedDataParallel(
             model,
             device_ids=[dist.device.index] if dist.device.type == "cuda" else None,
             bucket_cap_mb=o.bucket_cap_mb,
             static_graph=o.static_graph,
             gradient_as_bucket_view=o.gradient_as_bucket_view,
-            **{"forward_sync_buffers" if renamed else "broadcast_buffers": o.broadcast_buffers},
+            **buffer_sync,
         )
 
     def sync_context(self, model: nn.Module, sync: bool):
