@@ -32,6 +32,12 @@ def test_fsdp2_and_ddp_agree(tiny_config, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is deprecated" not in proc.stderr, proc.stderr[-3000:]
     assert losses(tmp_path / "bcast") == got["ddp"]
+    # the batched copy of gradients into the buckets (torch 2.13, on by default) changes no bit of
+    # training, here with 2 micro-batches per step (the first under no_sync)
+    proc = torchrun(2, "--config", str(cfg), "--parallelism.name=ddp", "--parallelism.batched_grad_copy=false", f"--train.output_dir={tmp_path / 'per_param'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accumulation = " in proc.stdout and "x 2 accumulation" in proc.stdout, proc.stdout
+    assert losses(tmp_path / "per_param") == got["ddp"]
     # HSDP: a 2-D mesh of 2 replicas x 1 shard (all-reduce across replicas, sharding within) agrees too
     proc = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--parallelism.replicate=2", f"--train.output_dir={tmp_path / 'hsdp'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
