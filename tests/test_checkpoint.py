@@ -176,10 +176,12 @@ def nbytes(x) -> int:
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2", "hsdp"])
 def test_async_save_matches_sync(cfg, tmp_path, parallelism):
     """An async save (its copy of the state made in a background thread while the next step runs;
-    under fsdp2 each rank's shards as DTensors) writes what a sync save of the same step writes."""
+    under fsdp2 each rank's shards as DTensors) writes what a sync save of the same step writes, and
+    each rank copies only its half (under ddp and HSDP, where both ranks hold the whole state)."""
+    chosen = ["--parallelism.name=fsdp2", "--parallelism.replicate=2"] if parallelism == "hsdp" else [f"--parallelism.name={parallelism}"]
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -189,7 +191,7 @@ def test_async_save_matches_sync(cfg, tmp_path, parallelism):
     outs = {}
     for mode in ("false", "true"):
         out = tmp_path / f"async_{mode}"
-        proc = train(2, cfg, out, "--checkpoint.every=4", f"--checkpoint.async={mode}", f"--parallelism.name={parallelism}")
+        proc = train(2, cfg, out, "--checkpoint.every=4", f"--checkpoint.async={mode}", *chosen)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert ckpts(out) == ["step_000000004", "step_000000008"]
         kind = "async" if mode == "true" else "sync"

@@ -81,8 +81,8 @@ def make_plan(prep) -> dict[str, Any]:
         "every": ckpt_opts.every,
         "async": ckpt_opts.async_save,
         # async saves copy the state each rank writes into host buffers kept for the run (checkpointing/staging.py):
-        # its shard under fsdp2, its share of the replicas under ddp (checkpointing/replicas.py); under HSDP
-        # a rank copies its whole shard, replicate times this figure (docs/checkpoints.md)
+        # its shard under fsdp2, its share of the replicas under ddp and of the repeated shards under HSDP
+        # (checkpointing/replicas.py)
         "async_host_gib_per_rank": ckpt_gib / world if ckpt_opts.async_save else 0.0,
     }
     fpt = spec.flops_per_token(rc.seq_len)
