@@ -26,17 +26,20 @@ from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
     COMMIT_MARKER,
+    CURRENT_RUN_FILE,
     EXIT_SAVE_FAILED,
     LINEAGE_FILE,
     STATE_FILE,
     CheckpointOptions,
     SaveFailed,
     committed,
+    current_run,
     io_error,
     lineage_of,
     plain,
     read_json,
     step_dir,
+    verifies,
     verify,
 )
 from core import log
@@ -117,6 +120,18 @@ class Checkpointer:
         """This run's id: made at a fresh start, carried through every resume (``run.state``)."""
         return self.state.run.state["lineage"]
 
+    def record_current_run(self) -> None:
+        """Rank 0 writes this run's lineage to ``<dir>/CURRENT_RUN`` before its first step, so that a
+        restart with ``resume = "auto"`` continues this run, not another run's checkpoints beside it."""
+        if not self.dist.is_main:
+            return
+        try:
+            if current_run(self.root) != self.lineage:
+                self.root.mkdir(parents=True, exist_ok=True)
+                replace_durable(self.root / CURRENT_RUN_FILE, self.lineage + "\n")
+        except OSError as e:
+            log.warn(f"could not record this run in {self.root / CURRENT_RUN_FILE} ({e}); a restart may resume another run's newest checkpoint there")
+
     def _check_finite(self, step: int, state: dict[str, Any]) -> None:
         """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
         from checkpointing.finite import count_nonfinite
@@ -130,13 +145,22 @@ class Checkpointer:
             raise NonFiniteState(f"step {step}: {bad} of {total} model/optimizer tensors hold NaN or inf; not writing a checkpoint from them ({last})")
 
     def _claim(self, path: Path) -> bool:
-        """Make ``path`` ready for this run's save (rank 0): leftovers of this run's interrupted save
-        of the same step are replaced; a folder another run wrote is never touched (False)."""
+        """Make ``path`` ready for this run's save (rank 0). Leftovers of this run's interrupted or
+        damaged save of the same step are replaced. Another run's committed checkpoint is never
+        touched (False: the save is skipped). An uncommitted folder of another run (or of none) is a
+        save whose writer is dead (this job holds the folder's lock): it is moved to ``abandoned/``,
+        never deleted, and so is a sound checkpoint of this run's (a branch left)."""
         if path.exists():
-            if lineage_of(path) != self.lineage:
+            ours, done = lineage_of(path) == self.lineage, (path / COMMIT_MARKER).is_file()
+            if done and not ours:
                 log.warn(f"{path} belongs to another run; not overwriting it, this save is skipped")
                 return False
-            shutil.rmtree(path)
+            if ours and not (done and verifies(path)):
+                shutil.rmtree(path)
+            else:
+                dest = retention.set_aside(self.root, [path], f"before_{path.name}")
+                what = "a checkpoint of this run's from another branch" if ours else "an interrupted save of another run"
+                log.note(f"{path.name} held {what}; moved to {dest} (kept, never resumed from automatically)")
         (path / "rng").mkdir(parents=True)
         write_durable(path / LINEAGE_FILE, self.lineage + "\n")
         return True

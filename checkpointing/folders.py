@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ STATE_FILE = "state.json"
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (checkpointing.retention)
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
+CURRENT_RUN_FILE = "CURRENT_RUN"  # the lineage of the run that last trained into this folder: resume = "auto" continues it
+STEP_DIR = re.compile(r"step_\d{9}")  # step_dir()'s names; a user's step_000000005_keep is not a checkpoint of plait's
 EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -118,11 +121,16 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:09d}"
 
 
-def committed(root: Path) -> list[Path]:
-    """Folders with a commit marker, oldest first (by step)."""
+def step_dirs(root: Path) -> list[Path]:
+    """The folders in ``root`` named as plait names its checkpoints (:func:`step_dir`), oldest first."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / COMMIT_MARKER).is_file())
+    return sorted(p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir())
+
+
+def committed(root: Path) -> list[Path]:
+    """Folders with a commit marker, oldest first (by step)."""
+    return [p for p in step_dirs(root) if (p / COMMIT_MARKER).is_file()]
 
 
 def lineage_of(path: Path) -> str | None:
@@ -130,6 +138,14 @@ def lineage_of(path: Path) -> str | None:
     try:
         return (path / LINEAGE_FILE).read_text().strip() or None
     except OSError:
+        return None
+
+
+def current_run(root: Path) -> str | None:
+    """The lineage of the run that last trained into ``root`` (``CURRENT_RUN``); None if none is recorded."""
+    try:
+        return (root / CURRENT_RUN_FILE).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
         return None
 
 
@@ -198,6 +214,7 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
     saved = {k[len("model.") :]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(want) - set(saved))
+    extra = sorted(set(saved) - set(want))
     mismatched = sorted(k for k in set(want) & set(saved) if want[k] != saved[k])
     if mismatched:
         details = ", ".join(f"{k} {saved[k]} vs model {want[k]}" for k in mismatched[:4])
@@ -205,6 +222,9 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
         raise CheckpointError(f"checkpoint {path} does not fit the model: {details}{more}")
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks model keys: {', '.join(missing[:6])}")
+    if extra:  # loading would drop them silently, and the next saves (then pruning) would lose them for good
+        more = f" and {len(extra) - 6} more" if len(extra) > 6 else ""
+        raise CheckpointError(f"checkpoint {path} holds model keys the model lacks (a larger model?): {', '.join(extra[:6])}{more}")
 
 
 def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module | None) -> None:
@@ -254,7 +274,9 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     fit the model, or it is an error. ``resume = "auto"``: the newest complete
     checkpoint that passes the same checks, then every older one (checked
     later, should the first fail the checks made after the process group
-    exists, :mod:`checkpointing.resume`); each damaged one is skipped with a warning.
+    exists, :mod:`checkpointing.resume`); each damaged one is skipped with a warning. Where the
+    folder records the run that last trained into it (``CURRENT_RUN``), only that run's checkpoints
+    are candidates: another run's beside them (``allow_foreign``) are never continued by a restart.
     """
     refuse_foreign(opts, root)
     if opts.resume == "none":
@@ -266,6 +288,14 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         refuse_restart_in_place(opts, root, path, committed(root))
         return [path]
     aside, every = being_set_aside(root), committed(root)
+    if (current := current_run(root)) is not None:
+        others = [p for p in every if lineage_of(p) != current]
+        every = [p for p in every if lineage_of(p) == current]
+        if others and not every:
+            warn(
+                f"{root} holds {len(others)} checkpoint(s) of other runs and none of the run that last trained there "
+                f"({CURRENT_RUN_FILE}): starting fresh; to continue one of them, name it (--checkpoint.resume=<its folder>)"
+            )
     done = [p for p in reversed(every) if p.name not in aside]
     if aside & {p.name for p in every}:
         warn(f"a start was killed while moving {', '.join(sorted(aside))} aside (a branch left): not resuming from them")

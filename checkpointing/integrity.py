@@ -155,3 +155,6 @@ def check_state(state: Any, file: Path) -> None:
             raise CheckpointError(f"{file} lacks {key!r}")
         if not isinstance(state[key], kind) or isinstance(state[key], bool):
             raise CheckpointError(f"{file}: {key!r} is a {type(state[key]).__name__}, expected {getattr(kind, '__name__', kind)}")
+    for key in ("step", "tokens_seen", "world_size"):
+        if not 0 <= state[key] < 2**62 or (key == "world_size" and state[key] == 0):
+            raise CheckpointError(f"{file}: {key!r} is {state[key]}, expected {'a positive' if key == 'world_size' else 'a non-negative'} count below 2**62")

@@ -1,7 +1,7 @@
 """One writer per run folder, and no rank that outlives its launcher.
 
 :func:`lock_run_folders` takes an exclusive ``flock`` on ``plait.lock`` in the
-run's output folder (and in the checkpoint folder when it lies elsewhere).
+run's output folder and in its checkpoint folder, wherever that lies.
 The kernel drops the lock when the holding process dies, however it dies, so
 there is nothing to clean up after a crash. A second job on the same folder
 exits with code 2 and names the holder (host, pid, start time, command), which
@@ -72,9 +72,9 @@ def try_lock(folder: Path) -> IO[str] | None:
 
 
 def _roots(folders: list) -> list[Path]:
-    """The folders to lock: a folder inside another one in the list is covered by that one's lock."""
-    paths = list(dict.fromkeys(Path(f).resolve() for f in folders))
-    return [p for p in paths if not any(p != q and p.is_relative_to(q) for q in paths)]
+    """The folders to lock, each once. A folder inside another one is locked too: another job may
+    name it alone (``checkpoint.dir`` pointing into this run's output folder)."""
+    return list(dict.fromkeys(Path(f).resolve() for f in folders))
 
 
 def lock_run_folders(folders: list) -> None:

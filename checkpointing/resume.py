@@ -106,7 +106,7 @@ def leave_branch(ckpt: Any, path: Path) -> None:
     error = None
     if ckpt.dist.is_main:
         try:
-            set_aside_later(ckpt.root, ckpt.lineage, path, chosen=ckpt.opts.resume != "auto")
+            set_aside_later(ckpt.root, ckpt.lineage, path, ckpt.state.run.step, chosen=ckpt.opts.resume != "auto")
         except OSError as e:
             error = f"resumed from {path}, but could not move this run's later checkpoints aside ({e}); move them out of {ckpt.root} and start again"
     error = agree(ckpt.group, error)

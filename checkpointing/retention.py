@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
-from checkpointing.folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, verify
+from checkpointing.folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, step_dirs, verify
 from core import log
 from core.errors import CheckpointError
 
@@ -113,7 +113,7 @@ class Retention:
             for old in paths[: -self.opts.keep_latest]:
                 if old not in keep:
                     shutil.rmtree(old, ignore_errors=True)
-        for p in self.root.glob("step_*"):
+        for p in step_dirs(self.root):
             if p.name < paths[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
                 shutil.rmtree(p, ignore_errors=True)
 
@@ -150,35 +150,51 @@ def write_best(root: Path, ranking: list[list[Any]]) -> None:
     replace_durable(root / BEST_FILE, json.dumps({"best": best}, indent=1))
 
 
-def later_than(root: Path, lineage: str | None, resumed: Path) -> list[Path]:
-    """This run's verified checkpoints in ``root`` with a later step than ``resumed``: the branch a
-    resume from ``resumed`` leaves. Damaged ones stay out (a save of their step replaces them)."""
-    if lineage is None or resumed.parent.resolve() != root.resolve():
-        return []  # resumed from another folder: this one's checkpoints are not its history
-    return [p for p in own_verified(root, lineage) if p.name > resumed.name]
+def step_of(path: Path) -> int:
+    """The step of a folder named by :func:`checkpointing.folders.step_dir`."""
+    return int(path.name.removeprefix("step_"))
 
 
-def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Path | None:
-    """Move this run's verified checkpoints with a later step than ``resumed`` (a folder in
-    ``root``) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder, or None if there
-    were none. ``chosen``: ``resumed`` was named (``checkpoint.resume``), rather than reached by
-    ``resume = "auto"`` skipping the newer ones as damaged or unloadable. Raises OSError if a move fails (the caller stops the run: a new branch beside
-    them would lose its saves)."""
-    later = later_than(root, lineage, resumed)
-    if not later:
-        return None
+def later_than(root: Path, lineage: str | None, resumed: Path, step: int) -> list[Path]:
+    """This run's verified checkpoints in ``root`` that a resume from ``resumed`` (at ``step``) leaves
+    behind: those of a later step, and another folder of the same step (the resumed one is a copy, or
+    lies in ``abandoned/``: the one here is of another branch). Wherever ``resumed`` lies, the lineage
+    says whose they are. Damaged ones stay out (a save of their step replaces them)."""
+    if lineage is None:
+        return []
+    here = resumed.resolve()
+    return [p for p in own_verified(root, lineage) if step_of(p) > step or (step_of(p) == step and p.resolve() != here)]
+
+
+def set_aside(root: Path, paths: list[Path], label: str) -> Path:
+    """Move ``paths`` (folders in ``root``) to ``root/abandoned/<utc>_<label>/``, durably, and return
+    that folder. While the moves run, ``SETTING_ASIDE.json`` names them (resume = "auto" skips them).
+    Raises OSError if a move fails."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = root / ABANDONED_DIR / f"{stamp}_after_{resumed.name}"
+    dest = root / ABANDONED_DIR / f"{stamp}_{label}"
     dest.mkdir(parents=True, exist_ok=True)
     marker = root / SETTING_ASIDE_FILE  # a kill inside the loop: resume = "auto" still skips the rest
-    write_durable(marker, json.dumps([p.name for p in later]))
+    write_durable(marker, json.dumps([p.name for p in paths]))
     sync_dir(root)
-    for p in later:
+    for p in paths:
         os.replace(p, dest / p.name)
     sync_dir(dest)
     sync_dir(dest.parent)  # the new folder's own name in abandoned/
     sync_dir(root)
     marker.unlink()
+    return dest
+
+
+def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool) -> Path | None:
+    """Move the checkpoints of this run in ``root`` that a resume from ``resumed`` (at ``step``)
+    leaves behind (:func:`later_than`) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder,
+    or None if there were none. ``chosen``: ``resumed`` was named (``checkpoint.resume``), rather than reached by
+    ``resume = "auto"`` skipping the newer ones as damaged or unloadable. Raises OSError if a move fails (the caller stops the run: a new branch beside
+    them would lose its saves)."""
+    later = later_than(root, lineage, resumed, step)
+    if not later:
+        return None
+    dest = set_aside(root, later, f"after_step_{step:09d}")
     try:  # BEST.json lists only what is still here
         best = json.loads((root / BEST_FILE).read_text())["best"]
         write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])
@@ -187,7 +203,7 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, chosen: bool) -> Pa
     span = f"{later[0].name} to {later[-1].name}"
     if chosen:
         log.warn(
-            f"resumed from {resumed.name}, which is not this run's newest checkpoint: the {len(later)} later one(s) "
+            f"resumed from {resumed} (step {step}), which is not this run's newest checkpoint: the {len(later)} later one(s) "
             f"({span}) are a branch this run leaves; moved to {dest} (kept, never pruned or resumed from automatically)"
         )
     else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either

@@ -97,7 +97,7 @@ def clock(tmp_path, monkeypatch):
     return f
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"spent_usd": "lots"}), None])
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"spent_usd": "lots"}), None, "[" * 5000 + "]" * 5000])
 def test_malformed_or_missing_file_warns_never_crashes(tmp_path, clock, capsys, content):
     if content is not None:
         (tmp_path / "budget.json").write_text(content)

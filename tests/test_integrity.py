@@ -133,6 +133,7 @@ def test_manifest_holds_checksums_of_every_file(run):
         ("shard", "__1_0.distcp does not match its checksum"),
         ("metadata", ".metadata does not match its checksum"),
         ("state_keys", "state.json lacks 'lr_schedule'"),
+        ("negative_step", "state.json: 'step' is -5, expected a non-negative count"),
     ],
 )
 def test_damaged_newest_falls_back_with_one_warning(shared, run, damage, expected):
@@ -145,7 +146,10 @@ def test_damaged_newest_falls_back_with_one_warning(shared, run, damage, expecte
         flip_bytes(newest / ".metadata", at=0.7)
     else:  # valid JSON, written and committed as it is (a writer bug)
         state = json.loads((newest / "state.json").read_text())
-        del state["lr_schedule"]
+        if damage == "state_keys":
+            del state["lr_schedule"]
+        else:
+            state["step"] = -5
         (newest / "state.json").write_text(json.dumps(state))
         recommit(newest)
     code, out, err = train_here(cfg, run, "--train.steps=8")

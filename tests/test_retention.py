@@ -128,7 +128,7 @@ def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
     root = tmp_path / "out" / "checkpoints"
     listed = [b["step"] for b in json.loads((root / "BEST.json").read_text())["best"]]
     assert len(listed) == 2 and 6 in listed  # the loss falls: the newest validation is among the best two
-    dest = set_aside_later(root, lineage_of(root / "step_000000002"), root / "step_000000002", chosen=True)
+    dest = set_aside_later(root, lineage_of(root / "step_000000002"), root / "step_000000002", 2, chosen=True)
     assert dest is not None and steps_in(dest) == ["step_000000004", "step_000000006"]
     best = json.loads((root / "BEST.json").read_text())["best"]
     assert [b["step"] for b in best] == [s for s in listed if s == 2] and all((root / b["path"]).is_dir() for b in best)

@@ -120,7 +120,8 @@ def resume_summary(prep) -> dict[str, Any] | None:
     if path is None:
         return None
     meta = json.loads((path / STATE_FILE).read_text())
-    later = later_than(prep.checkpoint_root, lineage_of(path), path)
+    excluded = "train" in prep.rc.sections["checkpoint"].exclude_from_loading  # a new lineage: nothing is left behind
+    later = [] if excluded else later_than(prep.checkpoint_root, lineage_of(path), path, int(meta["step"]))
     return {
         "from": str(path),
         "step": int(meta["step"]),

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         if env_world()[0] == 0:  # one writer per run folder, held until this process ends
             ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
     except PlaitError as e:
-        record_bad_input(e, output_dir_of(args.config, overrides))
+        if not isinstance(e, ownership.FolderInUse):  # that folder's exit_status.json is its running job's
+            record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
     from checkpointing.folders import SaveFailed

@@ -134,7 +134,7 @@ class BudgetGuard:
         except FileNotFoundError:
             self._warn(run, "missing", f"budget file {path} not found; {self._fallback()}")
             return None
-        except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
             self._warn(run, "malformed", f"budget file {path} is not usable ({type(e).__name__}: {e}); {self._fallback()}")
             return None
         age = now() - stamp.timestamp()
@@ -177,7 +177,7 @@ class BudgetGuard:
             return billed if math.isfinite(billed) and billed >= 0 else 0.0
         except FileNotFoundError:
             return 0.0
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             self._warn(run, "ledger", f"{path} is not usable ({type(e).__name__}: {e}); billing from the checkpoint's wall time")
             return 0.0
 

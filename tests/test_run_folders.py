@@ -1,0 +1,120 @@
+"""Who owns what in a run folder: a restart continues its own run, a dead save never blocks its
+step, a checkpoint folder inside another job's output folder is locked too, a resume from a copy
+leaves this run's later checkpoints aside (never deleted), a checkpoint larger than the model is
+refused, and folders a user named like checkpoints are not plait's. Each of these lost or mixed
+checkpoints before (found by trying to break a run folder from outside). Real runs, real DCP
+checkpoints, one process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, env, run_module, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def committed(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
+
+
+def markers(root: Path) -> dict[str, str]:
+    return {name: (root / name / "COMMITTED").read_text() for name in committed(root)}
+
+
+def train(cfg: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_module("core.train", "--config", str(cfg), *args)
+
+
+def test_a_restart_continues_its_own_run_not_another_runs_newer_checkpoints_beside_it(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=8, body="[checkpoint]\nevery = 4\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert train(cfg).returncode == 0  # run A: step 4 and step 8
+    theirs = markers(root)
+    # run B trains beside them, then is "killed" after step 3 (a restart of the same command with resume = auto)
+    r = train(cfg, "--checkpoint.resume=none", "--checkpoint.allow_foreign=true", "--checkpoint.every=3", "--train.steps=3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = train(cfg, "--checkpoint.every=3", "--train.steps=6")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step_000000003 at step 3" in r.stdout, r.stdout[-2000:]  # B's own, not A's newer step 8
+    assert {k: v for k, v in markers(root).items() if k in theirs} == theirs  # A's checkpoints untouched
+    assert committed(root) == ["step_000000003", "step_000000004", "step_000000006", "step_000000008"]
+
+
+def test_a_save_killed_before_its_commit_does_not_block_its_step(tmp_path):
+    """A run killed inside its first save leaves an uncommitted folder; the restart starts fresh (a new
+    run), and its save of that step moves the dead folder aside instead of being skipped for good."""
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 0\n")
+    dead = tmp_path / "out" / "checkpoints" / "step_000000004"
+    dead.mkdir(parents=True)
+    (dead / "LINEAGE").write_text("0" * 32 + "\n")
+    (dead / "__0_0.distcp").write_bytes(b"half a shard")
+    r = train(cfg)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "save is skipped" not in r.stderr and (dead / "COMMITTED").is_file()
+    (moved,) = (dead.parent / "abandoned").glob("*/step_000000004")
+    assert (moved / "__0_0.distcp").read_bytes() == b"half a shard"  # kept, never deleted
+
+
+def test_a_checkpoint_folder_inside_a_running_jobs_output_folder_is_locked_and_its_status_untouched(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}, {str(out / 'checkpoints')!r}]); print('held', flush=True); input()"],
+        cwd=REPO,
+        env=env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = train(cfg, f"--train.output_dir={tmp_path / 'other'}", f"--checkpoint.dir={out / 'checkpoints'}")
+        assert r.returncode == 2 and "is in use by pid" in r.stderr and str(out / "checkpoints") in r.stderr, r.stderr[-2000:]
+        r = train(cfg)  # the same output folder: refused, and the running job's exit_status.json is not written
+        assert r.returncode == 2 and "is in use by pid" in r.stderr
+        assert not (out / "exit_status.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_resume_from_a_copy_of_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=8, body="[checkpoint]\nevery = 4\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert train(cfg).returncode == 0
+    later = markers(root)["step_000000008"]
+    copy = tmp_path / "backup" / "step_000000004"
+    shutil.copytree(root / "step_000000004", copy)
+    r = train(cfg, f"--checkpoint.resume={copy}", "--optimizer.lr=1e-3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step_000000004 at step 4" in r.stdout and "later one(s)" in r.stderr, r.stderr[-2000:]
+    (moved,) = (root / "abandoned").glob("*/step_000000008")
+    assert (moved / "COMMITTED").read_text() == later  # the left branch's step 8, unchanged
+    assert (root / "step_000000008" / "COMMITTED").read_text() != later  # the new branch's own step 8
+
+
+def test_a_checkpoint_with_layers_the_model_lacks_is_refused(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=2)
+    assert train(cfg, "--model.n_layers=3").returncode == 0
+    r = train(cfg, "--train.steps=4")  # the override forgotten: loading would drop layer 2 without a word
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "holds model keys the model lacks" in r.stderr and "layers.2." in r.stderr
+
+
+def test_folders_a_user_named_like_checkpoints_are_not_plaits(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 1\nkeep_lowest_loss = false\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert train(cfg).returncode == 0
+    keep = root / "step_000000004_keep"
+    shutil.copytree(root / "step_000000004", keep)
+    r = train(cfg, "--train.steps=8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "step_000000004 at step 4" in r.stdout and "_keep" not in r.stdout
+    assert keep.is_dir() and committed(root) == ["step_000000004_keep", "step_000000008"]
+    assert json.loads((keep / "state.json").read_text())["step"] == 4
