@@ -116,6 +116,19 @@ def plait_replace_batch(run: "Run", step: int, micro: int, inputs: "torch.Tensor
     """
 
 
+@hookspec
+def plait_preflight(prep: Any, force: bool) -> None:
+    """The run is planned and checked, and nothing expensive exists yet: no process group, no
+    model. Called by ``core.train`` on every rank and by ``core.plan``.
+
+    ``prep`` is the prepared run (:class:`preflight.prepare.Prepared`: ``world_size``,
+    ``total_steps``, ``tokens_per_step``, ``rc`` the validated config, among others); ``force`` is
+    ``budget.force``. Raise :class:`core.errors.ConfigError` to refuse the run with one line
+    (exit 2); anything else a monitor raises is reported as that monitor's failure, also exit 2.
+    The ``budget_guard`` refuses a run whose projected cost is over its cap this way.
+    """
+
+
 @hookspec(firstresult=True)
 def plait_seq_len_schedule(seq_len: int, total_steps: int) -> list[tuple[int, int]] | None:
     """The sequence lengths of the run: asked once, before the run starts (and by ``core.plan``).
@@ -181,6 +194,7 @@ def plait_train_end(run: "Run", reason: str) -> None:
 
 
 RUN_EVENT_HOOKS: tuple[str, ...] = (
+    "plait_preflight",
     "plait_train_start",
     "plait_replace_batch",
     "plait_seq_len_schedule",

@@ -22,6 +22,7 @@ from core import hookspecs
 from core.errors import ConfigError, PluginError, closest
 from core.options import NoOptions, undocumented
 from core.protocols import SLOTS
+from preflight.option_values import bad_defaults
 
 ENTRY_POINT_GROUP = "plait"
 OWN_DISTRIBUTION = "plait"
@@ -65,6 +66,8 @@ class Registry:
     ) -> None:
         """Register ``factory`` as component ``name`` of ``slot``."""
         where = f"plugin {self._plugin!r} (distribution {self._distribution})"
+        if not isinstance(name, str) or not name.strip():
+            raise PluginError(f"{where} registers a {slot} component named {name!r}: expected a non-empty string")
         if slot not in self._components:
             raise PluginError(f"{where} registers {name!r} for unknown slot {slot!r}; slots: {', '.join(SLOTS)}")
         if not dataclasses.is_dataclass(options):
@@ -72,6 +75,9 @@ class Registry:
         missing = undocumented(options)
         if missing:
             raise PluginError(f"{where}: options of {slot} {name!r} lack a doc: {', '.join(missing)}")
+        why = bad_defaults(options)
+        if why:
+            raise PluginError(f"{where}: options of {slot} {name!r}: {why}")
         existing = self._components[slot].get(name)
         if existing is not None:
             raise PluginError(f"{slot} {name!r} is claimed twice: by {existing.provider} and by {where}")
@@ -155,12 +161,20 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
             module = ep.load()
         except Exception as e:  # any import failure is that plugin's problem, reported clearly
             raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}") from None
-        pm.register(module, name=ep.name)
+        try:
+            pm.register(module, name=ep.name)
+        except pluggy.PluginValidationError as e:  # a hook implementation of the wrong shape
+            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}): {' '.join(str(e).split())}") from None
+        if callable(getattr(module, "plait_register", None)) and not any(i.plugin_name == ep.name for i in pm.hook.plait_register.get_hookimpls()):
+            raise PluginError(
+                f"plugin {ep.name!r} (distribution {dist}, {ep.value}) defines plait_register without the @hookimpl marker "
+                "(from core.api import hookimpl), so plait would never call it"
+            )
         origin[ep.name] = dist
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as e:
-        raise PluginError(f"plugin {e.plugin!r}: {e}") from None
+        raise PluginError(f"plugin {e.plugin!r}: {' '.join(str(e).split())}") from None
     registry = Registry()
     registry.hidden, registry.third_party = hidden, versions
     for impl in reversed(pm.hook.plait_register.get_hookimpls()):  # registration order

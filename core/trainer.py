@@ -86,7 +86,7 @@ class Trainer:
         if path is not None:
             resume.leave_branch(self.checkpointer, path)
         self.checkpointer.record_current_run()
-        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error)
+        self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error, self.c["model"].vocab_size)
         self.before_update_hooks = self.monitors.implements("plait_before_update")
         self.replace_batch_hooks = self.monitors.implements("plait_replace_batch")
 

@@ -9,6 +9,7 @@ fields; it raises ``ValueError`` with the message.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin
@@ -84,9 +85,10 @@ def check_value(key: str, value: Any, bounds: dict[str, float], inside: bool = F
     if nonfinite(value) is not None:
         return f"{key}: expected a number, got nan (not a number)"
     for n in _numbers(value):
-        ok = math.isfinite(n) and all({"ge": n >= b, "gt": n > b, "le": n <= b, "lt": n < b}[k] for k, b in bounds.items())
-        if not ok:
-            each = "each must be" if isinstance(value, (list, tuple, dict)) else "must be"
+        each = "each must be" if isinstance(value, (list, tuple, dict)) else "must be"
+        if not math.isfinite(n):
+            return f"{key}: {each} a finite number{' ' + bounds_text(bounds) if bounds else ''}, got {n!r}"
+        if not all({"ge": n >= b, "gt": n > b, "le": n <= b, "lt": n < b}[k] for k, b in bounds.items()):
             return f"{key}: {each} {bounds_text(bounds)}, got {n!r}"
     if inside and isinstance(value, str):
         why = escapes(value)
@@ -107,6 +109,29 @@ def escapes(name: str) -> str:
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
         return "'..' leaves the folder"
     return ""
+
+
+def bad_defaults(cls: type) -> str | None:
+    """Why the options dataclass ``cls`` is unusable: an annotation that does not resolve, or a
+    default that breaks its own type or bounds (checked when a plugin registers it, since only the
+    keys a config sets are checked later); None if it is sound."""
+    try:
+        hints = hints_of(cls)
+    except Exception as e:  # noqa: BLE001 - a plugin's annotations may fail in any way
+        return f"its type annotations do not resolve ({type(e).__name__}: {e})"
+    for f in fields_of(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue  # a required option: the config must set it
+        if not _matches(value, hints[f.name]):
+            return f"the default of {key_of(f)!r}, {value!r}, is not a {_type_name(hints[f.name])}"
+        why = check_value(key_of(f), value, f.metadata.get("bounds") or {}, f.metadata.get("inside", False))
+        if why:
+            return f"the default of {why}"
+    return None
 
 
 def build_options(cls: type, table: dict[str, Any], where: str) -> Any:

@@ -10,6 +10,7 @@ written. Any problem is a :class:`PlaitError`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
 
     check_world = getattr(components["parallelism"], "check_world", None)
     if check_world is not None:
-        check_world(world)
+        call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
     for name, monitor in monitors:
@@ -127,10 +128,9 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule
-    for _, monitor in monitors:  # monitors' own pre-flight checks (the budget guard's projection)
-        preflight = getattr(monitor, "preflight", None)
-        if preflight is not None:
-            preflight(prep, rc.sections["budget"].force)
+    args = {"prep": prep, "force": rc.sections["budget"].force}
+    for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
+        call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
     if validate_data:  # a training start: find (and check) the checkpoint to resume from
         with torch.device("meta"):
             model_meta = spec.build()  # precision conversions keep parameter names
@@ -192,7 +192,12 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
 def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
     """A schedule whose multiplier never reaches 1 in this run (warmup at or beyond the run's end)."""
     stride = max(1, steps // 2000)
-    values = [schedule.multiplier(s, steps) for s in [*range(0, steps - 1, stride), steps - 1]]
+    values = []
+    for s in [*range(0, steps - 1, stride), steps - 1]:
+        m = call_plugin(f"lr_schedule {name!r}: multiplier", schedule.multiplier, s, steps)
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 <= m < math.inf:
+            raise PluginError(f"[lr_schedule] {name!r}: multiplier({s}, {steps}) returned {m!r}; expected a finite number >= 0")
+        values.append(m)
     peak = max(values, default=1.0)
     still_rising = bool(values) and values[-1] >= peak and len(values) > 1 and values[-1] > values[0]
     if peak < 0.999 and still_rising and env_world()[0] == 0:  # the warmup outlasts the run
@@ -200,6 +205,25 @@ def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
             f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
             f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?"
         )
+
+
+def call_plugin(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a plugin's code: plait's own errors pass (one line, exit 2), anything
+    else becomes a PluginError that names ``what`` (the plugin and its method)."""
+    try:
+        return fn(*args, **kwargs)
+    except PlaitError:
+        raise
+    except Exception as e:
+        raise PluginError(f"{what} failed: {type(e).__name__}: {e}") from None
+
+
+def supported(precision: Any, name: str, device: torch.device) -> tuple[bool, str]:
+    """The precision plugin's ``supported(device)``, held to its declared shape ``(ok, reason)``."""
+    answer = call_plugin(f"precision {name!r}: supported", precision.supported, device)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool) and isinstance(answer[1], str)):
+        raise PluginError(f"precision {name!r}: supported({device.type!r}) returned {answer!r}; expected (ok: bool, reason: str)")
+    return answer
 
 
 def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
@@ -210,7 +234,7 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
     """
     if not rc.precision_chain:
         precision = components["precision"]
-        ok, why = precision.supported(device)
+        ok, why = supported(precision, rc.slots["precision"].component.name, device)
         if not ok:
             raise ConfigError(f"{path}: [precision] {precision.name!r} is not supported here: {why}")
         return precision
@@ -218,7 +242,7 @@ def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.de
     for chosen in rc.precision_chain:
         precision = chosen.instantiate()
         check_component("precision", chosen.component.name, precision)
-        ok, why = precision.supported(device)
+        ok, why = supported(precision, chosen.component.name, device)
         if ok:
             rc.slots["precision"] = chosen
             rc.precision_reasons = reasons

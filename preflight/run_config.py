@@ -122,6 +122,8 @@ class Chosen:
             raise
         except (ValueError, TypeError, ImportError) as e:
             raise PluginError(f"[{self.section}] {c.slot} {c.name!r} from {c.provider}: {e}") from None
+        except Exception as e:  # any other failure of the plugin's own code is its problem, said in one line
+            raise PluginError(f"[{self.section}] {c.slot} {c.name!r} from {c.provider} failed: {type(e).__name__}: {e}") from None
 
 
 @dataclass

@@ -136,7 +136,10 @@ def plan_error(capsys, *args: str) -> str:
     [
         (["--optimizer.betas=[1.5, 0.99]"], "[optimizer] (optimizer 'adamw').betas: each must be >= 0 and < 1, got 1.5"),
         (["--optimizer.lr=nan"], ".lr: expected a number, got nan"),
-        (["--optimizer.lr=inf"], ".lr: must be > 0, got inf"),
+        (["--optimizer.lr=inf"], ".lr: must be a finite number > 0, got inf"),
+        (["--model.norm_eps=inf"], ".norm_eps: must be a finite number, got inf"),  # an option without bounds said "must be , got inf"
+        (["--monitors.jsonl.filename=."], "filename: expected a file name inside train.output_dir, got '.' (a folder)"),
+        (["--monitors.jsonl.filename=config.resolved.toml"], "'config.resolved.toml' is where plait keeps its own config.resolved.toml"),
         (["--optimizer.eps=-1"], ".eps: must be >= 0, got -1"),
         (["--optimizer.weight_decay=nan"], ".weight_decay: expected a number, got nan"),
         (["--optimizer.lr_multipliers={embedding = -0.5}"], ".lr_multipliers: each must be >= 0, got -0.5"),

@@ -217,7 +217,7 @@ def test_a_third_party_seq_len_schedule_is_checked():
 def test_mixture_bad_weights_and_names():
     with pytest.raises(ConfigError, match="weights are all zero"):
         mixture([0, 0])
-    with pytest.raises(ConfigError, match=r"sources\[1\].weight: expected a number >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"sources\[1\].weight: expected a finite number >= 0, got -1"):
         mixture([1, -1])
     from plugins.data.mixture import Mixture, MixtureOptions
 
@@ -227,6 +227,13 @@ def test_mixture_bad_weights_and_names():
         Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "on_exhausted": "loop"}]))
     with pytest.raises(ConfigError, match=r"sources\[1\].label: 'web' is already the label of another source"):
         Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "label": "web"}, {"name": "synthetic", "weight": 1, "label": "web"}]))
+    with pytest.raises(ConfigError, match=r"sources\[0\].label: expected a non-empty string .*, got 5"):
+        Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1, "label": 5}, {"name": "synthetic", "weight": 1}]))
+    with pytest.raises(ConfigError, match=r"sources\[0\].weight: expected a finite number >= 0, got inf"):
+        Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": float("inf")}, {"name": "synthetic", "weight": 1}]))
+    # weights near the largest float: their sum overflowed to inf, and every share became 0
+    huge = Mixture(MixtureOptions(sources=[{"name": "synthetic", "weight": 1e308}, {"name": "synthetic", "weight": 3e307}]))
+    assert huge.weights == pytest.approx([1 / 1.3, 0.3 / 1.3])
 
 
 def test_validation_runs_and_keeps_best(tiny_config, tmp_path):

@@ -65,7 +65,11 @@ def test_a_checkpoint_folder_inside_a_running_jobs_output_folder_is_locked_and_i
     cfg = write_tiny_config(tmp_path, steps=2)
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}, {str(out / 'checkpoints')!r}]); print('held', flush=True); input()"],
+        [
+            sys.executable,
+            "-c",
+            f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}, {str(out / 'checkpoints')!r}]); print('held', flush=True); input()",
+        ],
         cwd=REPO,
         env=env(),
         stdin=subprocess.PIPE,

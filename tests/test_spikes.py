@@ -203,3 +203,50 @@ def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["step"] == 4
     assert (tmp_path / "out" / "checkpoints" / "step_000000004" / "COMMITTED").is_file()
+
+
+def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_monitor_failure(capsys):
+    """What a monitor returns is held to its hook's contract: token ids below the vocabulary (an id past
+    it was an IndexError deep in the model, naming no monitor), and a verdict of None, "skip" or
+    "rollback" (anything else was ignored)."""
+    import torch
+
+    from core.hookspecs import hookimpl
+    from core.monitor_hub import MonitorHub
+    from core.protocols import DistInfo
+    from core.run import Run
+
+    class Far:
+        @hookimpl
+        def plait_replace_batch(self, inputs, labels):
+            return inputs + 100_000, labels
+
+    class FloatIds:
+        @hookimpl
+        def plait_replace_batch(self, inputs, labels):
+            return inputs.float(), labels
+
+    class Ignored:  # labels of -100 are ignored by the loss: allowed
+        @hookimpl
+        def plait_replace_batch(self, inputs, labels):
+            return inputs, torch.full_like(labels, -100)
+
+    class Explode:
+        @hookimpl
+        def plait_before_update(self):
+            return "explode"
+
+    real = torch.zeros(2, 4, dtype=torch.long)
+    for monitor, hook, expected in [
+        (Far(), "plait_replace_batch", "returned token ids from 0 to 100000; expected ids in 0..511"),
+        (FloatIds(), "plait_replace_batch", "returned tensors of torch.float32 and torch.int64; expected integer token ids"),
+        (Explode(), "plait_before_update", "returned 'explode'; expected None, 'skip' or 'rollback'"),
+    ]:
+        run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=5, tokens_per_step=8)
+        args = {"inputs": real, "labels": real, "micro": 0} if hook == "plait_replace_batch" else {"loss": 1.0, "grad_norm": 1.0}
+        assert MonitorHub([("m", monitor)], vocab_size=512).emit(hook, run=run, step=1, **args) == [None]
+        assert f"monitor 'm' failed in {hook}:" in (err := capsys.readouterr().err) and expected in err, err
+        assert run.stop is not None and run.stop.exit_code == 4
+    run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=5, tokens_per_step=8)
+    (kept,) = MonitorHub([("m", Ignored())], vocab_size=512).emit("plait_replace_batch", run=run, step=1, micro=0, inputs=real, labels=real)
+    assert kept is not None and run.stop is None

@@ -48,12 +48,12 @@ FLAVORS: dict[str, dict[str, Any]] = {
 @dataclass
 class RecurrentMoEOptions:
     flavor: str = option("debug", "named set of shapes: debug, small")
-    n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)")
-    n_experts: int = option(0, "experts per MoE layer (0: from flavor)")
-    top_k: int = option(0, "experts each token is routed to (0: from flavor)")
-    vocab_size: int = option(0, "vocabulary size (0: from flavor)")
-    aux_weight: float = option(0.01, "weight of the load-balancing loss")
-    z_weight: float = option(0.001, "weight of the router z-loss (0 disables)")
+    n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)", ge=0)
+    n_experts: int = option(0, "experts per MoE layer (0: from flavor)", ge=0)
+    top_k: int = option(0, "experts each token is routed to (0: from flavor)", ge=0)
+    vocab_size: int = option(0, "vocabulary size (0: from flavor)", ge=0)
+    aux_weight: float = option(0.01, "weight of the load-balancing loss", ge=0)
+    z_weight: float = option(0.001, "weight of the router z-loss (0 disables)", ge=0)
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:

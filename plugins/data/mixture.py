@@ -59,8 +59,10 @@ class MixtureOptions:
 
 def normalized(weights: list[float], what: str) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
-    if (w < 0).any():
-        raise ConfigError(f"{what} must be >= 0, got {list(weights)}")
+    if (w < 0).any() or not np.isfinite(w).all():
+        raise ConfigError(f"{what} must be finite numbers >= 0, got {list(weights)}")
+    if w.max() > 0:
+        w = w / w.max()  # the sum of weights near the largest float would overflow to inf
     if w.sum() <= 0:
         raise ConfigError(f"{what} are all zero")
     return w / w.sum()
@@ -90,6 +92,8 @@ class Mixture(IndexedSource):
             where = f"[data] mixture: sources[{i}]"
             name, weight = table.pop("name", None), table.pop("weight", None)
             label = table.pop("label", None) or f"{i}_{name}"
+            if not isinstance(label, str) or not label.strip():
+                raise ConfigError(f"{where}.label: expected a non-empty string (it names the source's metrics), got {label!r}")
             if label in self.labels:
                 raise ConfigError(
                     f"{where}.label: {label!r} is already the label of another source; labels name the "
@@ -100,8 +104,8 @@ class Mixture(IndexedSource):
                 raise ConfigError(f'{where}.on_exhausted: expected "wrap" or "stop", got {on_exhausted!r}')
             if not isinstance(name, str):
                 raise ConfigError(f'{where}: needs name = "<data plugin>"')
-            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
-                raise ConfigError(f"{where}.weight: expected a number >= 0, got {weight!r}")
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 <= weight < math.inf:
+                raise ConfigError(f"{where}.weight: expected a finite number >= 0, got {weight!r}")
             component = registry.get("data", name, where)
             if component.name == "mixture":
                 raise ConfigError(f"{where}: a mixture cannot contain a mixture")

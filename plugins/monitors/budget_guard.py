@@ -99,7 +99,8 @@ class BudgetGuard:
         self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
 
     # -- before training ------------------------------------------------------
-    def preflight(self, prep, force: bool) -> None:
+    @hookimpl
+    def plait_preflight(self, prep, force: bool) -> None:
         o = self.options
         if not (o.cap_usd and o.rate_usd_per_hr and o.expected_tokens_per_s):
             return

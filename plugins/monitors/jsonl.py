@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from core.api import hookimpl, option
@@ -50,9 +50,20 @@ def ends_inside_a_line(path: Path) -> bool:
         return False
 
 
+# what plait itself keeps in train.output_dir: metrics appended there would damage it
+RUN_FILES = ("config.resolved.toml", "run_info.json", "exit_status.json", "plait.lock", "budget_ledger.json", "checkpoints", "tensorboard")
+
+
 @dataclass
 class JsonlOptions:
     filename: str = option("metrics.jsonl", "file name inside train.output_dir", inside=True)
+
+    def check(self) -> None:
+        parts = [p for p in PurePosixPath(self.filename.replace("\\", "/")).parts if p != "."]
+        if not parts or self.filename.endswith(("/", "\\")):
+            raise ValueError(f"filename: expected a file name inside train.output_dir, got {self.filename!r} (a folder)")
+        if parts[0] in RUN_FILES:
+            raise ValueError(f"filename: {self.filename!r} is where plait keeps its own {parts[0]}; choose another name")
 
 
 class Jsonl:
