@@ -14,14 +14,14 @@ padded vocabulary's ids suppressed) and, for an ``hf:`` tokenizer,
 
 from __future__ import annotations
 
-import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import CheckpointError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, CheckpointError, PlaitError, exit_bad_input
 
 PLAIT_FILE = "plait.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -89,7 +89,7 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from checkpointing.weights import DTYPES
 
-    p = argparse.ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
     p.add_argument("--format", required=True, choices=["safetensors", "hf"])
     p.add_argument("--out", required=True, type=Path)
@@ -98,9 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
     args = p.parse_args(argv)
+    if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
+        p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")
     try:
         from checkpointing.weights import checkpoint_model, save_hf, save_safetensors
+        from preflight.prepare import probe_folder
 
+        probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
         spec, config, model = checkpoint_model(args.checkpoint)
         codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")
         sd = model.state_dict()

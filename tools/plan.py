@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from core.errors import ArgumentParser, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, ConfigError, PlaitError, exit_bad_input
 from tools.measure import measure
 
 GiB = 2**30
@@ -367,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from preflight.prepare import prepare
 
+        if args.plot_lr:
+            check_plot_path(args.plot_lr)
         prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
         plan = make_plan(prep)
         from checkpointing.ownership import check_run_folders
@@ -391,14 +394,28 @@ def lr_values(prep) -> list[float]:
     return [peak * schedule.multiplier(s, total) for s in range(total)]
 
 
-def plot_lr(prep, path: str) -> None:
-    try:
-        import matplotlib
+def check_plot_path(path: str) -> None:
+    """``--plot-lr PATH`` can be drawn: matplotlib is installed, knows the suffix, and the folder takes a file."""
+    from preflight.prepare import probe_folder
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError as e:
-        raise SystemExit(f"plait: error: --plot-lr needs matplotlib (pip install 'plait[report]'): {e}")
+        raise ConfigError(f"--plot-lr needs matplotlib (pip install 'plait[report]'): {e}") from None
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix.lower().lstrip(".") not in formats:
+        raise ConfigError(f"--plot-lr {path}: expected a file name ending in one of .{', .'.join(sorted(formats))}")
+    if Path(path).is_dir():
+        raise ConfigError(f"--plot-lr {path}: is a folder, expected a file name")
+    probe_folder(Path(path).parent, "--plot-lr folder")
+
+
+def plot_lr(prep, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     values = lr_values(prep)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(range(1, len(values) + 1), values)

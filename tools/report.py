@@ -15,7 +15,6 @@ Writes into ``--out``:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -23,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import CheckpointError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, CheckpointError, PlaitError, exit_bad_input
 
 
 def read_rows(run: Path) -> list[dict[str, Any]]:
@@ -36,9 +35,11 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            continue  # not a metrics row
         if row.get("kind") == "resume":  # what was logged past this step is a history the run left
             latest = {k: r for k, r in latest.items() if k[1] <= row["step"]}
-        elif "step" in row:
+        else:
             latest[(row.get("kind", "train"), row["step"])] = row
     return [latest[k] for k in sorted(latest, key=lambda k: (k[1], k[0]))]
 
@@ -118,16 +119,28 @@ def export_final(ckpt: Path, out: Path) -> Path:
     return path
 
 
-def manifest(run: Path, rows: list[dict], ckpt: Path | None) -> dict[str, Any]:
+def read_config(run: Path) -> tuple[str, dict[str, Any]]:
+    """The text and the tables of the run's config.resolved.toml."""
     from preflight import config as config_io
 
-    info = json.loads((run / "run_info.json").read_text()) if (run / "run_info.json").is_file() else {}
-    resolved_text = (run / "config.resolved.toml").read_text()
-    resolved = config_io.tomllib.loads(resolved_text)
+    path = run / "config.resolved.toml"
+    if not path.is_file():
+        raise CheckpointError(f"run {run}: config.resolved.toml not found; is this a plait output_dir?")
+    try:
+        text = path.read_text()
+        return text, config_io.tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, config_io.tomllib.TOMLDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable TOML ({type(e).__name__}: {e})") from None
+
+
+def manifest(run: Path, rows: list[dict], ckpt: Path | None, resolved_text: str, resolved: dict[str, Any]) -> dict[str, Any]:
+    from tools.text_codec import read_json
+
+    info = read_json(run / "run_info.json") if (run / "run_info.json").is_file() else {}
     train = [r for r in rows if r.get("kind") == "train"]
     spent = None
     if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
+        state = read_json(ckpt / "state.json")
         spent = state.get("train", {}).get("budget_spent_usd")
     if spent is None:  # computed the budget guard's way, when a rate is configured
         guard = resolved.get("monitors", {}).get("budget_guard", {})
@@ -136,7 +149,7 @@ def manifest(run: Path, rows: list[dict], ckpt: Path | None) -> dict[str, Any]:
             spent = rate * (guard.get("gpus") or info.get("world_size", 1)) * train[-1]["elapsed_s"] / 3600
     return {
         "run": str(run),
-        "seed": resolved["train"]["seed"],
+        "seed": resolved.get("train", {}).get("seed"),
         "config_sha256": hashlib.sha256(resolved_text.encode()).hexdigest(),
         "versions": info.get("versions", {}),
         "hardware": {"device": info.get("device"), "device_name": info.get("device_name"), "backend": info.get("backend")},
@@ -151,25 +164,24 @@ def manifest(run: Path, rows: list[dict], ckpt: Path | None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m core.report", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m core.report", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, type=Path, help="a run's output_dir")
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     try:
-        from preflight import config as config_io
+        from preflight.prepare import probe_folder
 
-        if not (args.run / "config.resolved.toml").is_file():
-            raise CheckpointError(f"run {args.run}: config.resolved.toml not found; is this a plait output_dir?")
+        resolved_text, resolved = read_config(args.run)
         rows = read_rows(args.run)
-        resolved = config_io.tomllib.loads((args.run / "config.resolved.toml").read_text())
-        args.out.mkdir(parents=True, exist_ok=True)
         ckpt = final_checkpoint(args.run, resolved)
+        record = manifest(args.run, rows, ckpt, resolved_text, resolved)  # every run file read before anything is written
+        probe_folder(args.out, "--out")
         made = [args.out / "metrics.csv"]
         write_csv(rows, made[0])
         made += plot(rows, args.out)
         if ckpt is not None:
             made.append(export_final(ckpt, args.out))
-        (args.out / "manifest.json").write_text(json.dumps(manifest(args.run, rows, ckpt), indent=1) + "\n")
+        (args.out / "manifest.json").write_text(json.dumps(record, indent=1) + "\n")
         made.append(args.out / "manifest.json")
     except PlaitError as e:
         exit_bad_input(e)

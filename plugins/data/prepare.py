@@ -41,6 +41,7 @@ import numpy as np
 from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 
 
 def list_inputs(paths: list[str]) -> list[Path]:
@@ -98,24 +99,36 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
 
 
 class Tokenizer:
-    """bytes, hf:tokenizer.json or tiktoken:FILE, with an EOS id and a fingerprint."""
+    """bytes, hf:tokenizer.json or tiktoken:FILE, with an EOS id and a fingerprint. A bad spec, file or
+    EOS id is a DataError naming ``where`` (the ``--tokenizer`` flag or the ``tokenizer`` key)."""
 
-    def __init__(self, spec: str, eos_id: int | None) -> None:
+    def __init__(self, spec: str, eos_id: int | None, where: str = "tokenizer") -> None:
         self.spec = spec
         kind, _, path = spec.partition(":")
+        if kind not in TOKENIZER_KINDS or (kind == "bytes") != (not path):
+            raise DataError(f"{where} {spec!r}: expected bytes, hf:PATH/tokenizer.json or tiktoken:PATH")
         if kind == "bytes":
+            if eos_id not in (None, 256):
+                raise DataError(f"--eos-id {eos_id}: the bytes tokenizer's EOS is always 256")
             self.vocab_size, self.eos_id, self.fingerprint = 257, 256, "bytes"
             self._encode = lambda text: list(text.encode("utf-8"))
             self._encode_many = lambda texts: [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
             return
         file = Path(path)
         if not file.is_file():
-            raise DataError(f"--tokenizer {spec}: {file} not found")
-        self.fingerprint = hashlib.sha256(file.read_bytes()).hexdigest()
+            raise DataError(f"{where} {spec!r}: {file} not found")
+        try:
+            data = file.read_bytes()
+        except OSError as e:
+            raise DataError(f"{where} {spec!r}: {file} unreadable ({type(e).__name__}: {e.strerror or e})") from None
+        self.fingerprint = hashlib.sha256(data).hexdigest()
         if kind == "hf":
             from tokenizers import Tokenizer as HFTokenizer
 
-            tok = HFTokenizer.from_file(str(file))
+            try:
+                tok = HFTokenizer.from_str(data.decode("utf-8"))
+            except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
+                raise DataError(f"{where} {spec!r}: {file} is not a tokenizers JSON file ({e})") from None
             self.vocab_size = tok.get_vocab_size()
             eos = eos_id
             if eos is None:
@@ -124,18 +137,31 @@ class Tokenizer:
                     if eos is not None:
                         break
             if eos is None:
-                raise DataError(f"--tokenizer {spec}: no EOS token found; pass --eos-id")
+                raise DataError(f"{where} {spec!r}: no EOS token found; pass --eos-id")
+            if not 0 <= eos < self.vocab_size:
+                raise DataError(f"--eos-id {eos}: outside the ids of {where} {spec!r}, expected 0 to {self.vocab_size - 1}")
             self.eos_id = eos
             self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
             self._encode_many = lambda texts: [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts, add_special_tokens=False)]
-        elif kind == "tiktoken":
+        else:
             import base64
 
             import tiktoken
 
-            ranks = {base64.b64decode(tokenb): int(rank) for tokenb, rank in (l.split() for l in file.read_text().splitlines() if l)}
+            try:
+                ranks = {
+                    base64.b64decode(token, validate=True): int(rank) for token, rank in (line.split() for line in data.decode("utf-8").splitlines() if line)
+                }
+            except ValueError as e:  # a line that is not "base64 rank" (binascii.Error and UnicodeDecodeError included)
+                raise DataError(f"{where} {spec!r}: {file} is not a tiktoken ranks file of 'base64 rank' lines ({e})") from None
+            if not ranks:
+                raise DataError(f"{where} {spec!r}: {file} holds no 'base64 rank' lines")
             if eos_id is None:
                 eos_id = len(ranks)
+            elif not 0 <= eos_id < 2**32:  # tiktoken's ids are 32-bit
+                raise DataError(f"--eos-id {eos_id}: expected a token id from 0 to {2**32 - 1}")
+            elif eos_id in ranks.values():
+                raise DataError(f"--eos-id {eos_id}: already the id of a token of {where} {spec!r}; expected an id of its own (default {len(ranks)})")
             enc = tiktoken.Encoding(
                 name=file.stem,
                 pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
@@ -145,8 +171,6 @@ class Tokenizer:
             self.vocab_size, self.eos_id = max(len(ranks), eos_id + 1), eos_id
             self._encode = lambda text: enc.encode_ordinary(text)
             self._encode_many = lambda texts: [np.asarray(enc.encode_ordinary(t), dtype=np.int64) for t in texts]
-        else:
-            raise DataError(f"--tokenizer {spec}: expected bytes, hf:PATH or tiktoken:PATH")
 
     def encode(self, text: str) -> list[int]:
         return self._encode(text)
@@ -360,7 +384,7 @@ def sources_fingerprint(files: list[Path]) -> list[dict]:
 def prepare(args: argparse.Namespace) -> dict:
     files = list_inputs(args.input)
     check_parquet(files, args.text_field)
-    tok = Tokenizer(args.tokenizer, args.eos_id)
+    tok = Tokenizer(args.tokenizer, args.eos_id, "--tokenizer")
     dtype = args.dtype if args.dtype != "auto" else ("uint16" if tok.vocab_size <= 2**16 else "uint32")
     if tok.vocab_size > np.iinfo(dtype).max + 1:
         raise DataError(f"--dtype {dtype}: the tokenizer has {tok.vocab_size} ids, more than {dtype} holds; use uint32")
@@ -374,20 +398,25 @@ def prepare(args: argparse.Namespace) -> dict:
         "sources": sources_fingerprint(files),
     }
     meta_path = out / "meta.json"
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out}: is a file, expected a folder")
     if meta_path.is_file() and (out / "train.bin").is_file():
         old = json.loads(meta_path.read_text())
         if {k: old.get(k) for k in settings} == settings:
             print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
             return old
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = {split: out / f"{split}.bin.tmp" for split in ("train", "val")}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handles = {split: path.open("wb") for split, path in tmp.items()}
+    except OSError as e:
+        raise DataError(f"--out {out}: cannot create the folder or write in it ({type(e).__name__}: {e.strerror or e}); expected a writable folder") from None
     total_bytes = sum(f.stat().st_size for f in files)
     workers = max(1, args.workers)
     chunk_bytes = getattr(args, "chunk_bytes", CHUNK_BYTES)
     progress = Progress(total_bytes, len(files), getattr(args, "progress_interval", None))
     counts = {"train": 0, "val": 0}
     docs, done_bytes, file_no = 0, 0.0, 0
-    tmp = {split: out / f"{split}.bin.tmp" for split in counts}
-    handles = {split: tmp[split].open("wb") for split in counts}
 
     def jobs() -> Iterator[tuple[int, tuple[Task, str, float, str]]]:
         for n, f in enumerate(files, 1):

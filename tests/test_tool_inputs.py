@@ -1,0 +1,166 @@
+"""Bad input to the tools (prepare, export, report, plan): one ``plait: error:`` line naming the flag,
+key or file, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_module, write_tiny_config
+
+
+def one_line_error(proc, *names: str) -> str:
+    """The single stderr line of a refused command; it names every one of ``names``."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: "), proc.stderr[-2000:]
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One tiny trained run, shared: its output folder (with one committed checkpoint)."""
+    tmp = tmp_path_factory.mktemp("run")
+    proc = run_module("core.train", "--config", str(write_tiny_config(tmp, steps=2)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return tmp / "out"
+
+
+@pytest.fixture
+def checkpoint(run_dir) -> Path:
+    return next((run_dir / "checkpoints").glob("step_*"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "hello world"}) + "\n")
+    return path
+
+
+def prepare(corpus: Path, out: Path, *args: str):
+    return run_module("plugins.data.prepare", "--input", str(corpus), "--out", str(out), "--workers", "1", *args, timeout=60)
+
+
+def hf_tokenizer(path: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(["hello world"] * 4, trainers.BpeTrainer(vocab_size=270, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet))
+    tok.save(str(path))
+    return path
+
+
+# --- tokenizer specs and --eos-id -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, make, expected",
+    [
+        ("hf:{d}/tok.json", lambda d: (d / "tok.json").write_text("not json"), "not a tokenizers JSON file"),
+        ("tiktoken:{d}/r.tiktoken", lambda d: (d / "r.tiktoken").write_text("garbage!!! x\n"), "not a tiktoken ranks file"),
+        ("sentencepiece", lambda d: None, "expected bytes, hf:PATH"),
+    ],
+)
+def test_prepare_bad_tokenizer(tmp_path, corpus, spec, make, expected):
+    make(tmp_path)
+    spec = spec.format(d=tmp_path)
+    one_line_error(prepare(corpus, tmp_path / "out", "--tokenizer", spec), "--tokenizer", spec, expected)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_tokenizer_kind_in_the_data_section(tmp_path, corpus):
+    text = write_tiny_config(tmp_path).read_text()
+    data = text[text.index("[data]") : text.index("[precision]")]
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(text.replace(data, f'[data]\nname = "text_stream"\nfiles = ["{corpus}"]\ntokenizer = "sentencepiece"\nseq_len = 128\n'))
+    proc = run_module("core.plan", "--config", str(cfg))
+    line = one_line_error(proc, "tokenizer 'sentencepiece'", "expected bytes, hf:PATH")
+    assert "not found" not in line
+
+
+@pytest.mark.parametrize("tokenizer, eos", [("bytes", "300"), ("bytes", "-5"), ("hf", "-5"), ("hf", "270"), ("tiktoken", "-5"), ("tiktoken", "65")])
+def test_prepare_refuses_an_eos_id_the_tokenizer_cannot_use(tmp_path, corpus, tokenizer, eos):
+    if tokenizer == "hf":
+        pytest.importorskip("tokenizers")
+        tokenizer = f"hf:{hf_tokenizer(tmp_path / 'tokenizer.json')}"
+    elif tokenizer == "tiktoken":
+        ranks = tmp_path / "bytes.tiktoken"
+        ranks.write_text("".join(f"{base64.b64encode(bytes([i])).decode()} {i}\n" for i in range(256)))
+        tokenizer = f"tiktoken:{ranks}"
+    one_line_error(prepare(corpus, tmp_path / "out", "--tokenizer", tokenizer, "--eos-id", eos), f"--eos-id {eos}")
+    assert not (tmp_path / "out").exists()
+
+
+# --- output paths -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_output_folder_that_cannot_be_written(tmp_path, corpus, checkpoint, run_dir, where):
+    if where == "file":
+        out = tmp_path / "a-file"
+        out.write_text("")
+    else:
+        out = Path("/proc/plait-test")
+    cases = [
+        ("core.export", "--checkpoint", str(checkpoint), "--format", "safetensors"),
+        ("core.report", "--run", str(run_dir)),
+        ("plugins.data.prepare", "--input", str(corpus), "--workers", "1"),
+    ]
+    for module, *args in cases:
+        one_line_error(run_module(module, *args, "--out", str(out)), "--out", str(out))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_export_shard_gb_must_be_finite_and_positive(tmp_path, checkpoint, value):
+    out = tmp_path / "hf"
+    proc = run_module("core.export", "--checkpoint", str(checkpoint), "--format", "hf", "--out", str(out), "--shard-gb", value)
+    one_line_error(proc, "--shard-gb", "finite number > 0")
+    assert not out.exists()
+
+
+# --- damaged run files --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, damage, expected",
+    [
+        ("run_info.json", "{not json", "not readable JSON"),
+        ("config.resolved.toml", "[train\nsteps = = 2\n", "not readable TOML"),
+    ],
+)
+def test_report_on_damaged_run_files(tmp_path, run_dir, name, damage, expected):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints"))
+    (run / name).write_text(damage)
+    proc = run_module("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
+    one_line_error(proc, str(run / name), expected)
+    assert not (tmp_path / "report").exists()
+
+
+def test_report_skips_a_metrics_line_that_is_not_an_object(tmp_path, run_dir):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints"))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("[1]\n42\n")
+    proc = run_module("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "report" / "manifest.json").read_text())["steps"] == 2
+
+
+# --- plan --plot-lr -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, expected", [("/proc/plait-test/lr.png", "writable folder"), ("{d}/lr.txt", "expected a file name ending in")])
+def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
+    path = path.format(d=tmp_path)
+    proc = run_module("core.plan", "--config", str(write_tiny_config(tmp_path)), "--config-only", "--plot-lr", path)
+    one_line_error(proc, "--plot-lr", expected)
+    assert proc.stdout == ""  # refused before the plan is made
