@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from checkpointing.folders import STATE_FILE, find_resume
+from checkpointing.folders import STATE_FILE, check_shapes, find_resume, verify
 from core import log
 from core import registry as registry_mod
 from core.contract import check_component
@@ -143,8 +143,12 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         if initial and prep.resume_from is None:
             from checkpointing.weights import HF_INDEX, hf_index_files, weights_kind
 
-            if weights_kind(Path(initial)) == "hf" and (Path(initial) / HF_INDEX).is_file():  # exists, known layout
+            kind = weights_kind(Path(initial))  # exists, known layout
+            if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
                 hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
+            if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
+                verify(Path(initial), shards=False)
+                check_shapes(Path(initial), model_meta)
         probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
         probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
     return prep

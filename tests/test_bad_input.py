@@ -137,6 +137,10 @@ def plan_error(capsys, *args: str) -> str:
         (["--optimizer.betas=[1.5, 0.99]"], "[optimizer] (optimizer 'adamw').betas: each must be >= 0 and < 1, got 1.5"),
         (["--optimizer.lr=nan"], ".lr: expected a number, got nan"),
         (["--optimizer.lr=inf"], ".lr: must be a finite number > 0, got inf"),
+        (
+            ["--precision.name=mxfp8", "--precision.emulate=true", "--model.dim=48", "--model.ffn_dim=80"],
+            "mxfp8: the model has no linear layer with dimensions divisible by 32",  # found after the model was built, before
+        ),
         (["--model.norm_eps=inf"], ".norm_eps: must be a finite number, got inf"),  # an option without bounds said "must be , got inf"
         (["--monitors.jsonl.filename=."], "filename: expected a file name inside train.output_dir, got '.' (a folder)"),
         (["--monitors.jsonl.filename=config.resolved.toml"], "'config.resolved.toml' is where plait keeps its own config.resolved.toml"),

@@ -122,3 +122,19 @@ def test_folders_a_user_named_like_checkpoints_are_not_plaits(tmp_path):
     assert "step_000000004 at step 4" in r.stdout and "_keep" not in r.stdout
     assert keep.is_dir() and committed(root) == ["step_000000004_keep", "step_000000008"]
     assert json.loads((keep / "state.json").read_text())["step"] == 4
+
+
+def test_initial_weights_are_checked_before_anything_is_built(tmp_path):
+    """``checkpoint.initial_load`` of a damaged checkpoint, or of one of another shape, is one line and
+    exit 2 from ``core.plan`` and before training, as a resume's checkpoint is (it was found only
+    after the process group and the model existed, or not at all for a larger model)."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    assert train(cfg, "--model.n_layers=3", f"--train.output_dir={tmp_path / 'three'}").returncode == 0
+    three = tmp_path / "three" / "checkpoints" / "step_000000002"
+    for module in ("core.plan", "core.train"):
+        r = run_module(module, "--config", str(cfg), f"--checkpoint.initial_load={three}")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model keys the model lacks" in r.stderr, r.stderr[-2000:]
+    shard = next(three.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    r = run_module("core.plan", "--config", str(cfg), "--model.n_layers=3", f"--checkpoint.initial_load={three}")
+    assert r.returncode == 2 and shard.name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]

@@ -64,12 +64,16 @@ class MXFP8(BF16[MXFP8Options]):
         where = "no CUDA device" if cc is None else f"compute capability {cc[0]}.{cc[1]} < 10.0"
         return False, f"{where}: no MXFP8 kernels (set emulate = true for the slow emulated kernel)"
 
+    def check_model(self, model: nn.Module) -> None:
+        """Before anything is built (on the meta model): a model with nothing to convert is refused."""
+        if count_eligible(model, self.options.skip, 32) == 0:
+            raise ConfigError("[precision] mxfp8: the model has no linear layer with dimensions divisible by 32 to convert")
+
     def convert(self, model: nn.Module, spec) -> nn.Module:
         from torchao.prototype.moe_training.config import KernelPreference, MXFP8TrainingOpConfig, MXFP8TrainingRecipe
         from torchao.quantization import quantize_
 
-        if count_eligible(model, self.options.skip, 32) == 0:
-            raise ConfigError("[precision] mxfp8: the model has no linear layer with dimensions divisible by 32 to convert")
+        self.check_model(model)
         config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(RECIPES[self.options.recipe]))
         cc = cuda_capability(next(model.parameters()).device) if any(True for _ in model.parameters()) else None
         import dataclasses
