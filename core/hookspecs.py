@@ -118,14 +118,12 @@ def plait_replace_batch(run: "Run", step: int, micro: int, inputs: "torch.Tensor
 
 @hookspec
 def plait_preflight(prep: Any, force: bool) -> None:
-    """The run is planned and checked, and nothing expensive exists yet: no process group, no
-    model. Called by ``core.train`` on every rank and by ``core.plan``.
-
-    ``prep`` is the prepared run (:class:`preflight.prepare.Prepared`: ``world_size``,
-    ``total_steps``, ``tokens_per_step``, ``rc`` the validated config, among others); ``force`` is
-    ``budget.force``. Raise :class:`core.errors.ConfigError` to refuse the run with one line
-    (exit 2); anything else a monitor raises is reported as that monitor's failure, also exit 2.
-    The ``budget_guard`` refuses a run whose projected cost is over its cap this way.
+    """The run is planned and checked; no process group or model exists yet (``core.train`` on
+    every rank, and ``core.plan``). ``prep`` is the prepared run (:class:`preflight.prepare.Prepared`:
+    ``world_size``, ``total_steps``, ``tokens_per_step``, ``rc`` the validated config, among others);
+    ``force`` is ``budget.force``. Raise :class:`core.errors.ConfigError` to refuse the run in one
+    line (exit 2); anything else is reported as the monitor's failure, also exit 2. The
+    ``budget_guard`` refuses a run whose projected cost is over its cap this way.
     """
 
 

@@ -16,12 +16,12 @@ import sys
 from typing import Any
 
 import pluggy
-import torch
 
 from core import log
 from core.errors import PluginError
 from core.hookspecs import PROJECT, RUN_EVENT_HOOKS
 from core.registry import plugin_manager
+from dataloading.indexed import check_replacement_batch
 
 
 def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
@@ -51,24 +51,6 @@ def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
         pm.register(obj, name=name)
     except (pluggy.PluginValidationError, ValueError) as e:
         raise PluginError(f"monitor {name!r}: {e}") from None
-
-
-def _check_batch(result: Any, inputs: Any, labels: Any, vocab_size: int | None) -> None:
-    """A replacement batch must be an (inputs, labels) pair of integer tensors shaped like the real
-    one, its ids below ``vocab_size`` (labels may also be -100, ignored by the loss). A host sync,
-    paid only on the steps a monitor replaces a batch."""
-    ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
-    if not ok or tuple(result[0].shape) != tuple(inputs.shape) or tuple(result[1].shape) != tuple(labels.shape):
-        raise TypeError(f"returned {type(result).__name__}; expected None or (inputs, labels) shaped {tuple(inputs.shape)} and {tuple(labels.shape)}")
-    if result[0].dtype.is_floating_point or result[1].dtype.is_floating_point or result[0].dtype == torch.bool:
-        raise TypeError(f"returned tensors of {result[0].dtype} and {result[1].dtype}; expected integer token ids")
-    if vocab_size is not None and result[0].numel():
-        lo, hi = int(result[0].min()), int(result[0].max())
-        ok_labels = result[1][result[1] != -100]
-        if ok_labels.numel():
-            lo, hi = min(lo, int(ok_labels.min())), max(hi, int(ok_labels.max()))
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"returned token ids from {lo} to {hi}; expected ids in 0..{vocab_size - 1} (the model's vocabulary)")
 
 
 class MonitorHub:
@@ -110,7 +92,7 @@ class MonitorHub:
             if hook == "plait_before_update" and result not in (None, "skip", "rollback"):
                 raise TypeError(f"returned {result!r}; expected None, 'skip' or 'rollback'")
             if hook == "plait_replace_batch" and result is not None:
-                _check_batch(result, kwargs["inputs"], kwargs["labels"], self.vocab_size)
+                check_replacement_batch(result, kwargs["inputs"], kwargs["labels"], self.vocab_size)
             return result
         except Exception as e:
             why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"

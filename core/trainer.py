@@ -87,8 +87,7 @@ class Trainer:
             resume.leave_branch(self.checkpointer, path)
         self.checkpointer.record_current_run()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error, self.c["model"].vocab_size)
-        self.before_update_hooks = self.monitors.implements("plait_before_update")
-        self.replace_batch_hooks = self.monitors.implements("plait_replace_batch")
+        self.before_update_hooks, self.replace_batch_hooks = (self.monitors.implements(h) for h in ("plait_before_update", "plait_replace_batch"))
 
     def check_precision_agrees(self) -> None:
         if self.rc.precision_chain:  # every rank must have made the same choice

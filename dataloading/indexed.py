@@ -70,6 +70,24 @@ class IndexedSource:
         micro-batch, identically on every rank; raise :class:`DataExhausted` to end the run."""
 
 
+def check_replacement_batch(result: Any, inputs: Any, labels: Any, vocab_size: int | None) -> None:
+    """A monitor's replacement batch (``plait_replace_batch``) must be an (inputs, labels) pair of integer tensors shaped like the real
+    one, its ids below ``vocab_size`` (labels may also be -100, ignored by the loss). A host sync,
+    paid only on the steps a monitor replaces a batch."""
+    ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)
+    if not ok or tuple(result[0].shape) != tuple(inputs.shape) or tuple(result[1].shape) != tuple(labels.shape):
+        raise TypeError(f"returned {type(result).__name__}; expected None or (inputs, labels) shaped {tuple(inputs.shape)} and {tuple(labels.shape)}")
+    if result[0].dtype.is_floating_point or result[1].dtype.is_floating_point or result[0].dtype == torch.bool:
+        raise TypeError(f"returned tensors of {result[0].dtype} and {result[1].dtype}; expected integer token ids")
+    if vocab_size is not None and result[0].numel():
+        lo, hi = int(result[0].min()), int(result[0].max())
+        ok_labels = result[1][result[1] != -100]
+        if ok_labels.numel():
+            lo, hi = min(lo, int(ok_labels.min())), max(hi, int(ok_labels.max()))
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"returned token ids from {lo} to {hi}; expected ids in 0..{vocab_size - 1} (the model's vocabulary)")
+
+
 def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str) -> np.ndarray:
     """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids."""
     from core.errors import DataError

@@ -353,15 +353,30 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     run. However slow that copy is, the optimizer waits for it, so the checkpoint holds its own
     step's weights and moments (equal to a sync save's, torchao's 8-bit moments too), and the host
     buffers serve every save."""
-    from checkpointing import staging
+    import threading
 
-    real = staging.HostStager._copy
+    from checkpointing import staging
+    from checkpointing.checkpointer import Checkpointer
+
+    real, real_wait = staging.HostStager._copy, Checkpointer.wait_for_staging
+    waiting = threading.Event()  # the training loop has reached the wait for a copy in flight
+
+    def marking_wait(self):
+        if self.staging is not None:
+            waiting.set()
+        return real_wait(self)
 
     def slow(self, state):
-        time.sleep(1.5)  # without the wait, the next update would change the state mid-copy (longer than a loaded CI's step)
+        # The copy starts only once the loop waits for it (or after 20 s: without the wait, the next update
+        # changes the state mid-copy and the checkpoints differ), then takes 0.3 s more: a wait of at least
+        # that long, however loaded the machine (a fixed sleep was outrun by a loaded CI's step).
+        waiting.wait(timeout=20)
+        waiting.clear()
+        time.sleep(0.3)
         return real(self, state)
 
     monkeypatch.setattr(staging.HostStager, "_copy", slow)
+    monkeypatch.setattr(Checkpointer, "wait_for_staging", marking_wait)
     from core import log
 
     said: list[str] = []  # log's lines, read where they are made (capsys lost a whole run's output in long sequences)
