@@ -367,10 +367,10 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
         return real_wait(self)
 
     def slow(self, state):
-        # The copy starts only once the loop waits for it (or after 20 s: without the wait, the next update
+        # The copy starts only once the loop waits for it (or after 10 s: without the wait, the next update
         # changes the state mid-copy and the checkpoints differ), then takes 0.3 s more: a wait of at least
         # that long, however loaded the machine (a fixed sleep was outrun by a loaded CI's step).
-        waiting.wait(timeout=20)
+        waiting.wait(timeout=10)
         waiting.clear()
         time.sleep(0.3)
         return real(self, state)
