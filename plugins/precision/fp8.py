@@ -161,16 +161,18 @@ class AmaxRecorder:
         if self.handles:
             return
         self.fwd = self.bwd = None
+        # eager under torch.compile; wrapped here, not with a decorator, so that importing the plugin
+        # does not import torch._dynamo (a second of every process's start)
+        on_input, on_output = torch.compiler.disable(self._on_input), torch.compiler.disable(self._on_output)
         for m in self.modules:
-            self.handles.append(m.register_forward_pre_hook(self._on_input))
-            self.handles.append(m.register_forward_hook(self._on_output))
+            self.handles.append(m.register_forward_pre_hook(on_input))
+            self.handles.append(m.register_forward_hook(on_output))
 
     @staticmethod
     def _amax(t: torch.Tensor) -> torch.Tensor:
         t = t.to_local() if hasattr(t, "to_local") else t
         return t.detach().abs().max().float()
 
-    @torch._dynamo.disable
     def _on_input(self, module, args) -> None:
         x = args[0]
         if torch.is_autocast_enabled():
@@ -178,7 +180,6 @@ class AmaxRecorder:
         a = self._amax(x)
         self.fwd = a if self.fwd is None else torch.maximum(self.fwd, a)
 
-    @torch._dynamo.disable
     def _on_output(self, module, args, output) -> None:
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(self._on_grad)
