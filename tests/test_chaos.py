@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import run_module
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]  # two seeded kills: minutes on 2 cores, run with `pytest -m bench`
 
 
 def test_chaos_two_trials(tmp_path):

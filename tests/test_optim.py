@@ -47,7 +47,10 @@ def adamw_reference():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["adamw8bit", "adamw4bit", "adamw_fp8", "bnb_adamw8bit"])
+@pytest.mark.parametrize(
+    "name",
+    ["adamw8bit", pytest.param("adamw4bit", marks=pytest.mark.bench), "adamw_fp8", "bnb_adamw8bit"],  # 4-bit: the longest compile; `pytest -m bench`
+)
 def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
     if name == "bnb_adamw8bit":
         pytest.importorskip("bitsandbytes", reason="bitsandbytes is the optional extra 'bitsandbytes' (in 'dev')")

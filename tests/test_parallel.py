@@ -15,6 +15,7 @@ def losses(out):
 
 
 @pytest.mark.slow
+@pytest.mark.bench  # six 2-rank jobs; `pytest -m bench`
 def test_fsdp2_and_ddp_agree(tiny_config, tmp_path):
     cfg = tiny_config(steps=5)
     got = {}
