@@ -402,6 +402,13 @@ class Checkpointer:
         elif self.pending is None and self.dist.is_main:
             retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
 
+    def rollback_target(self) -> Path | None:
+        """The checkpoint a rollback restores: this run's newest, once the save in flight is committed
+        (its commit prunes; listing before it could name a checkpoint that pruning then deletes)."""
+        self.wait()
+        done = self.where.own(self.lineage)
+        return done[-1] if done else None
+
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:
         """Restore the state from ``path`` (its shards already checked by :mod:`checkpointing.resume`, or

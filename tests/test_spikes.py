@@ -250,3 +250,29 @@ def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_m
     run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=5, tokens_per_step=8)
     (kept,) = MonitorHub([("m", Ignored())], vocab_size=512).emit("plait_replace_batch", run=run, step=1, micro=0, inputs=real, labels=real)
     assert kept is not None and run.stop is None
+
+
+def test_a_rollback_while_an_async_save_is_in_flight_restores_that_save(tiny_config, tmp_path):
+    """The spike comes at the step after an async save was started. The rollback listed this run's
+    checkpoints before it waited for that save; the commit then pruned the older one it had chosen
+    (keep_latest = 1), and the run died with 'checkpoint .../step_000000006 does not exist' (exit
+    code 2, which launchers never retry). With more kept, it went back to that older checkpoint."""
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(tiny_config(steps=11)),
+        "--optimizer.lr=3e-3",
+        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
+        "--monitors.spike_rehearsal.at_step=10",
+        "--monitors.spike_rehearsal.steps=1",
+        "--monitors.spikes.action=rollback",
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=5",
+        "--checkpoint.every=3",
+        "--checkpoint.async=true",
+        "--checkpoint.keep_latest=1",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rolled back to step_000000009" in proc.stdout
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000011" / "state.json").read_text())
+    assert state["step"] == 11
