@@ -29,6 +29,7 @@ from checkpointing.folders import (
     CURRENT_RUN_FILE,
     EXIT_SAVE_FAILED,
     LINEAGE_FILE,
+    SETTING_ASIDE_FILE,
     STATE_FILE,
     CheckpointOptions,
     SaveFailed,
@@ -131,6 +132,10 @@ class Checkpointer:
                 replace_durable(self.root / CURRENT_RUN_FILE, self.lineage + "\n")
         except OSError as e:
             log.warn(f"could not record this run in {self.root / CURRENT_RUN_FILE} ({e}); a restart may resume another run's newest checkpoint there")
+        try:
+            retention.settle_set_aside(self.root)
+        except OSError as e:
+            log.warn(f"could not update {self.root / SETTING_ASIDE_FILE} ({e}); a restart may skip checkpoints it names")
 
     def _check_finite(self, step: int, state: dict[str, Any]) -> None:
         """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""

@@ -185,6 +185,23 @@ def set_aside(root: Path, paths: list[Path], label: str) -> Path:
     return dest
 
 
+def settle_set_aside(root: Path) -> None:
+    """Drop from ``SETTING_ASIDE.json`` the folders no longer in ``root`` (moved before the kill that
+    left the marker), and the marker once it names none (rank 0, before the first step). Left naming a
+    moved step, it would hide this run's next save of that step from ``resume = "auto"``."""
+    marker = root / SETTING_ASIDE_FILE
+    try:
+        named = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return
+    left = [n for n in named if isinstance(n, str) and (root / n).is_dir()] if isinstance(named, list) else []
+    if left:
+        replace_durable(marker, json.dumps(left))
+    else:
+        marker.unlink()
+        sync_dir(root)
+
+
 def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool) -> Path | None:
     """Move the checkpoints of this run in ``root`` that a resume from ``resumed`` (at ``step``)
     leaves behind (:func:`later_than`) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder,

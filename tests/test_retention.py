@@ -153,3 +153,24 @@ def test_a_start_killed_while_setting_a_branch_aside_never_resumes_the_branch(tm
     moved = {p.name: p.parent.name for p in (root / "abandoned").glob("*/step_*")}
     assert moved["step_000000009"] == "x_after_step_000000006" and moved["step_000000012"].endswith("Z_after_step_000000006")
     assert not (root / "SETTING_ASIDE.json").exists()
+
+
+def test_a_start_killed_after_its_last_set_aside_move_does_not_hide_later_saves_of_those_steps(tmp_path):
+    """A kill after the last move but before SETTING_ASIDE.json was removed left the marker behind:
+    the next start had nothing left to move, so nothing removed it, and it went on naming step 4. That
+    start saved step 4 again (the branch it continues); the one after skipped that good checkpoint,
+    resumed from step 2 and set step 4 aside: the steps since were lost to every later restart."""
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    # as a start that resumed from step 2 leaves it, killed after moving step 4 and before removing the marker
+    (root / "abandoned" / "x_after_step_000000002").mkdir(parents=True)
+    (root / "step_000000004").rename(root / "abandoned" / "x_after_step_000000002" / "step_000000004")
+    (root / "SETTING_ASIDE.json").write_text(json.dumps(["step_000000004"]))
+    r = run_module("core.train", "--config", str(cfg))
+    assert r.returncode == 0 and f"resumed from {root / 'step_000000002'} at step 2" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert not (root / "SETTING_ASIDE.json").exists()
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=5")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000004'} at step 4" in r.stdout + r.stderr
+    assert "aside" not in r.stderr and steps_in(root) == ["step_000000002", "step_000000004", "step_000000005"]
