@@ -138,3 +138,31 @@ def test_initial_weights_are_checked_before_anything_is_built(tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     r = run_module("core.plan", "--config", str(cfg), "--model.n_layers=3", f"--checkpoint.initial_load={three}")
     assert r.returncode == 2 and shard.name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+
+
+def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp_path):
+    """Under torchrun, bad input found before the folder lock is taken is recorded in exit_status.json
+    (exit code 2) for launchers. A second job with bad input wrote it into the folder of a job still
+    running there: killed later (the OOM killer), that job looked like bad input to its launcher, which
+    never retries it. Now it is written only when no other process holds the folder."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}]); print('held', flush=True); input()"],
+        cwd=REPO,
+        env=env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    torchrun_env = {"TORCHELASTIC_RUN_ID": "second-job"}  # what torchrun sets in its ranks
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=-1", extra_env=torchrun_env)
+        assert r.returncode == 2 and "every, keep_latest and keep_best must be >= 0" in r.stderr, r.stderr[-2000:]
+        assert not (out / "exit_status.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=-1", extra_env=torchrun_env)  # nobody holds it now
+    assert r.returncode == 2 and json.loads((out / "exit_status.json").read_text())["reason"] == "bad_input"

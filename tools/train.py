@@ -26,8 +26,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
     """Under torchrun, ``<output_dir>/exit_status.json`` with exit code 2 (when that folder
     exists), so that a launcher that sees only torchrun's exit code (1 for any failed child)
-    never retries bad input. Best effort: the folder itself may be the bad input."""
-    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID"):
+    never retries bad input. Best effort: the folder itself may be the bad input. Never into the
+    folder of a job that runs there (its launcher would take its later death for bad input)."""
+    from checkpointing.ownership import held_elsewhere
+
+    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID") or held_elsewhere(output_dir):
         return
     try:
         out = Path(output_dir)
