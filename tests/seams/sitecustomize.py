@@ -5,6 +5,8 @@
 ``PLAIT_TEST_PAUSE_BEFORE_COMMIT=STEP:SECONDS`` sleeps before the commit of that
 step's checkpoint (its shards and ``.metadata`` are written, ``COMMITTED`` is
 not), so a test can kill the job mid-save.
+``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: once PATH exists, the process SIGKILLs itself right
+after it removes a file other than a ``COMMITTED`` marker or a ``.tmp`` file (a kill mid-pruning).
 """
 
 import os
@@ -47,3 +49,18 @@ if _clock:
     import plugins.monitors.budget_guard as _budget_guard
 
     _budget_guard.now = lambda: float(Path(_clock).read_text().strip())
+
+# ``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: SIGKILL right after the first file removed once PATH exists.
+_kill_after = os.environ.get("PLAIT_TEST_KILL_IN_DELETE_AFTER", "")
+if _kill_after:
+    import signal
+
+    _unlink = os.unlink
+
+    def _killing_unlink(path, *args, **kwargs):
+        _unlink(path, *args, **kwargs)
+        name = os.path.basename(os.fsdecode(path))
+        if name != "COMMITTED" and not name.endswith(".tmp") and os.path.exists(_kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.unlink = _killing_unlink
