@@ -49,6 +49,7 @@ if _clock:
     import plugins.monitors.budget_guard as _budget_guard
 
     _budget_guard.now = lambda: float(Path(_clock).read_text().strip())
+    _budget_guard.elapsed = _budget_guard.now  # the monotonic clock follows the same file
 
 # ``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: SIGKILL right after the first file removed once PATH exists.
 _kill_after = os.environ.get("PLAIT_TEST_KILL_IN_DELETE_AFTER", "")
