@@ -408,11 +408,24 @@ class Checkpointer:
             retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
 
     def rollback_target(self) -> Path | None:
-        """The checkpoint a rollback restores: this run's newest, once the save in flight is committed
-        (its commit prunes; listing before it could name a checkpoint that pruning then deletes)."""
+        """The checkpoint a rollback restores: this run's newest that every rank finds sound, its
+        shards' checksums included (each rank a share, :func:`checkpointing.resume.check_here`); a
+        damaged one is skipped with a warning. The save in flight is committed first (its commit
+        prunes; listing before it could name a checkpoint that pruning then deletes)."""
+        from checkpointing import resume
+
         self.wait()
-        done = self.where.own(self.lineage)
-        return done[-1] if done else None
+        for path in reversed(self.where.own(self.lineage)):
+            error = None
+            try:
+                resume.check_here(self, path)
+            except Exception as e:  # noqa: BLE001 - every rank must reach agree(), whatever went wrong here
+                error = str(e) if isinstance(e, CheckpointError) else resume.one_line(path, "could not be checked", e)
+            error = resume.agree(self.group, error)
+            if error is None:
+                return path
+            log.warn(f"rollback: skipping {path.name}: {error}")
+        return None
 
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:

@@ -282,7 +282,7 @@ class Trainer:
         """Restore the last complete checkpoint but keep the data position. False if there is none."""
         ckpt = self.checkpointer
         if (target := ckpt.rollback_target()) is None:
-            log.info("rollback asked, but there is no checkpoint yet: skipping the update instead")
+            log.info("rollback asked, but there is no sound checkpoint: skipping the update instead")
             return False
         position = self.loader.state_dict()
         wall = self.run.state.get("wall_time_s", 0.0)

@@ -7,6 +7,8 @@ step's checkpoint (its shards and ``.metadata`` are written, ``COMMITTED`` is
 not), so a test can kill the job mid-save.
 ``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: once PATH exists, the process SIGKILLs itself right
 after it removes a file other than a ``COMMITTED`` marker or a ``.tmp`` file (a kill mid-pruning).
+``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP`` flips one byte in the middle of rank 0's shard of that step's
+checkpoint once it is committed (damage on disk after the save: bit rot, a bad copy).
 """
 
 import os
@@ -65,3 +67,21 @@ if _kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
     os.unlink = _killing_unlink
+
+# ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP``: one byte flipped in a shard of that checkpoint after its commit.
+_damage = os.environ.get("PLAIT_TEST_DAMAGE_AFTER_COMMIT", "")
+if _damage:
+    from checkpointing.checkpointer import Checkpointer as _Checkpointer
+
+    _commit_then = _Checkpointer._commit
+
+    def _commit_and_damage(self, step, path, json_state):
+        _commit_then(self, step, path, json_state)
+        if step == int(_damage) and self.dist.is_main:
+            with open(path / "__0_0.distcp", "r+b") as f:
+                f.seek(f.seek(0, 2) // 2)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+
+    _Checkpointer._commit = _commit_and_damage
