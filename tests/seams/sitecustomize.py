@@ -9,6 +9,9 @@ not), so a test can kill the job mid-save.
 after it removes a file other than a ``COMMITTED`` marker or a ``.tmp`` file (a kill mid-pruning).
 ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP`` flips one byte in the middle of rank 0's shard of that step's
 checkpoint once it is committed (damage on disk after the save: bit rot, a bad copy).
+``PLAIT_TEST_WAIT_BEFORE_COMMIT=STEP:PATH`` waits before that step's commit until PATH exists.
+``PLAIT_TEST_WAIT_AFTER_PREPARE=PATH`` creates ``PATH.ready`` once the preflight is done (before the
+folder lock), then waits until PATH exists: a job that starts while another one is ending.
 """
 
 import os
@@ -85,3 +88,39 @@ if _damage:
                 f.write(bytes([byte[0] ^ 0xFF]))
 
     _Checkpointer._commit = _commit_and_damage
+
+
+def _wait_for(path):
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
+_wait_commit = os.environ.get("PLAIT_TEST_WAIT_BEFORE_COMMIT", "")
+if _wait_commit:
+    from checkpointing.checkpointer import Checkpointer as _Waiting
+
+    _wait_step, _wait_path = _wait_commit.split(":", 1)
+    _commit_later = _Waiting._commit
+
+    def _waiting_commit(self, step, path, json_state):
+        if step == int(_wait_step):
+            _wait_for(_wait_path)
+        return _commit_later(self, step, path, json_state)
+
+    _Waiting._commit = _waiting_commit
+
+_wait_prepare = os.environ.get("PLAIT_TEST_WAIT_AFTER_PREPARE", "")
+if _wait_prepare:
+    import preflight.prepare as _prepare_module
+
+    _prepare = _prepare_module.prepare
+
+    def _waiting_prepare(*args, **kwargs):
+        prep = _prepare(*args, **kwargs)
+        open(_wait_prepare + ".ready", "w").close()
+        _wait_for(_wait_prepare)
+        return prep
+
+    _prepare_module.prepare = _waiting_prepare
