@@ -29,6 +29,7 @@ from checkpointing.folders import (
     CURRENT_RUN_FILE,
     EXIT_SAVE_FAILED,
     LINEAGE_FILE,
+    SETTING_ASIDE_FILE,
     STATE_FILE,
     CheckpointOptions,
     SaveFailed,
@@ -131,6 +132,10 @@ class Checkpointer:
                 replace_durable(self.root / CURRENT_RUN_FILE, self.lineage + "\n")
         except OSError as e:
             log.warn(f"could not record this run in {self.root / CURRENT_RUN_FILE} ({e}); a restart may resume another run's newest checkpoint there")
+        try:
+            retention.settle_set_aside(self.root)
+        except OSError as e:
+            log.warn(f"could not update {self.root / SETTING_ASIDE_FILE} ({e}); a restart may skip checkpoints it names")
 
     def _check_finite(self, step: int, state: dict[str, Any]) -> None:
         """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
@@ -401,6 +406,26 @@ class Checkpointer:
             self.maybe_save(step)
         elif self.pending is None and self.dist.is_main:
             retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
+
+    def rollback_target(self) -> Path | None:
+        """The checkpoint a rollback restores: this run's newest that every rank finds sound, its
+        shards' checksums included (each rank a share, :func:`checkpointing.resume.check_here`); a
+        damaged one is skipped with a warning. The save in flight is committed first (its commit
+        prunes; listing before it could name a checkpoint that pruning then deletes)."""
+        from checkpointing import resume
+
+        self.wait()
+        for path in reversed(self.where.own(self.lineage)):
+            error = None
+            try:
+                resume.check_here(self, path)
+            except Exception as e:  # noqa: BLE001 - every rank must reach agree(), whatever went wrong here
+                error = str(e) if isinstance(e, CheckpointError) else resume.one_line(path, "could not be checked", e)
+            error = resume.agree(self.group, error)
+            if error is None:
+                return path
+            log.warn(f"rollback: skipping {path.name}: {error}")
+        return None
 
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:

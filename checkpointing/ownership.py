@@ -103,6 +103,23 @@ def check_run_folders(folders: list[str | Path]) -> None:
         f.close()
 
 
+def held_elsewhere(folder: str | Path) -> bool:
+    """Whether another live process holds ``folder``'s lock now (this process's own does not count)."""
+    import fcntl
+
+    path = Path(folder).resolve() / LOCK_FILE
+    if str(path) in {f.name for f in _held}:
+        return False
+    try:
+        with open(path) as f:  # a probe: held only for this instant, and only if nobody else holds it
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file: nobody ever locked it
+        return False
+    return False
+
+
 def release_run_folders() -> None:
     while _held:
         _held.pop().close()

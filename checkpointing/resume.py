@@ -64,7 +64,14 @@ def check_here(ckpt: Any, path: Path) -> None:
 
 
 def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module | None) -> tuple[Path | None, list[Path]]:
-    """The first candidate that every rank finds sound, and the ones after it."""
+    """The first candidate that every rank finds sound, and the ones after it. Rank 0's list is
+    every rank's: it was made once rank 0 held the folder's lock (the others' may be older)."""
+    if ckpt.group is not None:
+        import torch.distributed as tdist
+
+        box = [[str(p) for p in candidates]]
+        tdist.broadcast_object_list(box, src=0, group=ckpt.group)
+        candidates = [Path(p) for p in box[0]]
     for i, path in enumerate(candidates):
         error = None
         try:

@@ -29,7 +29,18 @@ from typing import Any
 import torch
 
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
-from checkpointing.folders import BEST_FILE, COMMIT_MARKER, SETTING_ASIDE_FILE, CheckpointOptions, committed, lineage_of, step_dir, step_dirs, verify
+from checkpointing.folders import (
+    BEST_FILE,
+    COMMIT_MARKER,
+    LINEAGE_FILE,
+    SETTING_ASIDE_FILE,
+    CheckpointOptions,
+    committed,
+    lineage_of,
+    step_dir,
+    step_dirs,
+    verify,
+)
 from core import log
 from core.errors import CheckpointError
 
@@ -73,6 +84,26 @@ class LossTally:
         return float(both[0] / both[1]) if both[1] > 0 else None
 
 
+def remove(path: Path) -> None:
+    """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
+    unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
+    checkpoint never looks complete with files gone), ``LINEAGE`` last. Errors are ignored. A folder
+    that is a symbolic link is left alone: what it points to is not plait's to delete."""
+    if path.is_symlink():
+        return
+    try:
+        (path / COMMIT_MARKER).unlink(missing_ok=True)
+        sync_dir(path)
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            elif child.name != LINEAGE_FILE:
+                child.unlink()
+    except OSError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
     """This run's committed checkpoints that verify (without the shards' checksums), oldest
     first, each with its state.json."""
@@ -112,10 +143,10 @@ class Retention:
         if self.opts.keep_latest:
             for old in paths[: -self.opts.keep_latest]:
                 if old not in keep:
-                    shutil.rmtree(old, ignore_errors=True)
+                    remove(old)
         for p in step_dirs(self.root):
             if p.name < paths[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
-                shutil.rmtree(p, ignore_errors=True)
+                remove(p)
 
     def lowest_loss(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
         """The checkpoint with the lowest training loss (none if none has one); one line when it
@@ -183,6 +214,23 @@ def set_aside(root: Path, paths: list[Path], label: str) -> Path:
     sync_dir(root)
     marker.unlink()
     return dest
+
+
+def settle_set_aside(root: Path) -> None:
+    """Drop from ``SETTING_ASIDE.json`` the folders no longer in ``root`` (moved before the kill that
+    left the marker), and the marker once it names none (rank 0, before the first step). Left naming a
+    moved step, it would hide this run's next save of that step from ``resume = "auto"``."""
+    marker = root / SETTING_ASIDE_FILE
+    try:
+        named = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return
+    left = [n for n in named if isinstance(n, str) and (root / n).is_dir()] if isinstance(named, list) else []
+    if left:
+        replace_durable(marker, json.dumps(left))
+    else:
+        marker.unlink()
+        sync_dir(root)
 
 
 def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool) -> Path | None:

@@ -281,18 +281,16 @@ class Trainer:
     def rollback(self) -> bool:
         """Restore the last complete checkpoint but keep the data position. False if there is none."""
         ckpt = self.checkpointer
-        done = ckpt.where.own(ckpt.lineage)
-        if not done:
-            log.info("rollback asked, but there is no checkpoint yet: skipping the update instead")
+        if (target := ckpt.rollback_target()) is None:
+            log.info("rollback asked, but there is no sound checkpoint: skipping the update instead")
             return False
-        ckpt.wait()
         position = self.loader.state_dict()
         wall = self.run.state.get("wall_time_s", 0.0)
         self.optimizer.zero_grad(set_to_none=True)
-        ckpt.load(done[-1], exclude=frozenset({"data"}))
+        ckpt.load(target, exclude=frozenset({"data"}))
         self.loader.load_state_dict(position)
         self.run.state["wall_time_s"] = wall  # time keeps counting (budgets)
-        log.info(f"rolled back to {done[-1].name}; the data since then is skipped")
+        log.info(f"rolled back to {target.name}; the data since then is skipped")
         return True
 
     def validate(self, opts) -> None:

@@ -94,6 +94,7 @@ def clock(tmp_path, monkeypatch):
     import plugins.monitors.budget_guard as budget_guard
 
     monkeypatch.setattr(budget_guard, "now", lambda: float(f.read_text().strip()))
+    monkeypatch.setattr(budget_guard, "elapsed", lambda: float(f.read_text().strip()), raising=False)  # the monotonic clock too
     return f
 
 
@@ -285,3 +286,20 @@ def test_process_age_is_this_process_lifetime():
 
     age = process_age_s()
     assert 0.0 < age < float(open("/proc/uptime").read().split()[0]) + 1
+
+
+def test_a_jump_of_the_wall_clock_neither_bills_nor_pauses_the_checks(tmp_path, clock, monkeypatch):
+    """The time a process lived was measured with the wall clock (time.time()): an NTP step or a VM
+    whose clock is set right after a restore moved it by hours. A day forward billed a day and
+    stopped the run over the cap without a checkpoint (exit 76); a day back stopped every check for
+    a day. Elapsed time is now measured on the monotonic clock; the wall clock dates the figures only."""
+    import plugins.monitors.budget_guard as budget_guard
+
+    g, run = attempt(tmp_path, monkeypatch, clock, cap_usd=25.0)  # 1 h billed so far ($2), $20 projected
+    g.options.check_every_s = 60.0
+    for i, jump in enumerate((86400.0, -86400.0), start=1):
+        monkeypatch.setattr(budget_guard, "now", lambda jump=jump: float(clock.read_text()) + jump)  # only the wall clock jumps
+        tick(clock, 61)  # one check interval on the monotonic clock
+        run.state.pop("budget_spent_usd", None)
+        g.plait_step_end(run=run, step=10, metrics={})
+        assert run.stop is None and run.state["budget_spent_usd"] == pytest.approx((3600 + 61 * i) / 3600 * 2.0)  # checked, the jump not billed

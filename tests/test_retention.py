@@ -11,6 +11,7 @@ real DCP checkpoints; the branch resume runs on two gloo ranks.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,57 @@ def test_a_start_killed_while_setting_a_branch_aside_never_resumes_the_branch(tm
     moved = {p.name: p.parent.name for p in (root / "abandoned").glob("*/step_*")}
     assert moved["step_000000009"] == "x_after_step_000000006" and moved["step_000000012"].endswith("Z_after_step_000000006")
     assert not (root / "SETTING_ASIDE.json").exists()
+
+
+def test_a_start_killed_after_its_last_set_aside_move_does_not_hide_later_saves_of_those_steps(tmp_path):
+    """A kill after the last move but before SETTING_ASIDE.json was removed left the marker behind:
+    the next start had nothing left to move, so nothing removed it, and it went on naming step 4. That
+    start saved step 4 again (the branch it continues); the one after skipped that good checkpoint,
+    resumed from step 2 and set step 4 aside: the steps since were lost to every later restart."""
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    # as a start that resumed from step 2 leaves it, killed after moving step 4 and before removing the marker
+    (root / "abandoned" / "x_after_step_000000002").mkdir(parents=True)
+    (root / "step_000000004").rename(root / "abandoned" / "x_after_step_000000002" / "step_000000004")
+    (root / "SETTING_ASIDE.json").write_text(json.dumps(["step_000000004"]))
+    r = run_module("core.train", "--config", str(cfg))
+    assert r.returncode == 0 and f"resumed from {root / 'step_000000002'} at step 2" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert not (root / "SETTING_ASIDE.json").exists()
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=5")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000004'} at step 4" in r.stdout + r.stderr
+    assert "aside" not in r.stderr and steps_in(root) == ["step_000000002", "step_000000004", "step_000000005"]
+
+
+def test_a_kill_while_pruning_leaves_nothing_that_outlives_the_next_prune(tmp_path):
+    """SIGKILL right after pruning removed the first file of step 2: the folder kept its COMMITTED
+    marker with a shard gone, a damaged checkpoint of this run that no prune deletes ("not ours to
+    judge") and that held its disk space for good. The marker now goes first and LINEAGE last, so what
+    a kill leaves is this run's unfinished folder, which the next prune removes."""
+    from conftest import REPO
+
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
+    root = tmp_path / "out" / "checkpoints"
+    seams = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
+    r = run_module("core.train", "--config", str(cfg), extra_env={**seams, "PLAIT_TEST_KILL_IN_DELETE_AFTER": str(root / "step_000000004" / "COMMITTED")})
+    assert r.returncode == -9 and (root / "step_000000002").is_dir() and (root / "step_000000004" / "COMMITTED").is_file(), r.stderr[-2000:]
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=6")
+    assert r.returncode == 0 and f"resumed from {root / 'step_000000004'}" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000006"]  # committed or not
+
+
+def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
+    """A user's symlink named like a checkpoint (step_000000004 -> a backup elsewhere): pruning it
+    must delete nothing it points to (shutil.rmtree refuses links; a removal file by file would not)."""
+    from checkpointing.retention import remove
+
+    backup = tmp_path / "backup" / "step_000000004"
+    (backup / "rng").mkdir(parents=True)
+    for name in ("COMMITTED", "LINEAGE", "__0_0.distcp", "rng/rank_0.json"):
+        (backup / name).write_text("kept")
+    link = tmp_path / "ckpt" / "step_000000004"
+    link.parent.mkdir()
+    link.symlink_to(backup, target_is_directory=True)
+    remove(link)
+    assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == ["COMMITTED", "LINEAGE", "__0_0.distcp", "rng", "rng/rank_0.json"]

@@ -138,3 +138,75 @@ def test_initial_weights_are_checked_before_anything_is_built(tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     r = run_module("core.plan", "--config", str(cfg), "--model.n_layers=3", f"--checkpoint.initial_load={three}")
     assert r.returncode == 2 and shard.name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+
+
+def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp_path):
+    """Under torchrun, bad input found before the folder lock is taken is recorded in exit_status.json
+    (exit code 2) for launchers. A second job with bad input wrote it into the folder of a job still
+    running there: killed later (the OOM killer), that job looked like bad input to its launcher, which
+    never retries it. Now it is written only when no other process holds the folder."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}]); print('held', flush=True); input()"],
+        cwd=REPO,
+        env=env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    torchrun_env = {"TORCHELASTIC_RUN_ID": "second-job"}  # what torchrun sets in its ranks
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=-1", extra_env=torchrun_env)
+        assert r.returncode == 2 and "every, keep_latest and keep_best must be >= 0" in r.stderr, r.stderr[-2000:]
+        assert not (out / "exit_status.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=-1", extra_env=torchrun_env)  # nobody holds it now
+    assert r.returncode == 2 and json.loads((out / "exit_status.json").read_text())["reason"] == "bad_input"
+
+
+def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path):
+    """Job B lists the checkpoints to resume from before it takes the folder's lock. Started while job
+    A was in its last save, it listed step 4; A then committed step 6, pruned step 4 and ended; B got
+    the lock, found step 4 gone and started fresh: a new run from step 0, whose save of step 6 was
+    skipped as another run's. B now lists them again once it holds the lock."""
+    import os
+    import time
+
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert train(cfg, "--train.steps=4").returncode == 0
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    go_a, go_b = tmp_path / "go_a", tmp_path / "go_b"
+
+    def start(*args: str, **extra: str) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "core.train", "--config", str(cfg), *args]
+        return subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_for(path: Path) -> None:
+        deadline = time.monotonic() + 120
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.1)
+
+    a = start(PLAIT_TEST_WAIT_BEFORE_COMMIT=f"6:{go_a}")
+    b = None
+    try:
+        wait_for(root / "step_000000006" / ".metadata")  # A is in its last save, before the commit
+        b = start("--train.steps=8", PLAIT_TEST_WAIT_AFTER_PREPARE=str(go_b))
+        wait_for(Path(f"{go_b}.ready"))  # B listed step 4
+        go_a.touch()
+        a_out = a.communicate(timeout=120)[0]
+        assert a.returncode == 0 and not (root / "step_000000004").exists(), a_out[-2000:]
+        go_b.touch()
+        b_out = b.communicate(timeout=120)[0]
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert b.returncode == 0 and f"resumed from {root / 'step_000000006'} at step 6" in b_out, b_out[-2000:]
+    assert committed(root) == ["step_000000008"] and "another run" not in b_out

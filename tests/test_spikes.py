@@ -250,3 +250,58 @@ def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_m
     run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=5, tokens_per_step=8)
     (kept,) = MonitorHub([("m", Ignored())], vocab_size=512).emit("plait_replace_batch", run=run, step=1, micro=0, inputs=real, labels=real)
     assert kept is not None and run.stop is None
+
+
+def test_a_rollback_while_an_async_save_is_in_flight_restores_that_save(tiny_config, tmp_path):
+    """The spike comes at the step after an async save was started. The rollback listed this run's
+    checkpoints before it waited for that save; the commit then pruned the older one it had chosen
+    (keep_latest = 1), and the run died with 'checkpoint .../step_000000006 does not exist' (exit
+    code 2, which launchers never retry). With more kept, it went back to that older checkpoint."""
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(tiny_config(steps=11)),
+        "--optimizer.lr=3e-3",
+        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
+        "--monitors.spike_rehearsal.at_step=10",
+        "--monitors.spike_rehearsal.steps=1",
+        "--monitors.spikes.action=rollback",
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=5",
+        "--checkpoint.every=3",
+        "--checkpoint.async=true",
+        "--checkpoint.keep_latest=1",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rolled back to step_000000009" in proc.stdout
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000011" / "state.json").read_text())
+    assert state["step"] == 11
+
+
+def test_a_rollback_skips_a_checkpoint_damaged_after_its_commit(tiny_config, tmp_path):
+    """A rollback loaded the newest checkpoint after checking only its small files: a shard damaged
+    on disk since its commit (a flipped byte) went into the weights unnoticed, and every later save
+    kept it. The rollback now checks the shards' checksums too (each rank a share) and falls back."""
+    import os
+
+    from conftest import REPO
+
+    seams = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)]), "PLAIT_TEST_DAMAGE_AFTER_COMMIT": "9"}
+    proc = run_module(
+        "core.train",
+        "--config",
+        str(tiny_config(steps=10)),
+        "--optimizer.lr=3e-3",
+        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
+        "--monitors.spike_rehearsal.at_step=10",
+        "--monitors.spike_rehearsal.steps=1",
+        "--monitors.spikes.action=rollback",
+        "--monitors.spikes.window=5",
+        "--monitors.spikes.min_steps=5",
+        "--checkpoint.every=3",
+        "--checkpoint.keep_latest=0",
+        extra_env=seams,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rolled back to step_000000006" in proc.stdout, proc.stdout[-3000:]
+    assert "step_000000009" in proc.stderr and "checksum" in proc.stderr.lower(), proc.stderr[-3000:]

@@ -26,8 +26,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
     """Under torchrun, ``<output_dir>/exit_status.json`` with exit code 2 (when that folder
     exists), so that a launcher that sees only torchrun's exit code (1 for any failed child)
-    never retries bad input. Best effort: the folder itself may be the bad input."""
-    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID"):
+    never retries bad input. Best effort: the folder itself may be the bad input. Never into the
+    folder of a job that runs there (its launcher would take its later death for bad input)."""
+    from checkpointing.ownership import held_elsewhere
+
+    if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID") or held_elsewhere(output_dir):
         return
     try:
         out = Path(output_dir)
@@ -58,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     ownership.die_with_launcher()  # a rank never trains (or writes) on after its launcher is gone
     try:
         from core.distributed import env_world
-        from preflight.prepare import prepare
+        from preflight.prepare import list_resume, prepare
 
         prep = prepare(args.config, overrides)
         if env_world()[0] == 0:  # one writer per run folder, held until this process ends
             ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
+            list_resume(prep)  # what a job that held the lock until now committed and pruned (the ranks follow rank 0's list)
     except PlaitError as e:
         if not isinstance(e, ownership.FolderInUse):  # that folder's exit_status.json is its running job's
             record_bad_input(e, output_dir_of(args.config, overrides))

@@ -58,6 +58,12 @@ def now() -> float:
     return time.time()
 
 
+def elapsed() -> float:
+    """A monotonic clock, for the time that passes (billed time, check intervals): unlike ``now()``
+    it never jumps when the system clock is set (an NTP step, a VM's clock set after a restore)."""
+    return time.monotonic()
+
+
 LEDGER_FILE = "budget_ledger.json"
 
 
@@ -95,7 +101,7 @@ class BudgetGuard:
         self.alerted = False
         self.warned: set[str] = set()
         self.last_good: dict | None = None  # the last usable figures of the budget file
-        self.attempt_start: float | None = None  # when this process started (the clock of now())
+        self.attempt_start: float | None = None  # when this process started (the clock of elapsed())
         self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
 
     # -- before training ------------------------------------------------------
@@ -162,7 +168,7 @@ class BudgetGuard:
         wall = run.state.get("wall_time_s", 0.0)
         if self.attempt_start is None:  # no train start seen: the checkpoints' wall time only
             return wall
-        return max(wall, self.billed_before + now() - self.attempt_start)
+        return max(wall, self.billed_before + elapsed() - self.attempt_start)
 
     def ledger(self, run) -> Path:
         return Path(run.output_dir) / LEDGER_FILE
@@ -231,7 +237,7 @@ class BudgetGuard:
     def plait_train_start(self, run):
         if not run.dist.is_main:
             return
-        self.attempt_start = now() - process_age_s()
+        self.attempt_start = elapsed() - process_age_s()
         # earlier processes: the ledger, or at least what their checkpoints' wall time carries
         self.billed_before = max(self.read_ledger(run), run.state.get("wall_time_s", 0.0))
 
@@ -244,7 +250,7 @@ class BudgetGuard:
     def plait_step_end(self, run, step, metrics):
         if not run.dist.is_main:  # rank 0 decides; the trainer makes every rank follow
             return
-        t = now()
+        t = elapsed()
         if t - self.last_check < self.options.check_every_s:
             return
         self.last_check = t

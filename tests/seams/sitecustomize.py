@@ -5,6 +5,13 @@
 ``PLAIT_TEST_PAUSE_BEFORE_COMMIT=STEP:SECONDS`` sleeps before the commit of that
 step's checkpoint (its shards and ``.metadata`` are written, ``COMMITTED`` is
 not), so a test can kill the job mid-save.
+``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: once PATH exists, the process SIGKILLs itself right
+after it removes a file other than a ``COMMITTED`` marker or a ``.tmp`` file (a kill mid-pruning).
+``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP`` flips one byte in the middle of rank 0's shard of that step's
+checkpoint once it is committed (damage on disk after the save: bit rot, a bad copy).
+``PLAIT_TEST_WAIT_BEFORE_COMMIT=STEP:PATH`` waits before that step's commit until PATH exists.
+``PLAIT_TEST_WAIT_AFTER_PREPARE=PATH`` creates ``PATH.ready`` once the preflight is done (before the
+folder lock), then waits until PATH exists: a job that starts while another one is ending.
 """
 
 import os
@@ -47,3 +54,73 @@ if _clock:
     import plugins.monitors.budget_guard as _budget_guard
 
     _budget_guard.now = lambda: float(Path(_clock).read_text().strip())
+    _budget_guard.elapsed = _budget_guard.now  # the monotonic clock follows the same file
+
+# ``PLAIT_TEST_KILL_IN_DELETE_AFTER=PATH``: SIGKILL right after the first file removed once PATH exists.
+_kill_after = os.environ.get("PLAIT_TEST_KILL_IN_DELETE_AFTER", "")
+if _kill_after:
+    import signal
+
+    _unlink = os.unlink
+
+    def _killing_unlink(path, *args, **kwargs):
+        _unlink(path, *args, **kwargs)
+        name = os.path.basename(os.fsdecode(path))
+        if name != "COMMITTED" and not name.endswith(".tmp") and os.path.exists(_kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    os.unlink = _killing_unlink
+
+# ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP``: one byte flipped in a shard of that checkpoint after its commit.
+_damage = os.environ.get("PLAIT_TEST_DAMAGE_AFTER_COMMIT", "")
+if _damage:
+    from checkpointing.checkpointer import Checkpointer as _Checkpointer
+
+    _commit_then = _Checkpointer._commit
+
+    def _commit_and_damage(self, step, path, json_state):
+        _commit_then(self, step, path, json_state)
+        if step == int(_damage) and self.dist.is_main:
+            with open(path / "__0_0.distcp", "r+b") as f:
+                f.seek(f.seek(0, 2) // 2)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+
+    _Checkpointer._commit = _commit_and_damage
+
+
+def _wait_for(path):
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
+_wait_commit = os.environ.get("PLAIT_TEST_WAIT_BEFORE_COMMIT", "")
+if _wait_commit:
+    from checkpointing.checkpointer import Checkpointer as _Waiting
+
+    _wait_step, _wait_path = _wait_commit.split(":", 1)
+    _commit_later = _Waiting._commit
+
+    def _waiting_commit(self, step, path, json_state):
+        if step == int(_wait_step):
+            _wait_for(_wait_path)
+        return _commit_later(self, step, path, json_state)
+
+    _Waiting._commit = _waiting_commit
+
+_wait_prepare = os.environ.get("PLAIT_TEST_WAIT_AFTER_PREPARE", "")
+if _wait_prepare:
+    import preflight.prepare as _prepare_module
+
+    _prepare = _prepare_module.prepare
+
+    def _waiting_prepare(*args, **kwargs):
+        prep = _prepare(*args, **kwargs)
+        open(_wait_prepare + ".ready", "w").close()
+        _wait_for(_wait_prepare)
+        return prep
+
+    _prepare_module.prepare = _waiting_prepare
