@@ -84,6 +84,10 @@ def load_metadata(path: Path) -> Metadata:
         raise CheckpointError(f"{file} is not readable DCP metadata: {type(e).__name__}: {first[0] if first else ''}") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
         raise CheckpointError(f"{file} is not DCP metadata (it holds a {type(metadata).__name__})")
+    for info in (metadata.storage_data or {}).values():  # every shard a file of this folder, nothing outside it
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise CheckpointError(f"{file} names the shard file {name!r}: expected a file name inside {path}, refusing to read it")
     return metadata
 
 

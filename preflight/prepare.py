@@ -69,10 +69,14 @@ class Prepared:
         return out
 
 
-def prepare(path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True, dry_run: bool = False) -> Prepared:
+def prepare(
+    path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True, dry_run: bool = False, lock: bool = False
+) -> Prepared:
     """``validate_data``: check the data, the resume checkpoint and the output folders (what
     ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
-    the folders it created instead of leaving them for the run."""
+    the folders it created instead of leaving them for the run. ``lock`` (``core.train``'s rank 0):
+    own the run folders (:func:`checkpointing.ownership.lock_run_folders`) before listing the
+    checkpoints to resume from."""
     raw = config_io.load(path, overrides)
     registry = registry_mod.load()
     rc = resolve(raw, registry, source=str(path))
@@ -132,8 +136,17 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
         call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
     if validate_data:  # a training start: find (and check) the checkpoint to resume from
-        model_meta = list_resume(prep)
         ckpt = rc.sections["checkpoint"]
+        probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
+        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
+        if lock:  # one writer per run folder, held until this process ends; taken before the listing, so
+            # that what a job holding it until now committed and pruned (its last save) is seen
+            from checkpointing import ownership
+
+            ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
+        with torch.device("meta"):
+            model_meta = spec.build()  # precision conversions keep parameter names
+        prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
         check_resume = getattr(components["data"], "check_resume", None)
         if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
             check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
@@ -147,19 +160,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
                 verify(Path(initial), shards=False)
                 check_shapes(Path(initial), model_meta)
-        probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
-        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
     return prep
-
-
-def list_resume(prep: Prepared) -> torch.nn.Module:
-    """Set ``prep.resume_candidates`` from the checkpoint folder as it is now; return the model on
-    meta it was checked against. ``core.train`` calls it again once it holds the folder's lock: a job
-    that ran there may have committed and pruned checkpoints since (its last save, as it ended)."""
-    with torch.device("meta"):
-        model_meta = prep.components["model"].build()  # precision conversions keep parameter names
-    prep.resume_candidates = find_resume(prep.rc.sections["checkpoint"], prep.checkpoint_root, model_meta)
-    return model_meta
 
 
 def probe_folder(folder: Path, what: str, keep: bool = True) -> None:

@@ -252,6 +252,28 @@ def test_crafted_bytes_item_runs_nothing(shared, run, tmp_path):
     assert not marker.exists()
 
 
+def test_metadata_naming_a_shard_outside_its_folder_is_refused(shared, run, tmp_path):
+    """A .metadata whose shard names lead out of the checkpoint folder (here to a copy of a good shard
+    one level up, which would load) is refused before anything is read, wherever it is loaded."""
+    from checkpointing.safe_dcp import load_metadata
+    from tools.export import main as export_main
+
+    newest = ckpt(run, 8)
+    meta = load_metadata(newest)
+    index = next(iter(meta.storage_data))
+    info = meta.storage_data[index]
+    shutil.copy(newest / info.relative_path, run / "outside.distcp")
+    for i, other in meta.storage_data.items():
+        if other.relative_path == info.relative_path:
+            meta.storage_data[i] = type(other)("../outside.distcp", other.offset, other.length)
+    (newest / ".metadata").write_bytes(pickle.dumps(meta))
+    recommit(newest)
+    refused = f"{newest / '.metadata'} names the shard file '../outside.distcp': expected a file name inside {newest}"
+    assert refused in exits_2_with_one_line(export_main, ["--checkpoint", str(newest), "--format", "hf", "--out", str(tmp_path / "e")])
+    code, _, err = train_here(shared[0], tmp_path / "x", f"--checkpoint.resume={newest}")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and refused in err, err
+
+
 def test_load_failing_half_way_then_starting_fresh_is_fresh(shared, run, tmp_path):
     """The refused item comes after the model's tensors were loaded: starting fresh must build the state again."""
     cfg, _, straight = shared

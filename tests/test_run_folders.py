@@ -169,10 +169,10 @@ def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp
 
 
 def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path):
-    """Job B lists the checkpoints to resume from before it takes the folder's lock. Started while job
-    A was in its last save, it listed step 4; A then committed step 6, pruned step 4 and ended; B got
-    the lock, found step 4 gone and started fresh: a new run from step 0, whose save of step 6 was
-    skipped as another run's. B now lists them again once it holds the lock."""
+    """Job B used to list the checkpoints to resume from before it took the folder's lock. Started
+    while job A was in its last save, it listed step 4; A then committed step 6, pruned step 4 and
+    ended; B got the lock, found step 4 gone and started fresh: a new run from step 0, whose save of
+    step 6 was skipped as another run's. B now lists them once it holds the lock."""
     import os
     import time
 
@@ -196,8 +196,8 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
     b = None
     try:
         wait_for(root / "step_000000006" / ".metadata")  # A is in its last save, before the commit
-        b = start("--train.steps=8", PLAIT_TEST_WAIT_AFTER_PREPARE=str(go_b))
-        wait_for(Path(f"{go_b}.ready"))  # B listed step 4
+        b = start("--train.steps=8", PLAIT_TEST_WAIT_BEFORE_LOCK=str(go_b))
+        wait_for(Path(f"{go_b}.ready"))  # B's preflight is done up to the lock
         go_a.touch()
         a_out = a.communicate(timeout=120)[0]
         assert a.returncode == 0 and not (root / "step_000000004").exists(), a_out[-2000:]

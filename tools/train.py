@@ -61,12 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ownership.die_with_launcher()  # a rank never trains (or writes) on after its launcher is gone
     try:
         from core.distributed import env_world
-        from preflight.prepare import list_resume, prepare
+        from preflight.prepare import prepare
 
-        prep = prepare(args.config, overrides)
-        if env_world()[0] == 0:  # one writer per run folder, held until this process ends
-            ownership.lock_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])
-            list_resume(prep)  # what a job that held the lock until now committed and pruned (the ranks follow rank 0's list)
+        prep = prepare(args.config, overrides, lock=env_world()[0] == 0)  # one writer per run folder (the ranks follow rank 0's list)
     except PlaitError as e:
         if not isinstance(e, ownership.FolderInUse):  # that folder's exit_status.json is its running job's
             record_bad_input(e, output_dir_of(args.config, overrides))

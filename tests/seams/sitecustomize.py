@@ -10,8 +10,8 @@ after it removes a file other than a ``COMMITTED`` marker or a ``.tmp`` file (a 
 ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP`` flips one byte in the middle of rank 0's shard of that step's
 checkpoint once it is committed (damage on disk after the save: bit rot, a bad copy).
 ``PLAIT_TEST_WAIT_BEFORE_COMMIT=STEP:PATH`` waits before that step's commit until PATH exists.
-``PLAIT_TEST_WAIT_AFTER_PREPARE=PATH`` creates ``PATH.ready`` once the preflight is done (before the
-folder lock), then waits until PATH exists: a job that starts while another one is ending.
+``PLAIT_TEST_WAIT_BEFORE_LOCK=PATH`` creates ``PATH.ready`` when the preflight is about to take the run
+folders' lock, then waits until PATH exists: a job that starts while another one is ending.
 """
 
 import os
@@ -111,16 +111,15 @@ if _wait_commit:
 
     _Waiting._commit = _waiting_commit
 
-_wait_prepare = os.environ.get("PLAIT_TEST_WAIT_AFTER_PREPARE", "")
-if _wait_prepare:
-    import preflight.prepare as _prepare_module
+_wait_lock = os.environ.get("PLAIT_TEST_WAIT_BEFORE_LOCK", "")
+if _wait_lock:
+    from checkpointing import ownership as _ownership
 
-    _prepare = _prepare_module.prepare
+    _lock = _ownership.lock_run_folders
 
-    def _waiting_prepare(*args, **kwargs):
-        prep = _prepare(*args, **kwargs)
-        open(_wait_prepare + ".ready", "w").close()
-        _wait_for(_wait_prepare)
-        return prep
+    def _waiting_lock(*args, **kwargs):
+        open(_wait_lock + ".ready", "w").close()
+        _wait_for(_wait_lock)
+        return _lock(*args, **kwargs)
 
-    _prepare_module.prepare = _waiting_prepare
+    _ownership.lock_run_folders = _waiting_lock
