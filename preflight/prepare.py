@@ -119,8 +119,10 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
     if validate_data:
         components["data"].validate(spec.vocab_size, rc.seq_len)
         data = components["data"]
+        if isinstance(data, IndexedSource):  # every sample's ids are checked against the vocabulary
+            data.model_vocab_size = spec.vocab_size
         if isinstance(data, IndexedSource) and not getattr(data, "streams", None):  # the first sample's shape, now
-            checked_sample(components["data"], 0, rc.seq_len, "train")
+            checked_sample(components["data"], 0, rc.seq_len, "train", spec.vocab_size)
         val = rc.sections["validation"]
         has_split = getattr(components["data"], "has_split", None)
         if val.every and has_split is not None and not has_split(val.split):
