@@ -261,6 +261,17 @@ def test_train_argparse_errors_are_one_line(capsys):
     assert err[0].startswith("plait: error: command line: argument --config: expected one argument")
 
 
+def test_plugins_argparse_errors_are_one_line(capsys):
+    """core.plugins printed argparse's usage block and its own prefix, unlike every other command."""
+    from tools import plugins
+
+    with pytest.raises(SystemExit) as exc:
+        plugins.main(["--slot", "modle"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1
+    assert err[0].startswith("plait: error: command line: argument --slot: invalid choice: 'modle'")
+
+
 def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, monkeypatch):
     """Under torchrun a child's exit code 2 becomes 1: exit_status.json tells remote.sh not to retry."""
     import json
