@@ -143,7 +143,7 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
-            from checkpointing.weights import HF_INDEX, hf_index_files, weights_kind
+            from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
 
             kind = weights_kind(Path(initial))  # exists, known layout
             if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
@@ -151,6 +151,8 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
             if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
                 verify(Path(initial), shards=False)
                 check_shapes(Path(initial), model_meta)
+            else:  # an export: its keys and shapes, from the files' headers
+                load_weights(Path(initial), spec, model_meta, shapes_only=True)
         probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
         probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
     return prep

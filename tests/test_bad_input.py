@@ -429,6 +429,23 @@ def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
         hf_index_files(tmp_path / HF_INDEX)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "hf"])
+def test_initial_load_export_of_another_shape_is_refused_by_plan(tiny_config, tmp_path, capsys, fmt):
+    """An export's keys and shapes are checked from its headers before training (core.plan too), as a
+    checkpoint folder's are; they used to be found only after the process group and model existed."""
+    import torch
+
+    from checkpointing.weights import empty_model, save_hf, save_safetensors, spec_from_config
+
+    section = {"name": "llama3", "flavor": "debug", "dim": 32, "n_layers": 2}  # the tiny config's model has dim 64
+    spec = spec_from_config({"model": section}, "test")
+    sd = {k: torch.zeros(v.shape) for k, v in empty_model(spec).state_dict().items()}
+    out = tmp_path / fmt
+    save_safetensors(sd, out, section, None) if fmt == "safetensors" else save_hf(spec, sd, out, None, 2**30)
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--checkpoint.initial_load={out}")
+    assert f"weights {out} do not fit the model: " in msg and "vs model (64, 64)" in msg
+
+
 def test_initial_load_hf_index_checked_before_training(tiny_config, tmp_path, capsys):
     import json
 
