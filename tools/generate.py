@@ -147,6 +147,8 @@ def check_numbers(args: Any) -> None:
         raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
     if args.top_k < 0:
         raise ConfigError(f"--top-k must be >= 0 (0: the whole vocabulary), got {args.top_k}")
+    if args.eos_id is not None and args.tokenizer is None:  # it used to be ignored without a word
+        raise ConfigError(f"--eos-id {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
 
 
 def prompt_ids(codec: Codec, prompt: str, model_vocab: int) -> list[int]:
