@@ -126,7 +126,10 @@ def prepare(path: str, overrides: list[str] | None = None, world_size: int | Non
         val = rc.sections["validation"]
         has_split = getattr(components["data"], "has_split", None)
         if val.every and has_split is not None and not has_split(val.split):
-            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split")
+            parts = zip(getattr(data, "labels", []), getattr(data, "sources", []))  # a mixture: name the sources without it
+            lacking = [label for label, source in parts if not getattr(source, "has_split", lambda _: True)(val.split)]
+            which = f" (source{'s' * (len(lacking) > 1)} {', '.join(map(repr, lacking))} of the mixture: no {val.split!r} split)" if lacking else ""
+            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split{which}")
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule

@@ -182,6 +182,15 @@ def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):
     assert expected in plan_error(capsys, "--config", str(tiny_config()), *overrides)
 
 
+def test_mixture_without_a_validation_split_names_the_source(tiny_config, tmp_path, capsys):
+    """validation.every on a mixture said only 'the data source has no 'val' split', not which source lacks it."""
+    (tmp_path / "docs.jsonl").write_text('{"text": "hello"}\n')
+    shakespeare = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+    sources = f'[{{name="token_bin", weight=1.0, label="bard", path="{shakespeare}"}}, {{name="text_stream", weight=1.0, label="web", files=["{tmp_path / "docs.jsonl"}"]}}]'
+    msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=mixture", f"--data.sources={sources}", "--validation.every=2")
+    assert msg.endswith("validation.every = 2 but the data source has no 'val' split (source 'web' of the mixture: no 'val' split)")
+
+
 def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     msg = plan_error(capsys, "--config", str(tiny_config()), f"--train.output_dir={tmp_path / 'afile' / 'out'}")
