@@ -86,6 +86,19 @@ def test_unknown_tokenizer_kind_in_the_data_section(tmp_path, corpus):
     assert "not found" not in line
 
 
+def test_a_relative_tokenizer_path_that_is_missing_says_where_it_looked(tmp_path, corpus):
+    """text_stream's tokenizer path is relative to the working directory, unlike its files (relative to
+    the config): the error said only 'tok.json not found'."""
+    text = write_tiny_config(tmp_path).read_text()
+    data = text[text.index("[data]") : text.index("[precision]")]
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(text.replace(data, f'[data]\nname = "text_stream"\nfiles = ["{corpus}"]\ntokenizer = "hf:tok.json"\nseq_len = 128\n'))
+    (tmp_path / "tok.json").write_text("{}")  # beside the config, where the user expected it to be read from
+    work = tmp_path / "work"
+    work.mkdir()
+    one_line_error(run_module("core.plan", "--config", str(cfg), cwd=work), f"tok.json not found (a relative path is taken from the working directory, {work})")
+
+
 @pytest.mark.parametrize("tokenizer, eos", [("bytes", "300"), ("bytes", "-5"), ("hf", "-5"), ("hf", "270"), ("tiktoken", "-5"), ("tiktoken", "65")])
 def test_prepare_refuses_an_eos_id_the_tokenizer_cannot_use(tmp_path, corpus, tokenizer, eos):
     if tokenizer == "hf":

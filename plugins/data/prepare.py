@@ -128,7 +128,8 @@ class Tokenizer:
             return
         file = Path(path)
         if not file.is_file():
-            raise DataError(f"{where} {spec!r}: {file} not found")
+            rel = "" if file.is_absolute() else f" (a relative path is taken from the working directory, {Path.cwd()})"
+            raise DataError(f"{where} {spec!r}: {file} not found{rel}")
         try:
             data = file.read_bytes()
         except OSError as e:
