@@ -99,8 +99,11 @@ def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
     assert proc.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in proc.stderr
     proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "exmaple"})
     assert proc.returncode == 2
-    assert "PLAIT_PLUGINS names 'exmaple', which no installed plugin provides" in proc.stderr
+    assert "PLAIT_PLUGINS names 'exmaple', which no installed third-party plugin provides" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    # a built-in's entry-point name is not a third-party plugin: it was said to be not installed at all
+    proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "example,llama3"})
+    assert proc.returncode == 2 and "names 'llama3', which no installed third-party plugin provides (plait's own always load)" in proc.stderr
 
 
 def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
