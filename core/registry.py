@@ -145,7 +145,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         unknown = sorted(allowed - third)
         if unknown:
             raise PluginError(
-                f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin provides; "
+                f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed third-party plugin provides (plait's own always load); "
                 f"installed third-party plugins: {', '.join(sorted(third)) or '(none)'}"
             )
     for ep in eps:

@@ -50,6 +50,7 @@ class IndexedSource:
     """
 
     seed: int = 0
+    model_vocab_size: int | None = None  # set by the core before training: ids at or above it are refused
 
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
         """Sample ``index`` of ``split`` (``"train"`` or ``"val"``): a 1-D integer array of exactly
@@ -88,18 +89,24 @@ def check_replacement_batch(result: Any, inputs: Any, labels: Any, vocab_size: i
             raise ValueError(f"returned token ids from {lo} to {hi}; expected ids in 0..{vocab_size - 1} (the model's vocabulary)")
 
 
-def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str) -> np.ndarray:
-    """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids."""
+def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str, vocab_size: int | None = None) -> np.ndarray:
+    """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids,
+    below ``vocab_size`` when given (the last id, a label only, may also be -100: ignored)."""
     from core.errors import DataError
 
     row = source.sample(index, seq_len, split)
     shape = getattr(row, "shape", None)
+    where = f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned"
     if shape != (seq_len + 1,) or not np.issubdtype(getattr(row, "dtype", np.float64), np.integer):
         raise DataError(
-            f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned "
-            f"{type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "
+            f"{where} {type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "
             f"integer array of seq_len + 1 = {seq_len + 1} token ids (inputs, then the labels shifted by one)"
         )
+    if vocab_size is not None:
+        ids = row if row[-1] != -100 else row[:-1]
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise DataError(f"{where} token ids from {lo} to {hi}; expected ids in 0..{vocab_size - 1} (the model's vocabulary)")
     return row
 
 
@@ -129,7 +136,7 @@ class IndexedLoader:
         return first, first + self.spec.global_batch
 
     def row(self, index: int) -> np.ndarray:
-        return checked_sample(self.source, index, self.spec.seq_len, self.spec.split)
+        return checked_sample(self.source, index, self.spec.seq_len, self.spec.split, self.source.model_vocab_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:

@@ -123,12 +123,17 @@ def prepare(
     if validate_data:
         components["data"].validate(spec.vocab_size, rc.seq_len)
         data = components["data"]
+        if isinstance(data, IndexedSource):  # every sample's ids are checked against the vocabulary
+            data.model_vocab_size = spec.vocab_size
         if isinstance(data, IndexedSource) and not getattr(data, "streams", None):  # the first sample's shape, now
-            checked_sample(components["data"], 0, rc.seq_len, "train")
+            checked_sample(components["data"], 0, rc.seq_len, "train", spec.vocab_size)
         val = rc.sections["validation"]
         has_split = getattr(components["data"], "has_split", None)
         if val.every and has_split is not None and not has_split(val.split):
-            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split")
+            parts = zip(getattr(data, "labels", []), getattr(data, "sources", []))  # a mixture: name the sources without it
+            lacking = [label for label, source in parts if not getattr(source, "has_split", lambda _: True)(val.split)]
+            which = f" (source{'s' * (len(lacking) > 1)} {', '.join(map(repr, lacking))} of the mixture: no {val.split!r} split)" if lacking else ""
+            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split{which}")
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule
@@ -152,7 +157,7 @@ def prepare(
             check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
-            from checkpointing.weights import HF_INDEX, hf_index_files, weights_kind
+            from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
 
             kind = weights_kind(Path(initial))  # exists, known layout
             if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
@@ -160,6 +165,8 @@ def prepare(
             if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
                 verify(Path(initial), shards=False)
                 check_shapes(Path(initial), model_meta)
+            else:  # an export: its keys and shapes, from the files' headers
+                load_weights(Path(initial), spec, model_meta, shapes_only=True)
     return prep
 
 

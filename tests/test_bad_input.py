@@ -182,6 +182,15 @@ def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):
     assert expected in plan_error(capsys, "--config", str(tiny_config()), *overrides)
 
 
+def test_mixture_without_a_validation_split_names_the_source(tiny_config, tmp_path, capsys):
+    """validation.every on a mixture said only 'the data source has no 'val' split', not which source lacks it."""
+    (tmp_path / "docs.jsonl").write_text('{"text": "hello"}\n')
+    shakespeare = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+    sources = f'[{{name="token_bin", weight=1.0, label="bard", path="{shakespeare}"}}, {{name="text_stream", weight=1.0, label="web", files=["{tmp_path / "docs.jsonl"}"]}}]'
+    msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=mixture", f"--data.sources={sources}", "--validation.every=2")
+    assert msg.endswith("validation.every = 2 but the data source has no 'val' split (source 'web' of the mixture: no 'val' split)")
+
+
 def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     msg = plan_error(capsys, "--config", str(tiny_config()), f"--train.output_dir={tmp_path / 'afile' / 'out'}")
@@ -259,6 +268,17 @@ def test_train_argparse_errors_are_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1
     assert err[0].startswith("plait: error: command line: argument --config: expected one argument")
+
+
+def test_plugins_argparse_errors_are_one_line(capsys):
+    """core.plugins printed argparse's usage block and its own prefix, unlike every other command."""
+    from tools import plugins
+
+    with pytest.raises(SystemExit) as exc:
+        plugins.main(["--slot", "modle"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1
+    assert err[0].startswith("plait: error: command line: argument --slot: invalid choice: 'modle'")
 
 
 def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, monkeypatch):
@@ -416,6 +436,23 @@ def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
     (tmp_path / HF_INDEX).write_text('{"weight_map": [1]}')
     with pytest.raises(CheckpointError, match="expected a JSON object with a weight_map"):
         hf_index_files(tmp_path / HF_INDEX)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "hf"])
+def test_initial_load_export_of_another_shape_is_refused_by_plan(tiny_config, tmp_path, capsys, fmt):
+    """An export's keys and shapes are checked from its headers before training (core.plan too), as a
+    checkpoint folder's are; they used to be found only after the process group and model existed."""
+    import torch
+
+    from checkpointing.weights import empty_model, save_hf, save_safetensors, spec_from_config
+
+    section = {"name": "llama3", "flavor": "debug", "dim": 32, "n_layers": 2}  # the tiny config's model has dim 64
+    spec = spec_from_config({"model": section}, "test")
+    sd = {k: torch.zeros(v.shape) for k, v in empty_model(spec).state_dict().items()}
+    out = tmp_path / fmt
+    save_safetensors(sd, out, section, None) if fmt == "safetensors" else save_hf(spec, sd, out, None, 2**30)
+    msg = plan_error(capsys, "--config", str(tiny_config()), f"--checkpoint.initial_load={out}")
+    assert f"weights {out} do not fit the model: " in msg and "vs model (64, 64)" in msg
 
 
 def test_initial_load_hf_index_checked_before_training(tiny_config, tmp_path, capsys):

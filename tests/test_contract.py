@@ -122,6 +122,30 @@ def test_a_data_source_off_by_one_is_refused():
         next(iter(loader))
 
 
+def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
+    """Ids the model's embedding cannot look up were an IndexError traceback mid-run: every sample is checked
+    against the vocabulary the core sets (the last id, a label only, may be -100)."""
+    import numpy as np
+
+    from core.errors import DataError
+    from core.protocols import LoaderSpec
+    from dataloading.indexed import IndexedSource
+
+    class LateBadId(IndexedSource):
+        def sample(self, index, seq_len, split):
+            row = np.arange(seq_len + 1, dtype=np.int64)
+            row[-1] = -100 if index == 1 else row[-1]
+            row[3] = 600 if index == 5 else row[3]
+            return row
+
+    source = LateBadId()
+    source.model_vocab_size = 512
+    batches = iter(source.loader(LoaderSpec(seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0)))
+    next(batches), next(batches)  # samples 0-3, the -100 label of sample 1 included
+    with pytest.raises(DataError, match=r"LateBadId: sample\(5, seq_len=16, 'train'\) returned token ids from 0 to 600; expected ids in 0..511"):
+        next(batches)
+
+
 def test_plugins_listing_names_the_optional_members_each_component_provides():
     from tools.plugins import render
 

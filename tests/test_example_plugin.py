@@ -85,6 +85,12 @@ def test_tied_third_party_model_stays_tied(example_site, tmp_path):
         assert (model["lm_head.weight"] == model["wte.weight"]).all(), f"untied at step {step}"
         trained = sum(t.numel() for k, t in model.items() if k != "lm_head.weight")
         assert trained == planned
+    # Export and generate work with a spec without the optional max_seq_len (an AttributeError traceback before).
+    ckpt = out / "checkpoints" / "step_000000008"
+    proc = run_module("core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st"), extra_env=example_site)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_module("core.generate", "--checkpoint", str(tmp_path / "st"), "--prompt", "RO", "--max-new-tokens", "4", extra_env=example_site)
+    assert proc.returncode == 0 and proc.stdout.startswith("RO"), proc.stderr[-3000:]
 
 
 def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
@@ -93,8 +99,11 @@ def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
     assert proc.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in proc.stderr
     proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "exmaple"})
     assert proc.returncode == 2
-    assert "PLAIT_PLUGINS names 'exmaple', which no installed plugin provides" in proc.stderr
+    assert "PLAIT_PLUGINS names 'exmaple', which no installed third-party plugin provides" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    # a built-in's entry-point name is not a third-party plugin: it was said to be not installed at all
+    proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "example,llama3"})
+    assert proc.returncode == 2 and "names 'llama3', which no installed third-party plugin provides (plait's own always load)" in proc.stderr
 
 
 def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):

@@ -218,6 +218,12 @@ def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):
     assert "not a committed plait checkpoint" in one_line_error(capsys, "--checkpoint", tmp_path / "empty")
 
 
+def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
+    """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
+    err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)
+    assert "--eos-id 5 is the EOS of --tokenizer, and no --tokenizer is given" in err
+
+
 def test_crafted_checkpoint_runs_nothing(bytes_ckpt, tmp_path, capsys):
     from test_integrity import craft_metadata
 

@@ -68,6 +68,14 @@ CASES = {
         ['--monitors.enabled=["console", "evil"]'],
         "monitor 'evil': plait_preflight failed: RuntimeError: boom in preflight",
     ),
+    "data_ids_beyond_the_vocabulary": (  # was an IndexError traceback from the embedding, mid-run
+        "import numpy as np\nfrom core.api import IndexedSource\n"
+        "class D(IndexedSource):\n    def __init__(self, options):\n        pass\n    def validate(self, vocab_size, seq_len):\n        pass\n"
+        "    def sample(self, index, seq_len, split):\n        return np.arange(seq_len + 1) + 1000\n"
+        "@hookimpl\ndef plait_register(registry):\n    registry.add('data', 'evil', D, doc='d')\n",
+        ["--data.name=evil"],
+        "data source D: sample(0, seq_len=128, 'train') returned token ids from 1000 to 1128; expected ids in 0..511 (the model's vocabulary)",
+    ),
 }
 
 

@@ -86,6 +86,19 @@ def test_unknown_tokenizer_kind_in_the_data_section(tmp_path, corpus):
     assert "not found" not in line
 
 
+def test_a_relative_tokenizer_path_that_is_missing_says_where_it_looked(tmp_path, corpus):
+    """text_stream's tokenizer path is relative to the working directory, unlike its files (relative to
+    the config): the error said only 'tok.json not found'."""
+    text = write_tiny_config(tmp_path).read_text()
+    data = text[text.index("[data]") : text.index("[precision]")]
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(text.replace(data, f'[data]\nname = "text_stream"\nfiles = ["{corpus}"]\ntokenizer = "hf:tok.json"\nseq_len = 128\n'))
+    (tmp_path / "tok.json").write_text("{}")  # beside the config, where the user expected it to be read from
+    work = tmp_path / "work"
+    work.mkdir()
+    one_line_error(run_module("core.plan", "--config", str(cfg), cwd=work), f"tok.json not found (a relative path is taken from the working directory, {work})")
+
+
 @pytest.mark.parametrize("tokenizer, eos", [("bytes", "300"), ("bytes", "-5"), ("hf", "-5"), ("hf", "270"), ("tiktoken", "-5"), ("tiktoken", "65")])
 def test_prepare_refuses_an_eos_id_the_tokenizer_cannot_use(tmp_path, corpus, tokenizer, eos):
     if tokenizer == "hf":
@@ -164,3 +177,36 @@ def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
     proc = run_module("core.plan", "--config", str(write_tiny_config(tmp_path)), "--config-only", "--plot-lr", path)
     one_line_error(proc, "--plot-lr", expected)
     assert proc.stdout == ""  # refused before the plan is made
+
+
+# --- optional libraries that are not installed (the quick start installs plait without extras) ------
+
+
+@pytest.mark.parametrize(
+    "module, command, args, expected",
+    [
+        (
+            "tokenizers",
+            "plugins.data.prepare",
+            ["--tokenizer", "hf:{d}/tok.json"],
+            "--tokenizer 'hf:{d}/tok.json' needs the tokenizers library (pip install 'plait[data]')",
+        ),
+        ("tiktoken", "plugins.data.prepare", ["--tokenizer", "tiktoken:{d}/tok.json"], "needs the tiktoken library (pip install 'plait[data]')"),
+        ("matplotlib", "tools.report", ["--run", "{d}", "--out", "{d}/report"], "core.report draws its curves with matplotlib (pip install 'plait[report]')"),
+    ],
+)
+def test_a_missing_optional_library_is_one_line(tmp_path, corpus, monkeypatch, capsys, module, command, args, expected):
+    """Each was a ModuleNotFoundError traceback (report: after it had written metrics.csv)."""
+    import importlib
+    import sys
+
+    (tmp_path / "tok.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, module, None)  # what an install without the extra gives: the import fails
+    args = [a.format(d=tmp_path) for a in args]
+    if command == "plugins.data.prepare":
+        args += ["--input", str(corpus), "--out", str(tmp_path / "out"), "--workers", "1"]
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(command).main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and expected.format(d=tmp_path) in err[0], err
+    assert not (tmp_path / "report").exists() and not (tmp_path / "out").exists()

@@ -45,7 +45,7 @@ def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, 
     return codec
 
 
-def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int) -> tuple[list[Path], str | None]:
+def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int | None) -> tuple[list[Path], str | None]:
     """Copy the tokenizer's file into ``out`` (plus tokenizer_config.json for hf); return (paths, spec relative to out)."""
     if codec is None:
         return [], None
@@ -63,9 +63,10 @@ def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int) -> 
             "tokenizer_class": "PreTrainedTokenizerFast",
             "eos_token": eos,
             "pad_token": eos,
-            "model_max_length": max_seq_len,
             "clean_up_tokenization_spaces": False,
         }
+        if max_seq_len is not None:  # optional for a model spec (core/contract.py)
+            tok_config["model_max_length"] = max_seq_len
         paths.append(write_json(out / "tokenizer_config.json", tok_config))
     elif fmt == "hf":
         print(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             paths = save_hf(spec, sd, args.out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
             if codec is not None:
                 paths.append(write_json(args.out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
-        tok_paths, tok_spec = write_tokenizer_files(codec, args.out, args.format, spec.max_seq_len)
+        tok_paths, tok_spec = write_tokenizer_files(codec, args.out, args.format, getattr(spec, "max_seq_len", None))
         paths += tok_paths
         record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
         paths.append(write_json(args.out / PLAIT_FILE, record))

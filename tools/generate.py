@@ -93,7 +93,7 @@ def generate(
     ids: list[int],
     max_new_tokens: int,
     *,
-    max_seq_len: int,
+    max_seq_len: int | None,
     temperature: float = 0.0,
     top_k: int = 0,
     seed: int = 0,
@@ -105,7 +105,8 @@ def generate(
     ``top_k`` most likely (0: all) at ``temperature`` with a generator seeded by ``seed``.
     Stops at ``eos_id`` (included) or after ``max_new_tokens``. Ids at or above ``vocab_limit``
     (the tokenizer's size, when the model's vocabulary is padded) are never produced. The model is
-    called on the last ``max_seq_len`` tokens at every step (full recompute, no cache)."""
+    called on the last ``max_seq_len`` tokens (None: a spec without ``max_seq_len``, all of them) at
+    every step (full recompute, no cache)."""
     if not ids:
         raise ValueError("generate needs at least one token of context")
     device = torch.device(device)
@@ -113,7 +114,7 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(seed) if temperature > 0 else None
     out: list[int] = []
     for _ in range(max_new_tokens):
-        logits = model(context[:, -max_seq_len:])[0, -1].float()
+        logits = model(context if max_seq_len is None else context[:, -max_seq_len:])[0, -1].float()
         if vocab_limit is not None and vocab_limit < logits.numel():
             logits[vocab_limit:] = -math.inf
         if temperature == 0:
@@ -147,6 +148,8 @@ def check_numbers(args: Any) -> None:
         raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
     if args.top_k < 0:
         raise ConfigError(f"--top-k must be >= 0 (0: the whole vocabulary), got {args.top_k}")
+    if args.eos_id is not None and args.tokenizer is None:  # it used to be ignored without a word
+        raise ConfigError(f"--eos-id {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
 
 
 def prompt_ids(codec: Codec, prompt: str, model_vocab: int) -> list[int]:
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             ids,
             args.max_new_tokens,
-            max_seq_len=spec.max_seq_len,
+            max_seq_len=getattr(spec, "max_seq_len", None),  # optional (core/contract.py)
             temperature=args.temperature,
             top_k=args.top_k,
             seed=args.seed,

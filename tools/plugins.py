@@ -5,10 +5,9 @@ Also lists the core's own sections. ``--slot NAME`` limits the listing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from core.errors import PlaitError, exit_bad_input
+from core.errors import ArgumentParser, PlaitError, exit_bad_input
 from core.options import describe
 from core.protocols import SLOT_DOCS, SLOTS
 
@@ -79,7 +78,7 @@ def render(slot_filter: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m core.plugins", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m core.plugins", description=__doc__.split("\n\n")[0])
     parser.add_argument("--slot", choices=SLOTS, help="show one slot only")
     parser.add_argument("--contract", action="store_true", help="print what the core reads from each slot's object (core/contract.py)")
     args = parser.parse_args(argv)

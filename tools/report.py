@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import ArgumentParser, CheckpointError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
 
 
 def read_rows(run: Path) -> list[dict[str, Any]]:
@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from preflight.prepare import probe_folder
 
+        try:
+            import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
+        except ImportError as e:
+            raise ConfigError(f"core.report draws its curves with matplotlib (pip install 'plait[report]'): {e}") from None
         resolved_text, resolved = read_config(args.run)
         rows = read_rows(args.run)
         ckpt = final_checkpoint(args.run, resolved)

@@ -40,6 +40,17 @@ import numpy as np
 
 from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
 
+
+def need(module: str, what: str) -> None:
+    """Import ``module`` (an optional dependency, the ``data`` extra) or say in one line that ``what`` needs it."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise DataError(f"{what} needs the {module.split('.')[0]} library (pip install 'plait[data]'): {e}") from None
+
+
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 
@@ -76,6 +87,7 @@ def documents(path: Path, text_field: str) -> Iterator[str]:
                             raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
                         yield text
         else:
+            need("pyarrow.parquet", f"{path}: reading .parquet")
             import pyarrow as pa
             import pyarrow.parquet as pq
 
@@ -116,13 +128,15 @@ class Tokenizer:
             return
         file = Path(path)
         if not file.is_file():
-            raise DataError(f"{where} {spec!r}: {file} not found")
+            rel = "" if file.is_absolute() else f" (a relative path is taken from the working directory, {Path.cwd()})"
+            raise DataError(f"{where} {spec!r}: {file} not found{rel}")
         try:
             data = file.read_bytes()
         except OSError as e:
             raise DataError(f"{where} {spec!r}: {file} unreadable ({type(e).__name__}: {e.strerror or e})") from None
         self.fingerprint = hashlib.sha256(data).hexdigest()
         if kind == "hf":
+            need("tokenizers", f"{where} {spec!r}")
             from tokenizers import Tokenizer as HFTokenizer
 
             try:
@@ -146,6 +160,7 @@ class Tokenizer:
         else:
             import base64
 
+            need("tiktoken", f"{where} {spec!r}")
             import tiktoken
 
             try:

@@ -43,7 +43,7 @@ PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format 
 @dataclass
 class TextStreamOptions:
     files: list[str] = option([], "jsonl or parquet files (globs allowed), read in this order", path=True)
-    tokenizer: str = option("bytes", "bytes | hf:PATH/tokenizer.json")
+    tokenizer: str = option("bytes", "bytes | hf:PATH/tokenizer.json | tiktoken:PATH (a relative PATH: from the working directory, not the config file)")
     text_field: str = option("text", "jsonl key / parquet column with the text")
     shuffle_buffer: int = option(0, "windows held per shard for shuffling (0: in order)", ge=0)
     workers: int = option(0, "loader worker processes per rank (StatefulDataLoader); a resume needs the same number", ge=0)
