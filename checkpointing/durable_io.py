@@ -51,8 +51,13 @@ def sync_dir(path: Path) -> None:
 
 def replace_durable(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically and durably: a reader (or a crash) sees the old
-    file or the new one, never a mix, and once this returns the new one is on disk."""
+    file or the new one, never a mix, and once this returns the new one is on disk. A write that
+    fails (a full disk) leaves the old file and no partial copy beside it."""
     tmp = path.with_name(path.name + ".tmp")
-    write_durable(tmp, text)
+    try:
+        write_durable(tmp, text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     sync_dir(path.parent)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from checkpointing.durable_io import replace_durable
 from core import log
 from core.protocols import DistInfo
 from preflight import config as config_io
@@ -46,7 +47,7 @@ def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> 
         return
     out = Path(prep.rc.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.resolved.toml").write_text(config_io.dumps(prep.resolved))
+    replace_durable(out / "config.resolved.toml", config_io.dumps(prep.resolved))
     device = dist.device
     info = {
         "config": prep.source,
@@ -58,7 +59,7 @@ def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> 
         "versions": versions,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (out / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    replace_durable(out / "run_info.json", json.dumps(info, indent=2) + "\n")
 
 
 def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str, strict: bool = True) -> None:
@@ -66,7 +67,7 @@ def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, 
     status: dict[str, Any] = {"exit_code": exit_code, "reason": reason, "step": step, "detail": detail}
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "exit_status.json").write_text(json.dumps(status) + "\n")
+        replace_durable(output_dir / "exit_status.json", json.dumps(status) + "\n")  # a launcher never reads half of it
     except OSError as e:
         if strict:
             raise

@@ -534,3 +534,26 @@ def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_both(tmp_path):
     assert got["flags"] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]  # rank 0's own loss was finite throughout
     assert got["changed"] == [True, True, False, False, True, True]
     assert got["counters"] == [2, 2, 0] and got["ranks_equal"]
+
+
+def test_a_full_disk_while_writing_exit_status_leaves_the_old_file_whole(tmp_path):
+    """exit_status.json is what a launcher reads to decide on a restart: a write that fails half way
+    (here a file-size limit, EFBIG, as a full disk gives ENOSPC) keeps the previous file, never a
+    truncated one; the failure is one logged line."""
+    import resource
+
+    old = {"exit_code": 0, "reason": "completed", "step": 8, "detail": ""}
+    (tmp_path / "exit_status.json").write_text(json.dumps(old) + "\n")
+    code = (
+        "import sys; from pathlib import Path; from core.run_files import write_exit_status; "
+        f"write_exit_status(Path({str(tmp_path)!r}), 74, 'save_failed', 9, 'x' * 4096, strict=False)"
+    )
+
+    def limit() -> None:  # 64 bytes per file, for the child only
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cannot write exit_status.json" in proc.stderr, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "exit_status.json").read_text()) == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit_status.json"]  # no partial copy left beside it
