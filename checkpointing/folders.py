@@ -51,10 +51,10 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 @dataclass
 class CheckpointOptions:
-    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop")
+    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop", ge=0)
     dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
     async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
-    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all")
+    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all", ge=0)
     resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
@@ -62,6 +62,7 @@ class CheckpointOptions:
     keep_best: int = option(
         0,
         "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
+        ge=0,
     )
     keep_lowest_loss: bool = option(
         True,
@@ -76,8 +77,6 @@ class CheckpointOptions:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
         if bad:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
-        if self.every < 0 or self.keep_latest < 0 or self.keep_best < 0:
-            raise ValueError("every, keep_latest and keep_best must be >= 0")
         if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
             raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
 

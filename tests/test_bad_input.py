@@ -171,7 +171,11 @@ def plan_error(capsys, *args: str) -> str:
         (["--train.output_dir="], "[train]: output_dir: expected a folder, got an empty string"),  # an unset shell variable
         (["--checkpoint.resume="], "[checkpoint]: resume: expected 'auto', 'none' or a checkpoint folder, got an empty string"),
         (["--=5"], "command line: bad key in '--=5'"),
-        (['--monitors.enabled=["spikes"]', "--monitors.spikes.max_in_a_row=-1"], "[monitors.spikes]: max_in_a_row must be >= 0, got -1"),
+        (['--monitors.enabled=["spikes"]', "--monitors.spikes.max_in_a_row=-1"], "[monitors.spikes].max_in_a_row: must be >= 0, got -1"),
+        (['--monitors.enabled=["spikes"]', "--monitors.spikes.sigmas=-1"], "[monitors.spikes].sigmas: must be > 0, got -1"),
+        (['--monitors.enabled=["spikes"]', "--monitors.spikes.window=1"], "[monitors.spikes].window: must be >= 2, got 1"),
+        (["--checkpoint.keep_latest=-1"], "[checkpoint].keep_latest: must be >= 0, got -1"),
+        (["--parallelism.name=ddp", "--parallelism.bucket_cap_mb=-1"], "(parallelism 'ddp').bucket_cap_mb: must be > 0, got -1"),
         (["--steps=5"], "command line: '--steps=5' names no section; expected --section.key=value (did you mean --train.steps?)"),
         (["--keep-latest", "2"], "(did you mean --checkpoint.keep_latest?)"),
         (["--bogus"], "command line: '--bogus' names no section; expected --section.key=value"),

@@ -159,7 +159,7 @@ def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=-1", extra_env=torchrun_env)
-        assert r.returncode == 2 and "every, keep_latest and keep_best must be >= 0" in r.stderr, r.stderr[-2000:]
+        assert r.returncode == 2 and "[checkpoint].every: must be >= 0, got -1" in r.stderr, r.stderr[-2000:]
         assert not (out / "exit_status.json").exists()
     finally:
         holder.kill()

@@ -26,24 +26,22 @@ from core.api import hookimpl, log, option
 
 @dataclass
 class SpikesOptions:
-    window: int = option(20, "steps in the rolling window")
-    min_steps: int = option(10, "steps seen before detection starts")
-    sigmas: float = option(5.0, "a value this many standard deviations above the window mean is a spike")
-    min_ratio: float = option(1.3, "and at least this many times the window mean")
+    window: int = option(20, "steps in the rolling window", ge=2)
+    min_steps: int = option(10, "steps seen before detection starts", ge=2)
+    sigmas: float = option(5.0, "a value this many standard deviations above the window mean is a spike", gt=0)
+    min_ratio: float = option(1.3, "and at least this many times the window mean", gt=0)
     watch: list[str] = option(["loss", "grad_norm"], "signals to watch: loss, grad_norm")
     action: Literal["log", "skip", "rollback"] = option("skip", "what to do on a spike")
     max_in_a_row: int = option(
-        10, "with skip or rollback: stop the run (exit code 3, with a checkpoint) after this many spikes in a row, a lasting change of level; 0: never"
+        10,
+        "with skip or rollback: stop the run (exit code 3, with a checkpoint) after this many spikes in a row, a lasting change of level; 0: never",
+        ge=0,
     )
 
     def check(self) -> None:
         bad = [w for w in self.watch if w not in ("loss", "grad_norm")]
         if bad:
             raise ValueError(f"watch: unknown signal {bad[0]!r}; signals: loss, grad_norm")
-        if self.window < 2 or self.min_steps < 2:
-            raise ValueError("window and min_steps must be >= 2")
-        if self.max_in_a_row < 0:
-            raise ValueError(f"max_in_a_row must be >= 0, got {self.max_in_a_row}")
 
 
 WINDOW_KEY = "spikes_window"  # run.state entry: the rolling windows, saved with each checkpoint

@@ -17,7 +17,7 @@ from plugins.parallelism.common import clip_grad_norm
 
 @dataclass
 class DDPOptions:
-    bucket_cap_mb: int = option(25, "gradient all-reduce bucket size in MiB")
+    bucket_cap_mb: int = option(25, "gradient all-reduce bucket size in MiB", gt=0)
     static_graph: bool = option(False, "tell DDP the graph is the same every step (enables some optimizations)")
     gradient_as_bucket_view: bool = option(True, "gradients are views into the all-reduce buckets (saves memory)")
     batched_grad_copy: bool = option(
