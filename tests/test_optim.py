@@ -65,17 +65,37 @@ def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
 
 
 @pytest.mark.slow
-def test_checkpoint_from_adamw8bit_resumes_with_adamw(tiny_config, tmp_path):
-    cfg = tiny_config()
-    out = tmp_path / "run"
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw8bit", "--train.steps=4", "--model.ffn_dim=256")
+def test_an_adamw8bit_checkpoint_resumes_with_new_settings_and_with_adamw(tmp_path):
+    """One adamw8bit leg (torchao compiles its step: the slow part), resumed twice from copies:
+    with a new peak LR and betas (torchao keeps the LR in a tensor: the line shows it rounded, the
+    update uses it), and with plain AdamW (its state is not loaded, said once)."""
+    import shutil
+
+    from conftest import write_tiny_config
+
+    cfg = write_tiny_config(tmp_path, body="[checkpoint]\nevery = 2\n")
+    first = tmp_path / "first"
+    args = ("core.train", "--config", str(cfg), "--model.ffn_dim=256")
+    proc = run_module(*args, f"--train.output_dir={first}", "--optimizer.name=adamw8bit", "--train.steps=4")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Warning" not in proc.stderr, proc.stderr[-3000:]  # torchao's states trip no library warning into the log
-    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--optimizer.name=adamw", "--train.steps=6", "--model.ffn_dim=256")
+
+    settings, other = tmp_path / "settings", tmp_path / "adamw"
+    shutil.copytree(first, settings)
+    shutil.copytree(first, other)
+    proc = run_module(
+        *args, f"--train.output_dir={settings}", "--optimizer.name=adamw8bit", "--train.steps=6", "--optimizer.lr=0.01", "--optimizer.betas=[0.9, 0.99]"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "betas (0.9, 0.95) -> (0.9, 0.99), peak lr 0.0003 -> 0.01" in proc.stderr
+    rows = [r for r in read_metrics(settings) if r["step"] == 5]
+    assert rows and rows[-1]["lr"] > 1e-3  # the new peak times the schedule, not the checkpoint's 3e-4 peak
+
+    proc = run_module(*args, f"--train.output_dir={other}", "--optimizer.name=adamw", "--train.steps=6")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("holds optimizer state of 'adamw8bit', this run uses 'adamw'") == 1
     assert "at step 4" in proc.stdout
-    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in read_metrics(other)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_unknown_optimizer_option(tiny_config):

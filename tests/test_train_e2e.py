@@ -44,17 +44,24 @@ def test_same_seed_same_losses_and_world_size_independent(tiny_config, tmp_path)
     assert [r["loss"] for r in read_metrics(tmp_path / "o3")] != losses[0]
 
 
-def test_plan_runs_on_every_shipped_config():
+def test_plan_runs_on_every_shipped_config(capsys, monkeypatch):
+    from conftest import REPO
+
+    from tools.plan import main
+
+    monkeypatch.chdir(REPO)  # in this process (one import of torch for the four plans), as `python -m core.plan` from the repository
     for name, nproc in [("debug_cpu", 2), ("50m_a100", 1), ("1b_h100", 8), ("xlarge_8xa100", 8)]:
         # the big configs' data lives on their machines: check the config alone there
         only = [] if name == "debug_cpu" else ["--config-only"]
-        proc = run_module("core.plan", "--config", f"train_configs/{name}.toml", f"--nproc={nproc}", "--json", *only)
-        assert proc.returncode == 0, proc.stderr
-        plan = json.loads(proc.stdout)
+        code = main(["--config", f"train_configs/{name}.toml", f"--nproc={nproc}", "--json", *only])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        plan = json.loads(out)
         assert plan["world_size"] == nproc
         assert plan["tokens_per_step"] == plan["micro_batch"] * plan["seq_len"] * nproc * plan["grad_accum"]
         if name == "1b_h100":
             assert plan["params_total"] == 1_241_581_568
+            assert plan["micro_batch"] == plan["micro_batch_candidates"][0] == 16  # "auto": the estimate is for the largest
             assert plan["flops_per_token"] == 6 * (plan["params_non_embedding"] + 131_072 * 2048) + 12 * 16 * 2048 * 2048
         assert set(plan["memory_per_rank"]) >= {"weights_gib", "grads_gib", "optimizer_gib", "activations_gib"}
         if name == "xlarge_8xa100":  # the 1.46B-on-8xA100 document: 131,072 tokens/step, 11B tokens at 79,200 tokens/s

@@ -98,6 +98,7 @@ def make_plan(prep) -> dict[str, Any]:
         "seq_len": rc.seq_len,
         "world_size": world,
         "micro_batch": rc.train.micro_batch,
+        "micro_batch_candidates": prep.micro_batch_candidates,  # micro_batch = "auto": the trainer probes down these on CUDA
         "grad_accum": prep.grad_accum,
         "tokens_per_step": prep.tokens_per_step,
         "sequences_per_step": prep.tokens_per_step // rc.seq_len,
@@ -156,7 +157,12 @@ def render(plan: dict[str, Any]) -> str:
         f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
         f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
-        f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate)",
+        f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate"
+        + (
+            f"; micro_batch = 'auto': the largest candidate; on CUDA the trainer probes {', '.join(map(str, plan['micro_batch_candidates']))} and keeps the first that fits)"
+            if len(plan["micro_batch_candidates"]) > 1
+            else ")"
+        ),
         checkpoint_line(plan["checkpoint"]),
     ]
     st = plan["seq_len_stages"]
