@@ -114,7 +114,6 @@ def prepare(
         with torch.device("meta"):
             check_model(spec.build())
 
-    spec = components["model"]
     max_seq = getattr(spec, "max_seq_len", None)
     longest = max([rc.seq_len] + [seq for _, seq in schedule])
     if max_seq is not None and longest > max_seq:

@@ -252,6 +252,19 @@ def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_m
     assert kept is not None and run.stop is None
 
 
+# a rehearsed spike at step 10 that the spikes monitor answers with a rollback; a checkpoint every 3 steps
+ROLLBACK_AT_STEP_10 = (
+    "--optimizer.lr=3e-3",
+    '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
+    "--monitors.spike_rehearsal.at_step=10",
+    "--monitors.spike_rehearsal.steps=1",
+    "--monitors.spikes.action=rollback",
+    "--monitors.spikes.window=5",
+    "--monitors.spikes.min_steps=5",
+    "--checkpoint.every=3",
+)
+
+
 def test_a_rollback_while_an_async_save_is_in_flight_restores_that_save(tiny_config, tmp_path):
     """The spike comes at the step after an async save was started. The rollback listed this run's
     checkpoints before it waited for that save; the commit then pruned the older one it had chosen
@@ -261,14 +274,7 @@ def test_a_rollback_while_an_async_save_is_in_flight_restores_that_save(tiny_con
         "core.train",
         "--config",
         str(tiny_config(steps=11)),
-        "--optimizer.lr=3e-3",
-        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
-        "--monitors.spike_rehearsal.at_step=10",
-        "--monitors.spike_rehearsal.steps=1",
-        "--monitors.spikes.action=rollback",
-        "--monitors.spikes.window=5",
-        "--monitors.spikes.min_steps=5",
-        "--checkpoint.every=3",
+        *ROLLBACK_AT_STEP_10,
         "--checkpoint.async=true",
         "--checkpoint.keep_latest=1",
     )
@@ -291,14 +297,7 @@ def test_a_rollback_skips_a_checkpoint_damaged_after_its_commit(tiny_config, tmp
         "core.train",
         "--config",
         str(tiny_config(steps=10)),
-        "--optimizer.lr=3e-3",
-        '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
-        "--monitors.spike_rehearsal.at_step=10",
-        "--monitors.spike_rehearsal.steps=1",
-        "--monitors.spikes.action=rollback",
-        "--monitors.spikes.window=5",
-        "--monitors.spikes.min_steps=5",
-        "--checkpoint.every=3",
+        *ROLLBACK_AT_STEP_10,
         "--checkpoint.keep_latest=0",
         extra_env=seams,
     )
