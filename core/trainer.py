@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from checkpointing import folders, resume
+from checkpointing import folders, resume, run_files
 from checkpointing.checkpointer import CheckpointDir, Checkpointer
-from core import distributed, log, run_files
+from core import distributed, log
 from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble

@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
             record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
+    from checkpointing import run_files
     from checkpointing.folders import SaveFailed
-    from core import distributed, run_files
+    from core import distributed
     from core.trainer import Trainer
 
     info = distributed.init(prep.rc.train.device)
