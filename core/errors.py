@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+import os
 import sys
+import time
 from typing import Iterable, NoReturn
 
 EXIT_BAD_INPUT = 2
@@ -40,8 +43,22 @@ def closest(name: str, choices: Iterable[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def tell_torchrun(message: str, callstack: str | None = None) -> None:
+    """Why this process failed, in the error file torchrun reads (``TORCHELASTIC_ERROR_FILE``), so
+    that its failure summary names the reason instead of "To enable traceback see: ...". Best effort."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        data = {"message": {"message": message, "extraInfo": {"py_callstack": callstack or message, "timestamp": str(int(time.time()))}}}
+        try:
+            with open(path, "w") as f:
+                json.dump(data, f)
+        except OSError:
+            pass
+
+
 def exit_bad_input(err: PlaitError) -> NoReturn:
     print(f"plait: error: {err}", file=sys.stderr, flush=True)
+    tell_torchrun(f"plait: error: {err}")
     raise SystemExit(EXIT_BAD_INPUT)
 
 

@@ -289,15 +289,23 @@ def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, mo
     """Under torchrun a child's exit code 2 becomes 1: exit_status.json tells remote.sh not to retry."""
     import json
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
     from tools import train
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
     (tmp_path / "out").mkdir()
     with pytest.raises(SystemExit) as exc:
         train.main(["--config", str(tiny_config()), "--optimizer.eps=-1"])
     assert exc.value.code == 2
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert status["exit_code"] == 2 and status["reason"] == "bad_input" and "eps" in status["detail"]
+    # torchrun's failure summary names the reason, read from the error file it gave the rank
+    line = capsys.readouterr().err.strip()
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(tmp_path / "error.json"))
+    summary = ChildFailedError("core.train", {0: failure}).format_msg()
+    assert line.startswith("plait: error:") and f"traceback : {line}" in summary and "To enable traceback" not in summary
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,13 @@ def run_and_exit() -> None:
         code = main()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # a crash: its traceback goes to torchrun's summary too, then Python ends the process
+        import traceback
+
+        from core.errors import tell_torchrun
+
+        tell_torchrun(f"{type(e).__name__}: {e}", traceback.format_exc())
+        raise
     from dataloading.indexed import _shut_down_workers
 
     _shut_down_workers()  # loader worker processes (atexit handlers do not run after os._exit)
