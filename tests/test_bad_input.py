@@ -144,7 +144,7 @@ def plan_error(capsys, *args: str) -> str:
         (["--model.norm_eps=inf"], ".norm_eps: must be a finite number, got inf"),  # an option without bounds said "must be , got inf"
         (["--monitors.jsonl.filename=."], "filename: expected a file name inside train.output_dir, got '.' (a folder)"),
         (["--monitors.jsonl.filename=config.resolved.toml"], "'config.resolved.toml' is where plait keeps its own config.resolved.toml"),
-        (["--optimizer.eps=-1"], ".eps: must be >= 0, got -1"),
+        (["--optimizer.eps=-1"], ".eps: must be > 0, got -1"),
         (["--optimizer.weight_decay=nan"], ".weight_decay: expected a number, got nan"),
         (["--optimizer.lr_multipliers={embedding = -0.5}"], ".lr_multipliers: each must be >= 0, got -0.5"),
         (["--optimizer.name=adamw8bit", "--optimizer.betas=[0.9, 1.0]"], "(optimizer 'adamw8bit').betas: each must be >= 0 and < 1, got 1.0"),
@@ -180,6 +180,15 @@ def plan_error(capsys, *args: str) -> str:
         (["--keep-latest", "2"], "(did you mean --checkpoint.keep_latest?)"),
         (["--bogus"], "command line: '--bogus' names no section; expected --section.key=value"),
         (["--nproc", "x"], "command line: argument --nproc: invalid int value: 'x'"),
+        # a zero epsilon turns the first update of every parameter with a zero gradient into NaN
+        (["--optimizer.eps=0"], "(optimizer 'adamw').eps: must be > 0, got 0"),
+        (["--optimizer.name=adamw8bit", "--optimizer.eps=0"], "(optimizer 'adamw8bit').eps: must be > 0, got 0"),
+        (['--monitors.enabled=["budget_guard"]', "--monitors.budget_guard.stale_after_s=-1"], "stale_after_s: must be > 0, got -1"),
+        # shapes that would loop for hours building the model, or ask for terabytes, before any check
+        (["--model.n_layers=1000000000000"], "make 8.61e+16 parameters; expected at most 1e+13"),
+        (["--model.dim=1000000000000"], "n_layers 2, dim 1000000000000, ffn_dim 384 and vocab_size 512 make 6e+24 parameters"),
+        (["--model.max_seq_len=1000000000000"], "max_seq_len must be at most 16,777,216 (2^24), got 1,000,000,000,000"),
+        (["--model.name=recurrent_moe", "--model.n_experts=1000000000000"], "n_experts 1000000000000 of 3 layers and vocab_size 512 make 7.39e+16"),
     ],
 )
 def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):

@@ -160,6 +160,21 @@ FLAVORS: dict[str, ModelArgs] = {
 }
 
 
+# Shapes beyond these are typos: 10 trillion parameters is far past any model trained so far, and
+# 2^24 positions past any context trained. Refused before the model is built, which for such a
+# shape would loop for hours over layers or ask for terabytes of RoPE tables.
+MAX_PARAMETERS = 10**13
+MAX_SEQ_LEN = 2**24
+
+
+def check_size(args: ModelArgs, parameters: int, shape: str) -> None:
+    """Refuse a shape of more than MAX_PARAMETERS parameters or a max_seq_len over MAX_SEQ_LEN."""
+    if parameters > MAX_PARAMETERS:
+        raise ValueError(f"{shape} make {parameters:.3g} parameters; expected at most {MAX_PARAMETERS:.0e}")
+    if args.max_seq_len > MAX_SEQ_LEN:
+        raise ValueError(f"max_seq_len must be at most {MAX_SEQ_LEN:,} (2^24), got {args.max_seq_len:,}")
+
+
 @dataclass
 class Llama3Options:
     """Options of ``[model] name = "llama3"``."""
@@ -207,6 +222,8 @@ class Llama3Options:
             raise ValueError(f"n_heads {a.n_heads} is not divisible by n_kv_heads {a.n_kv_heads}")
         if a.head_dim % 2:
             raise ValueError(f"head dim {a.head_dim} (dim / n_heads) must be even for RoPE")
+        shape = f"n_layers {a.n_layers}, dim {a.dim}, ffn_dim {a.ffn_dim} and vocab_size {a.vocab_size}"
+        check_size(a, Llama3Spec(a).param_counts()[0], shape)
 
 
 def _unwrap(model: nn.Module) -> Transformer:

@@ -9,6 +9,7 @@ from torch import nn
 
 from core.api import option
 from model_specs.llama3.model import ModelArgs
+from model_specs.llama3.spec import check_size
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 
 FLAVORS: dict[str, dict[str, Any]] = {
@@ -61,6 +62,16 @@ class RecurrentMoEOptions:
         f = {**FLAVORS[self.flavor], **{k: v for k, v in (("n_experts", self.n_experts), ("top_k", self.top_k)) if v}}
         if not 1 <= f["top_k"] <= f["n_experts"]:
             raise ValueError(f"top_k {f['top_k']} must be between 1 and n_experts {f['n_experts']}")
+        if self.vocab_size:
+            f["vocab_size"] = self.vocab_size
+        layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
+        per_layer = 4 * f["dim"] ** 2 + f["n_experts"] * (3 * f["dim"] * f["ffn_dim"] + f["dim"])  # at most: attention, experts, router
+        shape = f"n_experts {f['n_experts']} of {layers} layers and vocab_size {f['vocab_size']}"
+        check_size(
+            ModelArgs(layers, f["dim"], f["n_heads"], f["n_kv_heads"], f["ffn_dim"], f["vocab_size"], 0.0, f["max_seq_len"]),
+            layers * per_layer + 2 * f["vocab_size"] * f["dim"],
+            shape,
+        )
 
 
 @dataclass

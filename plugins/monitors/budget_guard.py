@@ -86,7 +86,7 @@ class BudgetGuardOptions:
     warn_usd: float = option(0.0, "alert once when spend passes this; 0 disables", ge=0)
     cap_usd: float = option(0.0, "hard budget; 0 disables the stops", ge=0)
     check_every_s: float = option(60.0, "seconds between checks", ge=0)
-    stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)")
+    stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)", gt=0)
     alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
     dry_run: bool = option(False, "log what each threshold would do, never stop")
     expected_tokens_per_s: float = option(

@@ -13,7 +13,7 @@ from core.api import OptimizerOptions, option
 @dataclass
 class AdamWOptions(OptimizerOptions):
     betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)", ge=0, lt=1)
-    eps: float = option(1e-8, "Adam's epsilon", ge=0)
+    eps: float = option(1e-8, "Adam's epsilon; 0 would make the update of a zero gradient 0/0 = NaN", gt=0)
     impl: Literal["auto", "fused", "foreach", "for-loop"] = option(
         "auto", "kernel: auto picks fused where torch has one (CUDA, CPU, XPU, MPS; on CPU 3.5-5x foreach), else foreach"
     )

@@ -23,7 +23,7 @@ STATE_BYTES = {"adamw8bit": 2.0, "adamw4bit": 1.0, "adamw_fp8": 2.0}
 @dataclass
 class TorchaoAdamWOptions(OptimizerOptions):
     betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)", ge=0, lt=1)
-    eps: float = option(1e-8, "Adam's epsilon", ge=0)
+    eps: float = option(1e-8, "Adam's epsilon; 0 would make the update of a zero gradient 0/0 = NaN", gt=0)
     block_size: int = option(256, "elements per quantization block of the optimizer state (adamw4bit: 128 is torchao's default)", gt=0)
     bf16_stochastic_round: bool = option(False, "stochastic rounding when parameters are bf16")
 
@@ -61,7 +61,7 @@ def torchao_factory(name: str):
 @dataclass
 class BnbAdamW8bitOptions(OptimizerOptions):
     betas: tuple[float, float] = option((0.9, 0.95), "Adam's (beta1, beta2)", ge=0, lt=1)
-    eps: float = option(1e-8, "Adam's epsilon", ge=0)
+    eps: float = option(1e-8, "Adam's epsilon; 0 would make the update of a zero gradient 0/0 = NaN", gt=0)
     stable_embedding: bool = option(True, "keep embedding optimizer state in 32 bits (bitsandbytes' StableEmbedding recipe)")
     min_8bit_size: int = option(4096, "tensors with fewer elements keep 32-bit state", ge=0)
 
