@@ -18,9 +18,9 @@ What this module holds, by group:
   reads from each slot's object, the optional ones with what the core does without them, and
   every component is checked against it before a run starts (``python -m core.plugins
   --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
-  in; :func:`high_precision_modules`, :func:`data_tokens_per_epoch` and :func:`data_fingerprint`
-  read a spec's or a source's optional member with the core's default (for plugins that wrap
-  other plugins).
+  in; :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
+  :func:`data_has_split` and :func:`data_parts` read a spec's or a source's optional member with
+  the core's default (for plugins that wrap other plugins).
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
   ``sample``) with :class:`IndexedLoader`; :class:`OptimizerOptions` for optimizers' options;
   :class:`DataExhausted` ends a loader; :func:`mix_seed`, :func:`permute` and
@@ -64,6 +64,8 @@ from core.protocols import (
     Parallelism,
     Precision,
     data_fingerprint,
+    data_has_split,
+    data_parts,
     data_tokens_per_epoch,
     high_precision_modules,
 )
@@ -96,6 +98,8 @@ __all__ = [
     "LoaderSpec",
     "high_precision_modules",
     "data_fingerprint",
+    "data_has_split",
+    "data_parts",
     "data_tokens_per_epoch",
     # base classes and data helpers
     "IndexedSource",

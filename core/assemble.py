@@ -72,6 +72,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         dp_size=dist.dp_size,
         seed=rc.train.seed,
         total_samples=total * rc.train.global_batch_tokens // rc.seq_len,
+        vocab_size=spec.vocab_size,
     )
     run = Run(
         config=prep.resolved,

@@ -24,6 +24,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from core.errors import PluginError
 
 
@@ -83,7 +85,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("supported", 1, "(device) -> (ok, reason)"),
         method("convert", 2, "(model, spec) -> the model with converted modules"),
         method("autocast", 1, "(device) -> context around each forward"),
-        value("param_dtype", (type(None), object), "dtype sharded parallelisms compute in, or None"),
+        value("param_dtype", (type(None), torch.dtype), "dtype sharded parallelisms compute in, or None"),
         method("metrics", 1, "(model) -> health metrics for log steps"),
         method("check_model", 1, "(meta model) refuse a model it cannot convert (raise ConfigError); default: none", False),
         method("post_optimizer_step", 1, "(model) work after each optimizer step (fp8 scale precompute); default: none", False),
@@ -106,6 +108,13 @@ CONTRACT: dict[str, list[Member]] = {
             "validation_loaders",
             1,
             "(validation LoaderSpec) -> {label: loader}: each part's validation batches, logged as val_loss/<label> (mixture sources); default: val_loss only",
+            False,
+        ),
+        method("parts", 0, "{label: source}: the sources it is made of (a mixture); the ones lacking a validation split are named; default: none", False),
+        value(
+            "samples_before_loader",
+            (bool,),
+            "an IndexedSource's sample() answers before loader() is called, so the first sample is checked at start (False: a stream inside); default True",
             False,
         ),
     ],

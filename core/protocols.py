@@ -13,6 +13,7 @@ run starts; ``python -m core.plugins --contract`` prints it.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Protocol, runtime_checkable
 
@@ -176,6 +177,7 @@ class LoaderSpec:
     seed: int
     split: str = "train"
     total_samples: int = 0  # global samples the whole run will draw (0: unknown); for staged sources
+    vocab_size: int | None = None  # the model's vocabulary (set by the core): IndexedLoader refuses ids at or above it
 
     @property
     def global_batch(self) -> int:
@@ -235,13 +237,39 @@ def high_precision_modules(spec: Any, model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
 
 
-def data_tokens_per_epoch(data: Any) -> int | None:
+def data_has_split(data: Any, split: str, who: str = "") -> bool:
+    """The data source's optional ``has_split(split)`` (default True), held to its declared bool;
+    ``who`` names the plugin in the error (default: the class)."""
+    fn = getattr(data, "has_split", None)
+    answer = True if fn is None else fn(split)
+    if not isinstance(answer, bool):
+        raise PluginError(f"{who or type(data).__name__}: has_split({split!r}) returned {answer!r}; expected True or False")
+    return answer
+
+
+def data_parts(data: Any, who: str = "") -> dict[str, Any]:
+    """The data source's optional ``parts()``: ``{label: source}``, the sources it is made of (a
+    mixture's); ``{}`` without it. The core names the parts that lack a validation split."""
+    fn = getattr(data, "parts", None)
+    parts = {} if fn is None else fn()
+    if not isinstance(parts, dict) or not all(isinstance(k, str) for k in parts):
+        raise PluginError(f"{who or type(data).__name__}: parts() returned {type(parts).__name__}; expected {{label: source}}")
+    return parts
+
+
+def data_samples_before_loader(data: Any) -> bool:
+    """The data source's optional ``samples_before_loader`` flag (default True): an IndexedSource's
+    ``sample()`` answers before ``loader()`` was called, so its first sample is checked at start."""
+    return getattr(data, "samples_before_loader", True) is not False
+
+
+def data_tokens_per_epoch(data: Any, who: str = "") -> int | None:
     """The data source's optional ``tokens_per_epoch()``: tokens in one pass over its training split,
     None (or absent) when it does not know (endless or streamed sources)."""
     fn = getattr(data, "tokens_per_epoch", None)
-    if fn is None:
-        return None
-    size = fn()
+    size = None if fn is None else fn()
+    if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0):
+        raise PluginError(f"{who or type(data).__name__}: tokens_per_epoch() returned {size!r}; expected an int >= 0 or None")
     return int(size) if size else None
 
 
@@ -267,7 +295,7 @@ class DataSource(Protocol):
 
     Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
     ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
-    ``fingerprint()`` and ``validation_loaders(spec)``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
+    ``fingerprint()``, ``validation_loaders(spec)``, ``parts()`` and ``samples_before_loader``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
     """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:

@@ -177,7 +177,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         raise PluginError(f"plugin {e.plugin!r}: {' '.join(str(e).split())}") from None
     registry = Registry()
     registry.hidden, registry.third_party = hidden, versions
-    for impl in reversed(pm.hook.plait_register.get_hookimpls()):  # registration order
+    for impl in pm.hook.plait_register.get_hookimpls():  # registration order: plait's own first (pluggy calls in reverse)
         registry._plugin = impl.plugin_name
         registry._distribution = origin.get(impl.plugin_name, "?")
         try:

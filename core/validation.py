@@ -13,13 +13,14 @@ split, and reported as ``val_loss/<label>`` beside the overall ``val_loss``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from core.distributed import mean_across_ranks
 from core.options import option
-from core.protocols import LoaderSpec, validation_parts
+from core.protocols import validation_parts
 
 
 @dataclass
@@ -64,9 +65,7 @@ def _mean_loss(trainer, loader, batches: int) -> float:
 @torch.no_grad()
 def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
     spec = trainer.loader_spec
-    val_spec = LoaderSpec(
-        seq_len=spec.seq_len, micro_batch=spec.micro_batch, grad_accum=1, dp_rank=spec.dp_rank, dp_size=spec.dp_size, seed=spec.seed, split=opts.split
-    )
+    val_spec = dataclasses.replace(spec, grad_accum=1, split=opts.split, total_samples=0)
     data = trainer.c["data"]
     model = trainer.train_model
     was_training = model.training

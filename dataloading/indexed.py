@@ -44,13 +44,12 @@ class IndexedSource:
     dataclass (the factory registered with ``registry.add``). The core calls
     :meth:`loader` with the run's :class:`core.protocols.LoaderSpec`, which sets
     :attr:`seed` from ``train.seed`` before any sample is drawn: read ``self.seed`` in
-    ``sample``, never a global RNG. Raise :class:`core.errors.DataError` (one line naming
-    the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
+    ``sample``, never a global RNG; the spec's ``vocab_size`` (the model's) bounds every sample's
+    ids. Raise :class:`core.errors.DataError` (one line naming the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
     end the run through :meth:`check_step`.
     """
 
     seed: int = 0
-    model_vocab_size: int | None = None  # set by the core before training: ids at or above it are refused
 
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
         """Sample ``index`` of ``split`` (``"train"`` or ``"val"``): a 1-D integer array of exactly
@@ -136,7 +135,7 @@ class IndexedLoader:
         return first, first + self.spec.global_batch
 
     def row(self, index: int) -> np.ndarray:
-        return checked_sample(self.source, index, self.spec.seq_len, self.spec.split, self.source.model_vocab_size)
+        return checked_sample(self.source, index, self.spec.seq_len, self.spec.split, self.spec.vocab_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:

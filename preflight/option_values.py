@@ -14,7 +14,7 @@ import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
-from core.errors import ConfigError, closest
+from core.errors import ConfigError, PluginError, closest
 from core.options import _type_name, bounds_text, fields_of, hints_of, key_of
 
 
@@ -153,16 +153,23 @@ def build_options(cls: type, table: dict[str, Any], where: str) -> Any:
         if meta.get("path"):
             value = resolve_path(value, table, key)
         kwargs[name] = _coerce(value, tp)
+    unset = [key_of(f) for f in fields_of(cls) if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if unset:
+        raise ConfigError(f"{where}: missing key {unset[0]!r} ({known[unset[0]].metadata.get('doc', '')}): this option has no default; set it")
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
-    check = getattr(obj, "check", None)
+    except Exception as e:  # the plugin's own __post_init__: its failure, in one line
+        raise PluginError(f"{where}: building the options failed: {type(e).__name__}: {e}") from None
+    check = getattr(obj, "check", None)  # declared in core.options: rules across fields
     if callable(check):
         try:
             check()
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+        except Exception as e:  # the plugin's check() is to raise ValueError; anything else is its bug, named
+            raise PluginError(f"{where}: check() failed: {type(e).__name__}: {e} (check() should raise ValueError)") from None
     return obj
 
 

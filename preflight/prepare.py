@@ -27,8 +27,8 @@ from core.distributed import env_world, pick_device
 from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
 from core.registry import plugin_manager
-from dataloading.indexed import IndexedSource, checked_sample
 from preflight import config as config_io
+from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
 
 
@@ -108,11 +108,11 @@ def prepare(
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
-    spec = components["model"]
+    spec, model_name = components["model"], rc.slots["model"].component.name
+    check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
     check_model = getattr(precision, "check_model", None)
     if check_model is not None:
-        with torch.device("meta"):
-            check_model(spec.build())
+        call_plugin(f"precision {rc.slots['precision'].component.name!r}: check_model", check_model, build_meta(spec, model_name))
 
     max_seq = getattr(spec, "max_seq_len", None)
     longest = max([rc.seq_len] + [seq for _, seq in schedule])
@@ -120,19 +120,8 @@ def prepare(
         what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
         raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
     if validate_data:
-        components["data"].validate(spec.vocab_size, rc.seq_len)
-        data = components["data"]
-        if isinstance(data, IndexedSource):  # every sample's ids are checked against the vocabulary
-            data.model_vocab_size = spec.vocab_size
-        if isinstance(data, IndexedSource) and not getattr(data, "streams", None):  # the first sample's shape, now
-            checked_sample(components["data"], 0, rc.seq_len, "train", spec.vocab_size)
         val = rc.sections["validation"]
-        has_split = getattr(components["data"], "has_split", None)
-        if val.every and has_split is not None and not has_split(val.split):
-            parts = zip(getattr(data, "labels", []), getattr(data, "sources", []))  # a mixture: name the sources without it
-            lacking = [label for label, source in parts if not getattr(source, "has_split", lambda _: True)(val.split)]
-            which = f" (source{'s' * (len(lacking) > 1)} {', '.join(map(repr, lacking))} of the mixture: no {val.split!r} split)" if lacking else ""
-            raise ConfigError(f"{path}: validation.every = {val.every} but the data source has no {val.split!r} split{which}")
+        check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule
@@ -148,12 +137,12 @@ def prepare(
             from checkpointing import ownership
 
             ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
-        with torch.device("meta"):
-            model_meta = spec.build()  # precision conversions keep parameter names
+        model_meta = build_meta(spec, model_name)  # precision conversions keep parameter names
         prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
         check_resume = getattr(components["data"], "check_resume", None)
         if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
-            check_resume(json.loads((prep.resume_from / STATE_FILE).read_text()), world)
+            state = json.loads((prep.resume_from / STATE_FILE).read_text())
+            call_plugin(f"data {rc.slots['data'].component.name!r}: check_resume", check_resume, state, world)
         initial = rc.sections["checkpoint"].initial_load
         if initial and prep.resume_from is None:
             from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
@@ -224,17 +213,6 @@ def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
             f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
             f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?"
         )
-
-
-def call_plugin(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, a plugin's code: plait's own errors pass (one line, exit 2), anything
-    else becomes a PluginError that names ``what`` (the plugin and its method)."""
-    try:
-        return fn(*args, **kwargs)
-    except PlaitError:
-        raise
-    except Exception as e:
-        raise PluginError(f"{what} failed: {type(e).__name__}: {e}") from None
 
 
 def supported(precision: Any, name: str, device: torch.device) -> tuple[bool, str]:

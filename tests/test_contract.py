@@ -41,6 +41,15 @@ class BadMaxSeq(Spec):
     max_seq_len = "2048"
 
 
+class StringDtype:  # a precision whose param_dtype is a name, not a torch.dtype: fsdp2 failed on it mid-build
+    name, param_dtype = "mine", "bfloat16"
+
+    def supported(self, device): ...
+    def convert(self, model, spec): ...
+    def autocast(self, device): ...
+    def metrics(self, model): ...
+
+
 class NoMultiplier:
     def multiply(self, step, total):
         return 1.0
@@ -79,6 +88,7 @@ def test_a_complete_spec_passes():
         ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
         ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
         ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
+        ("precision", StringDtype(), ["param_dtype must be NoneType | dtype", "'bfloat16'"]),
     ],
 )
 def test_breaches_are_one_line_errors(slot, obj, words):
@@ -124,7 +134,7 @@ def test_a_data_source_off_by_one_is_refused():
 
 def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
     """Ids the model's embedding cannot look up were an IndexError traceback mid-run: every sample is checked
-    against the vocabulary the core sets (the last id, a label only, may be -100)."""
+    against the vocabulary the core hands in (LoaderSpec.vocab_size) (the last id, a label only, may be -100)."""
     import numpy as np
 
     from core.errors import DataError
@@ -139,8 +149,7 @@ def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
             return row
 
     source = LateBadId()
-    source.model_vocab_size = 512
-    batches = iter(source.loader(LoaderSpec(seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0)))
+    batches = iter(source.loader(LoaderSpec(seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, vocab_size=512)))
     next(batches), next(batches)  # samples 0-3, the -100 label of sample 1 included
     with pytest.raises(DataError, match=r"LateBadId: sample\(5, seq_len=16, 'train'\) returned token ids from 0 to 600; expected ids in 0..511"):
         next(batches)

@@ -68,6 +68,18 @@ CASES = {
         ['--monitors.enabled=["console", "evil"]'],
         "monitor 'evil': plait_preflight failed: RuntimeError: boom in preflight",
     ),
+    "name_of_a_builtin": (  # named the third-party plugin as the first claimant: plugins registered in reverse order
+        SCHEDULE + "@hookimpl\ndef plait_register(registry):\n    registry.add('lr_schedule', 'constant', Sched, doc='d')\n",
+        [],
+        "lr_schedule 'constant' is claimed twice: by plugin 'schedules' (distribution plait) and by plugin 'evil' (distribution evil-plait-plugin)",
+    ),
+    "data_validate_raises": (  # was a RuntimeError traceback (exit 1) from preflight
+        "from core.api import IndexedSource\n"
+        "class D(IndexedSource):\n    def __init__(self, options):\n        pass\n    def validate(self, vocab_size, seq_len):\n        raise RuntimeError('boom in validate')\n"
+        "@hookimpl\ndef plait_register(registry):\n    registry.add('data', 'evil', D, doc='d')\n",
+        ["--data.name=evil"],
+        "data 'evil': validate failed: RuntimeError: boom in validate",
+    ),
     "data_ids_beyond_the_vocabulary": (  # was an IndexError traceback from the embedding, mid-run
         "import numpy as np\nfrom core.api import IndexedSource\n"
         "class D(IndexedSource):\n    def __init__(self, options):\n        pass\n    def validate(self, vocab_size, seq_len):\n        pass\n"

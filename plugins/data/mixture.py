@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, log, mix_seed, option
+from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, data_has_split, log, mix_seed, option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -130,6 +130,7 @@ class Mixture(IndexedSource):
             self.stage_starts = np.asarray(starts)
             self.stage_edges = [edges(normalized(ws, f"[data] mixture: stage {f} weights")) for f, ws in options.stages]
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
+        self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
         self.total_samples = 0
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
@@ -170,7 +171,11 @@ class Mixture(IndexedSource):
             )
 
     def has_split(self, split: str) -> bool:
-        return all(getattr(s, "has_split", lambda _: True)(split) for s in self.sources)
+        return all(data_has_split(s, split) for s in self.sources)
+
+    def parts(self) -> dict[str, Any]:
+        """The sources by label (the core names those without a validation split)."""
+        return dict(zip(self.labels, self.sources))
 
     def loader(self, spec) -> "MixtureLoader":
         self.seed = spec.seed
@@ -189,7 +194,7 @@ class Mixture(IndexedSource):
         self.seed = spec.seed
         loaders = {}
         for k, source in enumerate(self.sources):
-            if k in self.streams or not getattr(source, "has_split", lambda _: True)(spec.split):
+            if k in self.streams or not data_has_split(source, spec.split):
                 continue
             source.seed = mix_seed(spec.seed, k + 1)  # what loader() gives it; not source.loader(), which reseeds
             loaders[self.labels[k]] = IndexedLoader(source, spec)

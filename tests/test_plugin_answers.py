@@ -1,0 +1,209 @@
+"""What the core asks a third-party plugin before a run (validate, the first sample, has_split, the
+model's build and cheap answers, the options' check) is asked through the contract only, and a plugin
+that raises or answers in the wrong shape is one line naming the plugin and the member: each of these
+was a traceback from ``core.plan``/``core.train``, or passed silently. The core reads no undeclared
+name off a data source (``streams``, ``labels``, ``sources``) and sets none on it (``model_vocab_size``).
+Real components, registered in the real registry for the test; ``prepare`` as the commands run it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from core import registry as registry_mod
+from core.errors import ConfigError, DataError, PlaitError, PluginError
+from core.options import option
+from core.protocols import LoaderSpec
+from dataloading.indexed import IndexedSource
+from preflight.option_values import build_options
+from preflight.prepare import prepare
+
+
+@dataclass
+class FaultOptions:
+    fault: str = option("none", "which misbehaviour to show")
+
+
+class Data(IndexedSource):
+    """A data source that misbehaves in the member its ``fault`` option names."""
+
+    def __init__(self, options):
+        self.fault = options.fault
+        if self.fault == "streams_attribute":  # the author's own attribute; the core once read it as "a stream inside"
+            self.streams = ["my", "shards"]
+
+    def validate(self, vocab_size, seq_len):
+        if self.fault == "validate":
+            raise RuntimeError("boom in validate")
+
+    def has_split(self, split):
+        if self.fault == "has_split":
+            raise RuntimeError("boom in has_split")
+        return "no" if self.fault == "has_split_str" else split == "train"
+
+    def sample(self, index, seq_len, split):
+        if self.fault == "sample":
+            raise KeyError("boom in sample")
+        ids = np.arange(seq_len + 1, dtype=np.int64) % 50
+        return ids + 10_000 if self.fault == "streams_attribute" else ids
+
+    def tokens_per_epoch(self):
+        return "lots" if self.fault == "tokens_per_epoch" else None
+
+    def fingerprint(self):
+        if self.fault == "fingerprint":
+            raise RuntimeError("boom in fingerprint")
+        return None
+
+
+class Parts(Data):
+    """A composite source of its own (not the built-in mixture) that declares its parts."""
+
+    def parts(self):
+        return {"left": Data(FaultOptions()), "right": Repeatless()}
+
+
+class Repeatless:  # a part without has_split: assumed to have every split
+    pass
+
+
+class Model:
+    """A small model spec that misbehaves in the member its ``fault`` option names."""
+
+    def __init__(self, options):
+        self.fault, self.vocab_size = options.fault, 512
+
+    def build(self):
+        import torch
+
+        if self.fault == "build":
+            raise RuntimeError("boom in build")
+        if self.fault == "build_not_a_module":
+            return {"not": "a module"}
+        return torch.nn.Sequential(torch.nn.Embedding(512, 16), torch.nn.Linear(16, 512))
+
+    def init_weights(self, model): ...
+    def blocks(self, model):
+        return [model[1]]
+
+    def flops_per_token(self, seq_len):
+        return None if self.fault == "flops_per_token" else 1e6
+
+    def activation_bytes(self, micro_batch, seq_len, bytes_per_element):
+        return "lots" if self.fault == "activation_bytes" else 1000
+
+
+@pytest.fixture
+def third_party():
+    """Register this file's components in the process's registry as plugin 'atk' (removed after)."""
+    reg = registry_mod.load()
+    added = [("data", "atk_data", Data), ("data", "atk_parts", Parts), ("model", "atk_model", Model)]
+    reg._plugin, reg._distribution = "atk", "atk-plugin"
+    for slot, name, factory in added:
+        reg.add(slot, name, factory, options=FaultOptions, doc="misbehaves on request")
+    yield
+    for slot, name, _ in added:
+        del reg._components[slot][name]
+
+
+def plan(config, *overrides: str):
+    return prepare(str(config), list(overrides), validate_data=True, dry_run=True)
+
+
+def one_line(err: pytest.ExceptionInfo, words: str) -> None:
+    msg = str(err.value)
+    assert "\n" not in msg and words in msg, msg
+
+
+@pytest.mark.parametrize(
+    "fault, extra, words",
+    [
+        ("validate", [], "data 'atk_data': validate failed: RuntimeError: boom in validate"),
+        ("sample", [], "data 'atk_data': sample failed: KeyError: 'boom in sample'"),
+        ("tokens_per_epoch", [], "data 'atk_data': tokens_per_epoch() returned 'lots'; expected an int >= 0 or None"),
+        ("fingerprint", [], "data 'atk_data': fingerprint failed: RuntimeError: boom in fingerprint"),
+        ("has_split", ["--validation.every=2"], "data 'atk_data': has_split failed: RuntimeError: boom in has_split"),
+        ("has_split_str", ["--validation.every=2"], "data 'atk_data': has_split('val') returned 'no'; expected True or False"),
+    ],
+)
+def test_a_data_plugin_that_raises_or_answers_wrong_is_one_line_naming_it(third_party, tiny_config, fault, extra, words):
+    with pytest.raises(PluginError) as e:
+        plan(tiny_config(), "--data.name=atk_data", f"--data.fault={fault}", *extra)
+    one_line(e, words)
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        ("build", "model 'atk_model': build failed: RuntimeError: boom in build"),
+        ("build_not_a_module", "model 'atk_model': build() returned dict; expected a torch.nn.Module"),
+        ("flops_per_token", "model 'atk_model': flops_per_token(128) returned None; expected a finite number > 0"),
+        ("activation_bytes", "model 'atk_model': activation_bytes(2, 128, 4) returned 'lots'; expected a finite number >= 0"),
+    ],
+)
+def test_a_model_plugin_that_raises_or_answers_wrong_is_one_line_naming_it(third_party, tiny_config, tmp_path, fault, words):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'extends = "{tiny_config()}"\n[model]\nname = "atk_model"\n')
+    with pytest.raises(PluginError) as e:
+        plan(cfg, f"--model.fault={fault}")
+    one_line(e, words)
+
+
+def test_an_attribute_named_streams_does_not_switch_off_the_first_sample_check(third_party, tiny_config):
+    """The core skipped the first-sample check of any source with a truthy ``streams`` attribute (the
+    mixture's private name); ids beyond the vocabulary then passed the start. Now only the declared
+    ``samples_before_loader = False`` does."""
+    with pytest.raises(DataError) as e:
+        plan(tiny_config(), "--data.name=atk_data", "--data.fault=streams_attribute")
+    one_line(e, "returned token ids from 10000 to 10049; expected ids in 0..511")
+
+
+def test_a_third_party_composite_source_names_its_parts_through_the_declared_parts(third_party, tiny_config):
+    """The parts lacking the validation split were read from the mixture's undeclared ``labels`` and
+    ``sources``; a composite source now declares ``parts()`` and gets the same message."""
+    with pytest.raises(ConfigError) as e:
+        plan(tiny_config(), "--data.name=atk_parts", "--validation.every=2")
+    one_line(e, "has no 'val' split (source 'left' of the mixture: no 'val' split)")
+
+
+def test_the_core_sets_nothing_on_the_data_source(third_party, tiny_config):
+    """The vocabulary bound reaches the loader through LoaderSpec.vocab_size, not an attribute the core
+    set on the plugin's object; a mixture's per-source validation loaders are bounded by it too."""
+    prep = plan(tiny_config(), "--data.name=atk_data")
+    assert "model_vocab_size" not in vars(prep.components["data"])
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    mix = Mixture(MixtureOptions(sources=[{"name": "atk_data", "weight": 1.0, "label": "a"}]))
+    loaders = mix.validation_loaders(LoaderSpec(seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, split="train", vocab_size=10))
+    with pytest.raises(DataError, match=r"returned token ids from 0 to 16; expected ids in 0..9"):
+        next(iter(loaders["a"]))
+
+
+@dataclass
+class Checked:
+    x: int = option(1, "x")
+
+    def check(self):
+        if self.x == 2:
+            raise TypeError("x cannot be 2")
+
+
+@dataclass
+class Required:
+    path: str = dataclasses.field(metadata={"doc": "where the data is"})
+
+
+def test_an_options_check_that_raises_anything_else_is_one_line_naming_the_section():
+    with pytest.raises(PlaitError) as e:
+        build_options(Checked, {"x": 2}, "run.toml: [lr_schedule] (lr_schedule 'atk')")
+    one_line(e, "[lr_schedule] (lr_schedule 'atk'): check() failed: TypeError: x cannot be 2 (check() should raise ValueError)")
+
+
+def test_an_option_without_a_default_is_named_when_unset():
+    with pytest.raises(ConfigError) as e:
+        build_options(Required, {}, "run.toml: [data] (data 'atk')")
+    one_line(e, "[data] (data 'atk'): missing key 'path' (where the data is): this option has no default; set it")
+    assert build_options(Required, {"path": "x"}, "w").path == "x"
