@@ -20,6 +20,8 @@ import torch
 
 from checkpointing.checkpointer import TrainingState
 from core import distributed, log
+from core.contract import returned
+from core.errors import PluginError
 from core.materialize import materialize
 from core.param_groups import param_groups
 from core.protocols import DistInfo, LoaderSpec
@@ -43,9 +45,10 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     rc, c = prep.rc, prep.components
     seed_everything(rc.train.seed)
     spec, precision, parallelism = c["model"], c["precision"], c["parallelism"]
+    name = {slot: f"{slot} {chosen.component.name!r}" for slot, chosen in rc.slots.items()}
     with torch.device("meta"):
         model = spec.build()
-    model = precision.convert(model, spec)
+    model = returned(precision.convert(model, spec), torch.nn.Module, f"{name['precision']}: convert()", "a torch.nn.Module")
     materialize(model, dist.device)  # weight ties kept
     with torch.no_grad():
         spec.init_weights(model)
@@ -59,9 +62,11 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     from core.parallelize import parallelize
 
     train_model = parallelize(model, spec, parallelism, precision, dist, rc.train)
+    returned(train_model, torch.nn.Module, f"{name['parallelism']}: wrap()", "a torch.nn.Module")
     if prep.micro_batch_candidates:
         choose_micro_batch(prep, dist, control, model, train_model)
     optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options))
+    returned(optimizer, torch.optim.Optimizer, f"{name['optimizer']}: build()", "a torch.optim.Optimizer")
     total, schedule = prep.total_steps, c["lr_schedule"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
     loader_spec = LoaderSpec(
@@ -88,9 +93,10 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     )
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
     run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
-    state = TrainingState(
-        model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(c["data"].loader(loader_spec), prep.grad_accum, dist.device), run=run
-    )
+    loader = c["data"].loader(loader_spec)
+    if not all(callable(getattr(loader, m, None)) for m in ("__iter__", "state_dict", "load_state_dict")):
+        raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
+    state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
 
 

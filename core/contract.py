@@ -184,6 +184,13 @@ def _check_model_values(where: str, spec: Any) -> None:
             raise PluginError(f"{where}: param_counts() must return (total, non_embedding) as two ints, got {got!r}")
 
 
+def returned(value: Any, expected: type | tuple[type, ...], what: str, expected_text: str) -> Any:
+    """``value`` when a plugin's method returned what the contract declares, else one line naming it."""
+    if not isinstance(value, expected):
+        raise PluginError(f"{what} returned {type(value).__name__}; expected {expected_text}")
+    return value
+
+
 def describe_contract() -> str:
     lines = []
     for slot, members in CONTRACT.items():

@@ -207,3 +207,63 @@ def test_an_option_without_a_default_is_named_when_unset():
         build_options(Required, {}, "run.toml: [data] (data 'atk')")
     one_line(e, "[data] (data 'atk'): missing key 'path' (where the data is): this option has no default; set it")
     assert build_options(Required, {"path": "x"}, "w").path == "x"
+
+
+class Optimizer:
+    """An optimizer plugin whose build() returns what its ``fault`` option names."""
+
+    def __init__(self, options):
+        from plugins.optim.adamw import AdamWOptions
+
+        self.fault, self.options = options.fault, AdamWOptions()
+
+    def build(self, groups):
+        import torch
+
+        return {"lr": 1.0} if self.fault == "build_not_an_optimizer" else torch.optim.SGD(groups, lr=0.1)
+
+
+class Loader(IndexedSource):
+    """A data source whose loader() returns a plain list of batches when its ``fault`` asks."""
+
+    def __init__(self, options):
+        self.fault = options.fault
+
+    def validate(self, vocab_size, seq_len): ...
+    def sample(self, index, seq_len, split):
+        return np.arange(seq_len + 1, dtype=np.int64) % 50
+
+    def loader(self, spec):
+        return [] if self.fault == "loader_a_list" else super().loader(spec)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (
+            ["--optimizer.name=atk_opt", "--optimizer.fault=build_not_an_optimizer"],
+            "optimizer 'atk_opt': build() returned dict; expected a torch.optim.Optimizer",
+        ),
+        (["--data.name=atk_loader", "--data.fault=loader_a_list"], "data 'atk_loader': loader() returned list; expected an iterable with state_dict()"),
+    ],
+)
+def test_what_a_plugin_builds_for_the_run_is_held_to_the_contract(tiny_config, overrides, words):
+    """optimizer.build() and data.loader() run once the process group exists: a wrong answer was an
+    AttributeError traceback from deep in the loop or the checkpointer; now one line naming the plugin."""
+    from core import distributed
+    from core.assemble import assemble
+
+    reg = registry_mod.load()
+    added = [("optimizer", "atk_opt", Optimizer), ("data", "atk_loader", Loader)]
+    reg._plugin, reg._distribution = "atk", "atk-plugin"
+    for slot, name, factory in added:
+        reg.add(slot, name, factory, options=FaultOptions, doc="misbehaves on request")
+    try:
+        prep = prepare(str(tiny_config()), overrides, validate_data=True, dry_run=True)
+        info = distributed.init("cpu")
+        with pytest.raises(PluginError) as e:
+            assemble(prep, info, distributed.ControlPlane(info), initial_load=False)
+        one_line(e, words)
+    finally:
+        for slot, name, _ in added:
+            del reg._components[slot][name]
