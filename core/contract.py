@@ -177,6 +177,8 @@ def check_component(slot: str, name: str, obj: Any) -> None:
 
 def _check_model_values(where: str, spec: Any) -> None:
     """The model's cheap answers, asked once now rather than failing later."""
+    if spec.vocab_size < 1:  # an int (checked above): no token id could be below it
+        raise PluginError(f"{where}: vocab_size must be an int >= 1, got {spec.vocab_size!r}")
     counts = getattr(spec, "param_counts", None)
     if counts is not None:
         got = counts()

@@ -80,6 +80,10 @@ def test_a_complete_spec_passes():
     check_component("model", "mine", Spec())
 
 
+class ZeroVocab(Spec):
+    vocab_size = 0
+
+
 @pytest.mark.parametrize(
     "slot, obj, words",
     [
@@ -87,6 +91,7 @@ def test_a_complete_spec_passes():
         ("model", DictCounts(), ["param_counts() must return (total, non_embedding)", "{'total': 1}"]),
         ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
         ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
+        ("model", ZeroVocab(), ["model plugin 'mine': vocab_size must be an int >= 1, got 0"]),
         ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
         ("precision", StringDtype(), ["param_dtype must be NoneType | dtype", "'bfloat16'"]),
     ],
