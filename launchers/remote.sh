@@ -19,9 +19,13 @@
 # Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
 # is refused before it reaches shell arithmetic.
 # A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
-# Exit codes: 0 done; 2 bad input (never retried, also when the trainer finds it); 3 non-finite loss;
-# 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error: never retried,
-# restarting would only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
+# SIGINT (Ctrl-C), SIGTERM or SIGHUP to this script stops the run: the trainer hears SIGTERM (SIGINT for
+# Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
+# Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
+# trainer finds it); 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk
+# full, I/O error: never retried, restarting would only fill the disk again); 75/76 budget guard stops;
+# 1 when the restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before
+# the trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +40,34 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 log() { echo "[remote.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+# A signal stops the run and is never followed by a restart. torchrun runs in a process group of its
+# own (below), so a terminal's Ctrl-C reaches it once, forwarded from here; SIGHUP (the terminal
+# closed) is forwarded as SIGTERM, which the trainer handles (it dies of SIGHUP). A deliberate second
+# Ctrl-C goes to the ranks themselves (torchrun would only wait on), as it does without this script.
+stop_code=0
+trainer=""
+on_signal() {
+    if [ "$stop_code" -eq 0 ]; then
+        log "$1: stopping the run; it is not restarted"
+        stop_code=$2
+        if [ -n "$trainer" ]; then kill -s "$3" "$trainer" 2>/dev/null; fi
+    elif [ "$1" = SIGINT ] && [ -n "$trainer" ]; then  # Ctrl-C again: to the ranks, which stop at once after 3 s
+        pkill -INT -P "$trainer" 2>/dev/null
+    fi
+}
+trap 'on_signal SIGINT 130 INT' INT
+trap 'on_signal SIGTERM 143 TERM' TERM
+trap 'on_signal SIGHUP 129 TERM' HUP
+stopped() {  # a signal came: leave now, with 128 + its number
+    if [ "$stop_code" -ne 0 ]; then log "stopped by a signal"; exit "$stop_code"; fi
+}
+# The trainer's output goes to the log through a tee that the signals stopping the run do not kill
+# (its last lines are the stop and the checkpoint) and that a closed terminal does not end (-p).
+TEE_P=()
+if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
+immune() { (trap '' INT TERM HUP; exec "$@"); }  # a command that the stop's signals must not cut short
+keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
 
 # 0. Numbers from the environment, checked before any shell arithmetic sees them: bash
 #    evaluates an arithmetic operand such as 'x[$(cmd)]', running cmd.
@@ -67,6 +99,7 @@ core.registry.load()
 print(f"gpus {torch.cuda.device_count()}")
 PY
 ); then
+    stopped
     log "installation check failed: is plait installed (pip install -e .)?"
     exit 2
 fi
@@ -108,6 +141,7 @@ first_resume="--checkpoint.resume=${RESUME:-auto}"
 # 3. Bad input is final: check it once, without a process group (core.plan runs every check that
 #    core.train runs before building: options, data, the checkpoint to resume from, output folders).
 if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
+    stopped
     log "the run's configuration is invalid; not starting"
     exit 2
 fi
@@ -119,13 +153,24 @@ while true; do
     if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
+    stopped
+    set -m  # the job (torchrun and its tee) in a process group of its own; $trainer leads it
     "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
-        -m core.train "${args[@]}" "${resume[@]}" 2>&1 | tee -a "$LOG"
-    code=${PIPESTATUS[0]}
+        -m core.train "${args[@]}" "${resume[@]}" 2>&1 | keep_log &
+    trainer=$(jobs -p %+)
+    set +m
+    if [ "$stop_code" -ne 0 ]; then kill -s TERM "$trainer" 2>/dev/null; fi  # a signal while it was starting
+    wait "$trainer"
+    code=$?
+    while [ "$code" -gt 128 ] && kill -0 "$trainer" 2>/dev/null; do  # wait was cut short by a signal
+        wait "$trainer"
+        code=$?
+    done
+    trainer=""
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
         # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
-        status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
+        status=$(immune "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
                  "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
     fi
     if [ -n "$status" ] && [ "${status#* }" != error ]; then
@@ -134,6 +179,7 @@ while true; do
         log "trainer finished with exit code $code"
         exit "$code"
     fi
+    stopped  # the trainer died of the stop (a signal before it could save): no restart
     # A failed save whose exit_status.json did not fit on the disk either: still final.
     if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
         log "a checkpoint could not be written (disk full?); not restarting"
@@ -146,6 +192,9 @@ while true; do
     wait_s=$((BACKOFF_S * (1 << attempt)))
     [ "$wait_s" -gt 300 ] && wait_s=300
     log "trainer died (code $code); restarting in ${wait_s}s"
-    sleep "$wait_s"
+    sleep "$wait_s" &
+    wait $!  # a signal cuts the back-off short
+    kill $! 2>/dev/null
+    stopped
     attempt=$((attempt + 1))
 done

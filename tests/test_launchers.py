@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def remote_env(tmp_path, **extra):
-    e = env(PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), NPROC="2", BACKOFF_S="1", **extra)
+    e = env(**{"PYTHON": sys.executable, "OUTPUT_DIR": str(tmp_path / "out"), "NPROC": "2", "BACKOFF_S": "1", **extra})
     e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
     return e
 
@@ -130,3 +130,116 @@ def test_k8s_entrypoint_passes_the_trainers_exit_code(tiny_config, tmp_path):
         ["bash", script, str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert diverged.returncode == 3, diverged.stderr[-3000:]
+
+
+def default_signals() -> None:
+    """The child's SIGINT/SIGHUP as a terminal's shell leaves them (a test runner started in the
+    background ignores SIGINT, and bash cannot trap a signal ignored when it starts)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start_remote(tmp_path, steps, **extra):
+    return subprocess.Popen(
+        ["bash", "launchers/remote.sh", *small_args(None, steps)],
+        cwd=REPO,
+        env=remote_env(tmp_path, **extra),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=default_signals,
+    )
+
+
+def wait_for_log(proc, log: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (log.exists() and text in log.read_text()):
+        assert proc.poll() is None, f"remote.sh ended early ({proc.returncode}): {log.read_text()[-2000:] if log.exists() else ''}"
+        time.sleep(0.2)
+    assert text in log.read_text()
+
+
+def run_processes(out: Path) -> list[int]:
+    """Live processes whose command line names this run's output folder (torchrun, ranks)."""
+    found = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(out) in (p / "cmdline").read_bytes().decode(errors="replace") and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(p.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("to", ["process group", "launcher alone"])
+def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to):
+    """Ctrl-C in the launcher's terminal (SIGINT to its whole process group) killed its ``tee``,
+    the trainer died of the broken pipe without the stop's checkpoint, and the launcher took
+    that for a crash and restarted the run the user had stopped. SIGTERM to the launcher alone
+    (``kill <pid>``, a container's PID 1) killed bash and left torchrun training as an orphan.
+    Now both stop the trainer at a step boundary with a checkpoint, the log keeps its last
+    lines, nothing is restarted, and no process of the run is left."""
+    out = tmp_path / "out"
+    proc = start_remote(tmp_path, 100000, CKPT_EVERY="1000", MAX_RESTARTS="2")
+    try:
+        wait_for_log(proc, out / "remote.log", "step 3/")
+        if to == "process group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    status = json.loads((out / "exit_status.json").read_text())
+    assert proc.returncode == 0 and status["reason"] == "signal", (proc.returncode, status, log[-3000:])
+    assert (out / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").exists()
+    assert f"training ended at step {status['step']} (signal)" in log  # the trainer's last lines reached the log
+    assert log.count("starting (attempt") == 1 and "not restarted" in log
+    assert run_processes(out) == []
+
+
+def test_a_signal_during_the_back_off_ends_remote_sh_without_a_restart(tmp_path):
+    """A stop asked while the launcher waits to restart a crashed trainer: before, bash sat in
+    ``sleep`` (the signal killed it, or a trap would have waited out the back-off and restarted);
+    now it leaves at once with 128 + the signal's number and starts nothing."""
+    out = tmp_path / "out"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams)
+    try:
+        wait_for_log(proc, out / "remote.log", "restarting in 120s")
+        t0 = time.time()
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert proc.returncode == 143 and time.time() - t0 < 10, (proc.returncode, log[-2000:])
+    assert log.count("starting (attempt") == 1 and "stopped by a signal" in log
+
+
+def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
+    """torchrun runs in a process group of its own under the launcher, so the terminal's Ctrl-C
+    no longer reaches it or the ranks: the launcher forwards the first, and sends a deliberate
+    second one (after the 3 s window) to the ranks themselves, which stop at once, as they do
+    under torchrun in a terminal. Here the first lands while the save of step 4 hangs before its
+    commit; the second ends the run without that checkpoint and without a restart."""
+    out = tmp_path / "out"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 100000, CKPT_EVERY="4", PYTHONPATH=seams, PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:90")
+    try:
+        wait_for_log(proc, out / "remote.log", "step 4/")
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(4)
+        t0 = time.time()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert time.time() - t0 < 40 and proc.returncode != 0, log[-2000:]
+    assert not (out / "checkpoints" / "step_000000004" / "COMMITTED").exists()
+    assert log.count("starting (attempt") == 1 and run_processes(out) == []
