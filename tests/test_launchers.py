@@ -159,12 +159,12 @@ def wait_for_log(proc, log: Path, text: str, timeout: float = 120) -> None:
     assert text in log.read_text()
 
 
-def run_processes(out: Path) -> list[int]:
-    """Live processes whose command line names this run's output folder (torchrun, ranks)."""
+def run_processes(named: Path) -> list[int]:
+    """Live processes whose command line names ``named`` (the run's output folder or config: torchrun, ranks)."""
     found = []
     for p in Path("/proc").glob("[0-9]*"):
         try:
-            if str(out) in (p / "cmdline").read_bytes().decode(errors="replace") and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            if str(named) in (p / "cmdline").read_bytes().decode(errors="replace") and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                 found.append(int(p.name))
         except (OSError, IndexError):
             continue
@@ -243,3 +243,56 @@ def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
     assert time.time() - t0 < 40 and proc.returncode != 0, log[-2000:]
     assert not (out / "checkpoints" / "step_000000004" / "COMMITTED").exists()
     assert log.count("starting (attempt") == 1 and run_processes(out) == []
+
+
+def test_k8s_entrypoint_forwards_sigterm_and_never_reports_a_stop_as_done(tiny_config, tmp_path):
+    """The kubelet's SIGTERM (eviction, pre-emption) reaches the entrypoint alone, PID 1 of the
+    container. Before, bash died of it (as PID 1 it ignored it) and torchrun trained on until the
+    SIGKILL; a pod whose run stopped cleanly exited 0, which marks its index of the Job done; and
+    the next pod, killed without a word (the OOM killer), read the stopped pod's exit_status.json
+    and exited 0 as well. Now the signal is forwarded to torchrun (a checkpoint of the step it
+    stopped at), the stopped pod exits 143, and a pod never reports an earlier pod's status."""
+    from conftest import free_port
+
+    cfg = tiny_config(steps=100000)
+    out = tmp_path / "out"
+    script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
+
+    def pod(*args: str) -> subprocess.Popen:
+        e = dict(os.environ, PY=sys.executable, NNODES="1", NPROC_PER_NODE="2", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", OMP_NUM_THREADS="1")
+        return subprocess.Popen(
+            ["bash", script, str(cfg), *args],
+            cwd=REPO,
+            env=e,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=default_signals,
+        )
+
+    def wait_for_step(proc, step: int) -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and any(r["step"] >= step for r in read_metrics(out))):
+            assert proc.poll() is None, f"the pod ended early with {proc.returncode}"
+            time.sleep(0.2)
+
+    proc = pod()
+    try:
+        wait_for_step(proc, 3)
+        os.kill(proc.pid, signal.SIGTERM)  # the entrypoint alone, as the kubelet sends it
+        proc.wait(timeout=90)
+        status = json.loads((out / "exit_status.json").read_text())
+        assert proc.returncode == 143 and status["reason"] == "signal", (proc.returncode, status)
+        assert (out / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").exists() and run_processes(cfg) == []
+
+        proc = pod()  # the next pod: its ranks are SIGKILLed (no exit_status.json of their own)
+        wait_for_step(proc, status["step"] + 1)
+        commands = {p: Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in run_processes(cfg)}
+        ranks = [p for p, c in commands.items() if "core.train" in c and "torch.distributed.run" not in c]
+        for p in ranks:
+            os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=90)
+        assert len(ranks) == 2 and proc.returncode not in (0, 143), (commands, proc.returncode)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
