@@ -35,6 +35,23 @@ OUTPUT_DIR=${OUTPUT_DIR:-runs/remote}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 BACKOFF_S=${BACKOFF_S:-10}
 mkdir -p "$OUTPUT_DIR"
+# One launcher per run folder, for its whole life: between two attempts (the back-off) no trainer holds
+# the run folder's lock, and a second launcher would take the folder over, or delete its exit_status.json.
+# The lock is flock(2) on remote.lock, taken through fd 9, which this script (and what it starts) holds.
+if ! exec 9>>"$OUTPUT_DIR/remote.lock"; then
+    echo "plait: error: remote.sh: cannot create or write $OUTPUT_DIR/remote.lock (OUTPUT_DIR)" >&2
+    exit 2
+fi
+"$PY" -c 'import fcntl, sys
+try:
+    fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(3)' 2>/dev/null
+if [ $? -eq 3 ]; then  # (any other failure: the installation check below says what is wrong)
+    echo "plait: error: remote.sh: $OUTPUT_DIR is in use by another launcher ($(head -c 300 "$OUTPUT_DIR/remote.lock" 2>/dev/null)); one run folder has one launcher" >&2
+    exit 2
+fi
+echo "pid $$ on $(hostname) since $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$OUTPUT_DIR/remote.lock"
 LOG=${LOG:-$OUTPUT_DIR/remote.log}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -68,6 +85,18 @@ TEE_P=()
 if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
 immune() { (trap '' INT TERM HUP; exec "$@"); }  # a command that the stop's signals must not cut short
 keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
+# torchrun in a group of its own no longer dies with the launcher's group: it asks the kernel (Linux
+# PR_SET_PDEATHSIG, kept across exec) for SIGTERM when this script dies, however it dies (SIGKILL too),
+# so the ranks stop with a checkpoint instead of training on unsupervised.
+WITH_LAUNCHER='import ctypes, os, signal, sys
+parent = os.getppid()
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(143)
+os.execvp(sys.argv[1], sys.argv[1:])'
 
 # 0. Numbers from the environment, checked before any shell arithmetic sees them: bash
 #    evaluates an arithmetic operand such as 'x[$(cmd)]', running cmd.
@@ -155,7 +184,7 @@ while true; do
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     stopped
     set -m  # the job (torchrun and its tee) in a process group of its own; $trainer leads it
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+    "$PY" -c "$WITH_LAUNCHER" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
         -m core.train "${args[@]}" "${resume[@]}" 2>&1 | keep_log &
     trainer=$(jobs -p %+)
     set +m
@@ -180,6 +209,11 @@ while true; do
         exit "$code"
     fi
     stopped  # the trainer died of the stop (a signal before it could save): no restart
+    # Another job took a folder of this run (its checkpoint folder) between two attempts: final, as bad input.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: run folder .* is in use by"; then
+        log "another job holds a run folder of this run; not restarting"
+        exit 2
+    fi
     # A failed save whose exit_status.json did not fit on the disk either: still final.
     if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
         log "a checkpoint could not be written (disk full?); not restarting"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, read_metrics
+from conftest import REPO, env, read_metrics, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -171,14 +171,15 @@ def run_processes(named: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("to", ["process group", "launcher alone"])
+@pytest.mark.parametrize("to", ["process group", "launcher alone", "launcher killed"])
 def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to):
     """Ctrl-C in the launcher's terminal (SIGINT to its whole process group) killed its ``tee``,
     the trainer died of the broken pipe without the stop's checkpoint, and the launcher took
     that for a crash and restarted the run the user had stopped. SIGTERM to the launcher alone
     (``kill <pid>``, a container's PID 1) killed bash and left torchrun training as an orphan.
     Now both stop the trainer at a step boundary with a checkpoint, the log keeps its last
-    lines, nothing is restarted, and no process of the run is left."""
+    lines, nothing is restarted, and no process of the run is left. A launcher SIGKILLed (the OOM
+    killer, ``kill -9``) leaves torchrun a SIGTERM (PR_SET_PDEATHSIG): the same clean stop."""
     out = tmp_path / "out"
     proc = start_remote(tmp_path, 100000, CKPT_EVERY="1000", MAX_RESTARTS="2")
     try:
@@ -186,29 +187,38 @@ def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to
         if to == "process group":
             os.killpg(proc.pid, signal.SIGINT)
         else:
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGKILL if to == "launcher killed" else signal.SIGTERM)
         proc.wait(timeout=90)
+        deadline = time.time() + 90
+        while time.time() < deadline and run_processes(out):  # after a SIGKILL nobody waits for torchrun
+            time.sleep(0.2)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        for p in run_processes(out):
+            os.kill(p, signal.SIGKILL)
     log = (out / "remote.log").read_text()
     status = json.loads((out / "exit_status.json").read_text())
-    assert proc.returncode == 0 and status["reason"] == "signal", (proc.returncode, status, log[-3000:])
+    assert proc.returncode == (-9 if to == "launcher killed" else 0) and status["reason"] == "signal", (proc.returncode, status, log[-3000:])
     assert (out / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").exists()
     assert f"training ended at step {status['step']} (signal)" in log  # the trainer's last lines reached the log
-    assert log.count("starting (attempt") == 1 and "not restarted" in log
-    assert run_processes(out) == []
+    assert log.count("starting (attempt") == 1 and ("not restarted" in log or to == "launcher killed")
 
 
-def test_a_signal_during_the_back_off_ends_remote_sh_without_a_restart(tmp_path):
-    """A stop asked while the launcher waits to restart a crashed trainer: before, bash sat in
-    ``sleep`` (the signal killed it, or a trap would have waited out the back-off and restarted);
-    now it leaves at once with 128 + the signal's number and starts nothing."""
+def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once(tmp_path):
+    """While a launcher waits to restart a crashed trainer, no trainer holds the run folder's lock:
+    a second launcher on the same OUTPUT_DIR passed its checks and took the folder over (deleting
+    the first one's exit_status.json at each of its attempts); now the first launcher holds a lock
+    of its own for its whole life and the second exits 2 naming it. A stop asked during the
+    back-off sat in ``sleep`` (the signal killed bash, or a trap would have waited it out and
+    restarted); now the launcher leaves at once with 128 + the signal's number, starting nothing."""
     out = tmp_path / "out"
     seams = str(REPO / "tests" / "seams")
     proc = start_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams)
     try:
         wait_for_log(proc, out / "remote.log", "restarting in 120s")
+        second = subprocess.run(
+            ["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 2 and f"in use by another launcher (pid {proc.pid} on" in second.stderr, second.stderr[-2000:]
         t0 = time.time()
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
@@ -296,3 +306,45 @@ def test_k8s_entrypoint_forwards_sigterm_and_never_reports_a_stop_as_done(tiny_c
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_path):
+    """Another job (a hand-started torchrun) takes this run's checkpoint folder after the
+    launcher's checks and before its trainer locks it (as it can between two attempts): the
+    trainer's rank 0 finds the folder in use and exits 2 without an exit_status.json (that folder's
+    is the other job's). The launcher took that for a crash and restarted into the same refusal,
+    up to MAX_RESTARTS times; now it recognises the trainer's line and ends with exit 2."""
+    out = tmp_path / "out"
+    go = tmp_path / "go"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 20, MAX_RESTARTS="3", PLAIT_TEST_WAIT_BEFORE_LOCK=str(go), PYTHONPATH=seams)
+    other = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not Path(f"{go}.ready").exists():  # the trainer is about to take its locks
+            assert proc.poll() is None, (out / "remote.log").read_text()[-2000:]
+            time.sleep(0.2)
+        (tmp_path / "elsewhere").mkdir()
+        cfg = write_tiny_config(tmp_path / "elsewhere", steps=100000)
+        other = subprocess.Popen(
+            torchrun_argv(2, "--config", str(cfg), f"--checkpoint.dir={out / 'checkpoints'}"),
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        from checkpointing.ownership import held_elsewhere
+
+        while time.time() < deadline and not held_elsewhere(out / "checkpoints"):
+            assert other.poll() is None, "the other job ended early"
+            time.sleep(0.2)
+        go.touch()
+        proc.wait(timeout=90)
+    finally:
+        for p in (proc, other):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert proc.returncode == 2 and "another job holds a run folder of this run; not restarting" in log, (proc.returncode, log[-3000:])
+    assert log.count("starting (attempt") == 1
