@@ -348,3 +348,25 @@ def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_
     log = (out / "remote.log").read_text()
     assert proc.returncode == 2 and "another job holds a run folder of this run; not restarting" in log, (proc.returncode, log[-3000:])
     assert log.count("starting (attempt") == 1
+
+
+def test_slurm_plan_checks_the_resume_the_trainer_gets(tiny_config, tmp_path):
+    """slurm.sbatch trains with ``--checkpoint.resume=auto`` but planned without it: with a config
+    that says ``resume = "none"`` (a fresh start), a requeued job's plan found the run's own
+    checkpoints, refused them as another run's and ended the job with exit 2 instead of resuming.
+    srun and scontrol are stand-ins here (srun records what it would run); the plan is real."""
+    cfg = tiny_config(body='[checkpoint]\nresume = "none"\n')
+    saved = tmp_path / "out" / "checkpoints" / "step_000000004"  # what the job saved before it was requeued
+    saved.mkdir(parents=True)
+    (saved / "COMMITTED").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path / "srun.args"}"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    e = dict(os.environ, SLURM_JOB_NODELIST="node1", SLURM_NNODES="1", SLURM_GPUS_PER_NODE="2", SLURM_JOB_ID="7", OMP_NUM_THREADS="1")
+    e["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), e["PATH"]])
+    proc = subprocess.run(["bash", "launchers/slurm.sbatch", str(cfg)], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--checkpoint.resume=auto" in (tmp_path / "srun.args").read_text().splitlines()
