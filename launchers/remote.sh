@@ -83,7 +83,7 @@ stopped() {  # a signal came: leave now, with 128 + its number
 # (its last lines are the stop and the checkpoint) and that a closed terminal does not end (-p).
 TEE_P=()
 if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
-immune() { (trap '' INT TERM HUP; exec "$@"); }  # a command that the stop's signals must not cut short
+immune() { (trap '' INT TERM HUP TTOU; exec "$@"); }  # the stop's signals must not cut it short (TTOU: a terminal with tostop)
 keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
 # torchrun in a group of its own no longer dies with the launcher's group: it asks the kernel (Linux
 # PR_SET_PDEATHSIG, kept across exec) for SIGTERM when this script dies, however it dies (SIGKILL too),

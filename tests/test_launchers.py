@@ -230,6 +230,7 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
     assert log.count("starting (attempt") == 1 and "stopped by a signal" in log
 
 
+@pytest.mark.bench  # a save held for seconds on purpose, then two Ctrl-Cs: `pytest -m bench`
 def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
     """torchrun runs in a process group of its own under the launcher, so the terminal's Ctrl-C
     no longer reaches it or the ranks: the launcher forwards the first, and sends a deliberate
