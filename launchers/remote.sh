@@ -22,10 +22,11 @@
 # SIGINT (Ctrl-C), SIGTERM or SIGHUP to this script stops the run: the trainer hears SIGTERM (SIGINT for
 # Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
 # Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
-# trainer finds it); 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk
-# full, I/O error: never retried, restarting would only fill the disk again); 75/76 budget guard stops;
-# 1 when the restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before
-# the trainer could save.
+# trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
+# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error:
+# never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
+# restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before the
+# trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
