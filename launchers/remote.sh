@@ -19,9 +19,14 @@
 # Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
 # is refused before it reaches shell arithmetic.
 # A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
-# Exit codes: 0 done; 2 bad input (never retried, also when the trainer finds it); 3 non-finite loss;
-# 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error: never retried,
-# restarting would only fill the disk again); 75/76 budget guard stops; 1 when the restarts ran out.
+# SIGINT (Ctrl-C), SIGTERM or SIGHUP to this script stops the run: the trainer hears SIGTERM (SIGINT for
+# Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
+# Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
+# trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
+# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error:
+# never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
+# restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before the
+# trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,11 +36,68 @@ OUTPUT_DIR=${OUTPUT_DIR:-runs/remote}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 BACKOFF_S=${BACKOFF_S:-10}
 mkdir -p "$OUTPUT_DIR"
+# One launcher per run folder, for its whole life: between two attempts (the back-off) no trainer holds
+# the run folder's lock, and a second launcher would take the folder over, or delete its exit_status.json.
+# The lock is flock(2) on remote.lock, taken through fd 9, which this script (and what it starts) holds.
+if ! exec 9>>"$OUTPUT_DIR/remote.lock"; then
+    echo "plait: error: remote.sh: cannot create or write $OUTPUT_DIR/remote.lock (OUTPUT_DIR)" >&2
+    exit 2
+fi
+"$PY" -c 'import fcntl, sys
+try:
+    fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(3)' 2>/dev/null
+if [ $? -eq 3 ]; then  # (any other failure: the installation check below says what is wrong)
+    echo "plait: error: remote.sh: $OUTPUT_DIR is in use by another launcher ($(head -c 300 "$OUTPUT_DIR/remote.lock" 2>/dev/null)); one run folder has one launcher" >&2
+    exit 2
+fi
+echo "pid $$ on $(hostname) since $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$OUTPUT_DIR/remote.lock"
 LOG=${LOG:-$OUTPUT_DIR/remote.log}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 log() { echo "[remote.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
+
+# A signal stops the run and is never followed by a restart. torchrun runs in a process group of its
+# own (below), so a terminal's Ctrl-C reaches it once, forwarded from here; SIGHUP (the terminal
+# closed) is forwarded as SIGTERM, which the trainer handles (it dies of SIGHUP). A deliberate second
+# Ctrl-C goes to the ranks themselves (torchrun would only wait on), as it does without this script.
+stop_code=0
+trainer=""
+on_signal() {
+    if [ "$stop_code" -eq 0 ]; then
+        log "$1: stopping the run; it is not restarted"
+        stop_code=$2
+        if [ -n "$trainer" ]; then kill -s "$3" "$trainer" 2>/dev/null; fi
+    elif [ "$1" = SIGINT ] && [ -n "$trainer" ]; then  # Ctrl-C again: to the ranks, which stop at once after 3 s
+        pkill -INT -P "$trainer" 2>/dev/null
+    fi
+}
+trap 'on_signal SIGINT 130 INT' INT
+trap 'on_signal SIGTERM 143 TERM' TERM
+trap 'on_signal SIGHUP 129 TERM' HUP
+stopped() {  # a signal came: leave now, with 128 + its number
+    if [ "$stop_code" -ne 0 ]; then log "stopped by a signal"; exit "$stop_code"; fi
+}
+# The trainer's output goes to the log through a tee that the signals stopping the run do not kill
+# (its last lines are the stop and the checkpoint) and that a closed terminal does not end (-p).
+TEE_P=()
+if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
+immune() { (trap '' INT TERM HUP TTOU; exec "$@"); }  # the stop's signals must not cut it short (TTOU: a terminal with tostop)
+keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
+# torchrun in a group of its own no longer dies with the launcher's group: it asks the kernel (Linux
+# PR_SET_PDEATHSIG, kept across exec) for SIGTERM when this script dies, however it dies (SIGKILL too),
+# so the ranks stop with a checkpoint instead of training on unsupervised.
+WITH_LAUNCHER='import ctypes, os, signal, sys
+parent = os.getppid()
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:
+    sys.exit(143)
+os.execvp(sys.argv[1], sys.argv[1:])'
 
 # 0. Numbers from the environment, checked before any shell arithmetic sees them: bash
 #    evaluates an arithmetic operand such as 'x[$(cmd)]', running cmd.
@@ -67,6 +129,7 @@ core.registry.load()
 print(f"gpus {torch.cuda.device_count()}")
 PY
 ); then
+    stopped
     log "installation check failed: is plait installed (pip install -e .)?"
     exit 2
 fi
@@ -108,6 +171,7 @@ first_resume="--checkpoint.resume=${RESUME:-auto}"
 # 3. Bad input is final: check it once, without a process group (core.plan runs every check that
 #    core.train runs before building: options, data, the checkpoint to resume from, output folders).
 if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
+    stopped
     log "the run's configuration is invalid; not starting"
     exit 2
 fi
@@ -119,13 +183,24 @@ while true; do
     if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
-        -m core.train "${args[@]}" "${resume[@]}" 2>&1 | tee -a "$LOG"
-    code=${PIPESTATUS[0]}
+    stopped
+    set -m  # the job (torchrun and its tee) in a process group of its own; $trainer leads it
+    "$PY" -c "$WITH_LAUNCHER" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+        -m core.train "${args[@]}" "${resume[@]}" 2>&1 | keep_log &
+    trainer=$(jobs -p %+)
+    set +m
+    if [ "$stop_code" -ne 0 ]; then kill -s TERM "$trainer" 2>/dev/null; fi  # a signal while it was starting
+    wait "$trainer"
+    code=$?
+    while [ "$code" -gt 128 ] && kill -0 "$trainer" 2>/dev/null; do  # wait was cut short by a signal
+        wait "$trainer"
+        code=$?
+    done
+    trainer=""
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
         # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
-        status=$("$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
+        status=$(immune "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
                  "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
     fi
     if [ -n "$status" ] && [ "${status#* }" != error ]; then
@@ -133,6 +208,12 @@ while true; do
         if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"
         exit "$code"
+    fi
+    stopped  # the trainer died of the stop (a signal before it could save): no restart
+    # Another job took a folder of this run (its checkpoint folder) between two attempts: final, as bad input.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: run folder .* is in use by"; then
+        log "another job holds a run folder of this run; not restarting"
+        exit 2
     fi
     # A failed save whose exit_status.json did not fit on the disk either: still final.
     if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
@@ -146,6 +227,9 @@ while true; do
     wait_s=$((BACKOFF_S * (1 << attempt)))
     [ "$wait_s" -gt 300 ] && wait_s=300
     log "trainer died (code $code); restarting in ${wait_s}s"
-    sleep "$wait_s"
+    sleep "$wait_s" &
+    wait $!  # a signal cuts the back-off short
+    kill $! 2>/dev/null
+    stopped
     attempt=$((attempt + 1))
 done

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, read_metrics
+from conftest import REPO, env, read_metrics, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
 
 def remote_env(tmp_path, **extra):
-    e = env(PYTHON=sys.executable, OUTPUT_DIR=str(tmp_path / "out"), NPROC="2", BACKOFF_S="1", **extra)
+    e = env(**{"PYTHON": sys.executable, "OUTPUT_DIR": str(tmp_path / "out"), "NPROC": "2", "BACKOFF_S": "1", **extra})
     e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
     return e
 
@@ -130,3 +130,244 @@ def test_k8s_entrypoint_passes_the_trainers_exit_code(tiny_config, tmp_path):
         ["bash", script, str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     assert diverged.returncode == 3, diverged.stderr[-3000:]
+
+
+def default_signals() -> None:
+    """The child's SIGINT/SIGHUP as a terminal's shell leaves them (a test runner started in the
+    background ignores SIGINT, and bash cannot trap a signal ignored when it starts)."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start_remote(tmp_path, steps, **extra):
+    return subprocess.Popen(
+        ["bash", "launchers/remote.sh", *small_args(None, steps)],
+        cwd=REPO,
+        env=remote_env(tmp_path, **extra),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=default_signals,
+    )
+
+
+def wait_for_log(proc, log: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (log.exists() and text in log.read_text()):
+        assert proc.poll() is None, f"remote.sh ended early ({proc.returncode}): {log.read_text()[-2000:] if log.exists() else ''}"
+        time.sleep(0.2)
+    assert text in log.read_text()
+
+
+def run_processes(named: Path) -> list[int]:
+    """Live processes whose command line names ``named`` (the run's output folder or config: torchrun, ranks)."""
+    found = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(named) in (p / "cmdline").read_bytes().decode(errors="replace") and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(p.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("to", ["process group", "launcher alone", "launcher killed"])
+def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to):
+    """Ctrl-C in the launcher's terminal (SIGINT to its whole process group) killed its ``tee``,
+    the trainer died of the broken pipe without the stop's checkpoint, and the launcher took
+    that for a crash and restarted the run the user had stopped. SIGTERM to the launcher alone
+    (``kill <pid>``, a container's PID 1) killed bash and left torchrun training as an orphan.
+    Now both stop the trainer at a step boundary with a checkpoint, the log keeps its last
+    lines, nothing is restarted, and no process of the run is left. A launcher SIGKILLed (the OOM
+    killer, ``kill -9``) leaves torchrun a SIGTERM (PR_SET_PDEATHSIG): the same clean stop."""
+    out = tmp_path / "out"
+    proc = start_remote(tmp_path, 100000, CKPT_EVERY="1000", MAX_RESTARTS="2")
+    try:
+        wait_for_log(proc, out / "remote.log", "step 3/")
+        if to == "process group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGKILL if to == "launcher killed" else signal.SIGTERM)
+        proc.wait(timeout=90)
+        deadline = time.time() + 90
+        while time.time() < deadline and run_processes(out):  # after a SIGKILL nobody waits for torchrun
+            time.sleep(0.2)
+    finally:
+        for p in run_processes(out):
+            os.kill(p, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    status = json.loads((out / "exit_status.json").read_text())
+    assert proc.returncode == (-9 if to == "launcher killed" else 0) and status["reason"] == "signal", (proc.returncode, status, log[-3000:])
+    assert (out / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").exists()
+    assert f"training ended at step {status['step']} (signal)" in log  # the trainer's last lines reached the log
+    assert log.count("starting (attempt") == 1 and ("not restarted" in log or to == "launcher killed")
+
+
+def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once(tmp_path):
+    """While a launcher waits to restart a crashed trainer, no trainer holds the run folder's lock:
+    a second launcher on the same OUTPUT_DIR passed its checks and took the folder over (deleting
+    the first one's exit_status.json at each of its attempts); now the first launcher holds a lock
+    of its own for its whole life and the second exits 2 naming it. A stop asked during the
+    back-off sat in ``sleep`` (the signal killed bash, or a trap would have waited it out and
+    restarted); now the launcher leaves at once with 128 + the signal's number, starting nothing."""
+    out = tmp_path / "out"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams)
+    try:
+        wait_for_log(proc, out / "remote.log", "restarting in 120s")
+        second = subprocess.run(
+            ["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 2 and f"in use by another launcher (pid {proc.pid} on" in second.stderr, second.stderr[-2000:]
+        t0 = time.time()
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert proc.returncode == 143 and time.time() - t0 < 10, (proc.returncode, log[-2000:])
+    assert log.count("starting (attempt") == 1 and "stopped by a signal" in log
+
+
+@pytest.mark.bench  # a save held for seconds on purpose, then two Ctrl-Cs: `pytest -m bench`
+def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
+    """torchrun runs in a process group of its own under the launcher, so the terminal's Ctrl-C
+    no longer reaches it or the ranks: the launcher forwards the first, and sends a deliberate
+    second one (after the 3 s window) to the ranks themselves, which stop at once, as they do
+    under torchrun in a terminal. Here the first lands while the save of step 4 hangs before its
+    commit; the second ends the run without that checkpoint and without a restart."""
+    out = tmp_path / "out"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 100000, CKPT_EVERY="4", PYTHONPATH=seams, PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:90")
+    try:
+        wait_for_log(proc, out / "remote.log", "step 4/")
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(4)
+        t0 = time.time()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert time.time() - t0 < 40 and proc.returncode != 0, log[-2000:]
+    assert not (out / "checkpoints" / "step_000000004" / "COMMITTED").exists()
+    assert log.count("starting (attempt") == 1 and run_processes(out) == []
+
+
+def test_k8s_entrypoint_forwards_sigterm_and_never_reports_a_stop_as_done(tiny_config, tmp_path):
+    """The kubelet's SIGTERM (eviction, pre-emption) reaches the entrypoint alone, PID 1 of the
+    container. Before, bash died of it (as PID 1 it ignored it) and torchrun trained on until the
+    SIGKILL; a pod whose run stopped cleanly exited 0, which marks its index of the Job done; and
+    the next pod, killed without a word (the OOM killer), read the stopped pod's exit_status.json
+    and exited 0 as well. Now the signal is forwarded to torchrun (a checkpoint of the step it
+    stopped at), the stopped pod exits 143, and a pod never reports an earlier pod's status."""
+    from conftest import free_port
+
+    cfg = tiny_config(steps=100000)
+    out = tmp_path / "out"
+    script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
+
+    def pod(*args: str) -> subprocess.Popen:
+        e = dict(os.environ, PY=sys.executable, NNODES="1", NPROC_PER_NODE="2", RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", OMP_NUM_THREADS="1")
+        return subprocess.Popen(
+            ["bash", script, str(cfg), *args],
+            cwd=REPO,
+            env=e,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=default_signals,
+        )
+
+    def wait_for_step(proc, step: int) -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and any(r["step"] >= step for r in read_metrics(out))):
+            assert proc.poll() is None, f"the pod ended early with {proc.returncode}"
+            time.sleep(0.2)
+
+    proc = pod()
+    try:
+        wait_for_step(proc, 3)
+        os.kill(proc.pid, signal.SIGTERM)  # the entrypoint alone, as the kubelet sends it
+        proc.wait(timeout=90)
+        status = json.loads((out / "exit_status.json").read_text())
+        assert proc.returncode == 143 and status["reason"] == "signal", (proc.returncode, status)
+        assert (out / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").exists() and run_processes(cfg) == []
+
+        proc = pod()  # the next pod: its ranks are SIGKILLed (no exit_status.json of their own)
+        wait_for_step(proc, status["step"] + 1)
+        commands = {p: Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace") for p in run_processes(cfg)}
+        ranks = [p for p, c in commands.items() if "core.train" in c and "torch.distributed.run" not in c]
+        for p in ranks:
+            os.kill(p, signal.SIGKILL)
+        proc.wait(timeout=90)
+        assert len(ranks) == 2 and proc.returncode not in (0, 143), (commands, proc.returncode)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_path):
+    """Another job (a hand-started torchrun) takes this run's checkpoint folder after the
+    launcher's checks and before its trainer locks it (as it can between two attempts): the
+    trainer's rank 0 finds the folder in use and exits 2 without an exit_status.json (that folder's
+    is the other job's). The launcher took that for a crash and restarted into the same refusal,
+    up to MAX_RESTARTS times; now it recognises the trainer's line and ends with exit 2."""
+    out = tmp_path / "out"
+    go = tmp_path / "go"
+    seams = str(REPO / "tests" / "seams")
+    proc = start_remote(tmp_path, 20, MAX_RESTARTS="3", PLAIT_TEST_WAIT_BEFORE_LOCK=str(go), PYTHONPATH=seams)
+    other = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not Path(f"{go}.ready").exists():  # the trainer is about to take its locks
+            assert proc.poll() is None, (out / "remote.log").read_text()[-2000:]
+            time.sleep(0.2)
+        (tmp_path / "elsewhere").mkdir()
+        cfg = write_tiny_config(tmp_path / "elsewhere", steps=100000)
+        other = subprocess.Popen(
+            torchrun_argv(2, "--config", str(cfg), f"--checkpoint.dir={out / 'checkpoints'}"),
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        from checkpointing.ownership import held_elsewhere
+
+        while time.time() < deadline and not held_elsewhere(out / "checkpoints"):
+            assert other.poll() is None, "the other job ended early"
+            time.sleep(0.2)
+        go.touch()
+        proc.wait(timeout=90)
+    finally:
+        for p in (proc, other):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    log = (out / "remote.log").read_text()
+    assert proc.returncode == 2 and "another job holds a run folder of this run; not restarting" in log, (proc.returncode, log[-3000:])
+    assert log.count("starting (attempt") == 1
+
+
+def test_slurm_plan_checks_the_resume_the_trainer_gets(tiny_config, tmp_path):
+    """slurm.sbatch trains with ``--checkpoint.resume=auto`` but planned without it: with a config
+    that says ``resume = "none"`` (a fresh start), a requeued job's plan found the run's own
+    checkpoints, refused them as another run's and ended the job with exit 2 instead of resuming.
+    srun and scontrol are stand-ins here (srun records what it would run); the plan is real."""
+    cfg = tiny_config(body='[checkpoint]\nresume = "none"\n')
+    saved = tmp_path / "out" / "checkpoints" / "step_000000004"  # what the job saved before it was requeued
+    saved.mkdir(parents=True)
+    (saved / "COMMITTED").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path / "srun.args"}"\n')
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    e = dict(os.environ, SLURM_JOB_NODELIST="node1", SLURM_NNODES="1", SLURM_GPUS_PER_NODE="2", SLURM_JOB_ID="7", OMP_NUM_THREADS="1")
+    e["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), e["PATH"]])
+    proc = subprocess.run(["bash", "launchers/slurm.sbatch", str(cfg)], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--checkpoint.resume=auto" in (tmp_path / "srun.args").read_text().splitlines()

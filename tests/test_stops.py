@@ -292,3 +292,30 @@ def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     log = (out / "remote.log").read_text()
     assert log.count("starting (attempt") == 1 and "trainer finished with exit code 74" in log
     assert committed(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
+
+
+def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
+    """The reader of the ranks' output goes away (a launcher's ``tee`` killed by the Ctrl-C that
+    reaches its whole process group, a closed terminal): every later line a rank prints fails
+    with EPIPE. The run trains on, and a SIGTERM still stops it at a step boundary with a
+    checkpoint of that step, instead of a BrokenPipeError that turned the console monitor's next
+    line into a monitor failure and then into a failed checkpoint save."""
+    cfg = write_tiny_config(tmp_path, steps=100000)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        torchrun_cmd(cfg, "--checkpoint.every=1000"), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_for_steps(out, 3, proc)
+        assert proc.stdout is not None
+        proc.stdout.close()  # nobody reads the ranks' output any more
+        printed = len(read_metrics(out))
+        wait_for_steps(out, printed + 3, proc)  # steps whose lines went nowhere
+        os.kill(proc.pid, signal.SIGTERM)  # torchrun forwards it to the ranks
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["exit_code"] == 0, status
+    assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed(out)

@@ -54,6 +54,35 @@ def output_dir_of(config: str, overrides: list[str]) -> str | None:
         return None
 
 
+class LosableStream:
+    """stdout or stderr for a run that must outlive its console. A launcher's ``tee`` killed by the
+    signal that stops the run (Ctrl-C reaches the whole process group), a closed terminal or a
+    closed pipe make every later write fail (BrokenPipeError, EIO); the run's own lines would then
+    turn its clean stop into a crash, or a monitor's print into a failed checkpoint save. The first
+    failed write drops this stream's output for the rest of the process; nothing is raised."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.lost = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.lost:
+            try:
+                return self.stream.write(text)
+            except OSError:
+                self.lost = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.lost:
+            try:
+                self.stream.flush()
+            except OSError:
+                self.lost = True
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     from checkpointing import ownership
@@ -112,6 +141,7 @@ def run_and_exit() -> None:
     run into a failed one for torchrun. An exception still ends the process the normal way."""
     import os
 
+    sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)  # type: ignore[assignment]
     try:
         code = main()
     except SystemExit as e:
