@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import signal
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from core.nonfinite import EXIT_NONFINITE, NonFiniteState
 from core.protocols import DistInfo, data_fingerprint, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
+from core.validation import validate
 from dataloading.prefetch import PrefetchingLoader, prefetching
 from preflight.prepare import Prepared
 
@@ -167,7 +167,7 @@ class Trainer:
             metrics = self.log_metrics(loss, grad_norm) if is_log else {}
             self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
             if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
-                self.validate(val)
+                validate(self, val)
             ckpt.poll()
             if (stop := self.agreed_stop(worst)) is not None:
                 reason = stop
@@ -292,21 +292,6 @@ class Trainer:
         self.run.state["wall_time_s"] = wall  # time keeps counting (budgets)
         log.info(f"rolled back to {target.name}; the data since then is skipped")
         return True
-
-    def validate(self, opts) -> None:
-        from core.validation import evaluate
-
-        loss = evaluate(self, opts)
-        best = min(self.run.state.get("best_val_loss", math.inf), loss)
-        self.run.state["best_val_loss"] = best
-        self.monitors.emit(
-            "plait_validation_end", run=self.run, step=self.run.step, metrics={"val_loss": loss, "best_val_loss": best, **loss.parts}
-        )  # parts: val_loss/<source>
-        keep = self.checkpointer.opts.keep_best
-        ranking = self.run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
-        if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees
-            ranking[:] = sorted(ranking + [[loss, self.run.step]])[:keep]
-            self.checkpointer.save_best(self.run.step)
 
     def on_checkpoint_saved(self, step: int, path: str) -> None:
         self.monitors.emit("plait_checkpoint_saved", run=self.run, step=step, path=path)

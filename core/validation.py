@@ -14,10 +14,12 @@ split, and reported as ``val_loss/<label>`` beside the overall ``val_loss``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
+from core import log
 from core.distributed import mean_across_ranks
 from core.options import option
 from core.protocols import validation_parts
@@ -51,11 +53,19 @@ class ValidationLoss(float):
         return float, (float(self),)
 
 
+class Interrupted(Exception):
+    """A stop signal reached a rank during validation: every rank leaves the pass at the same batch."""
+
+
 def _mean_loss(trainer, loader, batches: int) -> float:
     model, device = trainer.train_model, trainer.dist.device
     it = iter(loader)
     total = torch.zeros((), device=device)
     for _ in range(batches):
+        # A pre-emption's grace (30 s under torchrun, SLURM, Kubernetes) must not go to a long pass:
+        # the ranks agree before each batch (a sharded forward has collectives) and leave together.
+        if trainer.control.max([int(trainer._signal is not None)])[0]:
+            raise Interrupted
         inputs, labels = next(it)
         with trainer.c["precision"].autocast(device):
             total += model(inputs.to(device), labels.to(device)).float()
@@ -77,3 +87,23 @@ def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
     finally:
         model.train(was_training)
     return ValidationLoss(loss, per_part)
+
+
+def validate(trainer, opts: ValidationOptions) -> None:
+    """One validation pass at ``run.step``: monitors hear ``val_loss`` (and each part's), the best one
+    is kept, and with ``checkpoint.keep_best`` a checkpoint entering the top is saved. A pass a stop
+    signal interrupts records nothing; the step boundary right after it stops the run."""
+    run = trainer.run
+    try:
+        loss = evaluate(trainer, opts)
+    except Interrupted:
+        log.info(f"step {run.step}: validation interrupted by a signal; not recorded")
+        return
+    best = min(run.state.get("best_val_loss", math.inf), loss)
+    run.state["best_val_loss"] = best
+    trainer.monitors.emit("plait_validation_end", run=run, step=run.step, metrics={"val_loss": loss, "best_val_loss": best, **loss.parts})
+    keep = trainer.checkpointer.opts.keep_best
+    ranking = run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
+    if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees
+        ranking[:] = sorted(ranking + [[loss, run.step]])[:keep]
+        trainer.checkpointer.save_best(run.step)

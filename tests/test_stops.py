@@ -319,3 +319,34 @@ def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
     assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed(out)
+
+
+# --- a signal during validation ---------------------------------------------------------------
+
+
+def test_a_signal_during_a_long_validation_stops_every_rank_at_once_with_a_checkpoint(tmp_path):
+    """A pre-emption's grace (30 s) went to a validation pass, which looked at no signal until it
+    ended (here: never, a million batches). SIGTERM to rank 0 alone: under fsdp2, whose forward
+    gathers shards, rank 1 must leave the pass at the same batch, or both hang. The pass is not
+    recorded; the step before it is saved, and the run ends as a signal stop."""
+    cfg = write_tiny_config(tmp_path, steps=100000)
+    out = tmp_path / "out"
+    args = ["--config", str(cfg), "--parallelism.name=fsdp2", "--validation.every=2", "--validation.batches=1000000"]
+    proc = subprocess.Popen(torchrun_argv(2, *args), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_steps(out, 2, proc)
+        time.sleep(1.0)  # inside the pass by now
+        ranks = {
+            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
+            for pid in children(proc.pid)
+        }
+        os.kill(ranks[0], signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 2, status
+    assert committed(out) == ["step_000000002"]
+    assert read_metrics(out, "val") == [] and "validation interrupted by a signal" in output
