@@ -224,7 +224,8 @@ while true; do
         log "trainer failed (code $code) and $MAX_RESTARTS restarts are used up"
         exit 1
     fi
-    wait_s=$((BACKOFF_S * (1 << attempt)))
+    wait_s=$BACKOFF_S  # doubled once per earlier restart, capped at 300 s before it can overflow
+    for ((i = 0; i < attempt && wait_s < 300; i++)); do wait_s=$((wait_s * 2)); done
     [ "$wait_s" -gt 300 ] && wait_s=300
     log "trainer died (code $code); restarting in ${wait_s}s"
     sleep "$wait_s" &

@@ -371,3 +371,19 @@ def test_slurm_plan_checks_the_resume_the_trainer_gets(tiny_config, tmp_path):
     proc = subprocess.run(["bash", "launchers/slurm.sbatch", str(cfg)], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--checkpoint.resume=auto" in (tmp_path / "srun.args").read_text().splitlines()
+
+
+def test_the_back_off_doubles_up_to_300_s_and_never_overflows():
+    """remote.sh's wait before restart N: BACKOFF_S doubled N times, at most 300 s. It was
+    BACKOFF_S * (1 << N), which bash's 64-bit arithmetic overflows to a negative wait (sleep fails,
+    the restart comes at once) for a large BACKOFF_S by the 4th restart, for any by the 63rd.
+    The lines are run as remote.sh holds them."""
+    lines = (REPO / "launchers" / "remote.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("wait_s=$BACKOFF_S"))
+    block = "\n".join(line.strip() for line in lines[start : start + 3])
+    assert block.endswith("wait_s=300"), block
+    for backoff, waits in [("10", [10, 20, 40, 80, 160, 300, 300]), ("0", [0] * 7), ("999999999999999999", [300] * 7)]:
+        for attempt in [0, 1, 2, 3, 4, 5, 63]:
+            script = f"BACKOFF_S={backoff}; attempt={attempt}\n{block}\necho $wait_s"
+            got = int(subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout)
+            assert got == waits[min(attempt, 6)], (backoff, attempt, got)
