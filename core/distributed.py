@@ -26,8 +26,13 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+_timeout = datetime.timedelta(seconds=1800)  # init's, for the control plane's own group too
+
+
 def init(preference: str = "auto", timeout_s: int = 1800) -> DistInfo:
+    global _timeout
     rank, world, local = env_world()
+    _timeout = datetime.timedelta(seconds=timeout_s)
     device = pick_device(preference, local)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -36,7 +41,7 @@ def init(preference: str = "auto", timeout_s: int = 1800) -> DistInfo:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=_timeout,
             device_id=device if device.type == "cuda" else None,
         )
     elif dist.is_initialized():
@@ -54,7 +59,7 @@ class ControlPlane:
         self.info = info
         self.group = None
         if info.world_size > 1:
-            self.group = dist.new_group(backend="gloo") if info.backend == "nccl" else dist.group.WORLD
+            self.group = dist.new_group(backend="gloo", timeout=_timeout) if info.backend == "nccl" else dist.group.WORLD
 
     def max(self, values: list[int]) -> list[int]:
         if self.info.world_size == 1:

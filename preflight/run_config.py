@@ -52,6 +52,9 @@ class TrainOptions:
     )
     activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
     compile: bool = option(False, "torch.compile each block, and the loss where the model offers it (compile_loss)")
+    collective_timeout_s: int = option(
+        1800, "seconds a collective waits for the other ranks before the run fails (a hung or stopped rank); leave room for compiles and saves", gt=0
+    )
 
     def check(self) -> None:
         if self.steps == 0 and self.target_tokens == 0:

@@ -350,3 +350,43 @@ def test_a_signal_during_a_long_validation_stops_every_rank_at_once_with_a_check
     assert status["reason"] == "signal" and status["step"] == 2, status
     assert committed(out) == ["step_000000002"]
     assert read_metrics(out, "val") == [] and "validation interrupted by a signal" in output
+
+
+# --- a hung rank ----------------------------------------------------------------------------
+
+
+def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path):
+    """A rank that stops answering (SIGSTOP here; a dead NIC or a D-state read alike) held the
+    others in their next collective for the fixed 30 minutes. train.collective_timeout_s bounds
+    it, the control plane's own group included: the run fails, and a launcher restarts it."""
+    cfg = write_tiny_config(tmp_path, steps=100000)
+    out = tmp_path / "out"
+    args = ["--config", str(cfg), "--train.collective_timeout_s=5", "--checkpoint.every=2"]
+    proc = subprocess.Popen(torchrun_argv(2, *args), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stopped = None
+    try:
+        wait_for_steps(out, 3, proc)
+        ranks = {
+            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
+            for pid in children(proc.pid)
+        }
+        stopped = ranks[1]
+        os.kill(stopped, signal.SIGSTOP)
+        t0 = time.time()
+        while alive(ranks[0]) and time.time() - t0 < 90:  # rank 0 waits in its next collective
+            time.sleep(0.2)
+        waited = time.time() - t0
+        os.kill(stopped, signal.SIGCONT)  # a frozen process takes no signal; thawed, it learns rank 0 is gone
+        stopped = None
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGKILL)
+            os.kill(stopped, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    assert waited < 30 and proc.returncode != 0, (waited, output[-3000:])
+    assert "Timed out waiting 5000ms" in output
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "error" and status["exit_code"] == 1, status
+    assert committed(out)  # what was saved before the hang stays

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from core import distributed
     from core.trainer import Trainer
 
-    info = distributed.init(prep.rc.train.device)
+    info = distributed.init(prep.rc.train.device, prep.rc.train.collective_timeout_s)
     trainer = None
     try:
         trainer = Trainer(prep, info)
