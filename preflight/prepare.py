@@ -119,6 +119,8 @@ def prepare(
     if max_seq is not None and longest > max_seq:
         what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
         raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
+    if validate_data and not dry_run and device.type == "cpu":
+        check_host_memory(build_meta(spec, model_name), world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
     if validate_data:
         val = rc.sections["validation"]
         check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
@@ -156,6 +158,23 @@ def prepare(
             else:  # an export: its keys and shapes, from the files' headers
                 load_weights(Path(initial), spec, model_meta, shapes_only=True)
     return prep
+
+
+def check_host_memory(model_meta: torch.nn.Module, shards: int, path: str) -> None:
+    """On CPU: refuse a model whose fp32 weights and gradients alone exceed this machine's memory
+    (a vocab_size or width typed a thousand times too large), which would otherwise fail with an
+    allocation traceback after the process group is up, and again at every restart."""
+    numel = sum(p.numel() for p in {id(p): p for p in model_meta.parameters()}.values())
+    need = 8 * numel / shards
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX machine that says
+        return
+    if need > have:
+        raise ConfigError(
+            f"{path}: the model's {numel:,} parameters need {need / 2**30:,.1f} GiB per rank for fp32 weights and gradients alone; "
+            f"this machine has {have / 2**30:,.1f} GiB of memory"
+        )
 
 
 def probe_folder(folder: Path, what: str, keep: bool = True) -> None:

@@ -513,3 +513,16 @@ def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
     args = ["--config", str(tiny_config()), f"--data.path={tmp_path / 'elsewhere'}"]
     assert "does not exist" in plan_error(capsys, *args)
     assert plan.main([*args, "--config-only"]) == 0
+
+
+def test_a_model_larger_than_this_machine_is_refused_before_the_run_on_cpu(tiny_config):
+    """vocab_size typed a thousand times too large: 128 billion parameters on a CPU machine was an
+    allocation traceback (exit 1, so a launcher restarted into it) after the process group was up."""
+    from core.errors import ConfigError
+    from preflight.prepare import prepare
+
+    with pytest.raises(ConfigError, match=r"the model's 128,000,332,992 parameters need 953.7 GiB per rank .* this machine has"):
+        prepare(str(tiny_config()), ["--model.name=recurrent_moe", "--model.vocab_size=1000000000"], validate_data=True)
+    prepare(
+        str(tiny_config()), ["--model.name=recurrent_moe", "--model.vocab_size=1000000000"], validate_data=True, dry_run=True
+    )  # plan: maybe for another machine
