@@ -376,17 +376,17 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path):
         while alive(ranks[0]) and time.time() - t0 < 90:  # rank 0 waits in its next collective
             time.sleep(0.2)
         waited = time.time() - t0
-        os.kill(stopped, signal.SIGCONT)  # a frozen process takes no signal; thawed, it learns rank 0 is gone
-        stopped = None
-        output, _ = proc.communicate(timeout=90)
     finally:
-        if stopped is not None:
+        if stopped is not None:  # the frozen rank is the test's own doing: it goes, and torchrun ends the job
             os.kill(stopped, signal.SIGKILL)
             os.kill(stopped, signal.SIGCONT)
-        if proc.poll() is None:
-            proc.kill()
-    assert waited < 30 and proc.returncode != 0, (waited, output[-3000:])
-    assert "Timed out waiting 5000ms" in output
+        try:
+            output, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert waited < 45, (waited, output[-3000:])
+    assert proc.returncode != 0 and "Timed out waiting 5000ms" in output, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "error" and status["exit_code"] == 1, status
     assert committed(out)  # what was saved before the hang stays
