@@ -74,6 +74,26 @@ def test_mid_epoch_resume_with_two_workers_gives_identical_batches(corpus):
     assert all(torch.equal(a[0], b[0]) for a, b in zip(straight[7:], rest))
 
 
+def test_a_stopping_stream_drains_its_shuffle_buffer(corpus):
+    """At the end of the files (on_end = "stop") the windows still held by the shuffle buffer are
+    served too: the shuffled stream is a permutation of the plain one, none dropped, and a resume
+    from a position inside that drain continues it exactly."""
+
+    def rows(shard):
+        return [tuple(t.tolist()) for t in shard]
+
+    plain = rows(stream(corpus, on_end="stop").windows(32, 0, 1, 42))
+    shuffled = rows(stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42))
+    assert len(plain) > 50 and shuffled != plain and sorted(shuffled) == sorted(plain)
+    first = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+    it = iter(first)
+    head = [tuple(next(it).tolist()) for _ in range(len(plain) - 3)]  # inside the drain: 3 of 7 held windows left
+    assert first.state["buffer"], "the resume point should lie inside the drain"
+    resumed = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert head + rows(resumed) == shuffled
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
         TextStream(TextStreamOptions(files=[str(tmp_path / "*.jsonl")])).validate(512, 32)

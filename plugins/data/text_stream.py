@@ -9,7 +9,7 @@ worker's RNG, so a resume continues the very same stream. torchdata's
 ``StatefulDataLoader`` saves each worker's cursor, packing carry-over and
 buffer mid-epoch. At the end of the files a shard either starts over
 (``on_end = "wrap"``, with a warning; the epoch is part of the saved state) or
-ends (``on_end = "stop"``). Shards end at different moments, so a stopping
+ends (``on_end = "stop"``) after serving the windows still in its shuffle buffer. Shards end at different moments, so a stopping
 loader sets ``may_end``: the trainer gathers each step's micro-batches first
 and all ranks agree (one all-reduce of a flag) before any compute, ending the
 run together with a checkpoint instead of one rank hanging in a collective.
@@ -110,6 +110,8 @@ class _Shard(torch.utils.data.IterableDataset):
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
             if self.opts.on_end == "stop":
+                while st["buffer"]:  # the windows still held for shuffling are data too: drain them
+                    yield torch.tensor(self._draw(st), dtype=torch.int64)
                 log.note(f'text_stream shard {shard}: end of the files (on_end = "stop")', all_ranks=True)
                 return
             st["epoch"] += 1
@@ -124,6 +126,12 @@ class _Shard(torch.utils.data.IterableDataset):
         st["buffer"].append(window)
         if len(st["buffer"]) < size:
             return None
+        return self._draw(st, counted=True)
+
+    def _draw(self, st, counted: bool = False):
+        """Take the buffer's next window, picked by ``(seed, shard, position)``."""
+        if not counted:
+            st["position"] += 1
         pick = mix_seed(self.seed, st["shard"], st["position"]) % len(st["buffer"])
         st["buffer"][pick], st["buffer"][-1] = st["buffer"][-1], st["buffer"][pick]
         return st["buffer"].pop()
