@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import run_module
+from conftest import REPO, run_module
 
 DOCS = ["Shall I compare thee to a summer's day?", "Thou art more lovely and more temperate:", "Rough winds do shake — ünïcödé"]
 
@@ -82,6 +82,24 @@ def test_val_fraction_splits_by_document(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     val_docs = int((np.fromfile(out / "val.bin", dtype=np.uint16) == 256).sum())
     assert 20 <= val_docs <= 60 and meta["documents"] == 400
+
+
+def test_val_split_does_not_depend_on_how_the_input_path_is_spelled(tmp_path):
+    """The split hashes each file's name from its input folder, not the path as typed: preparing the
+    same folder by a relative path, an absolute one and from another working directory gives the
+    same train.bin and val.bin (it used to hash the path as given, so each spelling split differently)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 3}) + "\n" for i in range(200)))
+    outs = [tmp_path / f"out{k}" for k in range(3)]
+    spellings = [(str(corpus), tmp_path), ("corpus/", tmp_path), ("./a.jsonl", corpus)]
+    for (spelled, cwd), out in zip(spellings, outs):
+        args = ("--input", spelled, "--out", str(out), "--val-fraction", "0.2", "--workers", "1")
+        proc = run_module("plugins.data.prepare", *args, cwd=cwd, extra_env={"PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr
+    val = [(out / "val.bin").read_bytes() for out in outs]
+    assert len(val[0]) > 0 and val[0] == val[1] == val[2]
+    assert (outs[0] / "train.bin").read_bytes() == (outs[1] / "train.bin").read_bytes() == (outs[2] / "train.bin").read_bytes()
 
 
 @pytest.mark.parametrize(
