@@ -410,6 +410,25 @@ def sources_fingerprint(files: list[Path]) -> list[dict]:
     return [{"path": str(f), "bytes": f.stat().st_size, "mtime": int(f.stat().st_mtime)} for f in files]
 
 
+def finished(out: Path, settings: dict) -> dict | None:
+    """The ``meta.json`` of a complete earlier preparation of ``out`` with these settings, else None
+    (nothing there, other settings, a ``meta.json`` cut short or not an object, or files whose sizes
+    are not the token counts it wrote): then the preparation runs again."""
+    try:
+        old = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or {k: old.get(k) for k in settings} != settings or not isinstance(old.get("tokens"), dict):
+        return None
+    itemsize = np.dtype(settings["dtype"]).itemsize
+    for split in ("train", "val"):
+        f, count = out / f"{split}.bin", old["tokens"].get(split)
+        size = f.stat().st_size if f.is_file() else 0
+        if not isinstance(count, int) or size != count * itemsize:
+            return None
+    return old
+
+
 def prepare(args: argparse.Namespace) -> dict:
     keys = split_keys(args.input)
     files = list(keys)
@@ -430,11 +449,10 @@ def prepare(args: argparse.Namespace) -> dict:
     meta_path = out / "meta.json"
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out}: is a file, expected a folder")
-    if meta_path.is_file() and (out / "train.bin").is_file():
-        old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in settings} == settings:
-            print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
-            return old
+    old = finished(out, settings)
+    if old is not None:
+        print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
+        return old
     tmp = {split: out / f"{split}.bin.tmp" for split in ("train", "val")}
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -500,6 +518,7 @@ def prepare(args: argparse.Namespace) -> dict:
         for split in handles:
             tmp[split].unlink(missing_ok=True)
         raise DataError(f"no text found in {', '.join(args.input)} (empty input)")
+    meta_path.unlink(missing_ok=True)  # first: a run killed while renaming leaves no meta.json to vouch for the files
     os.replace(tmp["train"], out / "train.bin")
     if counts["val"]:
         os.replace(tmp["val"], out / "val.bin")
@@ -518,7 +537,9 @@ def prepare(args: argparse.Namespace) -> dict:
         "mb_per_s": round(total_bytes / 1e6 / elapsed, 2),
         "workers": workers,
     }
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    meta_tmp = out / "meta.json.tmp"
+    meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(meta_tmp, meta_path)  # last, and whole: a meta.json means the files beside it are complete
     print(
         f"prepare: {sum(counts.values()):,} tokens ({counts['val']:,} val) from {docs:,} documents in {elapsed:.1f} s: "
         f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s, {workers} worker(s)",
