@@ -94,6 +94,33 @@ def test_a_stopping_stream_drains_its_shuffle_buffer(corpus):
     assert head + rows(resumed) == shuffled
 
 
+def test_a_position_saved_at_another_seq_len_or_buffer_resumes_without_loss(corpus):
+    """A sequence-length stage hands the stream's saved position to a loader of another length; the
+    shuffle buffer then held windows of the old length, and the next batch failed to stack ("stack
+    expects each tensor to be equal size"), in the rank or in a worker. They are cut again: every
+    token of the stream is served once, at the new length (a smaller buffer serves its surplus)."""
+    from collections import Counter
+
+    docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    every = Counter(t for d in docs for t in [*d.encode(), 256])  # the bytes tokenizer, EOS after each document
+    for seq, buffer in ((16, 8), (40, 8), (32, 2)):
+        first = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+        it = iter(first)
+        head = [next(it).tolist() for _ in range(20)]
+        resumed = stream(corpus, on_end="stop", shuffle_buffer=buffer).windows(seq, 0, 1, 42)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        rest = [w.tolist() for w in resumed]
+        assert rest and all(len(w) == seq + 1 for w in rest), seq
+        served = Counter(t for w in head + rest for t in w)
+        assert not served - every and sum((every - served).values()) <= seq, (seq, buffer)  # at most the last, partial window
+    spec = LoaderSpec(32, 2, 1, 0, 1, 42)
+    loader = stream(corpus, workers=2, shuffle_buffer=4).loader(spec)
+    take(loader, 5)
+    stage = stream(corpus, workers=2, shuffle_buffer=4).loader(LoaderSpec(16, 4, 1, 0, 1, 42))  # the trainer's switch_stage
+    stage.load_state_dict(loader.state_dict())
+    assert [tuple(x.shape) for x, _ in take(stage, 4)] == [(4, 16)] * 4
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
         TextStream(TextStreamOptions(files=[str(tmp_path / "*.jsonl")])).validate(512, 32)

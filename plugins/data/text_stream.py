@@ -94,6 +94,8 @@ class _Shard(torch.utils.data.IterableDataset):
         self.state = st
         tok = self._tokenizer()
         n = self.seq_len + 1
+        for window in self._refit(st, n):  # a position saved at another seq_len or shuffle_buffer
+            yield torch.tensor(window, dtype=torch.int64)
         while True:
             produced = False
             for index, text in self._documents(st["next_doc"]):
@@ -117,6 +119,19 @@ class _Shard(torch.utils.data.IterableDataset):
             st["epoch"] += 1
             st["next_doc"] = shard
             log.warn(f"text_stream shard {shard}: end of the files, starting epoch {st['epoch']}", all_ranks=True)
+
+    def _refit(self, st, n: int) -> Iterator[list[int]]:
+        """Fit a restored position to this loader's window length ``n`` and buffer size: windows
+        buffered at another ``seq_len`` (a sequence-length stage, a resume with another length) are
+        cut again, their tokens ahead of the carry-over, and a buffer fuller than this
+        ``shuffle_buffer`` holds serves its surplus first. Nothing is dropped; all from the state."""
+        if any(len(w) != n for w in st["buffer"]):
+            tokens = [t for w in st["buffer"] for t in w] + st["carry"]
+            whole = len(tokens) // n * n
+            st["buffer"] = [tokens[i : i + n] for i in range(0, whole, n)]
+            st["carry"] = tokens[whole:]
+        while st["buffer"] and len(st["buffer"]) >= max(self.opts.shuffle_buffer, 1):
+            yield self._draw(st)
 
     def _through_buffer(self, st, window):
         size = self.opts.shuffle_buffer
