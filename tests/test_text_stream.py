@@ -121,6 +121,19 @@ def test_a_position_saved_at_another_seq_len_or_buffer_resumes_without_loss(corp
     assert [tuple(x.shape) for x, _ in take(stage, 4)] == [(4, 16)] * 4
 
 
+def test_a_stopping_shard_too_small_for_one_window_is_bad_input(tmp_path):
+    """on_end = "stop" with files that cannot fill one window: the run used to end at step 0 with
+    exit code 0 and reason data_end, having trained nothing; it is a DataError (exit 2 from the
+    trainer, as for a bad line found mid-run) naming the shard, its tokens and the window."""
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(4)))  # 4 x 3 tokens
+    with pytest.raises(DataError, match=r"shard 0 of 1 holds 12 tokens in all, fewer than one window of data.seq_len \+ 1 = 65"):
+        list(stream(path, on_end="stop").windows(64, 0, 1, 42))
+    with pytest.raises(DataError, match=r"shard 1 of 2 holds 6 tokens in all, fewer than one window"):
+        list(stream(path, on_end="stop").windows(64, 1, 2, 42))  # rank 1's shard
+    assert len(list(stream(path, on_end="stop").windows(5, 0, 1, 42))) == 2  # two windows of 6: fine
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
         TextStream(TextStreamOptions(files=[str(tmp_path / "*.jsonl")])).validate(512, 32)

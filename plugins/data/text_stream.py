@@ -112,6 +112,11 @@ class _Shard(torch.utils.data.IterableDataset):
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
             if self.opts.on_end == "stop":
+                if st["position"] == 0:  # the run would end at step 0 with exit code 0, having trained nothing
+                    raise DataError(
+                        f"[data] text_stream: shard {shard} of {shards} holds {len(st['carry'])} tokens in all, fewer than one "
+                        f"window of data.seq_len + 1 = {n}; lower data.seq_len, add documents or use fewer ranks/workers"
+                    )
                 while st["buffer"]:  # the windows still held for shuffling are data too: drain them
                     yield torch.tensor(self._draw(st), dtype=torch.int64)
                 log.note(f'text_stream shard {shard}: end of the files (on_end = "stop")', all_ranks=True)
