@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import REPO, run_module
@@ -365,6 +367,29 @@ def test_token_bin_malformed_meta_is_one_error(tmp_path, meta):
     (d / "meta.json").write_text(meta)
     with pytest.raises(DataError, match="meta.json: (expected a JSON object|not valid JSON)"):
         token_bin_source(d).validate(1024, 32)
+
+
+def test_token_bin_file_shorter_than_meta_json_says_is_refused(tmp_path):
+    """A train.bin cut short at a whole token (an interrupted copy) still fits the dtype: the token
+    counts prepare writes in meta.json catch it, for either split, before training."""
+    from core.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.arange(1, 1001, dtype=np.uint16).tofile(d / "train.bin")
+    np.arange(1, 201, dtype=np.uint16).tofile(d / "val.bin")
+    (d / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": 1024, "tokens": {"train": 1000, "val": 200}}))
+    token_bin_source(d).validate(1024, 32)  # as prepared: fine
+    with open(d / "train.bin", "r+b") as f:
+        f.truncate(600 * 2)
+    with pytest.raises(DataError, match=r"train.bin holds 600 tokens, but .*meta.json says tokens.train = 1000: truncated\?"):
+        token_bin_source(d).validate(1024, 32)
+    np.arange(1, 1001, dtype=np.uint16).tofile(d / "train.bin")
+    np.arange(1, 301, dtype=np.uint16).tofile(d / "val.bin")  # a val.bin from another preparation
+    with pytest.raises(DataError, match=r"val.bin holds 300 tokens, but .*tokens.val = 200: not the file meta.json describes"):
+        token_bin_source(d).validate(1024, 32)
+    (d / "val.bin").rename(d / "other.bin")
+    token_bin_source(d, val_file="other.bin").validate(1024, 32)  # the counts describe prepare's file names only
 
 
 def test_unknown_split_is_no_split(tmp_path):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
-from conftest import run_module
+from conftest import REPO, run_module
 
 DOCS = ["Shall I compare thee to a summer's day?", "Thou art more lovely and more temperate:", "Rough winds do shake — ünïcödé"]
 
@@ -82,6 +83,24 @@ def test_val_fraction_splits_by_document(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     val_docs = int((np.fromfile(out / "val.bin", dtype=np.uint16) == 256).sum())
     assert 20 <= val_docs <= 60 and meta["documents"] == 400
+
+
+def test_val_split_does_not_depend_on_how_the_input_path_is_spelled(tmp_path):
+    """The split hashes each file's name from its input folder, not the path as typed: preparing the
+    same folder by a relative path, an absolute one and from another working directory gives the
+    same train.bin and val.bin (it used to hash the path as given, so each spelling split differently)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 3}) + "\n" for i in range(200)))
+    outs = [tmp_path / f"out{k}" for k in range(3)]
+    spellings = [(str(corpus), tmp_path), ("corpus/", tmp_path), ("./a.jsonl", corpus)]
+    for (spelled, cwd), out in zip(spellings, outs):
+        args = ("--input", spelled, "--out", str(out), "--val-fraction", "0.2", "--workers", "1")
+        proc = run_module("plugins.data.prepare", *args, cwd=cwd, extra_env={"PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr
+    val = [(out / "val.bin").read_bytes() for out in outs]
+    assert len(val[0]) > 0 and val[0] == val[1] == val[2]
+    assert (outs[0] / "train.bin").read_bytes() == (outs[1] / "train.bin").read_bytes() == (outs[2] / "train.bin").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -200,6 +219,54 @@ def test_bad_line_deep_in_a_file_leaves_no_partial_output(tmp_path):
     proc = run_module("plugins.data.prepare", "--input", str(src), "--out", str(out), "--workers", "2", "--chunk-bytes", "2048", timeout=120)
     assert proc.returncode == 2 and "a.jsonl:701: 'text' is int" in proc.stderr, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == []
+
+
+KILLED_WHILE_RENAMING = """
+import os, signal, sys
+from plugins.data import prepare
+rename = os.replace
+def replace(src, dst):
+    rename(src, dst)
+    if str(dst).endswith("train.bin"):  # killed between putting train.bin in place and the rest
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+sys.exit(prepare.main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_while_renaming_is_redone_not_taken_as_complete(tmp_path):
+    """A meta.json is the mark of a complete preparation: a run killed after its new train.bin is in
+    place leaves no meta.json describing other files (it used to leave the old one, so a re-run with
+    the old inputs said "nothing to do" over the new train.bin), and a meta.json cut short or not
+    matching the files' sizes makes the next run prepare again instead of crashing or skipping."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "a.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 4}) + "\n" for i in range(100)))
+    out = tmp_path / "out"
+    args = ["--input", str(src), "--out", str(out), "--val-fraction", "0.1", "--workers", "1"]
+    assert run_module("plugins.data.prepare", *args).returncode == 0
+    first = {n: (out / n).read_bytes() for n in ("train.bin", "val.bin", "meta.json")}
+    stat = src.stat()
+    src.write_text("".join(json.dumps({"text": f"other {i} " * 9}) + "\n" for i in range(100)))
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_RENAMING, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert not (out / "meta.json").exists(), "an old meta.json would vouch for the new train.bin"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 4}) + "\n" for i in range(100)))
+    os.utime(src, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the first inputs again, to the second
+    again = run_module("plugins.data.prepare", *args)
+    assert again.returncode == 0 and "nothing to do" not in again.stderr, again.stderr
+    assert {n: (out / n).read_bytes() for n in ("train.bin", "val.bin")} == {n: first[n] for n in ("train.bin", "val.bin")}
+    (out / "meta.json").write_text(first["meta.json"].decode()[:40])  # cut short
+    cut = run_module("plugins.data.prepare", *args)
+    assert cut.returncode == 0 and "nothing to do" not in cut.stderr and "Traceback" not in cut.stderr, cut.stderr
+    assert json.loads((out / "meta.json").read_text())["tokens"] == json.loads(first["meta.json"])["tokens"]
+    with open(out / "train.bin", "r+b") as f:  # a train.bin shorter than meta.json counts
+        f.truncate(100)
+    short = run_module("plugins.data.prepare", *args)
+    assert short.returncode == 0 and "nothing to do" not in short.stderr and (out / "train.bin").read_bytes() == first["train.bin"]
+    assert "nothing to do" in run_module("plugins.data.prepare", *args).stderr  # complete now: skipped
 
 
 def test_no_validation_split_writes_no_empty_val_bin(tmp_path):

@@ -74,6 +74,66 @@ def test_mid_epoch_resume_with_two_workers_gives_identical_batches(corpus):
     assert all(torch.equal(a[0], b[0]) for a, b in zip(straight[7:], rest))
 
 
+def test_a_stopping_stream_drains_its_shuffle_buffer(corpus):
+    """At the end of the files (on_end = "stop") the windows still held by the shuffle buffer are
+    served too: the shuffled stream is a permutation of the plain one, none dropped, and a resume
+    from a position inside that drain continues it exactly."""
+
+    def rows(shard):
+        return [tuple(t.tolist()) for t in shard]
+
+    plain = rows(stream(corpus, on_end="stop").windows(32, 0, 1, 42))
+    shuffled = rows(stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42))
+    assert len(plain) > 50 and shuffled != plain and sorted(shuffled) == sorted(plain)
+    first = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+    it = iter(first)
+    head = [tuple(next(it).tolist()) for _ in range(len(plain) - 3)]  # inside the drain: 3 of 7 held windows left
+    assert first.state["buffer"], "the resume point should lie inside the drain"
+    resumed = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert head + rows(resumed) == shuffled
+
+
+def test_a_position_saved_at_another_seq_len_or_buffer_resumes_without_loss(corpus):
+    """A sequence-length stage hands the stream's saved position to a loader of another length; the
+    shuffle buffer then held windows of the old length, and the next batch failed to stack ("stack
+    expects each tensor to be equal size"), in the rank or in a worker. They are cut again: every
+    token of the stream is served once, at the new length (a smaller buffer serves its surplus)."""
+    from collections import Counter
+
+    docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    every = Counter(t for d in docs for t in [*d.encode(), 256])  # the bytes tokenizer, EOS after each document
+    for seq, buffer in ((16, 8), (40, 8), (32, 2)):
+        first = stream(corpus, on_end="stop", shuffle_buffer=8).windows(32, 0, 1, 42)
+        it = iter(first)
+        head = [next(it).tolist() for _ in range(20)]
+        resumed = stream(corpus, on_end="stop", shuffle_buffer=buffer).windows(seq, 0, 1, 42)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        rest = [w.tolist() for w in resumed]
+        assert rest and all(len(w) == seq + 1 for w in rest), seq
+        served = Counter(t for w in head + rest for t in w)
+        assert not served - every and sum((every - served).values()) <= seq, (seq, buffer)  # at most the last, partial window
+    spec = LoaderSpec(32, 2, 1, 0, 1, 42)
+    loader = stream(corpus, workers=2, shuffle_buffer=4).loader(spec)
+    take(loader, 5)
+    stage = stream(corpus, workers=2, shuffle_buffer=4).loader(LoaderSpec(16, 4, 1, 0, 1, 42))  # the trainer's switch_stage
+    stage.load_state_dict(loader.state_dict())
+    assert [tuple(x.shape) for x, _ in take(stage, 4)] == [(4, 16)] * 4
+
+
+def test_a_stopping_shard_too_small_for_one_window_is_bad_input(tmp_path):
+    """on_end = "stop" with files that cannot fill one window: the run used to end at step 0 with
+    exit code 0 and reason data_end, having trained nothing; it is a DataError (exit 2 from the
+    trainer, as for a bad line found mid-run) naming the shard, its tokens and the window."""
+    path = tmp_path / "tiny.jsonl"
+    path.write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(4)))  # 4 x 3 tokens
+    with pytest.raises(DataError, match=r"shard 0 of 1 holds 12 tokens in all, fewer than one window of data.seq_len \+ 1 = 65"):
+        list(stream(path, on_end="stop").windows(64, 0, 1, 42))
+    with pytest.raises(DataError, match=r"shard 1 of 2 holds 6 tokens in all, fewer than one window"):
+        list(stream(path, on_end="stop").windows(64, 1, 2, 42))  # rank 1's shard
+    assert len(list(stream(path, on_end="stop").windows(5, 0, 1, 42))) == 2  # two windows of 6: fine
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(DataError, match="matches no file"):
         TextStream(TextStreamOptions(files=[str(tmp_path / "*.jsonl")])).validate(512, 32)

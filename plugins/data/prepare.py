@@ -9,7 +9,8 @@ folders of them. Tokenizers: ``bytes`` (UTF-8 bytes, EOS 256),
 ``hf:PATH/tokenizer.json`` (the ``tokenizers`` library), or
 ``tiktoken:PATH.tiktoken`` (a BPE ranks file on disk, with ``--eos-id``).
 EOS separates documents. Documents go to the validation split by a hash of
-their position, so the split is deterministic. Re-running with the same
+their file's name (from its input folder, not the path as typed) and their
+position, so the split is deterministic. Re-running with the same
 inputs and settings finds a matching ``meta.json`` and does nothing.
 
 Memory stays bounded whatever the input size: files are streamed into tasks
@@ -56,14 +57,25 @@ TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
 
 
 def list_inputs(paths: list[str]) -> list[Path]:
-    files: list[Path] = []
+    return list(split_keys(paths))
+
+
+def split_keys(paths: list[str]) -> dict[Path, str]:
+    """The input files, in order, each with the name its documents' split is hashed under: the path
+    from the folder that holds the ``--input`` argument (``corpus/sub/a.jsonl`` for a file found under
+    ``--input corpus``; ``sub/a.jsonl`` for ``--input corpus/sub/a.jsonl``), so the split does not
+    depend on the working directory or on how the path is spelled (relative, absolute, ``./``)."""
+    files: dict[Path, str] = {}
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES)
+            top = Path(os.path.abspath(p))  # not resolve(): a symlinked folder keeps its own name
+            for f in sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES):
+                files.setdefault(f, f"{top.name}/{f.relative_to(p).as_posix()}")
         elif p.is_file():
             if p.suffix not in SUFFIXES:
                 raise DataError(f"{p}: unsupported file type {p.suffix!r}; expected {', '.join(SUFFIXES)}")
-            files.append(p)
+            absolute = Path(os.path.abspath(p))
+            files.setdefault(p, f"{absolute.parent.name}/{absolute.name}")
         else:
             raise DataError(f"{p}: no such file or folder")
     if not files:
@@ -314,22 +326,24 @@ def _texts(task: Task, text_field: str) -> tuple[list[int], list[str]]:
     return numbers, texts
 
 
-def is_val(path: str, number: int, val_fraction: float) -> bool:
-    """Document ``number`` of file ``path`` goes to validation: a hash of both, so every run agrees."""
-    key = int.from_bytes(hashlib.blake2b(f"{path}#{number}".encode(), digest_size=8).digest(), "little") / 2**64
+def is_val(name: str, number: int, val_fraction: float) -> bool:
+    """Document ``number`` of the file named ``name`` (its :func:`split_keys` name) goes to
+    validation: a hash of both, so every run agrees."""
+    key = int.from_bytes(hashlib.blake2b(f"{name}#{number}".encode(), digest_size=8).digest(), "little") / 2**64
     return key < val_fraction
 
 
-def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """(train tokens, val tokens) of one task in the on-disk dtype, its documents and input bytes.
-    A pure function of the task: the output does not depend on which worker ran it."""
+def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str, name: str | None = None) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """(train tokens, val tokens) of one task in the on-disk dtype, its documents and input bytes;
+    ``name`` is the file's split key (default: its path). A pure function of the task: the output
+    does not depend on which worker ran it."""
     tok = cast(Tokenizer, _TOKENIZER)  # set in every worker by _init()
     numbers, texts = _texts(task, text_field)
     keep = [(k, t) for k, t in zip(numbers, texts) if t.strip()]  # an empty document would only add an EOS
     eos = np.asarray([tok.eos_id], dtype=np.int64)
     parts: dict[bool, list[np.ndarray]] = {False: [], True: []}
     for (k, _), ids in zip(keep, tok.encode_many([t for _, t in keep])):
-        parts[is_val(task[0], k, val_fraction)] += [ids, eos]
+        parts[is_val(name or task[0], k, val_fraction)] += [ids, eos]
     out = []
     for split in (False, True):
         ids = np.concatenate(parts[split]).astype(np.int64, copy=False) if parts[split] else np.zeros(0, dtype=np.int64)
@@ -339,7 +353,7 @@ def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str) ->
     return out[0], out[1], len(keep), task[5]
 
 
-def _encode_job(job: tuple[Task, str, float, str]) -> tuple[np.ndarray, np.ndarray, int, float]:
+def _encode_job(job: tuple[Task, str, float, str, str]) -> tuple[np.ndarray, np.ndarray, int, float]:
     return encode_task(*job)
 
 
@@ -396,8 +410,28 @@ def sources_fingerprint(files: list[Path]) -> list[dict]:
     return [{"path": str(f), "bytes": f.stat().st_size, "mtime": int(f.stat().st_mtime)} for f in files]
 
 
+def finished(out: Path, settings: dict) -> dict | None:
+    """The ``meta.json`` of a complete earlier preparation of ``out`` with these settings, else None
+    (nothing there, other settings, a ``meta.json`` cut short or not an object, or files whose sizes
+    are not the token counts it wrote): then the preparation runs again."""
+    try:
+        old = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or {k: old.get(k) for k in settings} != settings or not isinstance(old.get("tokens"), dict):
+        return None
+    itemsize = np.dtype(settings["dtype"]).itemsize
+    for split in ("train", "val"):
+        f, count = out / f"{split}.bin", old["tokens"].get(split)
+        size = f.stat().st_size if f.is_file() else 0
+        if not isinstance(count, int) or size != count * itemsize:
+            return None
+    return old
+
+
 def prepare(args: argparse.Namespace) -> dict:
-    files = list_inputs(args.input)
+    keys = split_keys(args.input)
+    files = list(keys)
     check_parquet(files, args.text_field)
     tok = Tokenizer(args.tokenizer, args.eos_id, "--tokenizer")
     dtype = args.dtype if args.dtype != "auto" else ("uint16" if tok.vocab_size <= 2**16 else "uint32")
@@ -415,11 +449,10 @@ def prepare(args: argparse.Namespace) -> dict:
     meta_path = out / "meta.json"
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out}: is a file, expected a folder")
-    if meta_path.is_file() and (out / "train.bin").is_file():
-        old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in settings} == settings:
-            print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
-            return old
+    old = finished(out, settings)
+    if old is not None:
+        print(f"{out}: already prepared from the same inputs and settings; nothing to do", file=sys.stderr)
+        return old
     tmp = {split: out / f"{split}.bin.tmp" for split in ("train", "val")}
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -433,10 +466,10 @@ def prepare(args: argparse.Namespace) -> dict:
     counts = {"train": 0, "val": 0}
     docs, done_bytes, file_no = 0, 0.0, 0
 
-    def jobs() -> Iterator[tuple[int, tuple[Task, str, float, str]]]:
+    def jobs() -> Iterator[tuple[int, tuple[Task, str, float, str, str]]]:
         for n, f in enumerate(files, 1):
             for task in read_tasks(f, args.text_field, chunk_bytes):
-                yield n, (task, args.text_field, args.val_fraction, dtype)
+                yield n, (task, args.text_field, args.val_fraction, dtype, keys[f])
 
     def write(n: int, result: tuple[np.ndarray, np.ndarray, int, float]) -> None:
         nonlocal docs, done_bytes, file_no
@@ -485,6 +518,7 @@ def prepare(args: argparse.Namespace) -> dict:
         for split in handles:
             tmp[split].unlink(missing_ok=True)
         raise DataError(f"no text found in {', '.join(args.input)} (empty input)")
+    meta_path.unlink(missing_ok=True)  # first: a run killed while renaming leaves no meta.json to vouch for the files
     os.replace(tmp["train"], out / "train.bin")
     if counts["val"]:
         os.replace(tmp["val"], out / "val.bin")
@@ -503,7 +537,9 @@ def prepare(args: argparse.Namespace) -> dict:
         "mb_per_s": round(total_bytes / 1e6 / elapsed, 2),
         "workers": workers,
     }
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    meta_tmp = out / "meta.json.tmp"
+    meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(meta_tmp, meta_path)  # last, and whole: a meta.json means the files beside it are complete
     print(
         f"prepare: {sum(counts.values()):,} tokens ({counts['val']:,} val) from {docs:,} documents in {elapsed:.1f} s: "
         f"{meta['tokens_per_s']:,} tokens/s, {meta['mb_per_s']} MB/s, {workers} worker(s)",

@@ -9,7 +9,7 @@ worker's RNG, so a resume continues the very same stream. torchdata's
 ``StatefulDataLoader`` saves each worker's cursor, packing carry-over and
 buffer mid-epoch. At the end of the files a shard either starts over
 (``on_end = "wrap"``, with a warning; the epoch is part of the saved state) or
-ends (``on_end = "stop"``). Shards end at different moments, so a stopping
+ends (``on_end = "stop"``) after serving the windows still in its shuffle buffer. Shards end at different moments, so a stopping
 loader sets ``may_end``: the trainer gathers each step's micro-batches first
 and all ranks agree (one all-reduce of a flag) before any compute, ending the
 run together with a checkpoint instead of one rank hanging in a collective.
@@ -94,6 +94,8 @@ class _Shard(torch.utils.data.IterableDataset):
         self.state = st
         tok = self._tokenizer()
         n = self.seq_len + 1
+        for window in self._refit(st, n):  # a position saved at another seq_len or shuffle_buffer
+            yield torch.tensor(window, dtype=torch.int64)
         while True:
             produced = False
             for index, text in self._documents(st["next_doc"]):
@@ -110,11 +112,31 @@ class _Shard(torch.utils.data.IterableDataset):
             if not produced and st["epoch"] == 0 and st["next_doc"] == shard:
                 raise DataError(f"[data] text_stream: shard {shard} of {shards} received no document; fewer documents than shards")
             if self.opts.on_end == "stop":
+                if st["position"] == 0:  # the run would end at step 0 with exit code 0, having trained nothing
+                    raise DataError(
+                        f"[data] text_stream: shard {shard} of {shards} holds {len(st['carry'])} tokens in all, fewer than one "
+                        f"window of data.seq_len + 1 = {n}; lower data.seq_len, add documents or use fewer ranks/workers"
+                    )
+                while st["buffer"]:  # the windows still held for shuffling are data too: drain them
+                    yield torch.tensor(self._draw(st), dtype=torch.int64)
                 log.note(f'text_stream shard {shard}: end of the files (on_end = "stop")', all_ranks=True)
                 return
             st["epoch"] += 1
             st["next_doc"] = shard
             log.warn(f"text_stream shard {shard}: end of the files, starting epoch {st['epoch']}", all_ranks=True)
+
+    def _refit(self, st, n: int) -> Iterator[list[int]]:
+        """Fit a restored position to this loader's window length ``n`` and buffer size: windows
+        buffered at another ``seq_len`` (a sequence-length stage, a resume with another length) are
+        cut again, their tokens ahead of the carry-over, and a buffer fuller than this
+        ``shuffle_buffer`` holds serves its surplus first. Nothing is dropped; all from the state."""
+        if any(len(w) != n for w in st["buffer"]):
+            tokens = [t for w in st["buffer"] for t in w] + st["carry"]
+            whole = len(tokens) // n * n
+            st["buffer"] = [tokens[i : i + n] for i in range(0, whole, n)]
+            st["carry"] = tokens[whole:]
+        while st["buffer"] and len(st["buffer"]) >= max(self.opts.shuffle_buffer, 1):
+            yield self._draw(st)
 
     def _through_buffer(self, st, window):
         size = self.opts.shuffle_buffer
@@ -124,6 +146,12 @@ class _Shard(torch.utils.data.IterableDataset):
         st["buffer"].append(window)
         if len(st["buffer"]) < size:
             return None
+        return self._draw(st, counted=True)
+
+    def _draw(self, st, counted: bool = False):
+        """Take the buffer's next window, picked by ``(seed, shard, position)``."""
+        if not counted:
+            st["position"] += 1
         pick = mix_seed(self.seed, st["shard"], st["position"]) % len(st["buffer"])
         st["buffer"][pick], st["buffer"][-1] = st["buffer"][-1], st["buffer"][pick]
         return st["buffer"].pop()

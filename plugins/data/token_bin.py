@@ -105,6 +105,7 @@ class TokenBin(IndexedSource):
             if size % dtype.itemsize:
                 raise DataError(f"{f}: size {size} bytes is not a multiple of {dtype.name} ({dtype.itemsize} bytes); wrong dtype?")
             n = size // dtype.itemsize
+            self.check_count(f, split, n)
             if n < seq_len + 2:
                 raise DataError(f"{f} holds {n} tokens, fewer than data.seq_len + 2 = {seq_len + 2}")
             if dtype == np.uint16 and self.meta().get("dtype") is None:
@@ -114,6 +115,19 @@ class TokenBin(IndexedSource):
                 top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
                 if top >= vocab_size:
                     raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
+
+    def check_count(self, f: Path, split: str, n: int) -> None:
+        """A file named as ``prepare`` writes it must hold the tokens ``meta.json`` counts for its split:
+        a copy cut short (at a whole token) or a file rebuilt beside an old ``meta.json`` is refused."""
+        counts = self.meta().get("tokens")
+        expected = counts.get(split) if isinstance(counts, dict) else None
+        if f.name != f"{split}.bin" or not isinstance(expected, int) or isinstance(expected, bool) or expected == n:
+            return
+        raise DataError(
+            f"{f} holds {n} tokens, but {self.root / 'meta.json'} says tokens.{split} = {expected}: "
+            f"{'truncated' if n < expected else 'not the file meta.json describes'}? prepare it again "
+            "(python -m plugins.data.prepare) or copy the folder whole"
+        )
 
     def check_width(self, f: Path, n: int) -> None:
         """uint32 token files read as uint16 look like ``[id, 0, id, 0, ...]`` (little-endian ids
