@@ -183,20 +183,24 @@ enabled = ["jsonl"]
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
 
 
-def test_a_bad_line_found_mid_run_stops_with_a_checkpoint_and_exit_2(tiny_config, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_line_found_mid_run_stops_with_a_checkpoint_and_exit_2(tiny_config, tmp_path, workers):
     """Only the first documents of each file are checked at start; a bad line later must not lose
-    the run's work: every rank stops at a step boundary with a checkpoint, exit 2, naming file:line."""
+    the run's work: every rank stops at a step boundary with a checkpoint, exit 2, naming file:line
+    in one line (from a loader worker too, where torch wraps it in "Caught DataError in DataLoader
+    worker process 0" and the worker's traceback, which the run printed and recorded as it was)."""
     good = "".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(400))
     path = tmp_path / "docs.jsonl"
     path.write_text(good + "{not json\n" + good)
     base = tiny_config(steps=200)
     cfg = tmp_path / "stream.toml"
     cfg.write_text(f'extends = "{base}"\n[data]\nname = "text_stream"\nfiles = ["{path}"]\n')  # switches plugin: path goes
-    r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=0")
+    r = run_module("core.train", "--config", str(cfg), "--checkpoint.every=0", f"--data.workers={workers}")
     assert r.returncode == 2, r.stderr[-3000:]
-    assert f"{path}:401" in r.stderr
+    assert f"{path}:401" in r.stderr and "Caught DataError" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert status["exit_code"] == 2 and status["step"] > 0
+    assert "\n" not in status["detail"] and status["detail"].startswith(f"bad data: {path}:401"), status["detail"]
     assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
 
 

@@ -157,6 +157,15 @@ class _Shard(torch.utils.data.IterableDataset):
         return st["buffer"].pop()
 
 
+def worker_message(text: str) -> str:
+    """The one line a worker's DataError said, out of the "Caught DataError in DataLoader worker
+    process N. Original Traceback ..." text torch re-raises it with; ``text`` itself otherwise."""
+    if not text.startswith("Caught DataError in DataLoader worker"):
+        return text
+    last = text.rstrip().splitlines()[-1]  # "core.errors.DataError: <the message>"
+    return last.split(": ", 1)[1] if last.split(": ", 1)[0].endswith("DataError") else last
+
+
 class StreamLoader:
     """The DataLoaderLike the trainer iterates: (inputs, labels) micro-batches; state per rank."""
 
@@ -178,8 +187,11 @@ class StreamLoader:
 
     def __iter__(self):
         self._it = shut_down_at_exit(iter(self.loader))
-        for batch in self._it:
-            yield batch[:, :-1], batch[:, 1:]
+        try:
+            for batch in self._it:
+                yield batch[:, :-1], batch[:, 1:]
+        except DataError as e:  # from a worker, torch wraps the one-line message in its traceback
+            raise DataError(worker_message(str(e))) from None
 
     def state_dict(self) -> dict[str, Any]:
         return {"stream": self.loader.state_dict()}
