@@ -176,7 +176,7 @@ def nbytes(x) -> int:
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2", "hsdp"])
+@pytest.mark.parametrize("parallelism", [pytest.param("ddp", marks=pytest.mark.bench), "fsdp2", "hsdp"])  # ddp: CI time; fsdp2 and hsdp hold more
 def test_async_save_matches_sync(cfg, tmp_path, parallelism):
     """An async save (its copy of the state made in a background thread while the next step runs;
     under fsdp2 each rank's shards as DTensors) writes what a sync save of the same step writes, and

@@ -347,7 +347,7 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adamw8bit"])
+@pytest.mark.parametrize("optimizer", ["adamw", pytest.param("adamw8bit", marks=pytest.mark.bench)])  # adamw8bit: CI time
 def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypatch, optimizer):
     """An async save copies the state in a background thread while the next forward and backward
     run. However slow that copy is, the optimizer waits for it, so the checkpoint holds its own

@@ -171,7 +171,7 @@ def run_processes(named: Path) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("to", ["process group", "launcher alone", "launcher killed"])
+@pytest.mark.parametrize("to", ["process group", pytest.param("launcher alone", marks=pytest.mark.bench), "launcher killed"])  # CI time
 def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to):
     """Ctrl-C in the launcher's terminal (SIGINT to its whole process group) killed its ``tee``,
     the trainer died of the broken pipe without the stop's checkpoint, and the launcher took

@@ -7,6 +7,7 @@ Before checkpointing/hyperparams.py, DCP's optimizer load restored every param-g
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -89,7 +90,10 @@ def test_training_data_rebuilt_under_the_same_path_is_a_warning_on_resume(tmp_pa
     same = run_module(*args, "--train.steps=5")  # the same data: nothing to say
     assert same.returncode == 0 and "trained on other data" not in same.stderr, same.stderr[-3000:]
     train = corpus / "train.bin"
-    train.write_bytes(train.read_bytes()[: 2 * 400_000])  # rebuilt in place: same path, other tokens
+    train.write_bytes(train.read_bytes()[: 2 * 400_000])  # rebuilt in place: same path, other tokens ...
+    meta = json.loads((corpus / "meta.json").read_text())
+    meta["tokens"]["train"] = 400_000  # ... and its meta.json with them, as prepare writes it
+    (corpus / "meta.json").write_text(json.dumps(meta))
     rebuilt = run_module(*args, "--train.steps=6")
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     line = next(x for x in rebuilt.stderr.splitlines() if "was trained on other data" in x)

@@ -183,7 +183,7 @@ enabled = ["jsonl"]
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.bench), 2])  # 0 workers: also the two-rank test below
 def test_a_bad_line_found_mid_run_stops_with_a_checkpoint_and_exit_2(tiny_config, tmp_path, workers):
     """Only the first documents of each file are checked at start; a bad line later must not lose
     the run's work: every rank stops at a step boundary with a checkpoint, exit 2, naming file:line
