@@ -70,11 +70,11 @@ class CheckpointDir:
         self.opts, self.root, self.dist, self.control = opts, root, dist, control
         self.group = None
         if dist.world_size > 1:
-            import torch.distributed as tdist
+            from core.distributed import gloo_group
 
-            # DCP collectives get a gloo group of their own: async saves run them
-            # from a background thread, beside the training collectives.
-            self.group = tdist.new_group(backend="gloo")
+            # DCP collectives get a gloo group of their own: async saves run them from a background
+            # thread, beside the training collectives. It waits for a hung rank as long as they do.
+            self.group = gloo_group()
 
     def agree(self, value: int, op: str = "min") -> int:
         """The same integer on every rank (min or sum over the checkpoint group)."""

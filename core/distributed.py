@@ -49,6 +49,11 @@ def init(preference: str = "auto", timeout_s: int = 1800) -> DistInfo:
     return DistInfo(rank=rank, world_size=world, local_rank=local, device=device, backend=backend)
 
 
+def gloo_group():
+    """A gloo group of all ranks, with the run's collective timeout (torch's default is 30 minutes)."""
+    return dist.new_group(backend="gloo", timeout=_timeout)
+
+
 class ControlPlane:
     """Small host-side integer all-reduces (stop flags) on a gloo group.
 
@@ -59,7 +64,7 @@ class ControlPlane:
         self.info = info
         self.group = None
         if info.world_size > 1:
-            self.group = dist.new_group(backend="gloo", timeout=_timeout) if info.backend == "nccl" else dist.group.WORLD
+            self.group = gloo_group() if info.backend == "nccl" else dist.group.WORLD
 
     def max(self, values: list[int]) -> list[int]:
         if self.info.world_size == 1:
