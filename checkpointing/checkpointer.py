@@ -43,10 +43,10 @@ from checkpointing.folders import (
     verifies,
     verify,
 )
+from checkpointing.rng import rng_state, set_rng_state
 from core import log
 from core.errors import CheckpointError
 from core.protocols import DistInfo, loader_state_per_rank
-from core.rng import rng_state, set_rng_state
 
 
 @dataclass

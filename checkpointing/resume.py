@@ -28,8 +28,8 @@ import torch
 
 from checkpointing import integrity
 from checkpointing.folders import check_fits, read_json, read_manifest, verify, warn
+from checkpointing.rng import set_rng_state
 from core.errors import EXIT_BAD_INPUT, CheckpointError
-from core.rng import set_rng_state
 
 
 def agree(group: Any, error: str | None) -> str | None:

@@ -16,7 +16,7 @@ import torch
 
 import checkpointing.checkpointer  # noqa: F401  (its warning filter)
 from core.errors import CheckpointError
-from core.materialize import materialize
+from model_specs.materialize import materialize
 
 SAFETENSORS_FILE = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"

@@ -19,15 +19,15 @@ from typing import Any
 import torch
 
 from checkpointing.checkpointer import TrainingState
+from checkpointing.rng import seed_everything
 from core import distributed, log
 from core.contract import returned
 from core.errors import PluginError
-from core.materialize import materialize
 from core.param_groups import param_groups
 from core.protocols import DistInfo, LoaderSpec
-from core.rng import seed_everything
 from core.run import Run
 from dataloading.prefetch import prefetching
+from model_specs.materialize import materialize
 from preflight.prepare import Prepared
 
 
