@@ -87,7 +87,7 @@ CONTRACT: dict[str, list[Member]] = {
         method("autocast", 1, "(device) -> context around each forward"),
         value("param_dtype", (type(None), torch.dtype), "dtype sharded parallelisms compute in, or None"),
         method("metrics", 1, "(model) -> health metrics for log steps"),
-        method("check_model", 1, "(meta model) refuse a model it cannot convert (raise ConfigError); default: none", False),
+        method("check_model", 1, "(meta model, read only) refuse a model it cannot convert (raise ConfigError); default: none", False),
         method("post_optimizer_step", 1, "(model) work after each optimizer step (fp8 scale precompute); default: none", False),
         method("log_step", 1, "(on) the coming step is (True) or is not a log step: record fp8 forward/backward amax for metrics; default: none", False),
     ],

@@ -4,12 +4,14 @@ host). Monitors add more through ``plait_metrics`` (MFU, memory, update ratios).
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Any
 
 import torch
 
 from core import distributed
+from core.errors import PluginError
 from core.protocols import DistInfo
 
 
@@ -24,7 +26,7 @@ class StepMetrics:
     def step_done(self) -> None:
         self.window_steps += 1
 
-    def collect(self, run: Any, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, seq_len: int, extra: list[dict[str, Any]]) -> dict[str, Any]:
+    def collect(self, run: Any, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, seq_len: int, extra: dict[str, Any]) -> dict[str, Any]:
         """The metrics of step ``run.step`` over the window since the last log step; ``extra``:
         the precision's, the model's and the data's own metrics, merged last."""
         now = time.perf_counter()
@@ -45,7 +47,9 @@ class StepMetrics:
             "seq_len": seq_len,
             "data_wait_s": self.data_wait_s / steps,
         }
-        for more in extra:
+        for what, more in extra.items():
+            if not isinstance(more, dict) or not all(isinstance(k, str) and isinstance(v, numbers.Real) for k, v in more.items()):
+                raise PluginError(f"{what} returned {more!r:.200}; expected a dict of metric names to numbers")
             metrics.update(more)
         self.data_wait_s = 0.0
         self.window_t0, self.window_steps = time.perf_counter(), 0

@@ -230,14 +230,14 @@ class Trainer:
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:
-        extra = [
-            self.c["precision"].metrics(self.model),  # collectives inside: every rank calls them
-            core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
-            core_metrics.epoch(self.c["data"], self.run.tokens_seen),
-        ]
+        extra = {  # whose metrics: what they returned (held to a dict of numbers by collect)
+            f"precision {self.c['precision'].name!r}: metrics()": self.c["precision"].metrics(self.model),  # collectives inside
+            "the model's metrics": core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
+            "epoch": core_metrics.epoch(self.c["data"], self.run.tokens_seen),
+        }
         data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract)
         if data_metrics is not None:
-            extra.append(data_metrics(self.loader.state_dict().get("consumed_samples", 0)))
+            extra["the data source's metrics()"] = data_metrics(self.loader.state_dict().get("consumed_samples", 0))
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
         metrics["skipped_steps"] = self.last_skipped
         return self.monitors.metrics(self.run, self.run.step, metrics)  # mfu, memory, update ratios...

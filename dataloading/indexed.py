@@ -88,14 +88,15 @@ def check_replacement_batch(result: Any, inputs: Any, labels: Any, vocab_size: i
             raise ValueError(f"returned token ids from {lo} to {hi}; expected ids in 0..{vocab_size - 1} (the model's vocabulary)")
 
 
-def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str, vocab_size: int | None = None) -> np.ndarray:
+def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str, vocab_size: int | None = None, name: str = "") -> np.ndarray:
     """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids,
-    below ``vocab_size`` when given (the last id, a label only, may also be -100: ignored)."""
+    below ``vocab_size`` when given (the last id, a label only, may also be -100: ignored). ``name``:
+    the plugin's, for the message (else the source's class)."""
     from core.errors import DataError
 
     row = source.sample(index, seq_len, split)
     shape = getattr(row, "shape", None)
-    where = f"data source {type(source).__name__}: sample({index}, seq_len={seq_len}, {split!r}) returned"
+    where = f"{f'data {name!r}' if name else f'data source {type(source).__name__}'}: sample({index}, seq_len={seq_len}, {split!r}) returned"
     if shape != (seq_len + 1,) or not np.issubdtype(getattr(row, "dtype", np.float64), np.integer):
         raise DataError(
             f"{where} {type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "

@@ -39,6 +39,15 @@ def build_meta(spec: Any, name: str) -> nn.Module:
     return model
 
 
+def check_unchanged(what: str, fn: Any, model: nn.Module) -> None:
+    """``fn(model)`` through :func:`call_plugin`, for a check that only reads the meta model the later
+    checks share: one that changed a parameter's name, shape or dtype is refused."""
+    before = [(n, p.shape, p.dtype) for n, p in model.named_parameters()]
+    call_plugin(what, fn, model)
+    if [(n, p.shape, p.dtype) for n, p in model.named_parameters()] != before:
+        raise PluginError(f"{what} changed the model it was given; a check only reads it")
+
+
 def _number(value: Any, lowest: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= lowest
 
@@ -59,7 +68,7 @@ def check_data(data: Any, name: str, vocab_size: int, seq_len: int, val_every: i
     where = f"data {name!r}"
     call_plugin(f"{where}: validate", data.validate, vocab_size, seq_len)
     if isinstance(data, IndexedSource) and data_samples_before_loader(data):  # the first sample's shape and ids, now
-        call_plugin(f"{where}: sample", checked_sample, data, 0, seq_len, "train", vocab_size)
+        call_plugin(f"{where}: sample", checked_sample, data, 0, seq_len, "train", vocab_size, name)
     call_plugin(f"{where}: tokens_per_epoch", data_tokens_per_epoch, data, where)  # cheap answers the run asks again
     call_plugin(f"{where}: fingerprint", data_fingerprint, data)
     if not val_every or call_plugin(f"{where}: has_split", data_has_split, data, val_split, where):

@@ -28,7 +28,7 @@ from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
 from core.registry import plugin_manager
 from preflight import config as config_io
-from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers
+from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers, check_unchanged
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
 
 
@@ -110,9 +110,10 @@ def prepare(
     precision = choose_precision(rc, components, device, str(path))
     spec, model_name = components["model"], rc.slots["model"].component.name
     check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
+    model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
     check_model = getattr(precision, "check_model", None)
     if check_model is not None:
-        call_plugin(f"precision {rc.slots['precision'].component.name!r}: check_model", check_model, build_meta(spec, model_name))
+        check_unchanged(f"precision {rc.slots['precision'].component.name!r}: check_model", check_model, model_meta)
 
     max_seq = getattr(spec, "max_seq_len", None)
     longest = max([rc.seq_len] + [seq for _, seq in schedule])
@@ -120,7 +121,7 @@ def prepare(
         what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
         raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
     if validate_data and not dry_run and device.type == "cpu":
-        check_host_memory(build_meta(spec, model_name), world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
+        check_host_memory(model_meta, world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
     if validate_data:
         val = rc.sections["validation"]
         check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
@@ -139,7 +140,6 @@ def prepare(
             from checkpointing import ownership
 
             ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
-        model_meta = build_meta(spec, model_name)  # precision conversions keep parameter names
         prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
         check_resume = getattr(components["data"], "check_resume", None)
         if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:

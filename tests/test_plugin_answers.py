@@ -267,3 +267,56 @@ def test_what_a_plugin_builds_for_the_run_is_held_to_the_contract(tiny_config, o
     finally:
         for slot, name, _ in added:
             del reg._components[slot][name]
+
+
+class Builds(Model):
+    """A model spec that counts its builds."""
+
+    count = 0
+
+    def build(self):
+        Builds.count += 1
+        return super().build()
+
+
+class Resizing:
+    """A precision whose check_model changes the meta model it was handed, when its ``fault`` asks."""
+
+    def __init__(self, options):
+        from plugins.precision.basic import FP32, FP32Options
+
+        self.fault, self.base = options.fault, FP32(FP32Options())
+        self.name, self.param_dtype = "atk_precision", None
+
+    def __getattr__(self, name):  # supported, convert, autocast, metrics: fp32's
+        return getattr(self.base, name)
+
+    def check_model(self, model):
+        if self.fault == "mutate":
+            model[1].weight = __import__("torch").nn.Parameter(model[1].weight.new_empty(3, 3))
+
+
+@pytest.mark.parametrize("fault", ["none", "mutate"])
+def test_the_meta_model_is_built_once_and_a_precision_check_only_reads_it(tmp_path, tiny_config, fault):
+    """The precision's check_model, the host-memory check and the resume candidates each built the meta
+    model (three builds of a large model at every start); now one build is shared, so a check that
+    changed it would change what the later checks see: that is refused, naming the plugin."""
+    reg = registry_mod.load()
+    added = [("model", "atk_builds", Builds), ("precision", "atk_precision", Resizing)]
+    reg._plugin, reg._distribution = "atk", "atk-plugin"
+    for slot, name, factory in added:
+        reg.add(slot, name, factory, options=FaultOptions, doc="counts or misbehaves")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f'extends = "{tiny_config()}"\n[model]\nname = "atk_builds"\n[precision]\nname = "atk_precision"\nfault = "{fault}"\n')
+    Builds.count = 0
+    try:
+        if fault == "mutate":
+            with pytest.raises(PluginError) as e:
+                prepare(str(cfg), [], validate_data=True, dry_run=False, lock=False)
+            one_line(e, "precision 'atk_precision': check_model changed the model it was given; a check only reads it")
+        else:
+            prepare(str(cfg), [], validate_data=True, dry_run=False, lock=False)
+            assert Builds.count == 1
+    finally:
+        for slot, name, _ in added:
+            del reg._components[slot][name]

@@ -86,7 +86,7 @@ CASES = {
         "    def sample(self, index, seq_len, split):\n        return np.arange(seq_len + 1) + 1000\n"
         "@hookimpl\ndef plait_register(registry):\n    registry.add('data', 'evil', D, doc='d')\n",
         ["--data.name=evil"],
-        "data source D: sample(0, seq_len=128, 'train') returned token ids from 1000 to 1128; expected ids in 0..511 (the model's vocabulary)",
+        "data 'evil': sample(0, seq_len=128, 'train') returned token ids from 1000 to 1128; expected ids in 0..511 (the model's vocabulary)",
     ),
 }
 
@@ -110,3 +110,14 @@ def test_a_faulty_plugin_is_one_line_naming_it(tmp_path, case):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("plait: error: ") and expected in lines[0], proc.stderr[-3000:]
+
+
+def test_a_precision_whose_metrics_are_not_a_dict_is_one_line_naming_it_mid_run(tmp_path):
+    """The precision's ``metrics(model)`` is asked at log steps only; a list there was a TypeError
+    traceback from the core's metrics merge, after the first step. Now one line naming the plugin."""
+    code = CASES["supported_returns_a_bool"][0].replace("return True", "return True, ''").replace("return {}", "return [('amax', 1.0)]")
+    env = install(tmp_path / "site", code)
+    proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path, steps=2)), "--precision.name=evil", extra_env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines == ["plait: error: precision 'evil': metrics() returned [('amax', 1.0)]; expected a dict of metric names to numbers"], proc.stderr[-3000:]
