@@ -25,6 +25,7 @@ from checkpointing import hyperparams, integrity, replicas, retention
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
+    CHECKPOINT_FORMAT,
     COMMIT_MARKER,
     CURRENT_RUN_FILE,
     EXIT_SAVE_FAILED,
@@ -197,6 +198,7 @@ class Checkpointer:
         run = self.state.run
         sched = {k: plain(v) for k, v in self.state.scheduler.state_dict().items() if k != "lr_lambdas"}
         return {
+            "format": CHECKPOINT_FORMAT,
             "step": run.step,
             "tokens_seen": run.tokens_seen,
             "train": {k: v for k, v in run.state.items() if isinstance(v, (int, float, str, bool, list, dict))},

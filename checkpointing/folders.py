@@ -33,12 +33,13 @@ import torch
 
 from checkpointing import integrity
 from core import log
-from core.errors import CheckpointError
+from core.errors import CheckpointError, ConfigError
 from core.options import option
 
 COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
+CHECKPOINT_FORMAT = 1  # state.json's "format": raised when a change to the layout would mislead an older plait
 PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (checkpointing.retention)
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
@@ -183,6 +184,7 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     """
     from checkpointing.safe_dcp import load_metadata
 
+    refuse_newer_format(path)
     manifest = read_manifest(path)
     integrity.check_sizes(path, manifest, exclude=COMMIT_MARKER)
     integrity.check_checksums(path, manifest, manifest.small_files() + (manifest.shards() if shards else []))
@@ -195,12 +197,30 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     return state
 
 
+def refuse_newer_format(path: Path) -> None:
+    """A checkpoint a newer plait wrote in a layout this one does not know is bad input (exit 2),
+    never "damaged": ``resume = "auto"`` would fall back past it, or start fresh, and set it aside."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        fmt, versions = state.get("format", 1), state.get("versions", {})
+    except (OSError, ValueError, AttributeError):  # verify says what is wrong with it
+        return
+    if isinstance(fmt, int) and fmt > CHECKPOINT_FORMAT:
+        by = f"plait {versions.get('plait')}" if isinstance(versions, dict) and versions.get("plait") else "a newer plait"
+        raise ConfigError(
+            f"checkpoint {path} is in checkpoint format {fmt}, written by {by}; this plait reads format {CHECKPOINT_FORMAT} "
+            "and older: resume it with a plait at least as new"
+        )
+
+
 def verifies(path: Path) -> bool:
     try:
         verify(path, shards=False)  # complete and sound; the shards' checksums are read only to resume
         return True
     except CheckpointError:
         return False
+    except ConfigError:  # a newer plait's: sound as far as this one can tell, never to be deleted
+        return True
 
 
 def check_shapes(path: Path, model: torch.nn.Module) -> None:

@@ -42,7 +42,7 @@ from checkpointing.folders import (
     verify,
 )
 from core import log
-from core.errors import CheckpointError
+from core.errors import CheckpointError, ConfigError
 
 ABANDONED_DIR = "abandoned"
 
@@ -113,8 +113,8 @@ def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
             continue
         try:
             found[path] = verify(path, shards=False)
-        except CheckpointError:
-            pass  # damaged: not ours to judge, never deleted
+        except (CheckpointError, ConfigError):
+            pass  # damaged, or a newer plait's: not ours to judge, never deleted
     return found
 
 

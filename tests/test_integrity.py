@@ -336,3 +336,23 @@ def test_the_fsync_dcp_asks_for_covers_the_whole_shard(tmp_path):
         fd = stream.fileno()
         assert os.fstat(fd).st_size == 100
     assert path.stat().st_size == 100 and set(fs.checksums) == {path.name}
+
+
+def test_a_checkpoint_in_a_newer_format_is_refused_not_skipped(shared, run):
+    """A plait rolled back (an older image after a restart) met checkpoints a newer plait wrote in a
+    layout it does not know. Read as damage, ``resume = "auto"`` fell back past them, or started fresh
+    and set them aside. Now state.json carries the format; a newer one is one line, exit 2, untouched."""
+    newest = ckpt(run, 8)
+    state = json.loads((newest / "state.json").read_text())
+    assert state["format"] == 1  # what this plait writes
+    state["format"], state["versions"]["plait"] = 2, "9.0"
+    (newest / "state.json").write_text(json.dumps(state))
+    (newest / "COMMITTED").write_text('{"layout": "of plait 9"}')  # a manifest this plait cannot read
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    code, out, err = train_here(shared[0], run, "--train.steps=8")
+    assert code == 2, err[-2000:]
+    assert err.strip().splitlines() == [
+        f"plait: error: checkpoint {newest} is in checkpoint format 2, written by plait 9.0; this plait reads format 1 and older: "
+        "resume it with a plait at least as new"
+    ]
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing moved aside or written
