@@ -28,6 +28,7 @@ from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
 from core.registry import plugin_manager
 from preflight import config as config_io
+from preflight.disk import check_room, checkpoint_bytes, kept_at_once
 from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers, check_unchanged
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
 
@@ -141,6 +142,9 @@ def prepare(
 
             ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
         prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
+        if ckpt.every or ckpt.at_end or ckpt.on_stop:  # room on the disk for the checkpoints it writes
+            size = checkpoint_bytes(model_meta, getattr(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
+            check_room(prep.checkpoint_root, size, kept_at_once(ckpt, steps), len(prep.resume_candidates), "[checkpoint].dir")
         check_resume = getattr(components["data"], "check_resume", None)
         if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
             state = json.loads((prep.resume_from / STATE_FILE).read_text())
