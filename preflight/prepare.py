@@ -142,7 +142,7 @@ def prepare(
 
             ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
         prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
-        if ckpt.every or ckpt.at_end or ckpt.on_stop:  # room on the disk for the checkpoints it writes
+        if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
             size = checkpoint_bytes(model_meta, getattr(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
             check_room(prep.checkpoint_root, size, kept_at_once(ckpt, steps), len(prep.resume_candidates), "[checkpoint].dir")
         check_resume = getattr(components["data"], "check_resume", None)
