@@ -54,6 +54,11 @@ if [ $? -eq 3 ]; then  # (any other failure: the installation check below says w
 fi
 echo "pid $$ on $(hostname) since $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$OUTPUT_DIR/remote.lock"
 LOG=${LOG:-$OUTPUT_DIR/remote.log}
+# Since when this launcher has held the machine, on the boot clock every process shares: the budget
+# guard bills from then on, the back-offs and each attempt's start included.
+if [ -r /proc/sys/kernel/random/boot_id ] && [ -r /proc/uptime ]; then
+    export PLAIT_LAUNCHER_SINCE="$(cat /proc/sys/kernel/random/boot_id) $(cut -d' ' -f1 /proc/uptime)"
+fi
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 

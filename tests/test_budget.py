@@ -303,3 +303,32 @@ def test_a_jump_of_the_wall_clock_neither_bills_nor_pauses_the_checks(tmp_path, 
         run.state.pop("budget_spent_usd", None)
         g.plait_step_end(run=run, step=10, metrics={})
         assert run.stop is None and run.state["budget_spent_usd"] == pytest.approx((3600 + 61 * i) / 3600 * 2.0)  # checked, the jump not billed
+
+
+def test_under_a_launcher_billed_time_counts_its_back_offs_and_starts(tmp_path, clock, monkeypatch):
+    """Time between processes was never billed: remote.sh's back-off after a crash (10 s doubling to
+    10 min) and each attempt's torchrun start, on a node paid for all along. A launcher now says since
+    when it has held the machine (PLAIT_LAUNCHER_SINCE, on the machine's boot clock), and billed time is
+    at least every second since then; a second launcher (a start by hand, later) bills from its own start."""
+    import plugins.monitors.budget_guard as budget_guard
+
+    monkeypatch.setattr(budget_guard, "since_boot", lambda: float(clock.read_text()))  # the boot clock, faked with the rest
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    monkeypatch.setenv("PLAIT_LAUNCHER_SINCE", f"{boot} {float(clock.read_text()) - 100}")  # began holding the node 100 s ago
+    g, run = attempt(tmp_path, monkeypatch, clock, age_s=10.0, wall_s=0.0)
+    tick(clock, 50)
+    g.plait_step_end(run=run, step=10, metrics={})  # then a crash
+    assert json.loads((tmp_path / "budget_ledger.json").read_text())["billed_s"] == pytest.approx(150)
+    tick(clock, 300)  # the launcher's back-off, and torchrun starting again
+    g2, run2 = attempt(tmp_path, monkeypatch, clock, age_s=5.0, wall_s=0.0)
+    g2.plait_step_end(run=run2, step=10, metrics={})
+    assert run2.state["budget_spent_usd"] == pytest.approx(450 / 3600 * 2.0)  # the ledger alone: 150 + 5
+    tick(clock, 1000)  # the launcher gave up; a day's gap, the node released; a new launcher now
+    monkeypatch.setenv("PLAIT_LAUNCHER_SINCE", f"{boot} {float(clock.read_text())}")
+    g3, run3 = attempt(tmp_path, monkeypatch, clock, age_s=5.0, wall_s=0.0)
+    g3.plait_step_end(run=run3, step=10, metrics={})
+    assert run3.state["budget_spent_usd"] == pytest.approx(455 / 3600 * 2.0)
+    monkeypatch.setenv("PLAIT_LAUNCHER_SINCE", f"another-boot {float(clock.read_text()) - 10**6}")  # not this boot: not believed
+    g4, run4 = attempt(tmp_path, monkeypatch, clock, age_s=0.0, wall_s=0.0)
+    g4.plait_step_end(run=run4, step=10, metrics={})
+    assert run4.state["budget_spent_usd"] == pytest.approx(455 / 3600 * 2.0)

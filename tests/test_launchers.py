@@ -50,7 +50,14 @@ def descendants(pid: int) -> list[int]:
 
 def test_remote_runs_debug_config(tiny_config, tmp_path):
     proc = subprocess.run(
-        ["bash", "launchers/remote.sh", *small_args(tiny_config, 4)],
+        # the budget guard's computed spend: billed from when the launcher began holding the machine
+        [
+            "bash",
+            "launchers/remote.sh",
+            *small_args(tiny_config, 4),
+            '--monitors.enabled=["console", "jsonl", "budget_guard"]',
+            "--monitors.budget_guard.rate_usd_per_hr=1.0",
+        ],
         cwd=REPO,
         env=remote_env(tmp_path, CKPT_EVERY="2", LR="0.002"),
         capture_output=True,
@@ -64,6 +71,8 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
     resolved = (tmp_path / "out" / "config.resolved.toml").read_text()
     assert "lr = 0.002" in resolved and "every = 2" in resolved
     assert (tmp_path / "out" / "remote.log").stat().st_size > 0
+    ledger = json.loads((tmp_path / "out" / "budget_ledger.json").read_text())
+    assert ledger["launcher"].split()[0] == Path("/proc/sys/kernel/random/boot_id").read_text().strip() and ledger["billed_s"] > 0
 
 
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):

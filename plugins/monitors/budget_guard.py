@@ -9,9 +9,11 @@ or a stop without a checkpoint threw away, which the checkpoints' wall time
 never sees. Rank 0 keeps it in ``<output_dir>/budget_ledger.json`` (written
 at each check and at the end, replaced atomically and fsynced; a ledger of
 another run in the folder is ignored and replaced), so a restart after a crash,
-or after a stop over the cap, starts from what was really spent. Time between
-processes (a launcher's back-off, a node's reboot) is not seen; a sidecar's
-budget file is. Every ``check_every_s`` seconds rank 0 checks, in this order:
+or after a stop over the cap, starts from what was really spent. Under a
+launcher that says since when it has held the machine (``PLAIT_LAUNCHER_SINCE``,
+set by ``launchers/remote.sh``), billed time is at least every second since
+then, its back-offs and the starts of its attempts included; time between two
+launchers, or across a reboot, is not seen (a sidecar's budget file is). Every ``check_every_s`` seconds rank 0 checks, in this order:
 
 * spent over ``cap_usd``: stop at once, no checkpoint, exit code 76;
 * projected total over ``cap_usd``: checkpoint, then exit code 75;
@@ -78,6 +80,28 @@ def process_age_s() -> float:
         return 0.0
 
 
+LAUNCHER_ENV = "PLAIT_LAUNCHER_SINCE"  # "<boot id> <seconds since boot>": when a launcher began holding this machine
+
+
+def since_boot() -> float:
+    """Seconds since this machine booted (``/proc/uptime``: one clock for every process, the launcher's too)."""
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def launcher_session() -> tuple[str, float] | None:
+    """(the launcher's ``PLAIT_LAUNCHER_SINCE``, seconds since it began holding this machine), when it
+    set one for this boot; None otherwise."""
+    value = os.environ.get(LAUNCHER_ENV, "")
+    try:
+        boot, since = value.split()
+        if boot != Path("/proc/sys/kernel/random/boot_id").read_text().strip():
+            return None
+        held = since_boot() - float(since)
+    except (ValueError, OSError):
+        return None
+    return (value, held) if math.isfinite(held) and held >= 0 else None
+
+
 @dataclass
 class BudgetGuardOptions:
     budget_file: str = option("", "JSON kept current by a sidecar; empty: compute spend from rate x GPUs x billed time (budget_ledger.json)", path=True)
@@ -103,6 +127,8 @@ class BudgetGuard:
         self.last_good: dict | None = None  # the last usable figures of the budget file
         self.attempt_start: float | None = None  # when this process started (the clock of elapsed())
         self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
+        self.launcher: str | None = None  # PLAIT_LAUNCHER_SINCE of the launcher that started this process
+        self.before_launcher = 0.0  # billed seconds of this run before that launcher began
 
     # -- before training ------------------------------------------------------
     @hookimpl
@@ -168,25 +194,29 @@ class BudgetGuard:
         wall = run.state.get("wall_time_s", 0.0)
         if self.attempt_start is None:  # no train start seen: the checkpoints' wall time only
             return wall
-        return max(wall, self.billed_before + elapsed() - self.attempt_start)
+        billed = max(wall, self.billed_before + elapsed() - self.attempt_start)
+        session = launcher_session() if self.launcher else None
+        return max(billed, self.before_launcher + session[1]) if session else billed
 
     def ledger(self, run) -> Path:
         return Path(run.output_dir) / LEDGER_FILE
 
-    def read_ledger(self, run) -> float:
-        """Billed seconds the ledger holds for this run (its lineage); 0 for none or another run's."""
+    def read_ledger(self, run) -> tuple[float, str | None, float]:
+        """(billed seconds, the launcher it was written under, billed seconds before that launcher)
+        the ledger holds for this run (its lineage); zeros for none or another run's."""
         path = self.ledger(run)
         try:
             data = json.loads(path.read_text())
             if data.get("lineage") != run.state.get("lineage"):
-                return 0.0
-            billed = float(data["billed_s"])
-            return billed if math.isfinite(billed) and billed >= 0 else 0.0
+                return 0.0, None, 0.0
+            billed, before = float(data["billed_s"]), float(data.get("before_launcher_s", 0.0))
+            ok = all(math.isfinite(x) and x >= 0 for x in (billed, before))
+            return (billed, data.get("launcher"), before) if ok else (0.0, None, 0.0)
         except FileNotFoundError:
-            return 0.0
+            return 0.0, None, 0.0
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             self._warn(run, "ledger", f"{path} is not usable ({type(e).__name__}: {e}); billing from the checkpoint's wall time")
-            return 0.0
+            return 0.0, None, 0.0
 
     def record(self, run) -> None:
         """Write the ledger (rank 0, computed spend only)."""
@@ -194,7 +224,19 @@ class BudgetGuard:
             return
         stamp = datetime.datetime.fromtimestamp(now(), datetime.timezone.utc).isoformat()
         try:
-            replace_durable(self.ledger(run), json.dumps({"lineage": run.state.get("lineage"), "billed_s": self.billed_s(run), "updated_utc": stamp}) + "\n")
+            replace_durable(
+                self.ledger(run),
+                json.dumps(
+                    {
+                        "lineage": run.state.get("lineage"),
+                        "billed_s": self.billed_s(run),
+                        "launcher": self.launcher,
+                        "before_launcher_s": self.before_launcher,
+                        "updated_utc": stamp,
+                    }
+                )
+                + "\n",
+            )
         except OSError as e:  # a full disk: the checkpoints' wall time still bounds the spend from below
             self._warn(run, "ledger_write", f"cannot write {self.ledger(run)} ({e}); billing from the wall time until it can")
 
@@ -239,7 +281,11 @@ class BudgetGuard:
             return
         self.attempt_start = elapsed() - process_age_s()
         # earlier processes: the ledger, or at least what their checkpoints' wall time carries
-        self.billed_before = max(self.read_ledger(run), run.state.get("wall_time_s", 0.0))
+        ledger, ledger_launcher, ledger_before = self.read_ledger(run)
+        self.billed_before = max(ledger, run.state.get("wall_time_s", 0.0))
+        session = launcher_session()  # the same launcher as the ledger's: what was billed before it began
+        self.launcher = session[0] if session else None
+        self.before_launcher = ledger_before if self.launcher is not None and ledger_launcher == self.launcher else self.billed_before
 
     @hookimpl
     def plait_train_end(self, run, reason):
