@@ -213,7 +213,7 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
-    from preflight.prepare import probe_folder
+    from preflight.start_folders import probe_folder
     from tools import plan
 
     (tmp_path / "keep").mkdir()
@@ -223,6 +223,33 @@ def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
     assert list((tmp_path / "keep").iterdir()) == []
     probe_folder(out, "[train].output_dir")  # core.train's probe keeps the folders for the run, not the probe file
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_bad_resume_or_initial_load_leaves_no_run_folder_behind(tiny_config, tmp_path):
+    """A checkpoint.resume that does not exist used to leave output_dir, its checkpoints folder
+    and two plait.lock files behind; it is now found before anything is created. initial_load
+    can only be checked once no checkpoint is found to resume from (after the folders exist):
+    its failure removes the folders this start made, and nothing that was there before."""
+    from checkpointing.ownership import release_run_folders
+    from core.errors import PlaitError
+    from preflight.prepare import prepare
+
+    out = tmp_path / "runs" / "a" / "out"
+    msg = one_error_line(train("--config", str(tiny_config()), f"--train.output_dir={out}", f"--checkpoint.resume={tmp_path / 'nope'}"))
+    assert "nope does not exist" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]  # not even runs/
+
+    def start(output_dir):  # what core.train's rank 0 prepares (the lock included), in this process
+        with pytest.raises(PlaitError, match=r"weights .*nope not found"):
+            prepare(str(tiny_config()), [f"--train.output_dir={output_dir}", f"--checkpoint.initial_load={tmp_path / 'nope'}"], lock=True)
+        release_run_folders()
+
+    start(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
+    (tmp_path / "mine").mkdir()  # folders that were there before stay, with what they hold
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    start(tmp_path / "mine")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt", "plait.lock"]
 
 
 def test_resume_checkpoint_checked_by_plan(tiny_config, tmp_path, capsys):

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     try:
-        from preflight.prepare import probe_folder
+        from preflight.start_folders import probe_folder
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
