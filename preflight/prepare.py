@@ -24,9 +24,10 @@ from core.contract import check_component
 from core.distributed import env_world, pick_device
 from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
+from core.protocols import LoaderSpec
 from core.registry import plugin_manager
 from preflight import config as config_io
-from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers
+from preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
 from preflight.start_folders import check_start
 
@@ -123,6 +124,10 @@ def prepare(
     if validate_data:
         val = rc.sections["validation"]
         check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
+        seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)
+        tokens = rc.train.micro_batch * rc.seq_len
+        first = LoaderSpec(seq, tokens // seq, accum, 0, world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
+        check_first_step(components["data"], rc.slots["data"].component.name, first)
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule

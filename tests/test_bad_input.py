@@ -265,6 +265,16 @@ def test_data_checked_by_plan(tiny_config, tmp_path, capsys):
     assert "afile.bin is a file; expected a folder holding train.bin" in msg
 
 
+def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_config, tmp_path, capsys):
+    """on_end = "stop" and a file of one window, with a micro-batch of 2: core.train used to end at
+    step 0 with exit 0 (data_end); preflight refuses it, so core.plan (and launchers) do too."""
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "x" * 200}) + "\n")  # 201 tokens: one window of 129
+    files = f'--data.files=["{tmp_path / "one.jsonl"}"]'
+    msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=text_stream", files, '--data.on_end="stop"')
+    assert "one.jsonl holds 1 window(s) of data.seq_len + 1 = 129 tokens for rank 0 of 1" in msg
+    assert "train.micro_batch 2 x accumulation 4 = 8" in msg and "would end the run at step 0" in msg
+
+
 def test_bounds_are_listed_by_core_plugins():
     from core.options import describe
     from plugins.optim.adamw import AdamWOptions

@@ -166,3 +166,48 @@ def test_validation_loader_never_stops_on_exhaustion(tmp_path):
     for _ in range(10):  # 20 samples from a 4-window split: wraps, the run is not stopped by validation
         x, _ = next(it)
         assert x.shape == (2, 16)
+
+
+def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path):
+    """A source that stops the run when it runs out, with data for a window but not for the first
+    step: the run used to end at step 0 with exit code 0 (reason data_end), having trained
+    nothing. ``check_first_step`` (run by preflight, so by core.train and core.plan) refuses it
+    with one line naming the source, its file, what it holds and what the first step takes."""
+    from core.errors import DataError
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)  # 10 windows of 16
+    only = [{"name": "token_bin", "weight": 1.0, "path": str(d), "order": "epochs", "on_exhausted": "stop"}]
+    mixture(only).check_first_step(LoaderSpec(16, 5, 1, 0, 2, 42))  # exactly one step: fine
+    with pytest.raises(
+        DataError, match=r"source '0_token_bin' \(.*train.bin\) holds 10 sample\(s\) of data.seq_len 16 \(one epoch\); the first step takes 12 of them"
+    ):
+        mixture(only).check_first_step(LoaderSpec(16, 3, 2, 0, 2, 42))
+    mixture([dict(only[0], on_exhausted="wrap")]).check_first_step(LoaderSpec(16, 3, 2, 0, 2, 42))  # it wraps: never ends
+
+    corpus = stream_corpus(tmp_path, docs=3)  # 47 tokens a document: shard 0 of 2 holds 5 windows of 17, shard 1 holds 2
+
+    def stream(**kw):
+        s = TextStream(TextStreamOptions(files=[str(corpus)], on_end="stop", **kw))
+        s.validate(512, 16)
+        return s
+
+    stream().check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
+    with pytest.raises(
+        DataError, match=r"docs.jsonl holds 2 window\(s\) of data.seq_len \+ 1 = 17 tokens for rank 1 of 2 .* needs train.micro_batch 3 x accumulation 1 = 3"
+    ):
+        stream().check_first_step(LoaderSpec(16, 3, 1, 0, 2, 42))
+    stream(workers=2).check_first_step(LoaderSpec(16, 2, 2, 0, 1, 42))  # workers serve whole micro-batches: 2 + 1
+    with pytest.raises(DataError, match=r"holds 7 window\(s\) .* for rank 0 of 1 \(workers = 2\)"):
+        stream(workers=2).check_first_step(LoaderSpec(16, 3, 2, 0, 1, 42))  # 7 windows, but 1 + 0 micro-batches of 3
+    TextStream(TextStreamOptions(files=[str(corpus)])).check_first_step(LoaderSpec(16, 3, 1, 0, 2, 42))  # wraps: never ends
+
+    inside = [
+        {"name": "text_stream", "weight": 0.5, "files": [str(corpus)], "on_end": "stop", "label": "qa"},
+        {"name": "synthetic", "weight": 0.5, "vocab_size": 10},
+    ]
+    mixture(inside).check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
+    with pytest.raises(
+        DataError, match=r"source 'qa' \(.*docs.jsonl\) holds 2 window\(s\) of data.seq_len \+ 1 = 17 tokens for rank 1; the first step takes \d on that rank"
+    ):
+        mixture(inside).check_first_step(LoaderSpec(16, 8, 1, 0, 2, 42))

@@ -263,6 +263,38 @@ class Mixture(IndexedSource):
             self._epochs_warned[k] = int((used[k] - 1) // capacity)
             log.warn(f"mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}")
 
+    def check_first_step(self, spec) -> None:
+        """A source that stops the run when it runs out (``on_exhausted = "stop"``, a stream's
+        ``on_end = "stop"``) must hold its share of the first step, or the run would end at step 0
+        with exit code 0, having trained nothing: refused with one line naming it."""
+        self.loader(spec)  # the seeds, length and run length the run's loader sets
+        share = self.counts(spec.global_batch)
+        for k, source in enumerate(self.sources):
+            capacity = None if k in self.streams else source.epoch_samples(spec.seq_len, "train")
+            if self.on_exhausted[k] == "stop" and capacity is not None and share[k] > capacity:
+                self.refuse(k, f"holds {capacity} sample(s) of data.seq_len {spec.seq_len} (one epoch)", f"{share[k]} of them", spec)
+        for k in self.streams:
+            source = self.sources[k]
+            if source.options.on_end != "stop":
+                continue
+            rows = [
+                [spec.micro_batch * (m * spec.dp_size + r) + j for m in range(spec.grad_accum) for j in range(spec.micro_batch)] for r in range(spec.dp_size)
+            ]
+            need = [int((self.choose(np.asarray(idx)) == k).sum()) for idx in rows]
+            windows = source.shard_windows(spec.seq_len, spec.dp_size, max(need))
+            for r, (have, want) in enumerate(zip(windows, need)):
+                if have < want:
+                    self.refuse(k, f"holds {have} window(s) of data.seq_len + 1 = {spec.seq_len + 1} tokens for rank {r}", f"{want} on that rank", spec)
+
+    def refuse(self, k: int, holds: str, takes: str, spec) -> None:
+        source = self.sources[k]
+        where = source.file("train") if hasattr(source, "file") else ", ".join(getattr(source, "paths", [])[:2])
+        raise DataError(
+            f"[data] mixture: source {self.labels[k]!r} ({where}) {holds}; the first step takes {takes} (weight {np.diff(self.stage_edges[0], prepend=0.0)[k]:.3g} of "
+            f"{spec.global_batch} samples: train.micro_batch {spec.micro_batch} x {spec.dp_size} rank(s) x accumulation {spec.grad_accum}), and "
+            f'it stops the run when it runs out: the run would end at step 0 having trained nothing; add data, lower the batch or use on_exhausted = "wrap"'
+        )
+
     def fingerprint(self) -> str | None:
         """The sources' fingerprints with their labels and weights; None when any source has none."""
         from core.api import data_fingerprint
