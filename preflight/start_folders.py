@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify
+from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
+from checkpointing.retention import after_divergence
 from core.errors import ConfigError
 from preflight.plugin_checks import call_plugin
 
@@ -108,6 +109,8 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     rc, components = prep.rc, prep.components
     ckpt = rc.sections["checkpoint"]
     prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
+    if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
+        warn(line)  # rank 0; core.plan says it too
     check_resume = getattr(components["data"], "check_resume", None)
     if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
         state = json.loads((prep.resume_from / STATE_FILE).read_text())
