@@ -211,3 +211,45 @@ def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path
         DataError, match=r"source 'qa' \(.*docs.jsonl\) holds 2 window\(s\) of data.seq_len \+ 1 = 17 tokens for rank 1; the first step takes \d on that rank"
     ):
         mixture(inside).check_first_step(LoaderSpec(16, 8, 1, 0, 2, 42))
+
+
+@pytest.mark.parametrize("first_total, then_total", [(64, 128), (128, 64)], ids=["longer", "shorter"])
+def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consumed(tmp_path, capsys, first_total, then_total):
+    """Stage boundaries were fractions of the run's length, recomputed on every start: a resume
+    with another train.steps moved them over samples already consumed, so the per-source counts
+    (and with them which local samples come next) changed: windows of a finite source were
+    served twice or never. Now the boundaries are fixed in samples and saved in the loader's
+    state: one reached stays, one ahead moves to its fraction of the new length but never before
+    the resume point, and a warning names the move."""
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    d = write_bin(tmp_path / "d", np.arange(16 * 200 + 1))  # 200 windows; window w starts with token 16 w
+    sources = [{"name": "token_bin", "weight": 1, "path": str(d), "order": "epochs"}, {"name": "synthetic", "weight": 1, "vocab_size": 10}]
+    stages = [(0.0, [0.8, 0.2]), (0.25, [0.2, 0.8])]  # the boundary: sample 16 of 64, 32 of 128
+
+    def loader(total):
+        mix = Mixture(MixtureOptions(sources=sources, stages=stages))
+        mix.validate(4096, 16)
+        return mix, mix.loader(LoaderSpec(16, 2, 2, 0, 1, 42, total_samples=total))
+
+    def rows(ld, steps):
+        it = iter(ld)
+        return [row for _ in range(steps * 2) for row in next(it)[0].numpy()]
+
+    _, first = loader(first_total)
+    served = rows(first, 6)  # 24 samples: past the boundary of a 64-sample run, before that of a 128-sample one
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["stage_starts"] == [0, first_total // 4]
+    mix, then = loader(then_total)
+    then.load_state_dict(state)
+    kept = first_total // 4 if first_total // 4 <= 24 else max(then_total // 4, 24)
+    assert mix.stage_bounds.tolist() == [0, kept]
+    said = f"stages start at samples [0, {kept}] (the checkpoint's [0, {first_total // 4}]; a fresh run of this length: [0, {then_total // 4}])"
+    err = capsys.readouterr().err
+    assert "the stages begun by sample 24 keep their starts" in err and said in err, err
+    served += rows(then, 10)
+    from_file = [int(r[0]) // 16 for r in served if r.max() >= 10]  # the token_bin windows served, in order
+    expected = [int(mix.sources[0].sample(j, 16, "train")[0]) // 16 for j in range(len(from_file))]
+    assert from_file == expected  # its local samples 0, 1, 2, ... each once: nothing repeated or skipped
+    picks = mix.choose(np.arange(24, 64))
+    assert picks.tolist() == [int(r.max() >= 10) ^ 1 for r in served[24:]]  # the picks after the resume follow the bounds kept

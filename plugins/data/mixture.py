@@ -16,6 +16,13 @@ the next epoch (``on_exhausted = "wrap"``: warned, counted in
 check sees each step's whole index range on every rank, so all ranks stop at
 the same step.
 
+With ``stages``, each stage's first global sample is fixed from its start fraction and the
+run's length in samples (``train.steps`` or ``target_tokens``), and the loader's state saves
+these boundaries. A resume with another run length keeps the boundaries already reached
+(the samples consumed keep their sources, so no local sample is repeated or skipped) and
+moves the ones still ahead to their fractions of the new length, never before the resume
+point; one warning names both.
+
 A streaming source (``text_stream``) serves its next window from this rank's
 shard instead. Proportions stay exact; the stream's position is saved per
 rank, so such a mixture resumes at the same world size only.
@@ -132,6 +139,7 @@ class Mixture(IndexedSource):
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
         self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
         self.total_samples = 0
+        self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds())
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
         self._epochs_warned = [0] * len(self.sources)
@@ -185,6 +193,7 @@ class Mixture(IndexedSource):
             if (spec.total_samples, spec.seq_len) != (self.total_samples, self.seq_len):
                 self._block_counts, self._block = self._block_counts[:1], None
             self.seq_len, self.total_samples = spec.seq_len, spec.total_samples
+            self.stage_bounds = self.stage_bounds_for(spec.total_samples) if spec.total_samples else None
         return MixtureLoader(self, spec)
 
     def validation_loaders(self, spec) -> dict[str, IndexedLoader]:
@@ -205,14 +214,46 @@ class Mixture(IndexedSource):
         u = np.mod(offset + indices.astype(np.float64) * PHI_FRAC, 1.0)
         if len(self.stage_edges) == 1:
             return np.searchsorted(self.edges, u, side="right").clip(max=len(self.sources) - 1)
-        if not self.total_samples:
+        if self.stage_bounds is None:
             raise ConfigError("[data] mixture: stages need the run's length (train.steps or target_tokens)")
-        stage = np.searchsorted(self.stage_starts, indices / self.total_samples, side="right") - 1
+        stage = np.searchsorted(self.stage_bounds, indices, side="right") - 1
         out = np.empty(len(indices), dtype=np.int64)
         for k, e in enumerate(self.stage_edges):
             mask = stage == k
             out[mask] = np.searchsorted(e, u[mask], side="right")
         return out.clip(max=len(self.sources) - 1)
+
+    def stage_bounds_for(self, total_samples: int) -> np.ndarray:
+        """Each stage's first global sample in a run of ``total_samples``: the first index ``i`` with
+        ``i / total_samples >= start`` (in floating point, as the fraction is compared)."""
+        bounds = []
+        for start in self.stage_starts:
+            b = math.ceil(start * total_samples)
+            while b > 0 and (b - 1) / total_samples >= start:
+                b -= 1
+            while b / total_samples < start:
+                b += 1
+            bounds.append(b)
+        return np.asarray(bounds, dtype=np.int64)
+
+    def resume_stages(self, saved: list[int], consumed: int) -> None:
+        """The stage boundaries a checkpoint saved (``saved``, at ``consumed`` samples), fitted to this
+        run's length: those reached stay, those ahead follow this run's length, never before ``consumed``."""
+        fresh = self.stage_bounds_for(self.total_samples) if self.total_samples else np.asarray(saved)
+        if len(saved) != len(fresh):
+            raise ConfigError(f"[data] mixture: the checkpoint's data position has {len(saved)} stage(s), this config {len(fresh)}; keep the stages of a run")
+        bounds = np.asarray([s if s <= consumed else max(int(f), consumed) for s, f in zip(saved, fresh)], dtype=np.int64)
+        now, was, alone = bounds.tolist(), list(saved), [int(f) for f in fresh]
+        if not now == was == alone:
+            log.warn(
+                f"[data] mixture: the run's length changed since the checkpoint (train.steps or target_tokens; now {self.total_samples} samples): "
+                f"the stages begun by sample {consumed} keep their starts, those ahead follow the new length: stages start at samples {now} "
+                f"(the checkpoint's {was}; a fresh run of this length: {alone})",
+                once=f"mixture stages {now} {was}",
+            )
+        if self.stage_bounds is None or not np.array_equal(bounds, self.stage_bounds):
+            self.stage_bounds = bounds
+            self._block_counts, self._block = self._block_counts[:1], None
 
     def counts(self, consumed_samples: int) -> np.ndarray:
         """Samples drawn from each source among the first ``consumed_samples`` global indices."""
@@ -352,12 +393,16 @@ class MixtureLoader(IndexedLoader):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
+        if self.source.stage_bounds is not None and len(self.source.stage_edges) > 1:  # fixed for the rest of the run
+            state["stage_starts"] = [int(b) for b in self.source.stage_bounds]
         if self.shards:
             state["streams"] = {self.source.labels[k]: shard.state_dict() for k, shard in self.shards.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        if isinstance(state.get("stage_starts"), list) and len(self.source.stage_edges) > 1 and self.spec.split == "train":
+            self.source.resume_stages([int(b) for b in state["stage_starts"]], int(state["consumed_samples"]))
         for k, shard in self.shards.items():
             shard.load_state_dict(state.get("streams", {}).get(self.source.labels[k], {}))
         self._iters = {}
