@@ -239,14 +239,21 @@ def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consume
     _, first = loader(first_total)
     served = rows(first, 6)  # 24 samples: past the boundary of a 64-sample run, before that of a 128-sample one
     state = json.loads(json.dumps(first.state_dict()))
-    assert state["stage_starts"] == [0, first_total // 4]
+    assert state["stage_starts"] == [0, first_total // 4] and state["stage_run_samples"] == first_total
+    mix, again = loader(first_total)
+    again.load_state_dict(state)  # the same length: the same starts, nothing said
+    assert mix.stage_bounds.tolist() == [0, first_total // 4] and "stage" not in capsys.readouterr().err
     mix, then = loader(then_total)
     then.load_state_dict(state)
     kept = first_total // 4 if first_total // 4 <= 24 else max(then_total // 4, 24)
     assert mix.stage_bounds.tolist() == [0, kept]
-    said = f"stages start at samples [0, {kept}] (the checkpoint's [0, {first_total // 4}]; a fresh run of this length: [0, {then_total // 4}])"
+    said = f"{first_total} -> {then_total} samples): the stages begun by sample 24 keep their starts, those ahead follow the new length: stages start at samples [0, {kept}] (the checkpoint's [0, {first_total // 4}]; a fresh run of this length: [0, {then_total // 4}])"
     err = capsys.readouterr().err
-    assert "the stages begun by sample 24 keep their starts" in err and said in err, err
+    assert said in err, err
+    resumed = json.loads(json.dumps(then.state_dict()))
+    mix, later = loader(then_total)
+    later.load_state_dict(resumed)  # a restart of the resumed run (its length since): the starts it used, nothing said
+    assert mix.stage_bounds.tolist() == [0, kept] and "stage" not in capsys.readouterr().err
     served += rows(then, 10)
     from_file = [int(r[0]) // 16 for r in served if r.max() >= 10]  # the token_bin windows served, in order
     expected = [int(mix.sources[0].sample(j, 16, "train")[0]) // 16 for j in range(len(from_file))]

@@ -139,7 +139,7 @@ class Mixture(IndexedSource):
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
         self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
         self.total_samples = 0
-        self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds())
+        self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds_for())
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
         self._epochs_warned = [0] * len(self.sources)
@@ -236,20 +236,21 @@ class Mixture(IndexedSource):
             bounds.append(b)
         return np.asarray(bounds, dtype=np.int64)
 
-    def resume_stages(self, saved: list[int], consumed: int) -> None:
-        """The stage boundaries a checkpoint saved (``saved``, at ``consumed`` samples), fitted to this
-        run's length: those reached stay, those ahead follow this run's length, never before ``consumed``."""
+    def resume_stages(self, saved: list[int], consumed: int, saved_total: int | None) -> None:
+        """The stage boundaries a checkpoint saved (``saved``, at ``consumed`` samples of a run of
+        ``saved_total``), fitted to this run's length: those reached stay, those ahead follow this
+        run's length, never before ``consumed``; said once when the length changed."""
         fresh = self.stage_bounds_for(self.total_samples) if self.total_samples else np.asarray(saved)
         if len(saved) != len(fresh):
             raise ConfigError(f"[data] mixture: the checkpoint's data position has {len(saved)} stage(s), this config {len(fresh)}; keep the stages of a run")
         bounds = np.asarray([s if s <= consumed else max(int(f), consumed) for s, f in zip(saved, fresh)], dtype=np.int64)
         now, was, alone = bounds.tolist(), list(saved), [int(f) for f in fresh]
-        if not now == was == alone:
+        if saved_total is not None and saved_total != self.total_samples:
             log.warn(
-                f"[data] mixture: the run's length changed since the checkpoint (train.steps or target_tokens; now {self.total_samples} samples): "
+                f"[data] mixture: the run's length changed since the checkpoint (train.steps or target_tokens: {saved_total} -> {self.total_samples} samples): "
                 f"the stages begun by sample {consumed} keep their starts, those ahead follow the new length: stages start at samples {now} "
                 f"(the checkpoint's {was}; a fresh run of this length: {alone})",
-                once=f"mixture stages {now} {was}",
+                once=f"mixture stages {saved_total} {consumed}",
             )
         if self.stage_bounds is None or not np.array_equal(bounds, self.stage_bounds):
             self.stage_bounds = bounds
@@ -333,7 +334,7 @@ class Mixture(IndexedSource):
         raise DataError(
             f"[data] mixture: source {self.labels[k]!r} ({where}) {holds}; the first step takes {takes} (weight {np.diff(self.stage_edges[0], prepend=0.0)[k]:.3g} of "
             f"{spec.global_batch} samples: train.micro_batch {spec.micro_batch} x {spec.dp_size} rank(s) x accumulation {spec.grad_accum}), and "
-            f'it stops the run when it runs out: the run would end at step 0 having trained nothing; add data, lower the batch or use on_exhausted = "wrap"'
+            f"it stops the run when it runs out: the run would end at step 0 having trained nothing; add data, lower the batch or let it wrap"
         )
 
     def fingerprint(self) -> str | None:
@@ -395,6 +396,7 @@ class MixtureLoader(IndexedLoader):
         state = super().state_dict()
         if self.source.stage_bounds is not None and len(self.source.stage_edges) > 1:  # fixed for the rest of the run
             state["stage_starts"] = [int(b) for b in self.source.stage_bounds]
+            state["stage_run_samples"] = int(self.source.total_samples)
         if self.shards:
             state["streams"] = {self.source.labels[k]: shard.state_dict() for k, shard in self.shards.items()}
         return state
@@ -402,7 +404,8 @@ class MixtureLoader(IndexedLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if isinstance(state.get("stage_starts"), list) and len(self.source.stage_edges) > 1 and self.spec.split == "train":
-            self.source.resume_stages([int(b) for b in state["stage_starts"]], int(state["consumed_samples"]))
+            total = state.get("stage_run_samples")
+            self.source.resume_stages([int(b) for b in state["stage_starts"]], int(state["consumed_samples"]), total if isinstance(total, int) else None)
         for k, shard in self.shards.items():
             shard.load_state_dict(state.get("streams", {}).get(self.source.labels[k], {}))
         self._iters = {}
