@@ -14,6 +14,10 @@ Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
   ``resume = "auto"`` looks. Left in place they would outrank the new branch:
   pruning by step would delete each of its saves as soon as it is committed,
   and an automatic restart would continue the abandoned branch.
+* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) still takes the
+  newest checkpoint, which may already be past where the divergence began; the start says so
+  and names the lowest-loss checkpoint with the ``--checkpoint.resume`` that goes back to it
+  (:func:`after_divergence`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from checkpointing.folders import (
     COMMIT_MARKER,
     LINEAGE_FILE,
     SETTING_ASIDE_FILE,
+    STATE_FILE,
     CheckpointOptions,
     committed,
     lineage_of,
@@ -165,6 +170,38 @@ class Retention:
             )
             self.said_lowest = lowest
         return {lowest}
+
+
+def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
+    """The warning for a ``resume = "auto"`` start from ``candidates`` (newest first) after an attempt
+    whose ``exit_status.json`` says exit code 3 (non-finite steps, a lasting change of level the
+    ``spikes`` monitor stopped on): where it diverged, the checkpoint taken, and the lowest-loss one
+    with the ``--checkpoint.resume`` that goes back to it. None after any other end."""
+    try:
+        status = json.loads((output_dir / "exit_status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict) or status.get("exit_code") != 3 or not candidates:
+        return None
+    losses: dict[Path, float] = {}
+    for path in candidates:
+        try:
+            if (loss := train_loss(json.loads((path / STATE_FILE).read_text()))) is not None:
+                losses[path] = loss
+        except (OSError, ValueError, AttributeError):
+            continue
+    newest = candidates[0]
+    said = f" ({losses[newest]:.4g})" if newest in losses else ""
+    line = (
+        f"the previous attempt stopped as diverged at step {status.get('step')} ({str(status.get('detail', ''))[:200]}); "
+        f'resume = "auto" takes the newest checkpoint, {newest.name}{said}, which may already be past where it began'
+    )
+    if not losses:
+        return line + "; no checkpoint records a training loss to compare"
+    lowest = min(losses, key=losses.__getitem__)  # ties: the newest
+    if lowest == newest:
+        return line + "; it also has this run's lowest training loss"
+    return line + f'; the lowest training loss is {lowest.name}\'s ({losses[lowest]:.4g}): to go back to it, --checkpoint.resume="{lowest}"'
 
 
 def best_paths(root: Path) -> set[Path]:

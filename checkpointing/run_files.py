@@ -3,10 +3,16 @@
 ``config.resolved.toml`` (re-runs the run), ``run_info.json`` (command, device,
 versions), and ``exit_status.json`` (exit code, reason, step, detail), which
 launchers read because torchrun reports any failed rank as exit code 1.
+
+A run file that cannot be written at start (a full disk, a read-only or failing one) ends the run
+before its first step as a failed save does: one line naming the file and the OS error,
+``exit_status.json`` (reason ``write_failed``) if even that fits, and exit code 74, which
+launchers never retry (:data:`checkpointing.folders.EXIT_SAVE_FAILED`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import platform
 import sys
@@ -17,6 +23,7 @@ from typing import Any
 import torch
 
 from checkpointing.durable_io import replace_durable
+from checkpointing.folders import EXIT_SAVE_FAILED
 from core import log
 from core.protocols import DistInfo
 from preflight import config as config_io
@@ -41,13 +48,12 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> None:
-    """``config.resolved.toml`` and ``run_info.json`` in ``train.output_dir`` (rank 0)."""
+def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> str | None:
+    """``config.resolved.toml`` and ``run_info.json`` in ``train.output_dir`` (rank 0). A write
+    that fails: the one line to stop with (:func:`start_failed`), naming the file; None: written."""
     if not dist.is_main:
-        return
+        return None
     out = Path(prep.rc.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    replace_durable(out / "config.resolved.toml", config_io.dumps(prep.resolved))
     device = dist.device
     info = {
         "config": prep.source,
@@ -59,7 +65,26 @@ def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> 
         "versions": versions,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    replace_durable(out / "run_info.json", json.dumps(info, indent=2) + "\n")
+    path = out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "config.resolved.toml"
+        replace_durable(path, config_io.dumps(prep.resolved))
+        path = out / "run_info.json"
+        replace_durable(path, json.dumps(info, indent=2) + "\n")
+    except OSError as e:
+        code = errno.errorcode.get(e.errno or 0, type(e).__name__)
+        return f"cannot write {path} at start ({code}: {e.strerror or e}; disk full, read-only or failing?): stopping before the first step"
+    return None
+
+
+def start_failed(output_dir: Path, error: str | None, step: int) -> int:
+    """The run files could not be written on rank 0 (``error``; None on the other ranks, which
+    stop with it): one line, ``exit_status.json`` if it fits, and exit code 74, never a traceback."""
+    if error is not None:
+        log.error(error)
+        write_exit_status(output_dir, EXIT_SAVE_FAILED, "write_failed", step, error, strict=False)
+    return EXIT_SAVE_FAILED
 
 
 def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str, strict: bool = True) -> None:

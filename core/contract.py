@@ -110,6 +110,7 @@ CONTRACT: dict[str, list[Member]] = {
             "(validation LoaderSpec) -> {label: loader}: each part's validation batches, logged as val_loss/<label> (mixture sources); default: val_loss only",
             False,
         ),
+        method("check_first_step", 1, "(train LoaderSpec of rank 0) refuse data that cannot serve one step (raise DataError); default: unchecked", False),
         method("parts", 0, "{label: source}: the sources it is made of (a mixture); the ones lacking a validation split are named; default: none", False),
         value(
             "samples_before_loader",

@@ -294,7 +294,7 @@ class DataSource(Protocol):
     """A source of training tokens.
 
     Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
-    ``check_resume(state, world_size)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
+    ``check_resume(state, world_size)``, ``check_first_step(spec)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
     ``fingerprint()``, ``validation_loaders(spec)``, ``parts()`` and ``samples_before_loader``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
     """
 

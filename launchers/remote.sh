@@ -23,7 +23,7 @@
 # Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
 # Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
 # trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
-# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error:
+# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint or a run file could not be written (disk full, I/O error:
 # never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
 # restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before the
 # trainer could save.
@@ -220,8 +220,8 @@ while true; do
         log "another job holds a run folder of this run; not restarting"
         exit 2
     fi
-    # A failed save whose exit_status.json did not fit on the disk either: still final.
-    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: checkpoint save at step"; then
+    # A failed save (or run file at start) whose exit_status.json did not fit on the disk either: still final.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q -e "^plait: error: checkpoint save at step" -e "^plait: error: cannot write .* at start"; then
         log "a checkpoint could not be written (disk full?); not restarting"
         exit 74
     fi

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from core.errors import ConfigError, PlaitError, PluginError
-from core.protocols import data_fingerprint, data_has_split, data_parts, data_samples_before_loader, data_tokens_per_epoch
+from core.protocols import LoaderSpec, data_fingerprint, data_has_split, data_parts, data_samples_before_loader, data_tokens_per_epoch
 from dataloading.indexed import IndexedSource, checked_sample
 
 
@@ -81,3 +81,11 @@ def check_data(data: Any, name: str, vocab_size: int, seq_len: int, val_every: i
     ]
     which = f" (source{'s' * (len(lacking) > 1)} {', '.join(map(repr, lacking))} of the mixture: no {val_split!r} split)" if lacking else ""
     raise ConfigError(f"{path}: validation.every = {val_every} but the data source has no {val_split!r} split{which}")
+
+
+def check_first_step(data: Any, name: str, spec: LoaderSpec) -> None:
+    """The data source's optional ``check_first_step``: data too small for one step (a source that
+    stops the run when it runs out would end it at step 0, exit code 0) is bad input now."""
+    check = getattr(data, "check_first_step", None)
+    if check is not None:
+        call_plugin(f"data {name!r}: check_first_step", check, spec)

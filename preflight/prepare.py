@@ -4,33 +4,32 @@
 loads the plugins, validates every option, derives the batch layout and runs
 each plugin's pre-flight checks, checks the data and the checkpoint to resume
 from, and probes that the output and checkpoint folders can be created and
-written. Any problem is a :class:`PlaitError`.
+written (:mod:`preflight.start_folders`: bad input leaves no folder behind). Any
+problem is a :class:`PlaitError`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from checkpointing.folders import STATE_FILE, check_shapes, find_resume, verify
 from core import log
 from core import registry as registry_mod
 from core.contract import check_component
 from core.distributed import env_world, pick_device
 from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
+from core.protocols import LoaderSpec
 from core.registry import plugin_manager
 from preflight import config as config_io
-from preflight.disk import check_room, checkpoint_bytes, kept_at_once
-from preflight.plugin_checks import build_meta, call_plugin, check_data, check_model_answers, check_unchanged
+from preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
+from preflight.start_folders import check_start
 
 
 @dataclass
@@ -126,41 +125,18 @@ def prepare(
     if validate_data:
         val = rc.sections["validation"]
         check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
+        seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)
+        tokens = rc.train.micro_batch * rc.seq_len
+        first = LoaderSpec(seq, tokens // seq, accum, 0, world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
+        check_first_step(components["data"], rc.slots["data"].component.name, first)
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.seq_len_schedule = schedule
     args = {"prep": prep, "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
         call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
-    if validate_data:  # a training start: find (and check) the checkpoint to resume from
-        ckpt = rc.sections["checkpoint"]
-        probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
-        probe_folder(prep.checkpoint_root, "[checkpoint].dir" if ckpt.dir else "checkpoint folder <output_dir>/checkpoints", keep=not dry_run)
-        if lock:  # one writer per run folder, held until this process ends; taken before the listing, so
-            # that what a job holding it until now committed and pruned (its last save) is seen
-            from checkpointing import ownership
-
-            ownership.lock_run_folders([rc.train.output_dir, prep.checkpoint_root])
-        prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
-        if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
-            size = checkpoint_bytes(model_meta, getattr(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
-            check_room(prep.checkpoint_root, size, kept_at_once(ckpt, steps), len(prep.resume_candidates), "[checkpoint].dir")
-        check_resume = getattr(components["data"], "check_resume", None)
-        if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
-            state = json.loads((prep.resume_from / STATE_FILE).read_text())
-            call_plugin(f"data {rc.slots['data'].component.name!r}: check_resume", check_resume, state, world)
-        initial = rc.sections["checkpoint"].initial_load
-        if initial and prep.resume_from is None:
-            from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
-
-            kind = weights_kind(Path(initial))  # exists, known layout
-            if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
-                hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
-            if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
-                verify(Path(initial), shards=False)
-                check_shapes(Path(initial), model_meta)
-            else:  # an export: its keys and shapes, from the files' headers
-                load_weights(Path(initial), spec, model_meta, shapes_only=True)
+    if validate_data:  # a training start: the folders, the checkpoint to resume from (preflight.start_folders)
+        check_start(prep, model_meta, lock, dry_run)
     return prep
 
 
@@ -179,45 +155,6 @@ def check_host_memory(model_meta: torch.nn.Module, shards: int, path: str) -> No
             f"{path}: the model's {numel:,} parameters need {need / 2**30:,.1f} GiB per rank for fp32 weights and gradients alone; "
             f"this machine has {have / 2**30:,.1f} GiB of memory"
         )
-
-
-def probe_folder(folder: Path, what: str, keep: bool = True) -> None:
-    """Create ``folder`` (with missing parents) and write and delete a file in it, so that a folder
-    that cannot be written fails now, not at the first save. Removes the probe file, and with
-    ``keep=False`` the folders it created itself; nothing else is touched."""
-    missing = []
-    p = folder
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    if not p.is_dir():
-        raise ConfigError(f"{what} = {folder}: {p} is a file, expected a folder")
-    created: list[Path] = []
-    probe = folder / f".plait-write-probe-{socket.gethostname()}-{os.getpid()}"
-    try:
-        for d in reversed(missing):
-            try:
-                d.mkdir()
-                created.append(d)
-            except FileExistsError:  # another rank made it
-                pass
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"plait")
-        finally:
-            os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ConfigError(
-            f"{what} = {folder}: cannot create or write a file there ({type(e).__name__}: {e.strerror or e}); expected a writable folder"
-        ) from None
-    finally:
-        if not keep:
-            for d in reversed(created):
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
 
 
 def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:

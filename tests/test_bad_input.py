@@ -213,7 +213,7 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
-    from preflight.prepare import probe_folder
+    from preflight.start_folders import probe_folder
     from tools import plan
 
     (tmp_path / "keep").mkdir()
@@ -223,6 +223,33 @@ def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
     assert list((tmp_path / "keep").iterdir()) == []
     probe_folder(out, "[train].output_dir")  # core.train's probe keeps the folders for the run, not the probe file
     assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_bad_resume_or_initial_load_leaves_no_run_folder_behind(tiny_config, tmp_path):
+    """A checkpoint.resume that does not exist used to leave output_dir, its checkpoints folder
+    and two plait.lock files behind; it is now found before anything is created. initial_load
+    can only be checked once no checkpoint is found to resume from (after the folders exist):
+    its failure removes the folders this start made, and nothing that was there before."""
+    from checkpointing.ownership import release_run_folders
+    from core.errors import PlaitError
+    from preflight.prepare import prepare
+
+    out = tmp_path / "runs" / "a" / "out"
+    msg = one_error_line(train("--config", str(tiny_config()), f"--train.output_dir={out}", f"--checkpoint.resume={tmp_path / 'nope'}"))
+    assert "nope does not exist" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]  # not even runs/
+
+    def start(output_dir):  # what core.train's rank 0 prepares (the lock included), in this process
+        with pytest.raises(PlaitError, match=r"weights .*nope not found"):
+            prepare(str(tiny_config()), [f"--train.output_dir={output_dir}", f"--checkpoint.initial_load={tmp_path / 'nope'}"], lock=True)
+        release_run_folders()
+
+    start(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
+    (tmp_path / "mine").mkdir()  # folders that were there before stay, with what they hold
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    start(tmp_path / "mine")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt", "plait.lock"]
 
 
 def test_resume_checkpoint_checked_by_plan(tiny_config, tmp_path, capsys):
@@ -236,6 +263,16 @@ def test_data_checked_by_plan(tiny_config, tmp_path, capsys):
     (tmp_path / "afile.bin").write_bytes(b"\0" * 16)
     msg = plan_error(capsys, "--config", str(tiny_config()), f"--data.path={tmp_path / 'afile.bin'}")
     assert "afile.bin is a file; expected a folder holding train.bin" in msg
+
+
+def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_config, tmp_path, capsys):
+    """on_end = "stop" and a file of one window, with a micro-batch of 2: core.train used to end at
+    step 0 with exit 0 (data_end); preflight refuses it, so core.plan (and launchers) do too."""
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "x" * 200}) + "\n")  # 201 tokens: one window of 129
+    files = f'--data.files=["{tmp_path / "one.jsonl"}"]'
+    msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=text_stream", files, '--data.on_end="stop"')
+    assert "one.jsonl holds 1 window(s) of data.seq_len + 1 = 129 tokens for rank 0 of 1" in msg
+    assert "train.micro_batch 2 x accumulation 4 = 8" in msg and "would end the run at step 0" in msg
 
 
 def test_bounds_are_listed_by_core_plugins():

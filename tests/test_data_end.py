@@ -166,3 +166,97 @@ def test_validation_loader_never_stops_on_exhaustion(tmp_path):
     for _ in range(10):  # 20 samples from a 4-window split: wraps, the run is not stopped by validation
         x, _ = next(it)
         assert x.shape == (2, 16)
+
+
+def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path):
+    """A source that stops the run when it runs out, with data for a window but not for the first
+    step: the run used to end at step 0 with exit code 0 (reason data_end), having trained
+    nothing. ``check_first_step`` (run by preflight, so by core.train and core.plan) refuses it
+    with one line naming the source, its file, what it holds and what the first step takes."""
+    from core.errors import DataError
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+
+    d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)  # 10 windows of 16
+    only = [{"name": "token_bin", "weight": 1.0, "path": str(d), "order": "epochs", "on_exhausted": "stop"}]
+    mixture(only).check_first_step(LoaderSpec(16, 5, 1, 0, 2, 42))  # exactly one step: fine
+    with pytest.raises(
+        DataError, match=r"source '0_token_bin' \(.*train.bin\) holds 10 sample\(s\) of data.seq_len 16 \(one epoch\); the first step takes 12 of them"
+    ):
+        mixture(only).check_first_step(LoaderSpec(16, 3, 2, 0, 2, 42))
+    mixture([dict(only[0], on_exhausted="wrap")]).check_first_step(LoaderSpec(16, 3, 2, 0, 2, 42))  # it wraps: never ends
+
+    corpus = stream_corpus(tmp_path, docs=3)  # 47 tokens a document: shard 0 of 2 holds 5 windows of 17, shard 1 holds 2
+
+    def stream(**kw):
+        s = TextStream(TextStreamOptions(files=[str(corpus)], on_end="stop", **kw))
+        s.validate(512, 16)
+        return s
+
+    stream().check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
+    with pytest.raises(
+        DataError, match=r"docs.jsonl holds 2 window\(s\) of data.seq_len \+ 1 = 17 tokens for rank 1 of 2 .* needs train.micro_batch 3 x accumulation 1 = 3"
+    ):
+        stream().check_first_step(LoaderSpec(16, 3, 1, 0, 2, 42))
+    stream(workers=2).check_first_step(LoaderSpec(16, 2, 2, 0, 1, 42))  # workers serve whole micro-batches: 2 + 1
+    with pytest.raises(DataError, match=r"holds 7 window\(s\) .* for rank 0 of 1 \(workers = 2\)"):
+        stream(workers=2).check_first_step(LoaderSpec(16, 3, 2, 0, 1, 42))  # 7 windows, but 1 + 0 micro-batches of 3
+    TextStream(TextStreamOptions(files=[str(corpus)])).check_first_step(LoaderSpec(16, 3, 1, 0, 2, 42))  # wraps: never ends
+
+    inside = [
+        {"name": "text_stream", "weight": 0.5, "files": [str(corpus)], "on_end": "stop", "label": "qa"},
+        {"name": "synthetic", "weight": 0.5, "vocab_size": 10},
+    ]
+    mixture(inside).check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
+    with pytest.raises(
+        DataError, match=r"source 'qa' \(.*docs.jsonl\) holds 2 window\(s\) of data.seq_len \+ 1 = 17 tokens for rank 1; the first step takes \d on that rank"
+    ):
+        mixture(inside).check_first_step(LoaderSpec(16, 8, 1, 0, 2, 42))
+
+
+@pytest.mark.parametrize("first_total, then_total", [(64, 128), (128, 64)], ids=["longer", "shorter"])
+def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consumed(tmp_path, capsys, first_total, then_total):
+    """Stage boundaries were fractions of the run's length, recomputed on every start: a resume
+    with another train.steps moved them over samples already consumed, so the per-source counts
+    (and with them which local samples come next) changed: windows of a finite source were
+    served twice or never. Now the boundaries are fixed in samples and saved in the loader's
+    state: one reached stays, one ahead moves to its fraction of the new length but never before
+    the resume point, and a warning names the move."""
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    d = write_bin(tmp_path / "d", np.arange(16 * 200 + 1))  # 200 windows; window w starts with token 16 w
+    sources = [{"name": "token_bin", "weight": 1, "path": str(d), "order": "epochs"}, {"name": "synthetic", "weight": 1, "vocab_size": 10}]
+    stages = [(0.0, [0.8, 0.2]), (0.25, [0.2, 0.8])]  # the boundary: sample 16 of 64, 32 of 128
+
+    def loader(total):
+        mix = Mixture(MixtureOptions(sources=sources, stages=stages))
+        mix.validate(4096, 16)
+        return mix, mix.loader(LoaderSpec(16, 2, 2, 0, 1, 42, total_samples=total))
+
+    def rows(ld, steps):
+        it = iter(ld)
+        return [row for _ in range(steps * 2) for row in next(it)[0].numpy()]
+
+    _, first = loader(first_total)
+    served = rows(first, 6)  # 24 samples: past the boundary of a 64-sample run, before that of a 128-sample one
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["stage_starts"] == [0, first_total // 4] and state["stage_run_samples"] == first_total
+    mix, again = loader(first_total)
+    again.load_state_dict(state)  # the same length: the same starts, nothing said
+    assert mix.stage_bounds.tolist() == [0, first_total // 4] and "stage" not in capsys.readouterr().err
+    mix, then = loader(then_total)
+    then.load_state_dict(state)
+    kept = first_total // 4 if first_total // 4 <= 24 else max(then_total // 4, 24)
+    assert mix.stage_bounds.tolist() == [0, kept]
+    said = f"{first_total} -> {then_total} samples): the stages begun by sample 24 keep their starts, those ahead follow the new length: stages start at samples [0, {kept}] (the checkpoint's [0, {first_total // 4}]; a fresh run of this length: [0, {then_total // 4}])"
+    err = capsys.readouterr().err
+    assert said in err, err
+    resumed = json.loads(json.dumps(then.state_dict()))
+    mix, later = loader(then_total)
+    later.load_state_dict(resumed)  # a restart of the resumed run (its length since): the starts it used, nothing said
+    assert mix.stage_bounds.tolist() == [0, kept] and "stage" not in capsys.readouterr().err
+    served += rows(then, 10)
+    from_file = [int(r[0]) // 16 for r in served if r.max() >= 10]  # the token_bin windows served, in order
+    expected = [int(mix.sources[0].sample(j, 16, "train")[0]) // 16 for j in range(len(from_file))]
+    assert from_file == expected  # its local samples 0, 1, 2, ... each once: nothing repeated or skipped
+    picks = mix.choose(np.arange(24, 64))
+    assert picks.tolist() == [int(r.max() >= 10) ^ 1 for r in served[24:]]  # the picks after the resume follow the bounds kept

@@ -14,7 +14,7 @@ from core.protocols import DistInfo
 from core.registry import Registry, plugin_manager
 from core.run import Run
 from plugins.monitors.console import Console, ConsoleOptions
-from plugins.monitors.jsonl import Jsonl, JsonlOptions
+from plugins.monitors.jsonl import Jsonl, JsonlOptions, restore_not_finite
 
 
 def make_run(out: Path, step: int = 0, rank: int = 0, world_size: int = 1, total: int = 1000) -> Run:
@@ -144,7 +144,30 @@ def test_jsonl_converts_values_and_keeps_lines_of_a_killed_run(tmp_path):
     assert [r["step"] for r in got] == [1, 3]
     assert got[0]["loss"] == 2.25 and type(got[0]["loss"]) is float
     assert got[0]["grad_norm"] == 0.5 and got[0]["mem_peak_gib"] == 1.5
-    assert math.isnan(got[0]["nonfinite"]) and got[1]["loss"] == math.inf
+    assert math.isnan(restore_not_finite(dict(got[0]))["nonfinite"]) and restore_not_finite(dict(got[1]))["loss"] == math.inf
+
+
+def test_jsonl_lines_are_strict_json_and_say_which_values_were_not_finite(tmp_path):
+    """NaN and infinity used to be written as JSON's NaN / Infinity, which is not JSON (jq and most
+    parsers reject the line). They are null now, named with what they were in the line's
+    not_finite object; restore_not_finite (and so core.report) puts them back."""
+    out = tmp_path / "out"
+    run = make_run(out)
+    pm = manager(Jsonl(JsonlOptions()))
+    pm.hook.plait_train_start(run=run)
+    nested = {"a": float("-inf"), "b": [1.0, float("nan")]}
+    pm.hook.plait_step_end(run=run, step=1, metrics=metrics(1, loss=torch.tensor(float("nan")), grad_norm=np.float32("inf"), parts=nested))
+    pm.hook.plait_validation_end(run=run, step=1, metrics={"val_loss": float("nan")})
+
+    def strict(text: str) -> dict:  # what RFC 8259 allows: NaN, Infinity and -Infinity are not JSON
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text}"))
+
+    train, val = [strict(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert train["loss"] is None and train["grad_norm"] is None and train["parts"] == {"a": None, "b": [1.0, None]}
+    assert train["not_finite"] == {"loss": "NaN", "grad_norm": "Infinity", "parts.a": "-Infinity", "parts.b[1]": "NaN"}
+    assert train["lr"] == metrics(1)["lr"] and val["val_loss"] is None and val["not_finite"] == {"val_loss": "NaN"}
+    back = restore_not_finite(train)
+    assert math.isnan(back["loss"]) and back["grad_norm"] == math.inf and "not_finite" not in back
 
 
 # -- console ----------------------------------------------------------------------

@@ -208,3 +208,41 @@ def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
     link.symlink_to(backup, target_is_directory=True)
     remove(link)
     assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == ["COMMITTED", "LINEAGE", "__0_0.distcp", "rng", "rng/rank_0.json"]
+
+
+def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go_back_to(tmp_path, capsys):
+    """Two good steps, then the same run resumed with an LR of 1e6: its first step still computes a
+    finite (higher) loss and is saved, the next one collapses the model and the one after has a NaN
+    gradient norm: exit 3, reason diverged. metrics.jsonl logs that NaN as strict JSON (null, named
+    in not_finite). A restart with resume = "auto" takes the newest checkpoint all the same; it used
+    to say nothing, now its start names the divergence and the lowest-loss checkpoint with the
+    exact --checkpoint.resume that goes back to it (which core.plan then accepts)."""
+    import shlex
+
+    from tools import plan
+
+    cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 0\n')
+    out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=1e6", "--train.max_nonfinite_steps=0")
+    assert r.returncode == 3, r.stderr[-2000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "diverged"
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) for line in lines]
+    assert any(row.get("not_finite") == {"grad_norm": "NaN"} and row["grad_norm"] is None for row in rows), lines
+
+    saved = {name: train_loss(root / name) for name in steps_in(root)}
+    newest, lowest = max(saved), min(saved, key=lambda name: saved[name])
+    assert lowest != newest and int(newest[5:]) < status["step"], saved  # the newest is not the one to go back to
+    capsys.readouterr()
+    assert plan.main(["--config", str(cfg)]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "diverged" in line]
+    assert len(warning) == 1 and f"stopped as diverged at step {status['step']}" in warning[0], warning
+    assert f"takes the newest checkpoint, {newest}" in warning[0] and f"the lowest training loss is {lowest}'s" in warning[0]
+    flag = shlex.split(warning[0].rsplit("to go back to it, ", 1)[1])
+    assert flag == [f"--checkpoint.resume={root / lowest}"]
+    capsys.readouterr()
+    assert plan.main(["--config", str(cfg), *flag]) == 0  # the command it names is one that works
+    assert "diverged" not in capsys.readouterr().err  # an explicit resume is the user's choice: said no more

@@ -270,6 +270,30 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
         assert any(k.startswith("model") for k in sd)
 
 
+def test_a_full_disk_for_the_run_files_at_start_stops_every_rank_with_code_74(tiny_config, tmp_path):
+    """config.resolved.toml does not fit (a file-size limit of 1000 bytes, EFBIG, as a full disk
+    gives ENOSPC): before the fix rank 0 crashed with a traceback and exit_status.json said
+    "error", which launchers restart. Now every rank stops before the first step: one line naming
+    the file and the OS error, exit_status.json with 74, no rank traceback, no summary."""
+    out = tmp_path / "out"
+
+    def tiny_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+
+    proc = subprocess.run(
+        torchrun_argv(2, "--config", str(tiny_config())), cwd=REPO, env=env(), capture_output=True, text=True, timeout=120, preexec_fn=tiny_files
+    )
+    assert proc.returncode != 0
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["exit_code"] == 74 and status["reason"] == "write_failed" and status["step"] == 0, status
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert f"cannot write {out / 'config.resolved.toml'} at start (EFBIG: File too large" in errors[0]
+    assert "exitcode  : 74" in proc.stderr and "exitcode  : 1 " not in proc.stderr  # both ranks: 74
+    assert "[rank0]" not in proc.stderr and "[rank1]" not in proc.stderr and "plait: model" not in proc.stdout, proc.stderr[-3000:]
+    assert not (out / "config.resolved.toml").exists() and not list(out.glob("*.tmp"))  # no partial file left
+
+
 def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     """launchers/remote.sh reads exit code 74 from exit_status.json and stops: no restart loop."""
     out = tmp_path / "out"

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")
     try:
         from checkpointing.weights import checkpoint_model, save_hf, save_safetensors
-        from preflight.prepare import probe_folder
+        from preflight.start_folders import probe_folder
 
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
         spec, config, model = checkpoint_model(args.checkpoint)

@@ -402,7 +402,7 @@ def lr_values(prep) -> list[float]:
 
 def check_plot_path(path: str) -> None:
     """``--plot-lr PATH`` can be drawn: matplotlib is installed, knows the suffix, and the folder takes a file."""
-    from preflight.prepare import probe_folder
+    from preflight.start_folders import probe_folder
 
     try:
         from matplotlib.backend_bases import FigureCanvasBase

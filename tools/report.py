@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
+from plugins.monitors.jsonl import restore_not_finite
 
 
 def read_rows(run: Path) -> list[dict[str, Any]]:
@@ -37,6 +38,7 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
             continue  # a line cut by a kill
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             continue  # not a metrics row
+        restore_not_finite(row)  # NaN and infinity are written as null (strict JSON)
         if row.get("kind") == "resume":  # what was logged past this step is a history the run left
             latest = {k: r for k, r in latest.items() if k[1] <= row["step"]}
         else:
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     args = p.parse_args(argv)
     try:
-        from preflight.prepare import probe_folder
+        from preflight.start_folders import probe_folder
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)

@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
         trainer.build()
-        run_files.write_run_info(prep, info, trainer.versions)
+        failed = run_files.write_run_info(prep, info, trainer.versions)  # rank 0's; every rank stops with it
+        if trainer.control.max([int(failed is not None)])[0]:
+            return run_files.start_failed(trainer.output_dir, failed, trainer.run.step)
         if info.is_main:
             print(run_files.summary(prep, info, trainer.model, trainer.run), flush=True)
         return trainer.fit()

@@ -16,6 +16,13 @@ the next epoch (``on_exhausted = "wrap"``: warned, counted in
 check sees each step's whole index range on every rank, so all ranks stop at
 the same step.
 
+With ``stages``, each stage's first global sample is fixed from its start fraction and the
+run's length in samples (``train.steps`` or ``target_tokens``), and the loader's state saves
+these boundaries. A resume with another run length keeps the boundaries already reached
+(the samples consumed keep their sources, so no local sample is repeated or skipped) and
+moves the ones still ahead to their fractions of the new length, never before the resume
+point; one warning names both.
+
 A streaming source (``text_stream``) serves its next window from this rank's
 shard instead. Proportions stay exact; the stream's position is saved per
 rank, so such a mixture resumes at the same world size only.
@@ -132,6 +139,7 @@ class Mixture(IndexedSource):
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
         self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
         self.total_samples = 0
+        self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds_for())
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None  # (block, picks, local numbers)
         self._epochs_warned = [0] * len(self.sources)
@@ -185,6 +193,7 @@ class Mixture(IndexedSource):
             if (spec.total_samples, spec.seq_len) != (self.total_samples, self.seq_len):
                 self._block_counts, self._block = self._block_counts[:1], None
             self.seq_len, self.total_samples = spec.seq_len, spec.total_samples
+            self.stage_bounds = self.stage_bounds_for(spec.total_samples) if spec.total_samples else None
         return MixtureLoader(self, spec)
 
     def validation_loaders(self, spec) -> dict[str, IndexedLoader]:
@@ -205,14 +214,47 @@ class Mixture(IndexedSource):
         u = np.mod(offset + indices.astype(np.float64) * PHI_FRAC, 1.0)
         if len(self.stage_edges) == 1:
             return np.searchsorted(self.edges, u, side="right").clip(max=len(self.sources) - 1)
-        if not self.total_samples:
+        if self.stage_bounds is None:
             raise ConfigError("[data] mixture: stages need the run's length (train.steps or target_tokens)")
-        stage = np.searchsorted(self.stage_starts, indices / self.total_samples, side="right") - 1
+        stage = np.searchsorted(self.stage_bounds, indices, side="right") - 1
         out = np.empty(len(indices), dtype=np.int64)
         for k, e in enumerate(self.stage_edges):
             mask = stage == k
             out[mask] = np.searchsorted(e, u[mask], side="right")
         return out.clip(max=len(self.sources) - 1)
+
+    def stage_bounds_for(self, total_samples: int) -> np.ndarray:
+        """Each stage's first global sample in a run of ``total_samples``: the first index ``i`` with
+        ``i / total_samples >= start`` (in floating point, as the fraction is compared)."""
+        bounds = []
+        for start in self.stage_starts:
+            b = math.ceil(start * total_samples)
+            while b > 0 and (b - 1) / total_samples >= start:
+                b -= 1
+            while b / total_samples < start:
+                b += 1
+            bounds.append(b)
+        return np.asarray(bounds, dtype=np.int64)
+
+    def resume_stages(self, saved: list[int], consumed: int, saved_total: int | None) -> None:
+        """The stage boundaries a checkpoint saved (``saved``, at ``consumed`` samples of a run of
+        ``saved_total``), fitted to this run's length: those reached stay, those ahead follow this
+        run's length, never before ``consumed``; said once when the length changed."""
+        fresh = self.stage_bounds_for(self.total_samples) if self.total_samples else np.asarray(saved)
+        if len(saved) != len(fresh):
+            raise ConfigError(f"[data] mixture: the checkpoint's data position has {len(saved)} stage(s), this config {len(fresh)}; keep the stages of a run")
+        bounds = np.asarray([s if s <= consumed else max(int(f), consumed) for s, f in zip(saved, fresh)], dtype=np.int64)
+        now, was, alone = bounds.tolist(), list(saved), [int(f) for f in fresh]
+        if saved_total is not None and saved_total != self.total_samples:
+            log.warn(
+                f"[data] mixture: the run's length changed since the checkpoint (train.steps or target_tokens: {saved_total} -> {self.total_samples} samples): "
+                f"the stages begun by sample {consumed} keep their starts, those ahead follow the new length: stages start at samples {now} "
+                f"(the checkpoint's {was}; a fresh run of this length: {alone})",
+                once=f"mixture stages {saved_total} {consumed}",
+            )
+        if self.stage_bounds is None or not np.array_equal(bounds, self.stage_bounds):
+            self.stage_bounds = bounds
+            self._block_counts, self._block = self._block_counts[:1], None
 
     def counts(self, consumed_samples: int) -> np.ndarray:
         """Samples drawn from each source among the first ``consumed_samples`` global indices."""
@@ -262,6 +304,38 @@ class Mixture(IndexedSource):
                 raise DataExhausted(f'[data] mixture: source {self.labels[k]!r} ran out after {capacity} samples (one epoch) and on_exhausted = "stop"')
             self._epochs_warned[k] = int((used[k] - 1) // capacity)
             log.warn(f"mixture source {self.labels[k]!r} ran out after {capacity} samples; wrapping into epoch {self._epochs_warned[k] + 1}")
+
+    def check_first_step(self, spec) -> None:
+        """A source that stops the run when it runs out (``on_exhausted = "stop"``, a stream's
+        ``on_end = "stop"``) must hold its share of the first step, or the run would end at step 0
+        with exit code 0, having trained nothing: refused with one line naming it."""
+        self.loader(spec)  # the seeds, length and run length the run's loader sets
+        share = self.counts(spec.global_batch)
+        for k, source in enumerate(self.sources):
+            capacity = None if k in self.streams else source.epoch_samples(spec.seq_len, "train")
+            if self.on_exhausted[k] == "stop" and capacity is not None and share[k] > capacity:
+                self.refuse(k, f"holds {capacity} sample(s) of data.seq_len {spec.seq_len} (one epoch)", f"{share[k]} of them", spec)
+        for k in self.streams:
+            source = self.sources[k]
+            if source.options.on_end != "stop":
+                continue
+            rows = [
+                [spec.micro_batch * (m * spec.dp_size + r) + j for m in range(spec.grad_accum) for j in range(spec.micro_batch)] for r in range(spec.dp_size)
+            ]
+            need = [int((self.choose(np.asarray(idx)) == k).sum()) for idx in rows]
+            windows = source.shard_windows(spec.seq_len, spec.dp_size, max(need))
+            for r, (have, want) in enumerate(zip(windows, need)):
+                if have < want:
+                    self.refuse(k, f"holds {have} window(s) of data.seq_len + 1 = {spec.seq_len + 1} tokens for rank {r}", f"{want} on that rank", spec)
+
+    def refuse(self, k: int, holds: str, takes: str, spec) -> None:
+        source = self.sources[k]
+        where = source.file("train") if hasattr(source, "file") else ", ".join(getattr(source, "paths", [])[:2])
+        raise DataError(
+            f"[data] mixture: source {self.labels[k]!r} ({where}) {holds}; the first step takes {takes} (weight {np.diff(self.stage_edges[0], prepend=0.0)[k]:.3g} of "
+            f"{spec.global_batch} samples: train.micro_batch {spec.micro_batch} x {spec.dp_size} rank(s) x accumulation {spec.grad_accum}), and "
+            f"it stops the run when it runs out: the run would end at step 0 having trained nothing; add data, lower the batch or let it wrap"
+        )
 
     def fingerprint(self) -> str | None:
         """The sources' fingerprints with their labels and weights; None when any source has none."""
@@ -320,12 +394,18 @@ class MixtureLoader(IndexedLoader):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
+        if self.source.stage_bounds is not None and len(self.source.stage_edges) > 1:  # fixed for the rest of the run
+            state["stage_starts"] = [int(b) for b in self.source.stage_bounds]
+            state["stage_run_samples"] = int(self.source.total_samples)
         if self.shards:
             state["streams"] = {self.source.labels[k]: shard.state_dict() for k, shard in self.shards.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        if isinstance(state.get("stage_starts"), list) and len(self.source.stage_edges) > 1 and self.spec.split == "train":
+            total = state.get("stage_run_samples")
+            self.source.resume_stages([int(b) for b in state["stage_starts"]], int(state["consumed_samples"]), total if isinstance(total, int) else None)
         for k, shard in self.shards.items():
             shard.load_state_dict(state.get("streams", {}).get(self.source.labels[k], {}))
         self._iters = {}

@@ -261,6 +261,44 @@ class TextStream:
     def has_split(self, split: str) -> bool:
         return split == "train"
 
+    def shard_windows(self, seq_len: int, shards: int, enough: int) -> list[int]:
+        """The windows of ``seq_len + 1`` tokens each of ``shards`` shards holds in one pass over
+        the files, each counted up to ``enough``: the files are read only as far as that takes."""
+        from pathlib import Path
+
+        from plugins.data.prepare import Tokenizer, documents
+
+        tok, n = Tokenizer(self.options.tokenizer, None), seq_len + 1
+        tokens = [0] * shards
+        index = 0
+        for f in self.paths:
+            for text in documents(Path(f), self.options.text_field):
+                k, index = index % shards, index + 1
+                if tokens[k] < enough * n:
+                    tokens[k] += len(tok.encode(text)) + 1  # + EOS
+                elif min(tokens) >= enough * n:
+                    return [enough] * shards
+        return [min(t // n, enough) for t in tokens]
+
+    def check_first_step(self, spec) -> None:
+        """``on_end = "stop"``: every rank's shards must hold the first step's windows (its
+        ``micro_batch x grad_accum``), or the run would end at step 0 with exit code 0, having
+        trained nothing. The files are read (tokenized) only as far as that takes."""
+        if self.options.on_end != "stop" or not self.paths:
+            return
+        workers, need = max(1, self.options.workers), spec.micro_batch * spec.grad_accum
+        windows = self.shard_windows(spec.seq_len, spec.dp_size * workers, need)
+        for rank in range(spec.dp_size):
+            mine = windows[rank * workers : (rank + 1) * workers]
+            if sum(w // spec.micro_batch for w in mine) < spec.grad_accum:  # a worker serves whole micro-batches
+                files = self.paths[0] + (f" and {len(self.paths) - 1} more file(s)" if len(self.paths) > 1 else "")
+                raise DataError(
+                    f"[data] text_stream: {files} hold{'s' * (len(self.paths) == 1)} {sum(mine)} window(s) of data.seq_len + 1 = "
+                    f"{spec.seq_len + 1} tokens for rank {rank} of {spec.dp_size} (workers = {self.options.workers}); its first step needs "
+                    f'train.micro_batch {spec.micro_batch} x accumulation {spec.grad_accum} = {need}, and on_end = "stop" would end the run '
+                    "at step 0 having trained nothing; add documents, or lower data.seq_len, the batch or the ranks"
+                )
+
     def windows(self, seq_len: int, rank: int, world: int, seed: int, split: str = "train") -> _Shard:
         """This rank's stream of ``seq_len + 1``-token windows; ``state_dict``/``load_state_dict``
         save and restore its position (used directly by ``mixture``)."""
