@@ -33,6 +33,7 @@ from torch.futures import Future
 
 from checkpointing.integrity import Checksum
 from core.errors import CheckpointError
+from liveness import watchdog
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -162,6 +163,7 @@ class _ChecksummingStream(io.RawIOBase):
     def write(self, b: Any) -> int:
         n = self.raw.write(b)  # a buffered file writes all of b, or raises
         self.checksum.update(b)
+        watchdog.alive()  # a long save that is still writing is not a stall
         return n
 
     def tell(self) -> int:

@@ -18,7 +18,8 @@
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
 # Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
 # is refused before it reaches shell arithmetic.
-# A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
+# A crash (no exit_status.json, or one with reason "error") is restarted, and so is a stall (reason "stalled": the
+# trainer's watchdog found no progress for train.stall_timeout_s and ended it); any other exit_status.json is final.
 # SIGINT (Ctrl-C), SIGTERM or SIGHUP to this script stops the run: the trainer hears SIGTERM (SIGINT for
 # Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
 # Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
@@ -199,11 +200,11 @@ while true; do
     trainer=""
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
-        # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
+        # "<exit code> <reason>"; a crash (reason "error") or a stall ("stalled") is retried like a death without the file
         status=$(immune "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
                  "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
     fi
-    if [ -n "$status" ] && [ "${status#* }" != error ]; then
+    if [ -n "$status" ] && [ "${status#* }" != error ] && [ "${status#* }" != stalled ]; then
         code=${status%% *}
         if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"

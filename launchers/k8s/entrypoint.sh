@@ -43,6 +43,6 @@ fi
 # A run stopped by a signal is not done: exit 0 would mark this index of the Job as succeeded.
 case $reason in
     signal) code=143 ;;
-    "" | error) if [ "$signalled" = 1 ]; then code=143; fi ;;
+    "" | error | stalled) if [ "$signalled" = 1 ]; then code=143; fi ;;
 esac
 exit "$code"

@@ -12,6 +12,9 @@ checkpoint once it is committed (damage on disk after the save: bit rot, a bad c
 ``PLAIT_TEST_WAIT_BEFORE_COMMIT=STEP:PATH`` waits before that step's commit until PATH exists.
 ``PLAIT_TEST_WAIT_BEFORE_LOCK=PATH`` creates ``PATH.ready`` when the preflight is about to take the run
 folders' lock, then waits until PATH exists: a job that starts while another one is ending.
+``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
+mount), on every rank.
+``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
 """
 
 import os
@@ -123,3 +126,35 @@ if _wait_lock:
         return _lock(*args, **kwargs)
 
     _ownership.lock_run_folders = _waiting_lock
+
+# ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the index data sources' check before step N's first micro-batch hangs.
+_hang = os.environ.get("PLAIT_TEST_HANG_DATA_AT_STEP", "")
+if _hang:
+    import time as _time
+
+    from dataloading.indexed import IndexedSource
+
+    _check_step = IndexedSource.check_step
+
+    def _hanging_check_step(self, first, end):
+        if first // (end - first) + 1 == int(_hang):
+            while True:  # a read on a dead mount
+                _time.sleep(3600)
+        return _check_step(self, first, end)
+
+    IndexedSource.check_step = _hanging_check_step
+
+# ``PLAIT_TEST_SLOW_READ_S=SECONDS``: each micro-batch an index loader reads takes that long.
+_slow = os.environ.get("PLAIT_TEST_SLOW_READ_S", "")
+if _slow:
+    import time as _slow_time
+
+    from dataloading.indexed import IndexedLoader
+
+    _indices = IndexedLoader.indices
+
+    def _slow_indices(self, micro):
+        _slow_time.sleep(float(_slow))
+        return _indices(self, micro)
+
+    IndexedLoader.indices = _slow_indices
