@@ -33,6 +33,7 @@
 # trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source launchers/wait_for_job.sh || exit 2
 
 PY=${PYTHON:-python}
 CONFIG=${CONFIG:-train_configs/debug_cpu.toml}
@@ -209,12 +210,7 @@ while true; do
     trainer=$(jobs -p %+)
     set +m
     if [ "$stop_code" -ne 0 ]; then kill -s TERM "$trainer" 2>/dev/null; fi  # a signal while it was starting
-    wait "$trainer"
-    code=$?
-    while [ "$code" -gt 128 ] && kill -0 "$trainer" 2>/dev/null; do  # wait was cut short by a signal
-        wait "$trainer"
-        code=$?
-    done
+    wait_for_job "$trainer"  # sets $code
     trainer=""
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
