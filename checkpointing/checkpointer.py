@@ -423,6 +423,7 @@ class Checkpointer:
 
         self.wait()
         for path in reversed(self.where.own(self.lineage)):
+            watchdog.progress(f"checking the checkpoint {path.name} for a rollback")
             error = None
             try:
                 resume.check_here(self, path)

@@ -6,7 +6,8 @@ deadlocked loader worker, a save to a hung file system, a monitor's call that ne
 nothing fails, and the run would sit there, billed, until someone looked. So the run marks its
 progress: :func:`progress` when a phase begins (the one before it ended: the data read of a step,
 the step, each monitor call, each validation batch, each phase of a save) and :func:`alive` while a
-long phase is still moving (each block a save writes, from any thread). A daemon thread per rank
+long phase is still moving (each block a save writes or a checksum check reads, each tensor a load
+reads; from any thread). A daemon thread per rank
 (:func:`start`) checks the time since the last mark; past the timeout (``STARTUP_FACTOR`` times it
 until this process has completed its first step: building, resume checks, the first step's
 compiles) it
@@ -18,7 +19,9 @@ compiles) it
    sit on the hung file system), and
 4. ends the process with :func:`os._exit`, so that torchrun ends the other ranks.
 
-A mark is a few assignments; without :func:`start` (``stall_timeout_s = 0``, or a tool) nothing watches.
+Each rank sees only its own progress: time it spends inside a phase waiting for the other ranks (a
+save whose shares differ, a straggler) counts. A mark is a few assignments; without :func:`start`
+(``stall_timeout_s = 0``, or a tool) nothing watches.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class TrainOptions:
     )
     stall_timeout_s: float = option(
         1800.0,
-        "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes) before a rank "
+        "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes, a checkpoint's reads) before a rank "
         "ends the run for a restart, with every thread's stack (3x until the first step ends); 0: off",
         ge=0,
     )

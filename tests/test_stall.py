@@ -59,13 +59,15 @@ def test_a_run_whose_every_rank_hangs_in_a_data_read_is_ended_for_a_restart(tmp_
 
 def test_a_slow_run_that_keeps_making_progress_is_not_ended(tmp_path):
     """Each micro-batch read takes 60% of the timeout, and a validation pass of two of them takes
-    longer than the timeout in all: each batch is progress, so the run completes."""
+    longer than the timeout in all; the final save's writes (about 1,000 to 2,000 small blocks per rank)
+    take 3 s, longer than the timeout too. Each batch and each block written is progress, so the run
+    completes."""
     cfg = write_tiny_config(tmp_path, steps=2, global_batch_tokens=512, body="[validation]\nevery = 2\nbatches = 2\n")
     out = tmp_path / "out"
     proc = subprocess.run(
-        torchrun_argv(2, "--config", str(cfg), "--train.stall_timeout_s=2", "--checkpoint.every=1"),
+        torchrun_argv(2, "--config", str(cfg), "--train.stall_timeout_s=2", "--checkpoint.every=0"),
         cwd=REPO,
-        env=env(PYTHONPATH=SEAMS, PLAIT_TEST_SLOW_READ_S="1.2"),
+        env=env(PYTHONPATH=SEAMS, PLAIT_TEST_SLOW_READ_S="1.2", PLAIT_TEST_SLOW_WRITE_S="3"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -74,7 +76,7 @@ def test_a_slow_run_that_keeps_making_progress_is_not_ended(tmp_path):
     assert proc.returncode == 0 and ": stalled: no progress" not in output, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "completed" and status["step"] == 2, status
-    assert [r["step"] for r in read_metrics(out, "val")] == [2]
+    assert [r["step"] for r in read_metrics(out, "val")] == [2] and (out / "checkpoints" / "step_000000002" / "COMMITTED").exists()
 
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])

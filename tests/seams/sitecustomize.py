@@ -15,6 +15,8 @@ folders' lock, then waits until PATH exists: a job that starts while another one
 ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
 mount), on every rank.
 ``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
+``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
+each block written takes 5 ms until they have.
 """
 
 import os
@@ -158,3 +160,25 @@ if _slow:
         return _indices(self, micro)
 
     IndexedLoader.indices = _slow_indices
+
+# ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: 5 ms per block written until this save's writes have lasted that long
+# (the ranks' shares differ in blocks: a fixed time per block would hold one rank waiting for another).
+_slow_write = os.environ.get("PLAIT_TEST_SLOW_WRITE_S", "")
+if _slow_write:
+    import time as _write_time
+
+    from checkpointing import safe_dcp as _safe_dcp
+
+    _write = _safe_dcp._ChecksummingStream.write
+    _writes = [0.0, 0.0]  # (first, last) write of the save in hand
+
+    def _slow_block_write(self, b):
+        now = _write_time.monotonic()
+        if now - _writes[1] > 1.0:  # a new save
+            _writes[0] = now
+        if now - _writes[0] < float(_slow_write):
+            _write_time.sleep(0.005)
+        _writes[1] = _write_time.monotonic()
+        return _write(self, b)
+
+    _safe_dcp._ChecksummingStream.write = _slow_block_write
