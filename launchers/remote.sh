@@ -29,8 +29,8 @@
 # trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
 # 3 non-finite loss; 4 a monitor failed; 74 a checkpoint could not be written (disk full, I/O error:
 # never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
-# restarts in a row without progress ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before the
-# trainer could save.
+# restarts in a row without progress ran out; 128 + the signal's number (130, 143, 129) when a signal
+# stopped it before the trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source launchers/wait_for_job.sh || exit 2
@@ -183,9 +183,9 @@ fi
 
 # Progress of an attempt: the newest committed checkpoint (a step_<9 digits> folder holding COMMITTED, as
 # checkpointing/folders.py commits them) in the run's checkpoint folder, which run_info.json names (written by
-# rank 0 of each attempt once it has built). -1: none yet.
+# rank 0 of each attempt once it has built). -1: none yet, or a folder that did not answer within 60 s (a hung mount).
 newest_checkpoint() {
-    immune "$PY" -c 'import json, os, re, sys
+    immune timeout 60 "$PY" -c 'import json, os, re, sys
 try:
     root = json.load(open(sys.argv[1]))["checkpoint_dir"]
     steps = [int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_[0-9]{9}", n) and os.path.isfile(os.path.join(root, n, "COMMITTED"))]
