@@ -15,8 +15,8 @@ compiles) it
 1. logs one line naming the phase and how long it has lasted,
 2. dumps every thread's Python stack to stderr (:func:`faulthandler.dump_traceback`): where it hung,
 3. has ``exit_status.json`` written (rank 0; reason ``stalled``, exit code 1), which launchers restart
-   like a crash, from the last complete checkpoint (waiting at most ``STATUS_WRITE_S``: the file may
-   sit on the hung file system), and
+   like a crash, from the last complete checkpoint (waiting at most ``REPORT_S`` for all three: stderr
+   or the file may sit on the hung pipe or file system), and
 4. ends the process with :func:`os._exit`, so that torchrun ends the other ranks.
 
 Each rank sees only its own progress: time it spends inside a phase waiting for the other ranks (a
@@ -38,7 +38,7 @@ from core.errors import tell_torchrun
 
 STARTUP_FACTOR = 3  # the allowance until this process's first step has ended: building, resuming, compiling
 EXIT_STALLED = 1  # restarted like a crash by launchers/remote.sh and launchers/k8s/entrypoint.sh
-STATUS_WRITE_S = 10.0  # exit_status.json may sit on the hung file system: the exit waits no longer for it
+REPORT_S = 10.0  # the exit waits no longer for the line, the stacks and exit_status.json (a hung pipe or file system)
 
 _phase: tuple[float, str, int] = (time.monotonic(), "starting", 0)  # (since, doing, steps completed)
 _alive = time.monotonic()  # the last mark of either kind
@@ -93,20 +93,20 @@ def _end(idle: float, timeout_s: float, write_status: Callable[[int, str, int, s
     allowance = "" if _steady else f" x {STARTUP_FACTOR} until the first step ends"
     what = f"no progress for {idle:.0f} s, {doing} for {time.monotonic() - since:.0f} s (train.stall_timeout_s = {timeout_s:g}{allowance})"
     line = f"rank {log.rank()}: stalled: {what}"
-    log.error(
-        f"{line}; every thread's stack follows; ending the run (exit_status.json reason 'stalled': a launcher restarts it from the last complete checkpoint)",
-        all_ranks=True,
-    )
-    try:
-        faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
-    except (AttributeError, OSError, ValueError):  # no usable stderr: the line above has said it
-        pass
 
-    def tell() -> None:  # torchrun's failure summary, and the launchers' exit_status.json
+    def report() -> None:  # stderr, torchrun's failure summary, the launchers' exit_status.json
+        log.error(
+            f"{line}; every thread's stack follows; ending the run (exit_status.json reason 'stalled': a launcher restarts it from the last complete checkpoint)",
+            all_ranks=True,
+        )
+        try:
+            faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
+        except (AttributeError, OSError, ValueError):  # no usable stderr: the line above has said it
+            pass
         tell_torchrun(f"plait: error: {line}")
         write_status(EXIT_STALLED, "stalled", step, what)
 
-    writer = threading.Thread(target=tell, daemon=True)
-    writer.start()
-    writer.join(STATUS_WRITE_S)
+    reporter = threading.Thread(target=report, name="plait-stall-report", daemon=True)
+    reporter.start()
+    reporter.join(REPORT_S)
     os._exit(EXIT_STALLED)
