@@ -24,6 +24,7 @@ COPY core ./core
 COPY checkpointing ./checkpointing
 COPY preflight ./preflight
 COPY dataloading ./dataloading
+COPY liveness ./liveness
 COPY tools ./tools
 COPY plugins ./plugins
 COPY model_specs ./model_specs

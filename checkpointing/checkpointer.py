@@ -48,6 +48,7 @@ from checkpointing.rng import rng_state, set_rng_state
 from core import log
 from core.errors import CheckpointError
 from core.protocols import DistInfo, loader_state_per_rank
+from liveness import watchdog
 
 
 @dataclass
@@ -227,6 +228,7 @@ class Checkpointer:
         from checkpointing.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
+        watchdog.progress(f"saving the checkpoint of step {step} (checking and claiming it)")
         started = time.perf_counter()
         use_async = self._async_possible() if use_async else False
         state = self._dcp_state()
@@ -251,7 +253,8 @@ class Checkpointer:
             error = e
         self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
         json_state = self._json_state(self.losses.mean_and_reset())
-        self.writer = HashingFileSystemWriter(path)
+        self.writer = HashingFileSystemWriter(path)  # each block it writes is progress (liveness.watchdog.alive)
+        watchdog.progress(f"saving the checkpoint of step {step} (writing its files)")
         try:
             if use_async:
                 response = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None, async_stager=self.stager())
@@ -307,6 +310,7 @@ class Checkpointer:
         the state (the optimizer step, a load); the wait counts in ``last_stall_s``."""
         if self.staging is None:
             return
+        watchdog.progress(f"waiting for the async save's copy of the state (step {self.last_saved_step})")
         t0 = time.perf_counter()
         staging, self.staging = self.staging, None
         try:
@@ -341,6 +345,7 @@ class Checkpointer:
             return
         self.wait_for_staging()
         future, step, path, json_state = self.pending
+        watchdog.progress(f"waiting for the async save of step {step} to be written")
         self.pending = None
         error = None
         try:
@@ -387,6 +392,7 @@ class Checkpointer:
         # rank reported its writes (each fsynced), so rank 0 alone can commit. The marker reaches
         # the disk after everything it lists, and is on disk before any older checkpoint is pruned
         # (checkpointing.durable_io: a machine crash, not only a killed process).
+        watchdog.progress(f"committing the checkpoint of step {step}")
         if self.dist.is_main:
             write_durable(path / STATE_FILE, json.dumps(json_state, indent=1))
             sync_dir(path / "rng")
@@ -396,6 +402,7 @@ class Checkpointer:
             sync_dir(self.root)  # the step folder's own name
             if step == self.best_step:
                 retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
+            watchdog.progress(f"pruning old checkpoints after the commit of step {step}")
             self.retention.prune(self.lineage, self.pending[2] if self.pending is not None else None)
         self.on_saved(step, str(path))
 
@@ -418,6 +425,7 @@ class Checkpointer:
 
         self.wait()
         for path in reversed(self.where.own(self.lineage)):
+            watchdog.progress(f"checking the checkpoint {path.name} for a rollback")
             error = None
             try:
                 resume.check_here(self, path)
@@ -435,6 +443,7 @@ class Checkpointer:
         saved by this run), leaving out ``checkpoint.exclude_from_loading`` and ``exclude``.
         May fail half-way, leaving the state mixed: the caller builds it afresh then."""
         self.wait_for_staging()  # an async save may still be copying the state this load overwrites
+        watchdog.progress(f"loading the checkpoint {path}")
         skip = set(self.opts.exclude_from_loading) | set(exclude)
         meta = verify(path, shards=False)
         current_opt = self.about["optimizer_plugin"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from core import log
 from core.errors import CheckpointError
+from liveness import watchdog
 
 ALGORITHM = "crc32"
 CHUNK_BYTES = 8 * 2**20
@@ -46,6 +47,7 @@ class Checksum:
 
     def update(self, data: Any) -> None:
         self.value = zlib.crc32(data, self.value)
+        watchdog.alive()  # a block written or checked: a long save or resume check that moves is no stall
 
     def hexdigest(self) -> str:
         return f"{self.value:08x}"

@@ -62,6 +62,7 @@ def write_run_info(prep: Prepared, dist: DistInfo, versions: dict[str, str]) -> 
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
         "backend": dist.backend,
+        "checkpoint_dir": str(prep.checkpoint_root.absolute()),  # launchers/remote.sh: did an attempt commit a newer one?
         "versions": versions,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

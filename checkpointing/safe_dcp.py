@@ -33,6 +33,7 @@ from torch.futures import Future
 
 from checkpointing.integrity import Checksum
 from core.errors import CheckpointError
+from liveness import watchdog
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -123,6 +124,10 @@ class _SafeBytesPlanner:
         clean.seek(0)
         self._planner.load_bytes(read_item, clean)
 
+    def commit_tensor(self, read_item: Any, tensor: torch.Tensor) -> None:
+        watchdog.alive()  # each tensor read is progress: a long load is no stall
+        self._planner.commit_tensor(read_item, tensor)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._planner, name)
 
@@ -161,7 +166,7 @@ class _ChecksummingStream(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         n = self.raw.write(b)  # a buffered file writes all of b, or raises
-        self.checksum.update(b)
+        self.checksum.update(b)  # each block is progress (liveness.watchdog.alive): a long save is no stall
         return n
 
     def tell(self) -> int:

@@ -22,6 +22,7 @@ from core.errors import PluginError
 from core.hookspecs import PROJECT, RUN_EVENT_HOOKS
 from core.registry import plugin_manager
 from dataloading.indexed import check_replacement_batch
+from liveness import watchdog
 
 
 def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
@@ -85,6 +86,7 @@ class MonitorHub:
 
     def _call(self, name: str, impl: Any, hook: str, kwargs: dict[str, Any]) -> Any:
         """One monitor's hook; a failure disables the monitor and, under ``on_error = "stop"``, stops the run."""
+        watchdog.progress(f"in monitor {name!r}'s {hook}")
         try:
             result = impl.function(**{k: kwargs[k] for k in impl.argnames})
             if hook == "plait_metrics" and not isinstance(result, (dict, type(None))):
@@ -104,6 +106,8 @@ class MonitorHub:
             if self.on_error == "stop" and run is not None:
                 run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
             return None
+        finally:
+            watchdog.progress(f"after monitor {name!r}'s {hook}")
 
     def implements(self, hook: str) -> bool:
         return bool(getattr(self.pm.hook, hook).get_hookimpls())

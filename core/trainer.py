@@ -32,6 +32,7 @@ from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 from core.validation import validate
 from dataloading.prefetch import PrefetchingLoader, prefetching
+from liveness import watchdog
 from preflight.prepare import Prepared
 
 # One Ctrl-C can reach a rank more than once (directly from the terminal, and forwarded by the
@@ -144,11 +145,13 @@ class Trainer:
                 batches = self.switch_stage()
             is_log = run.is_log_step(run.step + 1)
             precision_log_step(self.c["precision"], is_log)  # fp8 plugins record amax on log steps only
+            watchdog.progress(f"reading the data of step {run.step + 1}", run.step)  # liveness.watchdog: what a stall names
             micro_batches, why = self.next_step_batches(batches)
             if micro_batches is None:
                 log.info(f"{why}; ending the run after step {run.step}")
                 reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
                 break
+            watchdog.progress(f"in step {run.step + 1} (forward, backward, update)", run.step)
             loss, grad_norm = self.train_step(micro_batches)
             if loss is None:  # rolled back: the run continues from the checkpoint's step, unless told to stop
                 batches = iter(self.loader)
@@ -159,6 +162,7 @@ class Trainer:
             run.step += 1
             run.tokens_seen += run.tokens_per_step
             self.step_metrics.step_done()
+            watchdog.progress(f"after step {run.step} (metrics, monitors, validation, checkpoint)", run.step)
             now = time.perf_counter()
             run.state["wall_time_s"] += now - last  # everything since the last step, saves included
             last = now

@@ -23,6 +23,7 @@ from core import log
 from core.distributed import mean_across_ranks
 from core.options import option
 from core.protocols import validation_parts
+from liveness import watchdog
 
 
 @dataclass
@@ -61,7 +62,8 @@ def _mean_loss(trainer, loader, batches: int) -> float:
     model, device = trainer.train_model, trainer.dist.device
     it = iter(loader)
     total = torch.zeros((), device=device)
-    for _ in range(batches):
+    for i in range(batches):
+        watchdog.progress(f"in validation at step {trainer.run.step}, batch {i + 1} of {batches}")
         # A pre-emption's grace (30 s under torchrun, SLURM, Kubernetes) must not go to a long pass:
         # the ranks agree before each batch (a sharded forward has collectives) and leave together.
         if trainer.control.max([int(trainer._signal is not None)])[0]:

@@ -14,21 +14,26 @@
 #                                                          (default auto; restarts always use auto)
 #   OUTPUT_DIR     --train.output_dir (default runs/remote)
 #   NPROC          processes (default: visible GPUs, else 2 on CPU)
-#   MAX_RESTARTS   restarts after a crash or pre-emption (default 3); BACKOFF_S first wait (default 10, doubles)
+#   MAX_RESTARTS   restarts in a row after a crash, stall or pre-emption of an attempt that committed no newer
+#                  checkpoint than it started from (default 3); an attempt that did starts the count again, so
+#                  a long run survives any number of pre-emptions that each left progress behind
+#   BACKOFF_S      first wait before a restart (default 10; doubles with each restart in a row without progress)
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
 # Numeric variables must be plain decimal integers (MICRO_BATCH may also be "auto"); anything else
 # is refused before it reaches shell arithmetic.
-# A crash (no exit_status.json, or one with reason "error") is restarted; any other exit_status.json is final.
+# A crash (no exit_status.json, or one with reason "error") is restarted, and so is a stall (reason "stalled": the
+# trainer's watchdog found no progress for train.stall_timeout_s and ended it); any other exit_status.json is final.
 # SIGINT (Ctrl-C), SIGTERM or SIGHUP to this script stops the run: the trainer hears SIGTERM (SIGINT for
 # Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
 # Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
 # trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
 # 3 non-finite loss; 4 a monitor failed; 74 a checkpoint or a run file could not be written (disk full, I/O error:
 # never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
-# restarts ran out; 128 + the signal's number (130, 143, 129) when a signal stopped it before the
-# trainer could save.
+# restarts in a row without progress ran out; 128 + the signal's number (130, 143, 129) when a signal
+# stopped it before the trainer could save.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source launchers/wait_for_job.sh || exit 2
 
 PY=${PYTHON:-python}
 CONFIG=${CONFIG:-train_configs/debug_cpu.toml}
@@ -181,10 +186,25 @@ if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee
     exit 2
 fi
 
+# Progress of an attempt: the newest committed checkpoint (a step_<9 digits> folder holding COMMITTED, as
+# checkpointing/folders.py commits them) in the run's checkpoint folder, which run_info.json names (written by
+# rank 0 of each attempt once it has built). -1: none yet, or a folder that did not answer within 60 s (a hung mount).
+newest_checkpoint() {
+    immune timeout 60 "$PY" -c 'import json, os, re, sys
+try:
+    root = json.load(open(sys.argv[1]))["checkpoint_dir"]
+    steps = [int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_[0-9]{9}", n) and os.path.isfile(os.path.join(root, n, "COMMITTED"))]
+except (OSError, ValueError, KeyError, TypeError):
+    steps = []
+print(max(steps, default=-1))' "$OUTPUT_DIR/run_info.json" 2>/dev/null || echo -1
+}
+
 # 4. Train; after a crash or a kill, resume from the last complete checkpoint.
 attempt=0
+stuck=0  # attempts in a row that ended without a newer committed checkpoint than they started from
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
+    started_from=$(newest_checkpoint)
     if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
@@ -195,20 +215,15 @@ while true; do
     trainer=$(jobs -p %+)
     set +m
     if [ "$stop_code" -ne 0 ]; then kill -s TERM "$trainer" 2>/dev/null; fi  # a signal while it was starting
-    wait "$trainer"
-    code=$?
-    while [ "$code" -gt 128 ] && kill -0 "$trainer" 2>/dev/null; do  # wait was cut short by a signal
-        wait "$trainer"
-        code=$?
-    done
+    wait_for_job "$trainer"  # sets $code
     trainer=""
     status=""
     if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
-        # "<exit code> <reason>"; a crash (reason "error") is retried like a death without the file
+        # "<exit code> <reason>"; a crash (reason "error") or a stall ("stalled") is retried like a death without the file
         status=$(immune "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
                  "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
     fi
-    if [ -n "$status" ] && [ "${status#* }" != error ]; then
+    if [ -n "$status" ] && [ "${status#* }" != error ] && [ "${status#* }" != stalled ]; then
         code=${status%% *}
         if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
         log "trainer finished with exit code $code"
@@ -225,14 +240,17 @@ while true; do
         log "a checkpoint could not be written (disk full?); not restarting"
         exit 74
     fi
-    if [ "$attempt" -ge "$MAX_RESTARTS" ]; then
-        log "trainer failed (code $code) and $MAX_RESTARTS restarts are used up"
+    reached=$(newest_checkpoint)
+    if [ "$reached" -gt "$started_from" ]; then stuck=0; else stuck=$((stuck + 1)); fi
+    if [ "$stuck" -gt "$MAX_RESTARTS" ]; then
+        log "trainer failed (code $code): $stuck attempts in a row committed no new checkpoint, and MAX_RESTARTS=$MAX_RESTARTS restarts are used up"
         exit 1
     fi
-    wait_s=$BACKOFF_S  # doubled once per earlier restart, capped at 300 s before it can overflow
-    for ((i = 0; i < attempt && wait_s < 300; i++)); do wait_s=$((wait_s * 2)); done
+    wait_s=$BACKOFF_S  # doubled once per earlier restart in a row without progress, capped at 300 s before it can overflow
+    for ((i = 1; i < stuck && wait_s < 300; i++)); do wait_s=$((wait_s * 2)); done
     [ "$wait_s" -gt 300 ] && wait_s=300
-    log "trainer died (code $code); restarting in ${wait_s}s"
+    if [ "$stuck" -eq 0 ]; then progress="it committed step $reached"; else progress="no new checkpoint, $stuck in a row"; fi
+    log "trainer died (code $code; $progress); restarting in ${wait_s}s"
     sleep "$wait_s" &
     wait $!  # a signal cuts the back-off short
     kill $! 2>/dev/null

@@ -55,6 +55,12 @@ class TrainOptions:
     collective_timeout_s: int = option(
         1800, "seconds a collective waits for the other ranks before the run fails (a hung or stopped rank); leave room for compiles and saves", gt=0
     )
+    stall_timeout_s: float = option(
+        1800.0,
+        "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes, a checkpoint's reads) before a rank "
+        "ends the run for a restart, with every thread's stack (3x until the first step ends); 0: off",
+        ge=0,
+    )
 
     def check(self) -> None:
         if self.steps == 0 and self.target_tokens == 0:

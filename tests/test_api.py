@@ -41,7 +41,7 @@ def sources(*roots: Path) -> list[Path]:
 
 
 # plait's internal packages: a plugin reaches them through core.api only.
-INTERNAL_PACKAGES = ("core", "checkpointing", "preflight", "dataloading", "tools")
+INTERNAL_PACKAGES = ("core", "checkpointing", "preflight", "dataloading", "liveness", "tools")
 
 
 def internal(module: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO, read_metrics, run_module, torchrun
@@ -47,6 +49,35 @@ def test_warn_alerts_once_and_runs_on(guarded):
     assert proc.stderr.count("budget_guard: alert: spent $31.00 > warn $30.00") == 1
     assert (tmp / "alerted").exists()
     assert len(read_metrics(tmp / "out")) == 4
+
+
+def test_a_hanging_alert_command_holds_neither_the_run_nor_its_output(guarded):
+    """alert_command inherited the rank's stdout and stderr: one that hung (a webhook that never
+    answers), or a child it left behind, kept the pipe into remote.sh's ``tee`` (here this test's
+    pipes) open after the run had ended, so the launcher waited on it. Now the command runs in a
+    session of its own with its output read by the guard, and is ended, with what it started, after
+    alert_timeout_s (or a few seconds after the run's end), with one warning."""
+    args, env, tmp = guarded
+    budget_file(tmp / "budget.json", spent=31, projected=33)
+    pid_file = tmp / "sleep.pid"
+    command = f"touch {tmp / 'alerted'}; sleep 97 & echo $! > {pid_file}; wait"
+    t0 = time.time()
+    proc = run_module(
+        "core.train",
+        *args,
+        f"--monitors.budget_guard.alert_command={json.dumps(command)}",
+        "--monitors.budget_guard.alert_timeout_s=1",
+        extra_env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and time.time() - t0 < 45, proc.stderr[-2000:]
+    assert (tmp / "alerted").exists() and proc.stderr.count("budget_guard: alert_command") == 1, proc.stderr[-2000:]
+    assert "ended it and what it started" in proc.stderr
+    sleeper = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+    deadline = time.time() + 10
+    while sleeper.exists() and sleeper.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.time() < deadline:
+        time.sleep(0.1)
+    assert not sleeper.exists() or sleeper.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the command's child still runs"
 
 
 def test_projected_over_cap_checkpoints_and_exits_75(guarded):

@@ -73,3 +73,17 @@ def test_the_k8s_job_runs_what_the_image_holds():
     image = re.search(r"^\s*image:\s*(\S+)\s*$", job(), re.M).group(1)
     assert f"docker build -t {image} ." in (REPO / "Dockerfile").read_text()
     assert f"docker build -t {image} ." in (REPO / "docs" / "launching.md").read_text()
+
+
+def test_what_the_launchers_source_is_in_the_image():
+    """remote.sh and the k8s entrypoint share a helper they source (launchers/wait_for_job.sh): it must
+    exist where each looks for it, and be copied into the image beside the entrypoint."""
+    copied_to = {shlex.split(rest)[-1].rstrip("/").removeprefix("./"): shlex.split(rest)[:-1] for word, rest in instructions() if word == "COPY"}
+    for script, base in (("launchers/remote.sh", REPO), ("launchers/k8s/entrypoint.sh", REPO / "launchers" / "k8s")):
+        sourced = re.findall(r'^source "?(?:\$\(dirname "\$0"\)/)?([^"\s]+)"?', (REPO / script).read_text(), re.M)
+        assert sourced, script
+        for path in sourced:
+            helper = (base / path).resolve()
+            assert helper.is_file(), f"{script} sources {path}: no such file"
+            top = helper.relative_to(REPO).parts[0]
+            assert copied_to.get(top) == [top], f"{script} sources {path}, which the image does not hold"

@@ -73,6 +73,8 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
     assert (tmp_path / "out" / "remote.log").stat().st_size > 0
     ledger = json.loads((tmp_path / "out" / "budget_ledger.json").read_text())
     assert ledger["launcher"].split()[0] == Path("/proc/sys/kernel/random/boot_id").read_text().strip() and ledger["billed_s"] > 0
+    info = json.loads((tmp_path / "out" / "run_info.json").read_text())  # what remote.sh reads an attempt's progress from
+    assert info["checkpoint_dir"] == str(tmp_path / "out" / "checkpoints")
 
 
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
@@ -393,6 +395,61 @@ def test_the_back_off_doubles_up_to_300_s_and_never_overflows():
     assert block.endswith("wait_s=300"), block
     for backoff, waits in [("10", [10, 20, 40, 80, 160, 300, 300]), ("0", [0] * 7), ("999999999999999999", [300] * 7)]:
         for attempt in [0, 1, 2, 3, 4, 5, 63]:
-            script = f"BACKOFF_S={backoff}; attempt={attempt}\n{block}\necho $wait_s"
+            script = f"BACKOFF_S={backoff}; stuck={attempt + 1}\n{block}\necho $wait_s"  # the attempt-th restart in a row
             got = int(subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout)
             assert got == waits[min(attempt, 6)], (backoff, attempt, got)
+
+
+# A stand-in trainer for remote.sh's restart logic: each attempt does what FAKE_ATTEMPTS says, in turn, and dies
+# (exit 1): "progress" commits a newer checkpoint (a step_ folder with COMMITTED, as checkpointing/folders.py
+# commits them), "uncommitted" leaves one without COMMITTED (a save killed before its commit), "stalled" writes
+# the watchdog's exit_status.json, "stuck" does nothing. Each writes run_info.json as rank 0 does.
+FAKE_TRAINER = """
+import json, os, sys
+from pathlib import Path
+out = Path(os.environ["OUTPUT_DIR"])
+ckpts = out / "checkpoints"
+count = out / "attempts"
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+what = os.environ["FAKE_ATTEMPTS"].split(",")[n]
+(out / "run_info.json").write_text(json.dumps({"checkpoint_dir": str(ckpts)}))
+newest = max([int(p.name[5:]) for p in ckpts.glob("step_*") if (p / "COMMITTED").exists()], default=0)
+if what in ("progress", "uncommitted"):
+    (ckpts / f"step_{newest + 5:09d}").mkdir(parents=True)
+if what == "progress":
+    (ckpts / f"step_{newest + 5:09d}" / "COMMITTED").write_text("{}")
+if what == "stalled":
+    (out / "exit_status.json").write_text(json.dumps({"exit_code": 1, "reason": "stalled", "step": newest, "detail": "no progress"}))
+sys.exit(1)
+"""
+
+# PYTHON for remote.sh: the stand-in trainer for torchrun, nothing for the installation check and core.plan.
+FAKE_PYTHON = """#!/bin/bash
+case " $* " in
+    *" torch.distributed.run "*) exec "$REAL_PY" "$FAKE_TRAINER" ;;
+    *" core.plan "*) exit 0 ;;
+esac
+if [ "$1" = - ]; then cat > /dev/null; echo "gpus 0"; exit 0; fi
+exec "$REAL_PY" "$@"
+"""
+
+
+def test_max_restarts_counts_attempts_in_a_row_that_made_no_progress(tmp_path):
+    """MAX_RESTARTS counted every restart of the launcher's life: a week-long run pre-empted now and
+    then stopped restarting after the third, however far each attempt had trained. Now only attempts
+    in a row that committed no newer checkpoint than they started from count (a save without its
+    COMMITTED marker is none), an attempt that committed one starts the count again, and a stall
+    (the watchdog's reason ``stalled``) is restarted like a crash."""
+    (tmp_path / "trainer.py").write_text(FAKE_TRAINER)
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    e = remote_env(tmp_path, PYTHON=str(python), REAL_PY=sys.executable, FAKE_TRAINER=str(tmp_path / "trainer.py"), MAX_RESTARTS="1", BACKOFF_S="0")
+    e["FAKE_ATTEMPTS"] = "stuck,progress,stalled,progress,uncommitted,stuck"
+    proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "out" / "remote.log").read_text()
+    assert proc.returncode == 1 and log.count("starting (attempt") == 6, (proc.returncode, log[-3000:])
+    assert "trainer died (code 1; it committed step 5)" in log and "trainer died (code 1; it committed step 10)" in log
+    assert "trainer died (code 1; no new checkpoint, 1 in a row)" in log
+    assert "2 attempts in a row committed no new checkpoint, and MAX_RESTARTS=1 restarts are used up" in log

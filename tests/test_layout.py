@@ -1,6 +1,6 @@
 """The package layout: ``core/`` holds the plugin contract and the loop, under 3,000 lines in files of at
-most about 400; it and the packages beside it (``checkpointing``, ``preflight``, ``dataloading``) never
-import ``tools/``; the commands the README documents as ``python -m core.<command>`` run through a
+most about 400; it and the packages beside it (``checkpointing``, ``preflight``, ``dataloading``,
+``liveness``) never import ``tools/``; the commands the README documents as ``python -m core.<command>`` run through a
 hand-off in ``core/`` that holds nothing but that hand-off."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import PY, REPO, env, run_module
 
 CORE = REPO / "core"
 # The library: what a run imports. tools/ (the commands) imports it, never the other way round.
-LIBRARY = [CORE, REPO / "checkpointing", REPO / "preflight", REPO / "dataloading"]
+LIBRARY = [CORE, REPO / "checkpointing", REPO / "preflight", REPO / "dataloading", REPO / "liveness"]
 # python -m core.<name> for each command: it lives in tools/<name>.py
 SHIMS = ("train", "plan", "plugins", "export", "report", "generate")
 
@@ -82,7 +82,7 @@ def test_the_library_never_imports_tools():
 def test_importing_every_library_module_loads_no_tools():
     code = (
         "import importlib, pkgutil, sys\n"
-        "for p in ('core', 'checkpointing', 'preflight', 'dataloading'):\n"
+        "for p in ('core', 'checkpointing', 'preflight', 'dataloading', 'liveness'):\n"
         "    for m in pkgutil.iter_modules(importlib.import_module(p).__path__):\n"
         "        importlib.import_module(p + '.' + m.name)\n"
         "print(sorted(k for k in sys.modules if k == 'tools' or k.startswith('tools.')))\n"

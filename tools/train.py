@@ -102,9 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     from checkpointing.folders import SaveFailed
     from core import distributed
     from core.trainer import Trainer
+    from liveness import watchdog
 
     info = distributed.init(prep.rc.train.device, prep.rc.train.collective_timeout_s)
     trainer = None
+
+    def write_stall_status(code: int, reason: str, step: int, detail: str) -> None:
+        if info.is_main:
+            run_files.write_exit_status(Path(prep.rc.train.output_dir), code, reason, step, detail, strict=False)
+
+    watchdog.start(prep.rc.train.stall_timeout_s, write_stall_status, "starting (building the model, resuming from a checkpoint)")
     try:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
@@ -127,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             trainer.fail(e)
         raise
     finally:
+        watchdog.stop()  # the run's end is decided and written; what follows is teardown
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a
         # gloo group left to interpreter finalization can abort the process after a good run.

@@ -5,6 +5,7 @@
 # by a signal (SIGTERM to this script is forwarded to torchrun) exits 143, never 0: it is not done.
 #   bash launchers/k8s/entrypoint.sh CONFIG [--section.key=value ...]   (NNODES, NPROC_PER_NODE set)
 set -uo pipefail
+source "$(dirname "$0")/../wait_for_job.sh" || exit 2
 CONFIG=$1
 shift
 PY=${PY:-python3}
@@ -30,12 +31,7 @@ if [ "$signalled" = 1 ]; then exit 143; fi  # stopped while it planned
     --rdzv-endpoint="${RDZV_ENDPOINT:-plait-0.plait:29500}" --rdzv-id="${RDZV_ID:-plait}" \
     -m core.train --config "$CONFIG" "$@" &
 trainer=$!
-wait "$trainer"
-code=$?
-while [ "$code" -gt 128 ] && kill -0 "$trainer" 2>/dev/null; do  # wait was cut short by the signal
-    wait "$trainer"
-    code=$?
-done
+wait_for_job "$trainer"  # sets $code
 reason=""
 if [ -f "$status" ]; then  # rank 0's pod: the trainer's own code
     read -r code reason < <("$PY" -c "import json, sys; s = json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" "$status" 2>/dev/null || echo "$code error")
@@ -43,6 +39,6 @@ fi
 # A run stopped by a signal is not done: exit 0 would mark this index of the Job as succeeded.
 case $reason in
     signal) code=143 ;;
-    "" | error) if [ "$signalled" = 1 ]; then code=143; fi ;;
+    "" | error | stalled) if [ "$signalled" = 1 ]; then code=143; fi ;;
 esac
 exit "$code"

@@ -17,7 +17,9 @@ launchers, or across a reboot, is not seen (a sidecar's budget file is). Every `
 
 * spent over ``cap_usd``: stop at once, no checkpoint, exit code 76;
 * projected total over ``cap_usd``: checkpoint, then exit code 75;
-* spent over ``warn_usd``: an alert (log line, and ``alert_command`` if set), once.
+* spent over ``warn_usd``: an alert (log line, and ``alert_command`` if set), once. The command runs
+  detached (:mod:`plugins.monitors.alert_command`): its own session, its output read by the guard,
+  ended after ``alert_timeout_s``, so a command that hangs never holds the run or its launcher.
 
 A missing, stale or malformed budget file is a warning, never a crash, and
 never switches the cap off: a file whose figures are not finite numbers >= 0,
@@ -35,12 +37,12 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.api import ConfigError, hookimpl, log, option, replace_durable
+from plugins.monitors.alert_command import DetachedCommand
 
 EXIT_PROJECTED_OVER_CAP = 75
 EXIT_SPENT_OVER_CAP = 76
@@ -111,7 +113,8 @@ class BudgetGuardOptions:
     cap_usd: float = option(0.0, "hard budget; 0 disables the stops", ge=0)
     check_every_s: float = option(60.0, "seconds between checks", ge=0)
     stale_after_s: float = option(900.0, "a budget file older than this is stale (warning, computed spend used when possible)", gt=0)
-    alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment)")
+    alert_command: str = option("", "shell command run once on the warn threshold (PLAIT_BUDGET_* in its environment), detached from the run's output")
+    alert_timeout_s: float = option(60.0, "seconds alert_command may run before it (and what it started) is ended with a warning", gt=0)
     dry_run: bool = option(False, "log what each threshold would do, never stop")
     expected_tokens_per_s: float = option(
         0.0, "whole-run tokens/s (all devices) for the pre-flight projection and core.plan's ETA; `python -m core.plan --measure` measures it; 0 skips it", ge=0
@@ -129,6 +132,7 @@ class BudgetGuard:
         self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
         self.launcher: str | None = None  # PLAIT_LAUNCHER_SINCE of the launcher that started this process
         self.before_launcher = 0.0  # billed seconds of this run before that launcher began
+        self.alert: DetachedCommand | None = None  # alert_command, once started
 
     # -- before training ------------------------------------------------------
     @hookimpl
@@ -269,7 +273,7 @@ class BudgetGuard:
         if action == "alert":
             if o.alert_command:
                 env = dict(os.environ, PLAIT_BUDGET_REASON=reason, PLAIT_BUDGET_STEP=str(run.step))
-                subprocess.Popen(o.alert_command, shell=True, env=env)
+                self.alert = DetachedCommand(o.alert_command, env, o.alert_timeout_s, "budget_guard: alert_command")
         elif action == "checkpoint and stop":
             run.request_stop(f"budget: {reason}", checkpoint=True, source="budget_guard", exit_code=EXIT_PROJECTED_OVER_CAP)
         else:
@@ -291,6 +295,8 @@ class BudgetGuard:
     def plait_train_end(self, run, reason):
         if run is not None and run.dist.is_main:
             self.record(run)
+        if self.alert is not None:
+            self.alert.finish()
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):

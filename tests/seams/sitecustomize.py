@@ -12,6 +12,11 @@ checkpoint once it is committed (damage on disk after the save: bit rot, a bad c
 ``PLAIT_TEST_WAIT_BEFORE_COMMIT=STEP:PATH`` waits before that step's commit until PATH exists.
 ``PLAIT_TEST_WAIT_BEFORE_LOCK=PATH`` creates ``PATH.ready`` when the preflight is about to take the run
 folders' lock, then waits until PATH exists: a job that starts while another one is ending.
+``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
+mount), on every rank.
+``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
+``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
+each block written takes 5 ms until they have.
 """
 
 import os
@@ -123,3 +128,57 @@ if _wait_lock:
         return _lock(*args, **kwargs)
 
     _ownership.lock_run_folders = _waiting_lock
+
+# ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the index data sources' check before step N's first micro-batch hangs.
+_hang = os.environ.get("PLAIT_TEST_HANG_DATA_AT_STEP", "")
+if _hang:
+    import time as _time
+
+    from dataloading.indexed import IndexedSource
+
+    _check_step = IndexedSource.check_step
+
+    def _hanging_check_step(self, first, end):
+        if first // (end - first) + 1 == int(_hang):
+            while True:  # a read on a dead mount
+                _time.sleep(3600)
+        return _check_step(self, first, end)
+
+    IndexedSource.check_step = _hanging_check_step
+
+# ``PLAIT_TEST_SLOW_READ_S=SECONDS``: each micro-batch an index loader reads takes that long.
+_slow = os.environ.get("PLAIT_TEST_SLOW_READ_S", "")
+if _slow:
+    import time as _slow_time
+
+    from dataloading.indexed import IndexedLoader
+
+    _indices = IndexedLoader.indices
+
+    def _slow_indices(self, micro):
+        _slow_time.sleep(float(_slow))
+        return _indices(self, micro)
+
+    IndexedLoader.indices = _slow_indices
+
+# ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: 5 ms per block written until this save's writes have lasted that long
+# (the ranks' shares differ in blocks: a fixed time per block would hold one rank waiting for another).
+_slow_write = os.environ.get("PLAIT_TEST_SLOW_WRITE_S", "")
+if _slow_write:
+    import time as _write_time
+
+    from checkpointing import safe_dcp as _safe_dcp
+
+    _write = _safe_dcp._ChecksummingStream.write
+    _writes = [0.0, 0.0]  # (first, last) write of the save in hand
+
+    def _slow_block_write(self, b):
+        now = _write_time.monotonic()
+        if now - _writes[1] > 1.0:  # a new save
+            _writes[0] = now
+        if now - _writes[0] < float(_slow_write):
+            _write_time.sleep(0.005)
+        _writes[1] = _write_time.monotonic()
+        return _write(self, b)
+
+    _safe_dcp._ChecksummingStream.write = _slow_block_write
