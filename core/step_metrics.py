@@ -15,6 +15,11 @@ from core.errors import PluginError
 from core.protocols import DistInfo
 
 
+def is_metric(value: Any) -> bool:
+    """A number, or a list of numbers (per expert, per source...)."""
+    return isinstance(value, numbers.Real) or (isinstance(value, (list, tuple)) and all(isinstance(v, numbers.Real) for v in value))
+
+
 class StepMetrics:
     """Counts the steps and time of a log window, and turns them into the logged metrics."""
 
@@ -48,8 +53,8 @@ class StepMetrics:
             "data_wait_s": self.data_wait_s / steps,
         }
         for what, more in extra.items():
-            if not isinstance(more, dict) or not all(isinstance(k, str) and isinstance(v, numbers.Real) for k, v in more.items()):
-                raise PluginError(f"{what} returned {more!r:.200}; expected a dict of metric names to numbers")
+            if not isinstance(more, dict) or not all(isinstance(k, str) and is_metric(v) for k, v in more.items()):
+                raise PluginError(f"{what} returned {more!r:.200}; expected a dict of metric names to numbers (or lists of numbers)")
             metrics.update(more)
         self.data_wait_s = 0.0
         self.window_t0, self.window_steps = time.perf_counter(), 0

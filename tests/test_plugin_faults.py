@@ -120,4 +120,6 @@ def test_a_precision_whose_metrics_are_not_a_dict_is_one_line_naming_it_mid_run(
     proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path, steps=2)), "--precision.name=evil", extra_env=env)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert lines == ["plait: error: precision 'evil': metrics() returned [('amax', 1.0)]; expected a dict of metric names to numbers"], proc.stderr[-3000:]
+    assert lines == ["plait: error: precision 'evil': metrics() returned [('amax', 1.0)]; expected a dict of metric names to numbers (or lists of numbers)"], (
+        proc.stderr[-3000:]
+    )
