@@ -94,7 +94,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
     run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
     loader = c["data"].loader(loader_spec)
-    if not all(callable(getattr(loader, m, None)) for m in ("__iter__", "state_dict", "load_state_dict")):
+    if not all(callable(getattr(loader, m, None)) for m in ("__iter__", "state_dict", "load_state_dict")):  # core.protocols.DataLoaderLike
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)

@@ -48,6 +48,7 @@ class Prepared:
     resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (checkpointing.resume)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
+    model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -131,6 +132,7 @@ def prepare(
         check_first_step(components["data"], rc.slots["data"].component.name, first)
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
+    prep.model_meta = model_meta
     prep.seq_len_schedule = schedule
     args = {"prep": prep, "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)

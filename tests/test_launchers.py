@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,17 @@ def start_remote(tmp_path, steps, **extra):
     )
 
 
+@contextmanager
+def running_remote(tmp_path, steps, **extra):
+    """``start_remote``; whatever is left of it (its process group) is SIGKILLed on the way out."""
+    proc = start_remote(tmp_path, steps, **extra)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def wait_for_log(proc, log: Path, text: str, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and not (log.exists() and text in log.read_text()):
@@ -223,8 +235,7 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
     restarted); now the launcher leaves at once with 128 + the signal's number, starting nothing."""
     out = tmp_path / "out"
     seams = str(REPO / "tests" / "seams")
-    proc = start_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams)
-    try:
+    with running_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams) as proc:
         wait_for_log(proc, out / "remote.log", "restarting in 120s")
         second = subprocess.run(
             ["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=60
@@ -233,9 +244,6 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
         t0 = time.time()
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     log = (out / "remote.log").read_text()
     assert proc.returncode == 143 and time.time() - t0 < 10, (proc.returncode, log[-2000:])
     assert log.count("starting (attempt") == 1 and "stopped by a signal" in log
@@ -250,17 +258,13 @@ def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
     commit; the second ends the run without that checkpoint and without a restart."""
     out = tmp_path / "out"
     seams = str(REPO / "tests" / "seams")
-    proc = start_remote(tmp_path, 100000, CKPT_EVERY="4", PYTHONPATH=seams, PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:90")
-    try:
+    with running_remote(tmp_path, 100000, CKPT_EVERY="4", PYTHONPATH=seams, PLAIT_TEST_PAUSE_BEFORE_COMMIT="4:90") as proc:
         wait_for_log(proc, out / "remote.log", "step 4/")
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(4)
         t0 = time.time()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     log = (out / "remote.log").read_text()
     assert time.time() - t0 < 40 and proc.returncode != 0, log[-2000:]
     assert not (out / "checkpoints" / "step_000000004" / "COMMITTED").exists()

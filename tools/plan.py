@@ -30,39 +30,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from core.errors import ArgumentParser, ConfigError, PlaitError, exit_bad_input
+from preflight.disk import checkpoint_bytes
 from tools.measure import measure
 
 GiB = 2**30
 
 
-def count_params(spec: Any) -> tuple[int, int]:
-    """(total, non-embedding) parameters; tied weights count once."""
+def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
+    """(total, non-embedding) parameters of ``model`` (on the meta device); tied weights count once."""
     counts = getattr(spec, "param_counts", None)
     if counts is not None:
         return tuple(counts())  # type: ignore[return-value]
-    with torch.device("meta"):
-        model = spec.build()
     unique = {id(p): p for p in model.parameters()}
     total = sum(p.numel() for p in unique.values())
     emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     return total, total - sum(unique[i].numel() for i in emb if i in unique)
 
 
-def saved_model_numel(spec: Any) -> int:
-    """Elements of the model's state dict as a checkpoint stores it: a tied weight once per name."""
-    with torch.device("meta"):
-        model = spec.build()
-    return sum(t.numel() for t in model.state_dict().values())
-
-
 def make_plan(prep) -> dict[str, Any]:
     rc, c = prep.rc, prep.components
     spec = c["model"]
-    total, non_emb = count_params(spec)
+    meta = prep.model_meta
+    assert meta is not None  # prepare() builds it for its checks
+    total, non_emb = count_params(spec, meta)
     world = prep.world_size
     shards = getattr(c["parallelism"], "shards_parameters", False)
     shard = world if shards else 1
@@ -76,7 +69,7 @@ def make_plan(prep) -> dict[str, Any]:
     }
     mem["total_gib"] = sum(mem.values())
     ckpt_opts = rc.sections["checkpoint"]
-    ckpt_gib = (saved_model_numel(spec) * 4 + total * opt_bytes) / GiB  # fp32 weights and the optimizer state, all ranks
+    ckpt_gib = checkpoint_bytes(meta, opt_bytes) / GiB  # fp32 weights and the optimizer state, all ranks
     checkpoint = {
         "size_gib": ckpt_gib,
         "every": ckpt_opts.every,

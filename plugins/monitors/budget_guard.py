@@ -91,17 +91,17 @@ def since_boot() -> float:
 
 
 def launcher_session() -> tuple[str, float] | None:
-    """(the launcher's ``PLAIT_LAUNCHER_SINCE``, seconds since it began holding this machine), when it
-    set one for this boot; None otherwise."""
+    """(the launcher's ``PLAIT_LAUNCHER_SINCE``, the seconds since boot at which it began holding this
+    machine), when it set one for this boot that is not in the future; None otherwise."""
     value = os.environ.get(LAUNCHER_ENV, "")
     try:
-        boot, since = value.split()
-        if boot != Path("/proc/sys/kernel/random/boot_id").read_text().strip():
+        boot, text = value.split()
+        since = float(text)
+        if boot != Path("/proc/sys/kernel/random/boot_id").read_text().strip() or not 0 <= since <= since_boot():
             return None
-        held = since_boot() - float(since)
     except (ValueError, OSError):
         return None
-    return (value, held) if math.isfinite(held) and held >= 0 else None
+    return value, since
 
 
 @dataclass
@@ -131,6 +131,7 @@ class BudgetGuard:
         self.attempt_start: float | None = None  # when this process started (the clock of elapsed())
         self.billed_before = 0.0  # billed seconds of this run's earlier processes (the ledger)
         self.launcher: str | None = None  # PLAIT_LAUNCHER_SINCE of the launcher that started this process
+        self.launcher_since = 0.0  # when it began holding the machine, in seconds since boot
         self.before_launcher = 0.0  # billed seconds of this run before that launcher began
         self.alert: DetachedCommand | None = None  # alert_command, once started
 
@@ -199,8 +200,9 @@ class BudgetGuard:
         if self.attempt_start is None:  # no train start seen: the checkpoints' wall time only
             return wall
         billed = max(wall, self.billed_before + elapsed() - self.attempt_start)
-        session = launcher_session() if self.launcher else None
-        return max(billed, self.before_launcher + session[1]) if session else billed
+        if self.launcher is None:
+            return billed
+        return max(billed, self.before_launcher + since_boot() - self.launcher_since)
 
     def ledger(self, run) -> Path:
         return Path(run.output_dir) / LEDGER_FILE
@@ -288,7 +290,7 @@ class BudgetGuard:
         ledger, ledger_launcher, ledger_before = self.read_ledger(run)
         self.billed_before = max(ledger, run.state.get("wall_time_s", 0.0))
         session = launcher_session()  # the same launcher as the ledger's: what was billed before it began
-        self.launcher = session[0] if session else None
+        self.launcher, self.launcher_since = session if session else (None, 0.0)
         self.before_launcher = ledger_before if self.launcher is not None and ledger_launcher == self.launcher else self.billed_before
 
     @hookimpl
