@@ -155,7 +155,9 @@ target = 0.0
     return path
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp2", pytest.param("ddp_fp16", marks=pytest.mark.bench)])  # fp16: `pytest -m bench`
+@pytest.mark.parametrize(  # ddp (every other two-rank test's parallelism) and fp16: `pytest -m bench`
+    "parallelism", [pytest.param("ddp", marks=pytest.mark.bench), "fsdp2", pytest.param("ddp_fp16", marks=pytest.mark.bench)]
+)
 def test_every_slot_from_a_third_party_trains_on_two_ranks_and_resumes_exactly(example_site, tmp_path, parallelism):
     from conftest import torchrun
 
