@@ -45,6 +45,7 @@ from checkpointing.folders import (
     verify,
 )
 from checkpointing.rng import rng_state, set_rng_state
+from checkpointing.room import make_room
 from core import log
 from core.errors import CheckpointError
 from core.protocols import DistInfo, loader_state_per_rank
@@ -239,6 +240,7 @@ class Checkpointer:
         claimed = 1
         try:
             if self.dist.is_main:
+                make_room(self.root, self.retention, self.lineage, step)  # what the prune after it would remove, early
                 claimed = int(self._claim(path))
         except OSError as e:
             error = e

@@ -153,16 +153,29 @@ class Retention:
             if p.name < paths[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
                 remove(p)
 
-    def lowest_loss(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
+    def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:
+        """Of this run's verified checkpoints ``good`` (oldest first), those the prune after one more
+        commit removes whatever that checkpoint holds, oldest first (:mod:`checkpointing.room`
+        removes them early when the disk lacks room for the save). Never the newest: it is the last
+        complete one until the next commits."""
+        if not self.opts.keep_latest:
+            return []
+        paths = list(good)
+        keep = best_paths(self.root) | {paths[-1]}
+        if self.opts.keep_lowest_loss:
+            keep |= self.lowest_loss(good, say=False)
+        return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
+
+    def lowest_loss(self, good: dict[Path, dict[str, Any]], say: bool = True) -> set[Path]:
         """The checkpoint with the lowest training loss (none if none has one); one line when it
-        is kept beyond ``keep_latest``."""
+        is kept beyond ``keep_latest`` (``say``)."""
         losses = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}
         if not losses:
             return set()
         lowest = min(reversed(list(losses)), key=losses.__getitem__)  # ties: the newest
         newest = list(good)[-1]
         beyond = self.opts.keep_latest and lowest not in list(good)[-self.opts.keep_latest :]
-        if beyond and lowest != self.said_lowest and newest in losses:
+        if say and beyond and lowest != self.said_lowest and newest in losses:
             log.warn(
                 f"checkpoint {lowest.name} has this run's lowest training loss ({losses[lowest]:.4g}; the newest, "
                 f"{newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "

@@ -74,8 +74,7 @@ class Trainer:
         self.versions = run_files.library_versions()
         where = CheckpointDir(rc.sections["checkpoint"], self.prep.checkpoint_root, dist, self.control)
         candidates = list(self.prep.resume_candidates)
-        with torch.device("meta"):  # precision conversions keep parameter names
-            model_meta = self.c["model"].build() if candidates else None
+        model_meta = self.prep.model_meta  # built once by preflight.prepare (every rank: rank 0's candidates are everyone's)
         while True:
             path, candidates = resume.first_sound(where, candidates, model_meta)
             self.build_state(where, initial_load=path is None)

@@ -58,9 +58,10 @@ def check_room(root: Path, size: int, kept: int, kept_now: int, what: str) -> No
 
 
 def kept_at_once(opts: Any, total_steps: int) -> int:
-    """Checkpoints on disk at once at most: ``keep_latest``, the one being written before a prune, and
-    the lowest-loss and best ones kept beside them; every save when ``keep_latest = 0``."""
+    """Checkpoints the disk must hold at once: ``keep_latest`` (while one is written, a disk short of room
+    has the oldest removed first, :mod:`checkpointing.room`; the newest stays until it commits, so at
+    least two), and the lowest-loss and best ones kept beside them; every save when ``keep_latest = 0``."""
     saves = (total_steps // opts.every if opts.every else 0) + 1  # the end's, or a stop's
     if not opts.keep_latest:
         return saves
-    return min(saves, opts.keep_latest + 1 + int(opts.keep_lowest_loss) + opts.keep_best)
+    return min(saves, max(opts.keep_latest, 2) + int(opts.keep_lowest_loss) + opts.keep_best)

@@ -5,11 +5,15 @@ save, hours in (exit 74, the steps since the start lost). The real filesystem's 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import PY, REPO, env
 from tools.plan import main
 
 
@@ -31,3 +35,43 @@ def test_a_disk_that_fills_before_the_run_ends_is_a_warning(tiny_config, capsys)
     assert main(["--config", str(tiny_config()), "--checkpoint.keep_latest=0", "--checkpoint.every=1", "--train.steps=100000000"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("plait: warning: [checkpoint].dir")]
     assert len(warnings) == 1 and "this run keeps up to 100,000,001 at once: the disk may fill before the run ends" in warnings[0], warnings
+
+
+VERIFY = """
+import json, sys
+from pathlib import Path
+from checkpointing.folders import committed, step_dirs, verify
+root = Path(sys.argv[1])
+print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify(p)["step"] for p in committed(root)]}))
+"""
+
+
+def in_a_small_disk(size: str, mountpoint: Path, script: str) -> subprocess.CompletedProcess | None:
+    """``script`` (sh) run where ``mountpoint`` is a fresh tmpfs of ``size``, in a mount namespace of
+    its own (root: ``unshare -m``; otherwise a user namespace, ``unshare -rm``); None where neither may mount."""
+    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = subprocess.run([*unshare, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], capture_output=True)
+        if probe.returncode == 0:
+            inner = f'mount -t tmpfs -o size={size} tmpfs "{mountpoint}" && {script}'
+            return subprocess.run([*unshare, "sh", "-c", inner], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    return None
+
+
+def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_every_time(tiny_config, tmp_path):
+    """A checkpoint of this model takes about 3.1 MB; the disk holds two. keep_latest = 2 needs a third
+    while each save is written (pruning follows the commit): before, the third save filled the disk and
+    stopped the run (exit 74). Now the oldest, which that prune would remove, goes first."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    body = f'[checkpoint]\ndir = "{disk}"\nevery = 1\nkeep_latest = 2\nkeep_lowest_loss = false\n'
+    config = tiny_config(body=body, steps=5)
+    script = f'{PY} -m core.train --config "{config}"; rc=$?; {PY} -c \'{VERIFY}\' "{disk}"; exit $rc'
+    done = in_a_small_disk("8m", disk, script)
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"dirs": ["step_000000004", "step_000000005"], "verified": [4, 5]}, found
+    early = [line for line in done.stderr.splitlines() if "before the save of step" in line]
+    assert len(early) == 3 and "step_000000001" in early[0] and "before the save of step 3" in early[0], early
+    assert "still short of room" not in done.stderr
