@@ -52,7 +52,7 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> list[Path]:
             os.write(fd, b"plait")
         finally:
             os.close(fd)
-        os.unlink(probe)
+            os.unlink(probe)  # also when the write failed (a full disk lets the empty file be made)
     except OSError as e:
         remove_created(created)
         raise ConfigError(

@@ -75,3 +75,19 @@ def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_eve
     early = [line for line in done.stderr.splitlines() if "before the save of step" in line]
     assert len(early) == 3 and "step_000000001" in early[0] and "before the save of step 3" in early[0], early
     assert "still short of room" not in done.stderr
+
+
+def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(tiny_config, tmp_path):
+    """The start's write probe failed after creating its (empty) file, and left it in the user's folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = f'dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null; {PY} -m core.train --config "{tiny_config()}"; rc=$?; ls -A "{out}"; exit $rc'
+    done = in_a_small_disk("1m", out, script)
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("plait: error:")]
+    assert errors == [
+        f"plait: error: [train].output_dir = {out}: cannot create or write a file there (OSError: No space left on device); expected a writable folder"
+    ], errors
+    assert done.stdout.split() == ["filler"], done.stdout
