@@ -88,6 +88,23 @@ def start_failed(output_dir: Path, error: str | None, step: int) -> int:
     return EXIT_SAVE_FAILED
 
 
+def end_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str) -> int:
+    """``exit_status.json`` at the end of a run (rank 0), and the exit code. A file that cannot be
+    written (a disk that filled during the run) is one line and exit code 74: without the file, a
+    launcher would take the end for a crash and restart a run that has ended (``launchers/remote.sh``
+    reads the line instead)."""
+    try:
+        write_exit_status(output_dir, exit_code, reason, step, detail)
+    except OSError as e:
+        code = errno.errorcode.get(e.errno or 0, type(e).__name__)
+        log.error(
+            f"cannot write {output_dir / 'exit_status.json'} at the end of the run ({code}: {e.strerror or e}; disk full, "
+            f"read-only or failing?): the run ended ({reason}) at step {step} with exit code {exit_code}"
+        )
+        return EXIT_SAVE_FAILED
+    return exit_code
+
+
 def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str, strict: bool = True) -> None:
     """``exit_status.json``; ``strict=False``: a full or read-only disk is logged, not raised."""
     status: dict[str, Any] = {"exit_code": exit_code, "reason": reason, "step": step, "detail": detail}

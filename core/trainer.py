@@ -361,7 +361,7 @@ class Trainer:
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
-            run_files.write_exit_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
+            code = run_files.end_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
         return code
 
     def fail(self, error: BaseException) -> None:

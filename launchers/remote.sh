@@ -235,8 +235,10 @@ while true; do
         log "another job holds a run folder of this run; not restarting"
         exit 2
     fi
-    # A failed save (or run file at start) whose exit_status.json did not fit on the disk either: still final.
-    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q -e "^plait: error: checkpoint save at step" -e "^plait: error: cannot write .* at start"; then
+    # A failed save (or run file at start) whose exit_status.json did not fit on the disk either, or a run that ended
+    # but could not write it: final.
+    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q -e "^plait: error: checkpoint save at step" -e "^plait: error: cannot write .* at start" \
+            -e "^plait: error: cannot write .*exit_status.json at the end of the run"; then
         log "a checkpoint could not be written (disk full?); not restarting"
         exit 74
     fi

@@ -109,3 +109,14 @@ def flat_checkpoint(path: Path) -> dict:
         return torch.load(flat, weights_only=True)
     finally:
         flat.unlink()
+
+
+def in_a_small_disk(size: str, mountpoint: Path, script: str, extra_env: dict | None = None) -> subprocess.CompletedProcess | None:
+    """``script`` (sh) run where ``mountpoint`` is a fresh tmpfs of ``size``, in a mount namespace of
+    its own (root: ``unshare -m``; otherwise a user namespace, ``unshare -rm``); None where neither may mount."""
+    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
+        probe = subprocess.run([*unshare, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], capture_output=True)
+        if probe.returncode == 0:
+            inner = f'mount -t tmpfs -o size={size} tmpfs "{mountpoint}" && {script}'
+            return subprocess.run([*unshare, "sh", "-c", inner], cwd=REPO, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=300)
+    return None

@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import PY, REPO, env
+from tests.conftest import PY, in_a_small_disk
 from tools.plan import main
 
 
@@ -44,17 +42,6 @@ from checkpointing.folders import committed, step_dirs, verify
 root = Path(sys.argv[1])
 print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify(p)["step"] for p in committed(root)]}))
 """
-
-
-def in_a_small_disk(size: str, mountpoint: Path, script: str) -> subprocess.CompletedProcess | None:
-    """``script`` (sh) run where ``mountpoint`` is a fresh tmpfs of ``size``, in a mount namespace of
-    its own (root: ``unshare -m``; otherwise a user namespace, ``unshare -rm``); None where neither may mount."""
-    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
-        probe = subprocess.run([*unshare, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)], capture_output=True)
-        if probe.returncode == 0:
-            inner = f'mount -t tmpfs -o size={size} tmpfs "{mountpoint}" && {script}'
-            return subprocess.run([*unshare, "sh", "-c", inner], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    return None
 
 
 def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_every_time(tiny_config, tmp_path):

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, read_metrics, torchrun_argv, write_tiny_config
+from conftest import REPO, env, in_a_small_disk, read_metrics, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -457,3 +457,24 @@ def test_max_restarts_counts_attempts_in_a_row_that_made_no_progress(tmp_path):
     assert "trainer died (code 1; it committed step 5)" in log and "trainer died (code 1; it committed step 10)" in log
     assert "trainer died (code 1; no new checkpoint, 1 in a row)" in log
     assert "2 attempts in a row committed no new checkpoint, and MAX_RESTARTS=1 restarts are used up" in log
+
+
+def test_a_run_that_ends_on_a_disk_too_full_for_exit_status_json_is_not_restarted(tmp_path):
+    """The disk holding the output folder fills during the run (the checkpoints live elsewhere). The
+    run completed, but its exit_status.json did not fit: a traceback and exit 1, which remote.sh took
+    for a crash and restarted. Now one line names the file and how the run ended, exit 74, no restart."""
+    out, log = tmp_path / "out", tmp_path / "remote.log"
+    out.mkdir()
+    fill = f'for i in $(seq 1200); do grep -q \'"step": 2\' "{out}/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done; dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null'
+    args = " ".join(f"'{a}'" for a in [*small_args(None, 4), f"--checkpoint.dir={tmp_path / 'ckpt'}", "--checkpoint.every=2"])
+    script = f"({fill}) & bash launchers/remote.sh {args}; rc=$?; wait; exit $rc"
+    done = in_a_small_disk("1m", out, script, remote_env(tmp_path, NPROC="1", MAX_RESTARTS="1", LOG=str(log)))
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    text = log.read_text()
+    assert done.returncode == 74, text[-3000:]
+    assert text.count("starting (attempt") == 1 and "not restarting" in text, text[-3000:]
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("plait: error:")]
+    assert f"cannot write {out / 'exit_status.json'} at the end of the run (ENOSPC: " in line, line
+    assert line.endswith("the run ended (completed) at step 4 with exit code 0"), line
+    assert "OSError" not in text  # no traceback of the rank's (torchrun prints its own summary of any failed child)
