@@ -11,7 +11,9 @@ breaks their collectives.
 The store is reached as a client of ``MASTER_ADDR:MASTER_PORT``, which torchrun (and torch's
 ``env://`` rendezvous) sets for every worker: torchrun's agent serves the store there
 (``TORCHELASTIC_USE_AGENT_STORE``), or rank 0's ``init_process_group`` does; a client never
-binds a port, so it cannot conflict with either. Keys live under ``plait/liveness/<run id>/<restart>/``.
+binds a port, so it cannot conflict with either (the default process group's own handle on it,
+``distributed_c10d._get_default_store``, is private). Keys live under
+``plait/liveness/<run id>/<restart>/``, apart from torch's.
 
 Nothing here may hold the run: every store operation runs on a daemon thread of its own
 (``plait-stall-view``), publishing drops a record while the one before is still in flight, and a

@@ -25,8 +25,10 @@ resume checks, the first step's compiles) it
    like a crash, from the last complete checkpoint, unless the run's end is already written there
    (:func:`end_recorded`: a hang in teardown keeps ``completed``, ``signal``...), waiting at most
    ``REPORT_S`` for all of it (stderr or the file may sit on the hung pipe or file system), and
-5. tells the other ranks, gives them ``grace`` seconds to say where they are (a rank that has waited
-   for it more than half the timeout ends with it), and ends the process with :func:`os._exit`.
+5. tells the other ranks through the store (a rank that has had no progress for more than half the
+   timeout ends with it), gives them a few seconds (``grace_s``: two of their looks, 2 s to
+   ``REPORT_S``) to say where they are before this exit breaks their collectives, and ends the
+   process with :func:`os._exit`.
 
 Without :func:`start` (``stall_timeout_s = 0``, or a tool) nothing watches; a mark is a few assignments.
 """
@@ -56,11 +58,20 @@ class Watchdog:
     """Watches ``marks`` on a daemon thread; ``end(code)`` ends the process (:func:`os._exit`)."""
 
     def __init__(
-        self, marks: Marks, timeout_s: float, write_status: WriteStatus, rank: int = 0, view: PeerView | None = None, end: Callable[[int], None] = os._exit
+        self,
+        marks: Marks,
+        timeout_s: float,
+        write_status: WriteStatus,
+        rank: int = 0,
+        view: PeerView | None = None,
+        end: Callable[[int], None] = os._exit,
+        grace_s: float | None = None,
     ) -> None:
         self.marks, self.timeout_s, self.write_status, self.rank, self.view, self.exit = marks, timeout_s, write_status, rank, view, end
         self.every_s = min(timeout_s / 10, 5.0)  # how often it looks
-        self.grace_s = min(2 * self.every_s, REPORT_S) if view is not None else 0.0
+        if grace_s is None:  # two looks of the ranks waiting for this one, and at least 2 s (a loaded machine)
+            grace_s = min(max(2 * self.every_s, 2.0), REPORT_S) if view is not None else 0.0
+        self.grace_s = grace_s
         self.stopped = threading.Event()
         self.ended = threading.Event()  # a stall was declared: the line is out, the process is ending
         self.waiting_said: int | None = None  # the straggler this rank said it waits for

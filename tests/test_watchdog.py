@@ -45,7 +45,7 @@ def steady_marks() -> Marks:
 
 def watch(marks: Marks, rank: int = 0, view: PeerView | None = None, timeout_s: float = TIMEOUT_S) -> tuple[Watchdog, Ending]:
     ending = Ending()
-    dog = Watchdog(marks, timeout_s, ending.write_status, rank, view, end=ending.exit)
+    dog = Watchdog(marks, timeout_s, ending.write_status, rank, view, end=ending.exit, grace_s=0.1)
     dog.start()
     return dog, ending
 
