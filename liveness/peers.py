@@ -171,7 +171,8 @@ def describe(me: int, records: dict[int, dict], world_size: int, wall_now: float
         age = max(wall_now - records[r]["since"] for r in ranks)
         parts.append(f"{_ranks(ranks)} {doing} for {'up to ' if len(ranks) > 1 else ''}{age:.0f} s")
     if len(ordered) > most:
-        parts.append(f"{sum(len(ranks) for _, ranks in ordered[most:])} more ranks elsewhere")
+        more = sum(len(ranks) for _, ranks in ordered[most:])
+        parts.append(f"{more} more rank{'s' if more > 1 else ''} elsewhere")
     unseen = [r for r in range(world_size) if r not in records]
     if unseen:
         parts.append(f"{_ranks(unseen)} never published a phase")
