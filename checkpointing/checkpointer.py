@@ -255,8 +255,8 @@ class Checkpointer:
             error = e
         self._fail_together(error, step, path)  # no rank enters DCP's collectives unless every rank got this far
         json_state = self._json_state(self.losses.mean_and_reset())
-        self.writer = HashingFileSystemWriter(path)  # each block it writes is progress (liveness.watchdog.alive)
-        watchdog.progress(f"saving the checkpoint of step {step} (writing its files)")
+        self.writer = HashingFileSystemWriter(path)  # each block it writes is progress of the phase that waits for it (liveness.watchdog)
+        watchdog.progress(f"saving the checkpoint of step {step} (writing its files)", waits=True)  # its blocks count, from whichever thread DCP writes them
         try:
             if use_async:
                 response = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None, async_stager=self.stager())
@@ -312,7 +312,7 @@ class Checkpointer:
         the state (the optimizer step, a load); the wait counts in ``last_stall_s``."""
         if self.staging is None:
             return
-        watchdog.progress(f"waiting for the async save's copy of the state (step {self.last_saved_step})")
+        watchdog.progress(f"waiting for the async save's copy of the state (step {self.last_saved_step})", waits=True)
         t0 = time.perf_counter()
         staging, self.staging = self.staging, None
         try:
@@ -347,7 +347,7 @@ class Checkpointer:
             return
         self.wait_for_staging()
         future, step, path, json_state = self.pending
-        watchdog.progress(f"waiting for the async save of step {step} to be written")
+        watchdog.progress(f"waiting for the async save of step {step} to be written", waits=True)  # its writer's blocks are progress
         self.pending = None
         error = None
         try:

@@ -26,6 +26,7 @@ from checkpointing.durable_io import replace_durable
 from checkpointing.folders import EXIT_SAVE_FAILED
 from core import log
 from core.protocols import DistInfo
+from liveness import watchdog
 from preflight import config as config_io
 from preflight.prepare import Prepared
 
@@ -106,7 +107,11 @@ def end_status(output_dir: Path, exit_code: int, reason: str, step: int, detail:
 
 
 def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, detail: str, strict: bool = True) -> None:
-    """``exit_status.json``; ``strict=False``: a full or read-only disk is logged, not raised."""
+    """``exit_status.json``; ``strict=False``: a full or read-only disk is logged, not raised. Once the
+    stall watchdog has ended the run, its record (reason ``stalled``) stands: what the main thread
+    writes after it (a collective broken by another rank's exit) is a consequence, not the cause."""
+    if watchdog.stalled() and reason != "stalled":
+        return
     status: dict[str, Any] = {"exit_code": exit_code, "reason": reason, "step": step, "detail": detail}
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +120,8 @@ def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, 
         if strict:
             raise
         log.error(f"cannot write exit_status.json ({e})")
+        return
+    watchdog.end_recorded(reason)  # a hang in teardown from here on keeps this record
 
 
 def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) -> str:

@@ -357,9 +357,11 @@ class Trainer:
         if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and not self.save_checkpoint(run.step, use_async=False):
             reason = policy.DIVERGED
         ckpt.wait()
+        watchdog.progress("ending the run: stopping the data loader's read-ahead thread")  # teardown is watched too
         self.close_loader()
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
+        watchdog.progress(f"ending the run: writing exit_status.json (reason {reason!r})")
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
             code = run_files.end_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
         return code

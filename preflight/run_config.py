@@ -57,8 +57,8 @@ class TrainOptions:
     )
     stall_timeout_s: float = option(
         1800.0,
-        "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes, a checkpoint's reads) before a rank "
-        "ends the run for a restart, with every thread's stack (3x until the first step ends); 0: off",
+        "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes, a checkpoint's reads, teardown) "
+        "before a rank ends the run for a restart, naming the rank furthest behind, with every thread's stack (3x until the first step ends); 0: off",
         ge=0,
     )
 

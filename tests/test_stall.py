@@ -1,6 +1,7 @@
 """The stall watchdog (``liveness/watchdog.py``, ``train.stall_timeout_s``) on real 2-rank gloo runs:
-a run whose every rank hangs outside a collective is ended for a restart; a slow run that keeps
-making progress is left alone."""
+a run with a rank that hangs outside a collective is ended for a restart, every rank naming the one
+that holds the others up; a slow run that keeps making progress is left alone; a hang in teardown,
+after the run's end is recorded, ends the process but keeps that record."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import subprocess
 import time
 
 import pytest
-from conftest import REPO, env, read_metrics, torchrun_argv, write_tiny_config
+from conftest import PY, REPO, env, read_metrics, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
 SEAMS = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
 
 
-def test_a_run_whose_every_rank_hangs_in_a_data_read_is_ended_for_a_restart(tmp_path):
-    """Every rank stuck in the data read of step 3 (a dead network mount): no collective is waiting,
-    so train.collective_timeout_s never fired and the run hung for good. Now each rank's watchdog
-    names the phase in one line, dumps the stacks, rank 0 writes exit_status.json (reason
-    ``stalled``, which launchers restart) and the job ends; the checkpoint of step 2 stays usable."""
+def test_a_rank_that_hangs_in_a_data_read_is_named_by_every_rank_and_the_run_is_ended_for_a_restart(tmp_path):
+    """Rank 1 alone is stuck in the data read of step 3 (a dead network mount); rank 0 waits for it in
+    the step's gradient all-reduce. Each rank's watchdog names its own phase and, from every rank's
+    phase in the rendezvous store, the rank holding the others up: both lines say rank 1 and its
+    data read. Every thread's stack follows, rank 0 writes exit_status.json (reason ``stalled``, which
+    launchers restart) and the job ends; the checkpoint of step 2 stays usable. (Before, rank 0 said
+    only "in step 3", and each rank's line was all there was to go on.)"""
     from checkpointing.folders import verify
 
     cfg = write_tiny_config(tmp_path, steps=100, global_batch_tokens=512)  # one micro-batch per step
@@ -30,7 +33,7 @@ def test_a_run_whose_every_rank_hangs_in_a_data_read_is_ended_for_a_restart(tmp_
     proc = subprocess.Popen(
         torchrun_argv(2, *args),
         cwd=REPO,
-        env=env(PYTHONPATH=SEAMS, PLAIT_TEST_HANG_DATA_AT_STEP="3"),
+        env=env(PYTHONPATH=SEAMS, PLAIT_TEST_HANG_DATA_AT_STEP="3", PLAIT_TEST_HANG_DATA_ON_RANK="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -47,13 +50,18 @@ def test_a_run_whose_every_rank_hangs_in_a_data_read_is_ended_for_a_restart(tmp_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0 and ended_after < 4 + 20, (proc.returncode, ended_after, output[-3000:])
-    lines = [line for line in output.splitlines() if line.startswith("plait: error: rank") and ": stalled: no progress for" in line]
-    assert lines and all(sum(f"rank {r}: stalled" in line for line in lines) <= 1 for r in (0, 1)), output[-3000:]
-    assert "reading the data of step 3" in lines[0] and "train.stall_timeout_s = 4" in lines[0], lines
+    lines = {r: [line for line in output.splitlines() if line.startswith(f"plait: error: rank {r}: stalled: ")] for r in (0, 1)}
+    assert all(len(found) == 1 for found in lines.values()), output[-4000:]  # one line per rank: torchrun's summary repeats it
+    line0, line1 = lines[0][0], lines[1][0]
+    assert "no progress for" in line1 and "reading the data of step 3 for" in line1 and "train.stall_timeout_s = 4" in line1, line1
+    assert "the rank furthest behind is rank 1 (this rank): reading the data of step 3" in line1, line1
+    assert "rank 0 in step 3 (forward, backward, update)" in line1, line1  # what the other rank does
+    assert "in step 3 (forward, backward, update) for" in line0, line0  # rank 0's own phase: it waits in the step
+    assert "the rank furthest behind is rank 1: reading the data of step 3" in line0, line0
     assert "in _hanging_check_step" in output and "Thread 0x" in output, output[-3000:]  # faulthandler's dump: where it hung
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "stalled" and status["exit_code"] == 1 and status["step"] == 2, status
-    assert "reading the data of step 3" in status["detail"]
+    assert "the rank furthest behind is rank 1" in status["detail"]
     assert verify(out / "checkpoints" / "step_000000002")["step"] == 2  # shards and checksums included
 
 
@@ -87,3 +95,28 @@ def test_a_stall_timeout_that_is_not_a_finite_non_negative_number_is_bad_input(v
 
     with pytest.raises(ConfigError, match=r"\[train\]\.stall_timeout_s"):
         build_options(TrainOptions, {"steps": 1, "stall_timeout_s": value}, "run.toml: [train]")
+
+
+def test_a_hang_in_teardown_after_a_completed_run_ends_the_process_and_keeps_completed(tmp_path):
+    """The run completed (exit_status.json says so, its last checkpoint is committed), then destroying
+    the process groups never returns. Before, the watchdog was stopped at the run's end and the job
+    sat there for good; now it watches until the process exits: one line naming the teardown phase,
+    the stacks, and the end of the process, while exit_status.json keeps ``completed`` (a launcher
+    does not restart a finished run). One process: the teardown is the same on every rank."""
+    cfg = write_tiny_config(tmp_path, steps=2, global_batch_tokens=256)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [PY, "-m", "core.train", "--config", str(cfg), "--train.stall_timeout_s=2", "--checkpoint.every=0"],
+        cwd=REPO,
+        env=env(PYTHONPATH=SEAMS, PLAIT_TEST_HANG_AT_EXIT="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    err = proc.stderr
+    assert proc.returncode == 1, (proc.returncode, err[-3000:])
+    assert "plait: error: rank 0: stalled: no progress for" in err and "after the run's end: destroying the process groups" in err, err[-3000:]
+    assert "exit_status.json keeps reason 'completed'" in err and "in _hanging_shutdown" in err, err[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "completed" and status["exit_code"] == 0 and status["step"] == 2, status
+    assert (out / "checkpoints" / "step_000000002" / "COMMITTED").exists()

@@ -29,6 +29,7 @@ def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
     never retries bad input. Best effort: the folder itself may be the bad input. Never into the
     folder of a job that runs there (its launcher would take its later death for bad input)."""
     from checkpointing.ownership import held_elsewhere
+    from liveness import watchdog
 
     if not output_dir or not os.environ.get("TORCHELASTIC_RUN_ID") or held_elsewhere(output_dir):
         return
@@ -39,6 +40,7 @@ def record_bad_input(err: PlaitError, output_dir: str | None) -> None:
         tmp = out / f"exit_status.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"exit_code": EXIT_BAD_INPUT, "reason": "bad_input", "step": 0, "detail": str(err)}) + "\n")
         os.replace(tmp, out / "exit_status.json")
+        watchdog.end_recorded("bad_input")  # a hang in teardown from here on keeps it
     except OSError:
         pass
 
@@ -111,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         if info.is_main:
             run_files.write_exit_status(Path(prep.rc.train.output_dir), code, reason, step, detail, strict=False)
 
-    watchdog.start(prep.rc.train.stall_timeout_s, write_stall_status, "starting (building the model, resuming from a checkpoint)")
+    watchdog.start(
+        prep.rc.train.stall_timeout_s, write_stall_status, "starting (building the model, resuming from a checkpoint)", info.rank, info.world_size
+    )  # from here to the process's exit (run_and_exit), teardown included
     try:
         trainer = Trainer(prep, info)
         trainer.install_signal_handlers()
@@ -134,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             trainer.fail(e)
         raise
     finally:
-        watchdog.stop()  # the run's end is decided and written; what follows is teardown
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a
         # gloo group left to interpreter finalization can abort the process after a good run.
+        watchdog.progress("after the run's end: freeing the model, the optimizer and their process groups")
         trainer = None
         gc.collect()
+        watchdog.progress("after the run's end: destroying the process groups (destroy_process_group)")
         distributed.shutdown()
 
 
@@ -150,6 +155,8 @@ def run_and_exit() -> None:
     "terminate called without an active exception" (SIGABRT) once in a while, turning a good
     run into a failed one for torchrun. An exception still ends the process the normal way."""
     import os
+
+    from liveness import watchdog
 
     sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)  # type: ignore[assignment]
     try:
@@ -162,10 +169,13 @@ def run_and_exit() -> None:
         from core.errors import tell_torchrun
 
         tell_torchrun(f"{type(e).__name__}: {e}", traceback.format_exc())
+        watchdog.progress("after a crash: Python's exit (joining threads, exit handlers)")
         raise
     from dataloading.indexed import _shut_down_workers
 
+    watchdog.progress("after the run's end: stopping the data loaders' worker processes")
     _shut_down_workers()  # loader worker processes (atexit handlers do not run after os._exit)
+    watchdog.progress("after the run's end: flushing stdout and stderr")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)

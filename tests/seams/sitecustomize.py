@@ -13,7 +13,8 @@ checkpoint once it is committed (damage on disk after the save: bit rot, a bad c
 ``PLAIT_TEST_WAIT_BEFORE_LOCK=PATH`` creates ``PATH.ready`` when the preflight is about to take the run
 folders' lock, then waits until PATH exists: a job that starts while another one is ending.
 ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
-mount), on every rank.
+mount), on every rank, or only on rank ``PLAIT_TEST_HANG_DATA_ON_RANK`` when that is set.
+``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
 ``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
 each block written takes 5 ms until they have.
@@ -138,13 +139,27 @@ if _hang:
 
     _check_step = IndexedSource.check_step
 
+    _hang_rank = os.environ.get("PLAIT_TEST_HANG_DATA_ON_RANK", os.environ.get("RANK", "0"))
+
     def _hanging_check_step(self, first, end):
-        if first // (end - first) + 1 == int(_hang):
+        if first // (end - first) + 1 == int(_hang) and os.environ.get("RANK", "0") == _hang_rank:
             while True:  # a read on a dead mount
                 _time.sleep(3600)
         return _check_step(self, first, end)
 
     IndexedSource.check_step = _hanging_check_step
+
+# ``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
+if os.environ.get("PLAIT_TEST_HANG_AT_EXIT"):
+    import time as _exit_time
+
+    from core import distributed as _distributed
+
+    def _hanging_shutdown():
+        while True:  # a destroy_process_group that waits for a peer that is gone
+            _exit_time.sleep(3600)
+
+    _distributed.shutdown = _hanging_shutdown
 
 # ``PLAIT_TEST_SLOW_READ_S=SECONDS``: each micro-batch an index loader reads takes that long.
 _slow = os.environ.get("PLAIT_TEST_SLOW_READ_S", "")
