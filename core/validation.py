@@ -28,14 +28,10 @@ from liveness import watchdog
 
 @dataclass
 class ValidationOptions:
-    every: int = option(0, "steps between validation passes; 0 disables validation")
-    batches: int = option(10, "micro-batches per rank in each validation pass")
+    every: int = option(0, "steps between validation passes; 0 disables validation", ge=0)
+    batches: int = option(10, "micro-batches per rank in each validation pass", gt=0)
     split: str = option("val", "the data source's split to evaluate")
     per_source: bool = option(True, "also evaluate each part of a source that has parts (a mixture's sources): val_loss/<label>")
-
-    def check(self) -> None:
-        if self.every < 0 or self.batches <= 0:
-            raise ValueError("every must be >= 0 and batches > 0")
 
 
 class ValidationLoss(float):
