@@ -188,6 +188,14 @@ class LoaderSpec:
 class DataLoaderLike(Protocol):
     """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len].
 
+    ``iter()`` may be called again (after ``load_state_dict``, a rollback, a sequence-length stage):
+    each new iterator goes on from the loader's position. ``state_dict()`` is that position after the
+    micro-batches handed out so far (on CUDA read by a thread one step ahead); rank 0's is saved and
+    loaded on every rank, also by a loader made for another ``seq_len``, ``micro_batch`` (a stage) or
+    world size. Its optional ``consumed_samples`` (an int: global samples drawn, as
+    :class:`dataloading.indexed.IndexedLoader` keeps it) is what a resume reports and the source's
+    ``metrics`` receive. A validation loader (``spec.split`` is ``validation.split``) is made for each
+    pass and read for ``validation.batches`` micro-batches; one that ends sooner is averaged over those.
     It may end (``StopIteration``, or :class:`dataloading.indexed.DataExhausted`). If it can end at a
     different step on different ranks it sets ``may_end = True``: the trainer then agrees across
     ranks before each step's compute, and every rank stops together with a checkpoint.
@@ -209,6 +217,12 @@ def loader_may_end(loader: DataLoaderLike) -> bool:
 def loader_state_per_rank(loader: DataLoaderLike) -> bool:
     """The loader's optional ``per_rank_state`` flag (default False); the one place the core reads it."""
     return bool(getattr(loader, "per_rank_state", False))
+
+
+def loader_consumed_samples(state: dict[str, Any]) -> int | None:
+    """A loader state's optional ``consumed_samples`` (an int), else None; the one place the core reads it."""
+    n = state.get("consumed_samples") if isinstance(state, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def model_step_metrics(model: nn.Module):

@@ -27,7 +27,7 @@ from core import stop_policy as policy
 from core.assemble import Assembled, assemble
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
-from core.protocols import DistInfo, data_fingerprint, loader_may_end, precision_log_step
+from core.protocols import DistInfo, data_fingerprint, loader_consumed_samples, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 from core.validation import validate
@@ -241,7 +241,7 @@ class Trainer:
         }
         data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract)
         if data_metrics is not None:
-            extra["the data source's metrics()"] = data_metrics(self.loader.state_dict().get("consumed_samples", 0))
+            extra["the data source's metrics()"] = data_metrics(loader_consumed_samples(self.loader.state_dict()) or 0)
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
         metrics["skipped_steps"] = self.last_skipped
         return self.monitors.metrics(self.run, self.run.step, metrics)  # mfu, memory, update ratios...

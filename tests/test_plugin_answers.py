@@ -320,3 +320,45 @@ def test_the_meta_model_is_built_once_and_a_precision_check_only_reads_it(tmp_pa
     finally:
         for slot, name, _ in added:
             del reg._components[slot][name]
+
+
+# --- a loader of a plugin's own (not IndexedLoader): what the core reads off it ------------------
+
+
+class OwnLoader:
+    """A loader written from ``core.protocols.DataLoaderLike`` alone: its state has no
+    ``consumed_samples``, and it ends after ``n`` micro-batches (a small validation split)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.position = n, 0
+
+    def __iter__(self):
+        import torch
+
+        while self.position < self.n:
+            self.position += 1
+            yield torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
+    """The core read ``consumed_samples`` off every loader's state, a key no protocol declared: a
+    plugin's own loader (its state saved from rank 0, the same on every rank) was reported as
+    "per-rank stream positions". The key is declared now (``loader_consumed_samples``)."""
+    from types import SimpleNamespace
+
+    from checkpointing.hyperparams import say_restored
+
+    state = SimpleNamespace(run=SimpleNamespace(step=3, tokens_seen=12), optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]), loader=OwnLoader(5))
+    say_restored("ckpt", {"world_size": 2}, set(), state, 2)
+    out = capsys.readouterr().out
+    assert "data at the loader's saved position" in out and "per-rank" not in out, out
+    state.loader.state_dict = lambda: {"consumed_samples": 40, "position": 3}
+    say_restored("ckpt", {"world_size": 2}, set(), state, 2)
+    assert "data at sample 40" in capsys.readouterr().out
+
