@@ -362,3 +362,45 @@ def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
     say_restored("ckpt", {"world_size": 2}, set(), state, 2)
     assert "data at sample 40" in capsys.readouterr().out
 
+
+def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
+    """A plugin's validation split smaller than ``validation.batches`` micro-batches crashed the run
+    with a bare StopIteration (exit 1, which launchers restart into the same crash). Now the ranks
+    agree to average the batches every rank served, with one warning; none served is one line."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from core.protocols import DistInfo
+    from core.validation import ValidationOptions, evaluate
+
+    class Loss(torch.nn.Module):
+        def forward(self, ids, labels):
+            return torch.tensor(2.5)
+
+    class Source:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def loader(self, spec):
+            assert spec.split == "val" and spec.grad_accum == 1
+            return OwnLoader(self.n)
+
+    def trainer(n: int):
+        return SimpleNamespace(
+            train_model=Loss(),
+            dist=DistInfo(),
+            control=SimpleNamespace(max=lambda values: list(values)),  # one rank: the agreement is its own
+            run=SimpleNamespace(step=10),
+            c={"precision": SimpleNamespace(autocast=lambda device: contextlib.nullcontext()), "data": Source(n)},
+            rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
+            loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=2, dp_rank=0, dp_size=1, seed=0),
+            _signal=None,
+        )
+
+    assert evaluate(trainer(1), ValidationOptions(every=10, batches=3)) == 2.5
+    assert "data 'mine': the validation loader (split 'val') ended after 1 of validation.batches = 3" in capsys.readouterr().err
+    with pytest.raises(DataError) as err:
+        evaluate(trainer(0), ValidationOptions(every=10, batches=3))
+    one_line(err, "data 'mine': the validation loader (split 'val') served no micro-batch")
