@@ -340,13 +340,18 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
 class OptimizerBuilder(Protocol):
     """Builds a torch optimizer from the parameter groups the core made.
 
-    Optional member (default in ``core.contract.CONTRACT``): ``state_bytes_per_param``.
+    Optional member (default in ``core.contract.CONTRACT``): ``state_bytes_per_param``. A built
+    optimizer whose ``step()`` honours ``found_inf`` (torch's ``_step_supports_amp_scaling``, as its
+    fused kernels) skips a non-finite step on the device; any other is skipped from the host.
     """
 
     options: OptimizerOptions
     """Its options, an instance of a :class:`core.param_groups.OptimizerOptions` subclass."""
 
-    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer: ...
+    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """One group per parameter kind (``params``, ``name``, ``lr`` = ``options.lr`` x the kind's
+        ``lr_mult``, ``weight_decay``): pass them on as they are; the schedule scales each ``lr``."""
+        ...
 
 
 @runtime_checkable
