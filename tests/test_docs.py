@@ -1,0 +1,194 @@
+"""The docs agree with the code: the tables of options, flags, sections, modules and protocol members
+that README.md and docs/*.md print are read here and held to what the code declares, so a renamed
+option, a new flag, a new core section or a new required member cannot leave the docs behind.
+Everything is read in this process (no run): a few seconds in all."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # python 3.10
+    import tomli as tomllib
+
+DOCS = REPO / "docs"
+
+
+def text(name: str) -> str:
+    return (REPO / name).read_text()
+
+
+def table_rows(doc: str, header: str) -> list[list[str]]:
+    """The cells of each row of the markdown table whose header row starts with ``header``."""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def names_in(cell: str) -> list[str]:
+    """The `code` spans of a cell, without flag metavars (``--nproc N`` -> ``--nproc``)."""
+    return [c.split()[0] for c in re.findall(r"`([^`]+)`", cell)]
+
+
+def toml_value(cell: str) -> Any:
+    """A table cell as a TOML literal (``false``, ``"auto"``, ``[]``, ``0.01``), a `code` span as its
+    text (```bytes```), else the cell itself (a description)."""
+    try:
+        return tomllib.loads(f"v = {cell.strip('`')}")["v"]
+    except tomllib.TOMLDecodeError:
+        return cell[1:-1] if re.fullmatch(r"`[^`<]+`", cell) else cell  # `<output_dir>/...`: a description
+
+
+def defaults_of(cls: type) -> dict[str, Any]:
+    from core.options import describe
+
+    return {name: default for name, _tp, default, _doc in describe(cls)}
+
+
+def parser_of(main, monkeypatch) -> argparse.ArgumentParser:
+    """The argument parser a command's ``main()`` builds (caught at its ``parse_args``)."""
+
+    class Caught(Exception):
+        pass
+
+    def catch(self, *args, **kwargs):
+        raise Caught(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    with pytest.raises(Caught) as caught:
+        main([])
+    return caught.value.args[0]
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    return {a.option_strings[0]: a.default for a in parser._actions if a.option_strings and a.option_strings[0] != "-h"}
+
+
+def test_configuration_md_names_every_core_section():
+    from preflight.run_config import CORE_SECTION_OPTIONS
+
+    listed = {n for row in table_rows(text("docs/configuration.md"), "| section |") if row[1] == "core" for n in names_in(row[0])}
+    assert listed == {f"[{s}]" for s in CORE_SECTION_OPTIONS}
+
+
+def test_every_core_option_has_a_type_a_default_and_a_doc():
+    """What ``python -m core.plugins`` prints for the core sections (the plugins' own: test_registry)."""
+    from core.options import describe
+    from preflight.run_config import CORE_SECTION_OPTIONS
+
+    for section, cls in CORE_SECTION_OPTIONS.items():
+        for name, tp, default, doc in describe(cls):
+            assert tp and doc and default != "(required)", (section, name)
+
+
+def test_checkpoints_md_table_is_the_checkpoint_options():
+    from checkpointing.folders import CheckpointOptions
+
+    defaults, seen = defaults_of(CheckpointOptions), set()
+    for row in table_rows(text("docs/checkpoints.md"), "| key | default |"):
+        for key in names_in(row[0]):
+            assert key in defaults, f"docs/checkpoints.md names [checkpoint].{key}, which is no option"
+            seen.add(key)
+            value = toml_value(row[1])
+            if value != row[1]:  # a literal default (not a description such as <output_dir>/checkpoints)
+                assert value == defaults[key], f"[checkpoint].{key}: docs say {row[1]}, the code {defaults[key]!r}"
+    assert seen == set(defaults), f"missing from docs/checkpoints.md: {sorted(set(defaults) - seen)}"
+
+
+def test_operations_md_recurrent_moe_table_is_the_monitor_options():
+    from plugins.monitors.recurrent_moe import RecurrentMoEMonitorOptions
+
+    defaults = defaults_of(RecurrentMoEMonitorOptions)
+    for row in table_rows(text("docs/operations.md"), "| signal |"):
+        for cell in row[1:]:
+            key, default = re.match(r"`(\w+)` \(([^);]+)", cell).groups()  # type: ignore[union-attr]
+            assert toml_value(default.split()[0]) == defaults[key], (key, default, defaults[key])
+
+
+def test_the_plan_flag_table_lists_every_flag(monkeypatch):
+    from tools.plan import main
+
+    flags = flags_of(parser_of(main, monkeypatch))
+    listed = {names_in(row[0])[0] for row in table_rows(text("docs/configuration.md"), "| flag | meaning |")}
+    assert listed == set(flags) - {"--config"}
+    for row in table_rows(text("docs/configuration.md"), "| flag | meaning |"):
+        said = re.search(r"\(default (\d+)", row[1])
+        if said:
+            assert int(said.group(1)) == flags[names_in(row[0])[0]], row
+
+
+def test_the_prepare_flag_table_is_the_command(monkeypatch):
+    from plugins.data.prepare import main
+
+    flags = flags_of(parser_of(main, monkeypatch))
+    rows = table_rows(text("docs/data.md"), "| flag | default | what |")
+    assert {names_in(row[0])[0] for row in rows} == set(flags)
+    for row in rows:
+        value = toml_value(row[1])
+        if value != row[1]:  # a number or a `literal`, not a description
+            assert value == flags[names_in(row[0])[0]], row
+
+
+def test_writing_plugins_names_every_required_member_of_each_slot():
+    """A required member the walk-through leaves out is a plugin written from it that is refused
+    (the optimizer's ``options`` was)."""
+    from core.contract import CONTRACT
+
+    rows = {row[0]: row[1] for row in table_rows(text("docs/writing_plugins.md"), "| slot | the factory's result provides |")}
+    for slot, members in CONTRACT.items():
+        for m in members:
+            if m.required:
+                assert f"`{m.name}" in rows[slot], f"docs/writing_plugins.md: the {slot} row lacks {m.name}"
+
+
+def test_writing_plugins_names_every_hook_and_every_end_reason():
+    import core.hookspecs as hookspecs
+
+    doc = text("docs/writing_plugins.md")
+    for hook in hookspecs.RUN_EVENT_HOOKS:
+        assert f"`{hook}(" in doc, hook
+    for reason in re.findall(r'\* ``"(\w+)"``', hookspecs.plait_train_end.__doc__ or ""):
+        assert f"`{reason}`" in doc, reason
+
+
+def test_the_members_of_prep_a_monitor_may_read_exist():
+    import core.hookspecs as hookspecs
+    from preflight.prepare import Prepared
+
+    doc = " ".join((hookspecs.plait_preflight.__doc__ or "").split())
+    declared = re.findall(r"``(\w+)``", doc.split("may read its")[1].split("the rest is")[0])
+    have = {f.name for f in dataclasses.fields(Prepared)} | {n for n, v in vars(Prepared).items() if isinstance(v, property)}
+    assert len(declared) >= 6 and set(declared) <= have, set(declared) - have
+
+
+def test_architecture_md_lists_every_module():
+    doc = text("docs/architecture.md")
+    for package in ("core", "preflight", "checkpointing", "dataloading", "liveness", "tools"):
+        for path in sorted((REPO / package).glob("*.py")):
+            if path.stem != "__init__":
+                assert re.search(rf"\b{path.stem}\.py\b", doc), f"docs/architecture.md does not list {package}/{path.name}"
+
+
+def test_readme_lists_every_built_in_plugin():
+    from core import registry as registry_mod
+    from core.protocols import SLOTS
+
+    rows = {row[0]: row[1] for row in table_rows(text("README.md"), "| slot | plugins |")}
+    reg = registry_mod.load()
+    for slot in SLOTS:
+        own = {c.name for c in reg.components(slot) if c.distribution == "plait"}
+        listed = set(names_in(rows[slot])) & {n for s in SLOTS for n in reg.names(s)}  # flavors and flags aside
+        assert own == listed, (slot, own ^ listed)
