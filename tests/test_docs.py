@@ -192,3 +192,37 @@ def test_readme_lists_every_built_in_plugin():
         own = {c.name for c in reg.components(slot) if c.distribution == "plait"}
         listed = set(names_in(rows[slot])) & {n for s in SLOTS for n in reg.names(s)}  # flavors and flags aside
         assert own == listed, (slot, own ^ listed)
+
+
+FILE_SUFFIXES = {"py", "md", "bin", "json", "safetensors"}  # train.bin, data.md, model.safetensors: files, not keys
+
+
+def test_every_section_key_the_docs_name_is_an_option():
+    """``train.steps``, ``checkpoint.keep_best``, ``data.path``, ``monitors.spikes.window``... anywhere in
+    README.md and docs/*.md: each is an option of that core section, of some plugin of that slot, or of
+    that monitor (the example plugin's components count: the docs walk through them)."""
+    from core import registry as registry_mod
+    from core.options import describe
+    from preflight.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+
+    reg = registry_mod.load()
+    keys = {section: {n for n, *_ in describe(cls)} for section, cls in CORE_SECTION_OPTIONS.items()}
+    for slot, section in SLOT_SECTIONS.items():
+        keys[section] = {"name", *SLOT_CORE_KEYS.get(slot, {}), *(PRECISION_CHAIN_DOC if slot == "precision" else {})}
+        keys[section] |= {n for c in reg.components(slot) for n, *_ in describe(c.options)}
+    keys["precision"] |= set(reg.names("precision"))  # [precision.fp8]: a fallback entry's own table
+    monitors = {c.name: {n for n, *_ in describe(c.options)} for c in reg.components("monitor")}
+    example = text("examples/plait-example-plugin/plait_example_plugin/__init__.py")
+    monitors |= {name: None for name in re.findall(r'registry\.add\("monitor", "(\w+)"', example)}  # not installed here
+    pattern = re.compile(rf"(?<![\w./(-])({'|'.join(keys)})\.([a-z_]\w*)(?:\.([a-z_]\w*))?(?![\w(])")
+    bad = []
+    for path in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for m in pattern.finditer(line):
+                section, key, sub = m.groups()
+                if key in FILE_SUFFIXES or key in keys[section]:
+                    continue
+                if section == "monitors" and key in monitors and (sub is None or monitors[key] is None or sub in monitors[key]):  # type: ignore[operator]
+                    continue
+                bad.append(f"{path.name}:{i}: {m.group(0)}")
+    assert not bad, "the docs name options that do not exist:\n" + "\n".join(bad)
