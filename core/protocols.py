@@ -118,6 +118,9 @@ def spec_compile_loss(spec: ModelSpec, model: nn.Module) -> bool:
 class Parallelism(Protocol):
     """Data parallel strategy. Applied after precision conversion.
 
+    ``wrap`` gets the converted model, the same weights on every rank; ``sync_context`` and
+    ``clip_grad_norm`` get what it returned. After a step's last backward every gradient must be
+    the mean over ranks (each rank's loss is the mean over its own tokens), as DDP makes it.
     Optional members (defaults in ``core.contract.CONTRACT``): ``check_world(world_size)``,
     ``shards_parameters`` and ``wraps_before_compile``.
     """
@@ -125,7 +128,7 @@ class Parallelism(Protocol):
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...
 
     def sync_context(self, model: nn.Module, sync: bool) -> ContextManager:
-        """Context for one micro-step's backward; ``sync=False`` skips the gradient all-reduce."""
+        """Context around one micro-step's forward and backward; ``sync=False`` skips the gradient sync."""
         ...
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -161,7 +164,7 @@ class Precision(Protocol):
         ...
 
     def metrics(self, model: nn.Module) -> dict[str, float]:
-        """Health metrics (fp8 scales, amax) for the log interval; may be empty."""
+        """Health metrics (fp8 scales, amax) of the unwrapped model for a log step; may be empty."""
         ...
 
 
