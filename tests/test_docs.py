@@ -226,3 +226,20 @@ def test_every_section_key_the_docs_name_is_an_option():
                     continue
                 bad.append(f"{path.name}:{i}: {m.group(0)}")
     assert not bad, "the docs name options that do not exist:\n" + "\n".join(bad)
+
+
+def test_every_file_and_test_the_docs_name_exists():
+    """``checkpointing/staging.py``, ``tests/test_retention.py::test_...``, ``train_configs/1b_h100.toml``:
+    each path under one of the repository's folders, and each test named, is there."""
+    tops = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    tests = "\n".join(p.read_text() for p in (REPO / "tests").rglob("*.py"))
+    bad = []
+    for path in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]:
+        doc = path.read_text()
+        for name in sorted(set(re.findall(r"\b[\w.-]+(?:/[\w.-]+)+\.(?:py|toml|sh|yaml|sbatch|md)\b", doc))):
+            if name.split("/")[0] in tops and not (REPO / name).exists():
+                bad.append(f"{path.name}: {name}")
+        for test in sorted(set(re.findall(r"\btest_\w+", doc))):
+            if not re.search(rf"def {test}\b", tests) and not (REPO / "tests" / f"{test}.py").exists():
+                bad.append(f"{path.name}: {test}")
+    assert not bad, "the docs name files or tests that do not exist:\n" + "\n".join(bad)
