@@ -191,7 +191,7 @@ class Trainer:
         deterministically raise :class:`DataExhausted` on every rank at the same step. A bad record
         found mid-run (:class:`DataError`) stops every rank with a checkpoint and exit code 2."""
         from core.errors import DataError
-        from dataloading.indexed import DataExhausted
+        from dataloading.indexed import DataExhausted, check_batch
 
         t_wait = time.perf_counter()
         micro, why, bad = [], "", 0
@@ -205,6 +205,8 @@ class Trainer:
         except DataError as e:
             why, bad = f"bad data: {e}", 2
             log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
+        for batch in micro:  # held to DataLoaderLike's shape: a plugin's own loader is not IndexedLoader
+            check_batch(batch, self.built.loader_spec, self.rc.slots["data"].component.name)
         self.step_metrics.data_wait_s += time.perf_counter() - t_wait
         if loader_may_end(self.loader):
             ended, bad = self.control.max([int(bool(why)), bad])

@@ -404,3 +404,43 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
     with pytest.raises(DataError) as err:
         evaluate(trainer(0), ValidationOptions(every=10, batches=3))
     one_line(err, "data 'mine': the validation loader (split 'val') served no micro-batch")
+
+
+@pytest.mark.parametrize(
+    "batch, words",
+    [
+        (
+            "inputs and labels of seq_len + 1",
+            "its loader yielded (1, 5) torch.int64, (1, 5) torch.int64; expected (inputs, labels), two integer tensors of shape (1, 4)",
+        ),
+        ("float inputs", "its loader yielded (1, 4) torch.float32, (1, 4) torch.int64"),
+        ("a bare tensor", "its loader yielded Tensor; expected (inputs, labels)"),
+    ],
+)
+def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
+    """A plugin's own loader that yielded [micro_batch, seq_len + 1] rows, or labels equal to the inputs,
+    trained silently on them, and float ids were a traceback from the embedding (exit 1, restarted by
+    launchers). Each step's micro-batches are held to DataLoaderLike's shape: one line, exit 2."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from core.trainer import Trainer
+
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    yielded = {
+        "inputs and labels of seq_len + 1": (torch.zeros(1, 5, dtype=torch.long),) * 2,
+        "float inputs": (ids.float(), ids),
+        "a bare tensor": ids,
+    }[batch]
+    trainer = SimpleNamespace(
+        prep=SimpleNamespace(grad_accum=1),
+        step_metrics=SimpleNamespace(data_wait_s=0.0),
+        loader=OwnLoader(1),
+        built=SimpleNamespace(loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=1, dp_rank=0, dp_size=1, seed=0)),
+        rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
+    )
+    assert Trainer.next_step_batches(trainer, iter([(ids, ids)])) == ([(ids, ids)], "")  # the declared shape passes
+    with pytest.raises(PluginError) as err:
+        Trainer.next_step_batches(trainer, iter([yielded]))
+    one_line(err, f"data 'mine': {words}")
