@@ -243,3 +243,20 @@ def test_every_file_and_test_the_docs_name_exists():
             if not re.search(rf"def {test}\b", tests) and not (REPO / "tests" / f"{test}.py").exists():
                 bad.append(f"{path.name}: {test}")
     assert not bad, "the docs name files or tests that do not exist:\n" + "\n".join(bad)
+
+
+def test_configuration_md_lists_the_path_options():
+    """The options resolved against their config file's folder (``option(..., path=True)``) are the ones
+    configuration.md's "Paths" names."""
+    from core import registry as registry_mod
+    from core.protocols import SLOTS
+    from preflight.run_config import CORE_SECTION_OPTIONS, SLOT_SECTIONS
+
+    paths = {f"{s}.{f.name}" for s, cls in CORE_SECTION_OPTIONS.items() for f in dataclasses.fields(cls) if f.metadata.get("path")}
+    for slot in SLOTS:
+        for c in registry_mod.load().components(slot):
+            section = SLOT_SECTIONS.get(slot, f"monitors.{c.name}")
+            paths |= {f"{section}.{f.name}" for f in dataclasses.fields(c.options) if f.metadata.get("path")}
+    doc = text("docs/configuration.md")
+    listed = doc.split("*path options*")[1].split("A relative value")[0]
+    assert set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", listed)) == paths
