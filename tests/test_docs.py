@@ -260,3 +260,12 @@ def test_configuration_md_lists_the_path_options():
     doc = text("docs/configuration.md")
     listed = doc.split("*path options*")[1].split("A relative value")[0]
     assert set(re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", listed)) == paths
+
+
+def test_configuration_md_states_each_slot_default_plugin():
+    from preflight.run_config import DEFAULT_PLUGIN
+
+    sentence = text("docs/configuration.md").split("Defaults when a slot section is absent:")[1].split("\n\n")[0]
+    said = dict(re.findall(r'`(\w+) = "(\w+)"`', sentence))
+    assert said == {slot: name for slot, name in DEFAULT_PLUGIN.items() if name is not None}
+    assert all(f"`[{slot}]`" in sentence for slot, name in DEFAULT_PLUGIN.items() if name is None)  # must name a plugin
