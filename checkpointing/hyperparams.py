@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from core import log
+from core.protocols import loader_consumed_samples
 
 STATE_KEYS = frozenset({"params", "lr"})  # the parameters, and the LR the schedule sets each step
 
@@ -120,8 +121,8 @@ def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> No
     restored data position now indexes other data."""
     saved = meta.get("data_fingerprint")
     if saved and fingerprint and saved != fingerprint:
-        position = meta.get("data", {}).get("consumed_samples")
-        at = f" (sample {position:,})" if isinstance(position, int) else ""
+        position = loader_consumed_samples(meta.get("data", {}))
+        at = f" (sample {position:,})" if position is not None else ""
         log.warn(
             f"checkpoint {path} was trained on other data ({saved}); this run's data is {fingerprint}: "
             f"the restored data position{at} now indexes different data"
@@ -135,8 +136,8 @@ def say_restored(path: Any, meta: dict[str, Any], skip: set[str], state: Any, wo
     run, loader = state.run, state.loader
     log.info(f"resumed from {path} at step {run.step} (saved on {meta.get('world_size')} ranks, now {world_size})")
     lr = state.optimizer.param_groups[0]["lr"]
-    position = loader.state_dict() if not loader_state_per_rank(loader) else {}
-    data = f"sample {position['consumed_samples']:,}" if "consumed_samples" in position else "per-rank stream positions"
+    position = None if loader_state_per_rank(loader) else loader_consumed_samples(loader.state_dict())
+    data = "per-rank stream positions" if loader_state_per_rank(loader) else "the loader's saved position" if position is None else f"sample {position:,}"
     parts = [f"tokens seen {run.tokens_seen:,}", f"lr {float(lr):.3g}", f"data at {data}"]
     if "optimizer" in skip:
         parts.append("optimizer started fresh")

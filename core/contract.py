@@ -180,6 +180,8 @@ def _check_model_values(where: str, spec: Any) -> None:
     """The model's cheap answers, asked once now rather than failing later."""
     if spec.vocab_size < 1:  # an int (checked above): no token id could be below it
         raise PluginError(f"{where}: vocab_size must be an int >= 1, got {spec.vocab_size!r}")
+    if hasattr(spec, "to_hf_state_dict") and not hasattr(spec, "hf_config"):  # hf export writes config.json from it
+        raise PluginError(f"{where}: to_hf_state_dict needs hf_config too (the config.json an hf export writes); core/contract.py")
     counts = getattr(spec, "param_counts", None)
     if counts is not None:
         got = counts()

@@ -118,6 +118,9 @@ def spec_compile_loss(spec: ModelSpec, model: nn.Module) -> bool:
 class Parallelism(Protocol):
     """Data parallel strategy. Applied after precision conversion.
 
+    ``wrap`` gets the converted model, the same weights on every rank; ``sync_context`` and
+    ``clip_grad_norm`` get what it returned. After a step's last backward every gradient must be
+    the mean over ranks (each rank's loss is the mean over its own tokens), as DDP makes it.
     Optional members (defaults in ``core.contract.CONTRACT``): ``check_world(world_size)``,
     ``shards_parameters`` and ``wraps_before_compile``.
     """
@@ -125,7 +128,7 @@ class Parallelism(Protocol):
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...
 
     def sync_context(self, model: nn.Module, sync: bool) -> ContextManager:
-        """Context for one micro-step's backward; ``sync=False`` skips the gradient all-reduce."""
+        """Context around one micro-step's forward and backward; ``sync=False`` skips the gradient sync."""
         ...
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
@@ -161,7 +164,7 @@ class Precision(Protocol):
         ...
 
     def metrics(self, model: nn.Module) -> dict[str, float]:
-        """Health metrics (fp8 scales, amax) for the log interval; may be empty."""
+        """Health metrics (fp8 scales, amax) of the unwrapped model for a log step; may be empty."""
         ...
 
 
@@ -188,6 +191,14 @@ class LoaderSpec:
 class DataLoaderLike(Protocol):
     """An iterator of micro-batches ``(inputs, labels)`` of shape [micro_batch, seq_len].
 
+    ``iter()`` may be called again (after ``load_state_dict``, a rollback, a sequence-length stage):
+    each new iterator goes on from the loader's position. ``state_dict()`` is that position after the
+    micro-batches handed out so far (on CUDA read by a thread one step ahead); rank 0's is saved and
+    loaded on every rank, also by a loader made for another ``seq_len``, ``micro_batch`` (a stage) or
+    world size. Its optional ``consumed_samples`` (an int: global samples drawn, as
+    :class:`dataloading.indexed.IndexedLoader` keeps it) is what a resume reports and the source's
+    ``metrics`` receive. A validation loader (``spec.split`` is ``validation.split``) is made for each
+    pass and read for ``validation.batches`` micro-batches; one that ends sooner is averaged over those.
     It may end (``StopIteration``, or :class:`dataloading.indexed.DataExhausted`). If it can end at a
     different step on different ranks it sets ``may_end = True``: the trainer then agrees across
     ranks before each step's compute, and every rank stops together with a checkpoint.
@@ -209,6 +220,12 @@ def loader_may_end(loader: DataLoaderLike) -> bool:
 def loader_state_per_rank(loader: DataLoaderLike) -> bool:
     """The loader's optional ``per_rank_state`` flag (default False); the one place the core reads it."""
     return bool(getattr(loader, "per_rank_state", False))
+
+
+def loader_consumed_samples(state: dict[str, Any]) -> int | None:
+    """A loader state's optional ``consumed_samples`` (an int), else None; the one place the core reads it."""
+    n = state.get("consumed_samples") if isinstance(state, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def model_step_metrics(model: nn.Module):
@@ -326,13 +343,18 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
 class OptimizerBuilder(Protocol):
     """Builds a torch optimizer from the parameter groups the core made.
 
-    Optional member (default in ``core.contract.CONTRACT``): ``state_bytes_per_param``.
+    Optional member (default in ``core.contract.CONTRACT``): ``state_bytes_per_param``. A built
+    optimizer whose ``step()`` honours ``found_inf`` (torch's ``_step_supports_amp_scaling``, as its
+    fused kernels) skips a non-finite step on the device; any other is skipped from the host.
     """
 
     options: OptimizerOptions
     """Its options, an instance of a :class:`core.param_groups.OptimizerOptions` subclass."""
 
-    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer: ...
+    def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        """One group per parameter kind (``params``, ``name``, ``lr`` = ``options.lr`` x the kind's
+        ``lr_mult``, ``weight_decay``): pass them on as they are; the schedule scales each ``lr``."""
+        ...
 
 
 @runtime_checkable

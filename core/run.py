@@ -19,26 +19,23 @@ class StopRequest:
 
 @dataclass
 class Run:
-    """State shared with monitors. Monitors read it and may call :meth:`request_stop`.
-
-    ``config`` is the resolved config (plain dict, as written to
-    ``<output_dir>/config.resolved.toml``); ``state`` holds values that are
-    saved in checkpoints (train state such as ``best_val_loss``); monitors may
-    add their own keys under a name of their own.
+    """State shared with monitors. Monitors read it and may call :meth:`request_stop`; each field
+    below is part of the contract. ``state`` holds values saved in checkpoints (train state such as
+    ``best_val_loss``); a monitor may add JSON values under a key of its own, back after a resume.
     """
 
-    config: dict[str, Any]
-    output_dir: Path
-    dist: DistInfo
-    total_steps: int
-    tokens_per_step: int
-    step: int = 0
-    tokens_seen: int = 0
-    model: Any = None
-    spec: Any = None
-    optimizer: Any = None
+    config: dict[str, Any]  # the resolved config, as written to <output_dir>/config.resolved.toml
+    output_dir: Path  # train.output_dir
+    dist: DistInfo  # this process: rank, world size, device
+    total_steps: int  # the step the run ends at
+    tokens_per_step: int  # tokens of one optimizer step, all ranks together
+    step: int = 0  # optimizer steps completed
+    tokens_seen: int = 0  # tokens trained on so far, resumes included
+    model: Any = None  # the model spec's module, converted by the precision (under fsdp2, sharded in place)
+    spec: Any = None  # the model spec (core.protocols.ModelSpec)
+    optimizer: Any = None  # the torch optimizer the optimizer plugin built
     state: dict[str, Any] = field(default_factory=dict)
-    stop: StopRequest | None = None
+    stop: StopRequest | None = None  # the stop requested so far (reason, checkpoint, exit code), if any
     log_every: int = 1  # train.log_every
 
     def is_log_step(self, step: int) -> bool:

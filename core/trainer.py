@@ -27,7 +27,7 @@ from core import stop_policy as policy
 from core.assemble import Assembled, assemble
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
-from core.protocols import DistInfo, data_fingerprint, loader_may_end, precision_log_step
+from core.protocols import DistInfo, data_fingerprint, loader_consumed_samples, loader_may_end, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 from core.validation import validate
@@ -190,7 +190,7 @@ class Trainer:
         deterministically raise :class:`DataExhausted` on every rank at the same step. A bad record
         found mid-run (:class:`DataError`) stops every rank with a checkpoint and exit code 2."""
         from core.errors import DataError
-        from dataloading.indexed import DataExhausted
+        from dataloading.indexed import DataExhausted, check_batch
 
         t_wait = time.perf_counter()
         micro, why, bad = [], "", 0
@@ -204,6 +204,8 @@ class Trainer:
         except DataError as e:
             why, bad = f"bad data: {e}", 2
             log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
+        for batch in micro:  # held to DataLoaderLike's shape: a plugin's own loader is not IndexedLoader
+            check_batch(batch, self.built.loader_spec, self.rc.slots["data"].component.name)
         self.step_metrics.data_wait_s += time.perf_counter() - t_wait
         if loader_may_end(self.loader):
             ended, bad = self.control.max([int(bool(why)), bad])
@@ -240,7 +242,7 @@ class Trainer:
         }
         data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract)
         if data_metrics is not None:
-            extra["the data source's metrics()"] = data_metrics(self.loader.state_dict().get("consumed_samples", 0))
+            extra["the data source's metrics()"] = data_metrics(loader_consumed_samples(self.loader.state_dict()) or 0)
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
         metrics["skipped_steps"] = self.last_skipped
         return self.monitors.metrics(self.run, self.run.step, metrics)  # mfu, memory, update ratios...

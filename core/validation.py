@@ -9,6 +9,8 @@ A data source made of parts (a mixture of sources) may offer each part's own
 validation batches (``validation_loaders``, :func:`core.protocols.validation_parts`):
 each is evaluated the same way, on ``batches`` micro-batches of that part's
 split, and reported as ``val_loss/<label>`` beside the overall ``val_loss``.
+A validation loader that ends sooner (a small split) is averaged over the
+batches every rank served, with a warning; one that serves none is an error.
 """
 
 from __future__ import annotations
@@ -21,21 +23,19 @@ import torch
 
 from core import log
 from core.distributed import mean_across_ranks
+from core.errors import DataError
 from core.options import option
 from core.protocols import validation_parts
+from dataloading.indexed import DataExhausted
 from liveness import watchdog
 
 
 @dataclass
 class ValidationOptions:
-    every: int = option(0, "steps between validation passes; 0 disables validation")
-    batches: int = option(10, "micro-batches per rank in each validation pass")
+    every: int = option(0, "steps between validation passes; 0 disables validation", ge=0)
+    batches: int = option(10, "micro-batches per rank in each validation pass", gt=0)
     split: str = option("val", "the data source's split to evaluate")
     per_source: bool = option(True, "also evaluate each part of a source that has parts (a mixture's sources): val_loss/<label>")
-
-    def check(self) -> None:
-        if self.every < 0 or self.batches <= 0:
-            raise ValueError("every must be >= 0 and batches > 0")
 
 
 class ValidationLoss(float):
@@ -58,20 +58,31 @@ class Interrupted(Exception):
     """A stop signal reached a rank during validation: every rank leaves the pass at the same batch."""
 
 
-def _mean_loss(trainer, loader, batches: int) -> float:
+def _mean_loss(trainer, loader, batches: int, what: str) -> float:
     model, device = trainer.train_model, trainer.dist.device
     it = iter(loader)
-    total = torch.zeros((), device=device)
+    total, served = torch.zeros((), device=device), 0
     for i in range(batches):
         watchdog.progress(f"in validation at step {trainer.run.step}, batch {i + 1} of {batches}")
+        try:
+            batch = next(it)
+        except (StopIteration, DataExhausted):  # a small split: the pass averages what every rank served
+            batch = None
         # A pre-emption's grace (30 s under torchrun, SLURM, Kubernetes) must not go to a long pass:
         # the ranks agree before each batch (a sharded forward has collectives) and leave together.
-        if trainer.control.max([int(trainer._signal is not None)])[0]:
+        signal, ended = trainer.control.max([int(trainer._signal is not None), int(batch is None)])
+        if signal:
             raise Interrupted
-        inputs, labels = next(it)
+        if ended:
+            if not served:
+                raise DataError(f"{what} served no micro-batch on some rank; validation needs at least one (validation.batches = {batches})")
+            log.warn(f"{what} ended after {served} of validation.batches = {batches} micro-batches on some rank; the pass averages those", once=what)
+            break
+        inputs, labels = batch
         with trainer.c["precision"].autocast(device):
             total += model(inputs.to(device), labels.to(device)).float()
-    return mean_across_ranks(total / batches, trainer.dist).item()
+        served += 1
+    return mean_across_ranks(total / served, trainer.dist).item()
 
 
 @torch.no_grad()
@@ -83,9 +94,10 @@ def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
     was_training = model.training
     model.eval()
     try:
-        loss = _mean_loss(trainer, data.loader(val_spec), opts.batches)
+        what = f"data {trainer.rc.slots['data'].component.name!r}: the validation loader (split {opts.split!r})"
+        loss = _mean_loss(trainer, data.loader(val_spec), opts.batches, what)
         parts = validation_parts(data, val_spec) if opts.per_source else {}
-        per_part = {f"val_loss/{label}": _mean_loss(trainer, loader, opts.batches) for label, loader in parts.items()}
+        per_part = {f"val_loss/{label}": _mean_loss(trainer, loader, opts.batches, f"{what}, part {label!r},") for label, loader in parts.items()}
     finally:
         model.train(was_training)
     return ValidationLoss(loss, per_part)

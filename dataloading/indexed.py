@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from core import log
+from core.errors import PluginError
 from core.protocols import LoaderSpec
 
 
@@ -68,6 +69,18 @@ class IndexedSource:
     def check_step(self, first: int, end: int) -> None:
         """Called with each step's global index range ``[first, end)`` before its first
         micro-batch, identically on every rank; raise :class:`DataExhausted` to end the run."""
+
+
+def check_batch(batch: Any, spec: LoaderSpec, name: str) -> None:
+    """A loader's micro-batch as :class:`core.protocols.DataLoaderLike` declares it: ``(inputs, labels)``,
+    two integer tensors of shape ``[micro_batch, seq_len]`` of the loader's spec; else one line naming
+    the data plugin (a loader of its own once trained on whatever it yielded). No device sync."""
+    shape = (spec.micro_batch, spec.seq_len)
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    if pair and all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and not (t.dtype.is_floating_point or t.dtype == torch.bool) for t in batch):
+        return
+    got = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__ for t in batch) if pair else type(batch).__name__
+    raise PluginError(f"data {name!r}: its loader yielded {got}; expected (inputs, labels), two integer tensors of shape {shape} (micro_batch x seq_len)")
 
 
 def check_replacement_batch(result: Any, inputs: Any, labels: Any, vocab_size: int | None) -> None:

@@ -143,7 +143,7 @@ def plan_error(capsys, *args: str) -> str:
             ["--precision.name=mxfp8", "--precision.emulate=true", "--model.dim=48", "--model.ffn_dim=80"],
             "mxfp8: the model has no linear layer with dimensions divisible by 32",  # found after the model was built, before
         ),
-        (["--model.norm_eps=inf"], ".norm_eps: must be a finite number, got inf"),  # an option without bounds said "must be , got inf"
+        (["--model.norm_eps=inf"], ".norm_eps: must be a finite number > 0, got inf"),  # its bound declared now; unbounded, it once said "must be , got inf"
         (["--monitors.jsonl.filename=."], "filename: expected a file name inside train.output_dir, got '.' (a folder)"),
         (["--monitors.jsonl.filename=config.resolved.toml"], "'config.resolved.toml' is where plait keeps its own config.resolved.toml"),
         (["--optimizer.eps=-1"], ".eps: must be > 0, got -1"),
@@ -273,6 +273,13 @@ def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_
     msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=text_stream", files, '--data.on_end="stop"')
     assert "one.jsonl holds 1 window(s) of data.seq_len + 1 = 129 tokens for rank 0 of 1" in msg
     assert "train.micro_batch 2 x accumulation 4 = 8" in msg and "would end the run at step 0" in msg
+
+
+def test_an_unbounded_float_must_still_be_finite():
+    """Once said "must be , got inf" (the case was llama3's norm_eps, whose bound is declared now)."""
+    from preflight.option_values import check_value
+
+    assert check_value("x", float("inf"), {}) == "x: must be a finite number, got inf"
 
 
 def test_bounds_are_listed_by_core_plugins():

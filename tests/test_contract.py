@@ -84,6 +84,11 @@ class ZeroVocab(Spec):
     vocab_size = 0
 
 
+class HalfHF(Spec):  # hf export without the config.json it writes: an AttributeError at export, before
+    def to_hf_state_dict(self, sd):
+        return sd
+
+
 @pytest.mark.parametrize(
     "slot, obj, words",
     [
@@ -92,6 +97,7 @@ class ZeroVocab(Spec):
         ("model", WrongArity(), ["flops_per_token must take 1 argument(s)", "it takes 0"]),
         ("model", BadMaxSeq(), ["max_seq_len must be int", "'2048'"]),
         ("model", ZeroVocab(), ["model plugin 'mine': vocab_size must be an int >= 1, got 0"]),
+        ("model", HalfHF(), ["model plugin 'mine': to_hf_state_dict needs hf_config too"]),
         ("lr_schedule", NoMultiplier(), ["returned NoMultiplier, which lacks multiplier"]),
         ("precision", StringDtype(), ["param_dtype must be NoneType | dtype", "'bfloat16'"]),
     ],
@@ -175,4 +181,4 @@ def test_plugins_listing_names_the_optional_members_each_component_provides():
     assert "optional (from its class; default options: ConfigError): has_split, check_resume, metrics" in block(data, "mixture")
     assert "to_hf_state_dict, from_hf_state_dict, hf_config" in block(model, "llama3")
     assert block(par, "ddp").endswith("optional: shards_parameters, wraps_before_compile")
-    assert "optional" not in render("lr_schedule").split("warmup_cosine")[1]  # the slot has no optional member
+    assert "optional:" not in render("lr_schedule").split("  warmup_cosine  -- ")[1]  # the slot has no optional member

@@ -119,8 +119,30 @@ def test_the_documented_commands_are_the_known_ones():
     assert set(SHIMS) == set(documented_commands())
 
 
+def documented_flags(name: str) -> dict[str, str]:
+    """Each ``--flag`` the docs write after ``python -m core.<name>`` (on its line, and the lines a
+    trailing backslash continues), up to the next command: ``{flag: where}``. ``--section.key``
+    overrides are the config's, not flags."""
+    found: dict[str, str] = {}
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            for m in re.finditer(rf"-m core\.{name}\b", line):
+                rest, j = line[m.end() :], i
+                while rest.rstrip().endswith("\\") and j + 1 < len(lines):
+                    j += 1
+                    rest = rest.rstrip()[:-1] + " " + lines[j]
+                rest = re.split(r"core\.\w+|torchrun|plugins\.data", rest)[0]
+                for flag in re.findall(r"(?<![\w.-])(--[a-z][a-z0-9-]*)(?![\w.])", rest):
+                    found.setdefault(flag, f"{path.name}:{i + 1}")
+    return found
+
+
 @pytest.mark.parametrize("name", documented_commands())
 def test_documented_command_help(name):
+    """Every command the docs name has a --help, and every flag they give it is one of its own."""
     proc = run_module(f"core.{name}", "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m core.{name}"), proc.stdout[:200]
+    unknown = {flag: where for flag, where in documented_flags(name).items() if not re.search(rf"{flag}\b", proc.stdout)}
+    assert not unknown, f"the docs give python -m core.{name} flags it does not have: {unknown}"

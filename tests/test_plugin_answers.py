@@ -320,3 +320,127 @@ def test_the_meta_model_is_built_once_and_a_precision_check_only_reads_it(tmp_pa
     finally:
         for slot, name, _ in added:
             del reg._components[slot][name]
+
+
+# --- a loader of a plugin's own (not IndexedLoader): what the core reads off it ------------------
+
+
+class OwnLoader:
+    """A loader written from ``core.protocols.DataLoaderLike`` alone: its state has no
+    ``consumed_samples``, and it ends after ``n`` micro-batches (a small validation split)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.position = n, 0
+
+    def __iter__(self):
+        import torch
+
+        while self.position < self.n:
+            self.position += 1
+            yield torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
+    """The core read ``consumed_samples`` off every loader's state, a key no protocol declared: a
+    plugin's own loader (its state saved from rank 0, the same on every rank) was reported as
+    "per-rank stream positions". The key is declared now (``loader_consumed_samples``)."""
+    from types import SimpleNamespace
+
+    from checkpointing.hyperparams import say_restored
+
+    state = SimpleNamespace(run=SimpleNamespace(step=3, tokens_seen=12), optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]), loader=OwnLoader(5))
+    say_restored("ckpt", {"world_size": 2}, set(), state, 2)
+    out = capsys.readouterr().out
+    assert "data at the loader's saved position" in out and "per-rank" not in out, out
+    state.loader.state_dict = lambda: {"consumed_samples": 40, "position": 3}
+    say_restored("ckpt", {"world_size": 2}, set(), state, 2)
+    assert "data at sample 40" in capsys.readouterr().out
+
+
+def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
+    """A plugin's validation split smaller than ``validation.batches`` micro-batches crashed the run
+    with a bare StopIteration (exit 1, which launchers restart into the same crash). Now the ranks
+    agree to average the batches every rank served, with one warning; none served is one line."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from core.protocols import DistInfo
+    from core.validation import ValidationOptions, evaluate
+
+    class Loss(torch.nn.Module):
+        def forward(self, ids, labels):
+            return torch.tensor(2.5)
+
+    class Source:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def loader(self, spec):
+            assert spec.split == "val" and spec.grad_accum == 1
+            return OwnLoader(self.n)
+
+    def trainer(n: int):
+        return SimpleNamespace(
+            train_model=Loss(),
+            dist=DistInfo(),
+            control=SimpleNamespace(max=lambda values: list(values)),  # one rank: the agreement is its own
+            run=SimpleNamespace(step=10),
+            c={"precision": SimpleNamespace(autocast=lambda device: contextlib.nullcontext()), "data": Source(n)},
+            rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
+            loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=2, dp_rank=0, dp_size=1, seed=0),
+            _signal=None,
+        )
+
+    assert evaluate(trainer(1), ValidationOptions(every=10, batches=3)) == 2.5
+    assert "data 'mine': the validation loader (split 'val') ended after 1 of validation.batches = 3" in capsys.readouterr().err
+    with pytest.raises(DataError) as err:
+        evaluate(trainer(0), ValidationOptions(every=10, batches=3))
+    one_line(err, "data 'mine': the validation loader (split 'val') served no micro-batch")
+
+
+@pytest.mark.parametrize(
+    "batch, words",
+    [
+        (
+            "inputs and labels of seq_len + 1",
+            "its loader yielded (1, 5) torch.int64, (1, 5) torch.int64; expected (inputs, labels), two integer tensors of shape (1, 4)",
+        ),
+        ("float inputs", "its loader yielded (1, 4) torch.float32, (1, 4) torch.int64"),
+        ("a bare tensor", "its loader yielded Tensor; expected (inputs, labels)"),
+    ],
+)
+def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
+    """A plugin's own loader that yielded [micro_batch, seq_len + 1] rows, or labels equal to the inputs,
+    trained silently on them, and float ids were a traceback from the embedding (exit 1, restarted by
+    launchers). Each step's micro-batches are held to DataLoaderLike's shape: one line, exit 2."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from core.trainer import Trainer
+
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    yielded = {
+        "inputs and labels of seq_len + 1": (torch.zeros(1, 5, dtype=torch.long),) * 2,
+        "float inputs": (ids.float(), ids),
+        "a bare tensor": ids,
+    }[batch]
+    trainer = SimpleNamespace(
+        prep=SimpleNamespace(grad_accum=1),
+        step_metrics=SimpleNamespace(data_wait_s=0.0),
+        loader=OwnLoader(1),
+        built=SimpleNamespace(loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=1, dp_rank=0, dp_size=1, seed=0)),
+        rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
+    )
+    assert Trainer.next_step_batches(trainer, iter([(ids, ids)])) == ([(ids, ids)], "")  # the declared shape passes
+    with pytest.raises(PluginError) as err:
+        Trainer.next_step_batches(trainer, iter([yielded]))
+    one_line(err, f"data 'mine': {words}")

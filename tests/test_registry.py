@@ -69,5 +69,6 @@ def test_every_builtin_option_is_documented():
 
     for slot in SLOTS:
         for comp in reg.components(slot):
+            assert comp.doc and "\n" not in comp.doc, (slot, comp.name)  # the line core.plugins prints beside the name
             for name, tp, default, doc in describe(comp.options):
-                assert doc and tp, (slot, comp.name, name)
+                assert doc and tp and "\n" not in doc, (slot, comp.name, name)

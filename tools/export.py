@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "safetensors":
             paths = [save_safetensors(sd, args.out, config["model"], dtype)]
         else:
-            if not hasattr(spec, "to_hf_state_dict"):
-                raise CheckpointError(f"model {config['model']['name']!r} does not support hf export")
+            lacking = [m for m in ("to_hf_state_dict", "hf_config") if not hasattr(spec, m)]
+            if lacking:  # optional members of the model spec (core/contract.py); hf export needs both
+                raise CheckpointError(
+                    f"model {config['model']['name']!r} does not support hf export: its spec lacks {' and '.join(lacking)} (core/contract.py); use --format safetensors"
+                )
             ids = {"bos_token_id": None, "eos_token_id": codec.eos_id} if codec is not None else None
             paths = save_hf(spec, sd, args.out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
             if codec is not None:

@@ -145,7 +145,7 @@ def render(plan: dict[str, Any]) -> str:
         "  plugins     " + ", ".join(f"{k}={v}" for k, v in plan["plugins"].items()),
         "  monitors    " + ", ".join(plan["monitors"]),
         f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
-        f"  FLOPs/token {human(plan['flops_per_token'])} (6 x matmul params incl. the output head + 12 x layers x d x seq)",
+        f"  FLOPs/token {human(plan['flops_per_token'])} (the model spec's flops_per_token at seq {plan['seq_len']}; docs/metrics.md)",
         f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
         f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",

@@ -13,6 +13,8 @@ from core.protocols import SLOT_DOCS, SLOTS
 
 
 def _fmt(value) -> str:
+    if value == "(required)":  # core.options.describe's word for a field without a default: no value to quote
+        return value
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -44,7 +46,7 @@ def optional_line(comp, indent: str) -> list[str]:
 
 def render(slot_filter: str | None = None) -> str:
     from core import registry as registry_mod
-    from preflight.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+    from preflight.run_config import CORE_SECTION_OPTIONS, DEFAULT_PLUGIN, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
 
     registry = registry_mod.load()
     lines: list[str] = []
@@ -59,7 +61,11 @@ def render(slot_filter: str | None = None) -> str:
             continue
         section = SLOT_SECTIONS.get(slot, "monitors.<name>")
         lines.append(f"{slot}: {SLOT_DOCS[slot]}  [{section}]")
-        core_keys = dict(SLOT_CORE_KEYS.get(slot, {}))
+        core_keys: dict = {}
+        if slot in DEFAULT_PLUGIN:  # every slot section names its plugin; the monitors are listed in monitors.enabled
+            default = DEFAULT_PLUGIN[slot]
+            core_keys["name"] = ("str", "(required)" if default is None else default, f"the {slot} plugin below that fills this section")
+        core_keys.update(SLOT_CORE_KEYS.get(slot, {}))
         if slot == "precision":
             core_keys.update(PRECISION_CHAIN_DOC)
         for key, (tp, default, doc) in core_keys.items():

@@ -180,22 +180,22 @@ class Llama3Options:
     """Options of ``[model] name = "llama3"``."""
 
     flavor: str = option("debug", f"named set of shapes: {', '.join(FLAVORS)}")
-    n_layers: int = option(0, "transformer blocks (0: from flavor)")
-    dim: int = option(0, "model width (0: from flavor)")
-    n_heads: int = option(0, "query heads (0: from flavor)")
-    n_kv_heads: int = option(0, "key/value heads, divides n_heads (0: from flavor)")
-    ffn_dim: int = option(0, "SwiGLU hidden width (0: from flavor)")
-    vocab_size: int = option(0, "vocabulary size, > every token id of the data (0: from flavor)")
-    rope_theta: float = option(0.0, "RoPE base frequency (0: from flavor)")
-    max_seq_len: int = option(0, "longest sequence, length of the RoPE tables (0: from flavor)")
+    n_layers: int = option(0, "transformer blocks (0: from flavor)", ge=0)
+    dim: int = option(0, "model width (0: from flavor)", ge=0)
+    n_heads: int = option(0, "query heads (0: from flavor)", ge=0)
+    n_kv_heads: int = option(0, "key/value heads, divides n_heads (0: from flavor)", ge=0)
+    ffn_dim: int = option(0, "SwiGLU hidden width (0: from flavor)", ge=0)
+    vocab_size: int = option(0, "vocabulary size, > every token id of the data (0: from flavor)", ge=0)
+    rope_theta: float = option(0.0, "RoPE base frequency (0: from flavor)", ge=0)
+    max_seq_len: int = option(0, "longest sequence, length of the RoPE tables (0: from flavor)", ge=0)
     tie_embeddings: Literal["flavor", "true", "false"] = option("flavor", "output head shares the token embedding matrix")
     attention: Literal["sdpa", "flash_attn"] = option(
         "sdpa",
         "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)",
     )
     loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
-    norm_eps: float = option(1e-5, "RMSNorm epsilon")
-    init_std: float = option(0.02, "std of the token embedding at init")
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
+    init_std: float = option(0.02, "std of the token embedding at init", gt=0)
 
     def args(self) -> ModelArgs:
         """The flavor's shapes with the overrides applied (call check() first)."""
@@ -210,11 +210,6 @@ class Llama3Options:
     def check(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
-        for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"{k} must be >= 0 (0: from flavor), got {getattr(self, k)}")
-        if self.rope_theta < 0 or self.norm_eps <= 0 or self.init_std <= 0:
-            raise ValueError("rope_theta must be >= 0, norm_eps and init_std > 0")
         a = self.args()
         if a.dim % a.n_heads:
             raise ValueError(f"dim {a.dim} is not divisible by n_heads {a.n_heads}")

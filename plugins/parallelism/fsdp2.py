@@ -30,12 +30,8 @@ from plugins.parallelism.common import clip_grad_norm
 @dataclass
 class FSDP2Options:
     reshard_after_forward: bool = option(True, "free gathered parameters after each block's forward (less memory, one more all-gather)")
-    replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica")
+    replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica", ge=1)
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
-
-    def check(self) -> None:
-        if self.replicate < 1:
-            raise ValueError("replicate must be >= 1")
 
 
 class FSDP2:

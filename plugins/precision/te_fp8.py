@@ -33,8 +33,8 @@ from plugins.precision.capability import cuda_capability, kept_high, linear_filt
 @dataclass
 class TEFP8Options:
     format: Literal["hybrid", "e4m3"] = option("hybrid", "hybrid: E4M3 forward, E5M2 backward; e4m3: both")
-    margin: int = option(0, "scaling-factor margin (powers of two of headroom)")
-    amax_history_len: int = option(1024, "steps of amax history for delayed scaling")
+    margin: int = option(0, "scaling-factor margin (powers of two of headroom)", ge=0)
+    amax_history_len: int = option(1024, "steps of amax history for delayed scaling", gt=0)
     amax_compute_algo: Literal["max", "most_recent"] = option("max", "how the scale is taken from the amax history")
     skip: list[str] = option([], "module names left in bf16")
     skip_head: bool = option(
