@@ -137,7 +137,9 @@ class Mixture(IndexedSource):
             self.stage_starts = np.asarray(starts)
             self.stage_edges = [edges(normalized(ws, f"[data] mixture: stage {f} weights")) for f, ws in options.stages]
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
-        self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
+        # a stream's rows come from its loader's shard; with stages, which source serves a sample depends on
+        # the run's length, which the loader's spec brings (without one every start failed at its first sample)
+        self.samples_before_loader = not self.streams and not options.stages
         self.total_samples = 0
         self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds_for())
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
