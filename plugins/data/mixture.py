@@ -170,7 +170,22 @@ class Mixture(IndexedSource):
             )
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
-        """Stream sources keep per-rank positions: a resume needs the world size they were saved on."""
+        """Stream sources keep per-rank positions: a resume needs a checkpoint of such a mixture (its
+        position beside state.json, not in it), saved at the same world size. The stages of a run stay."""
+        position: dict[str, Any] = saved["data"] if isinstance(saved.get("data"), dict) else {}
+        starts = position.get("stage_starts")
+        if isinstance(starts, list) and len(self.stage_edges) > 1 and len(starts) != len(self.stage_edges):
+            raise DataError(
+                f"[data] mixture: the checkpoint's data position has {len(starts)} stage(s), this config {len(self.stage_edges)}; "
+                "keep the stages of a run (their starts are fixed in samples once reached)"
+            )
+        if self.streams and position:
+            was = saved.get("config", {}).get("data", {}).get("name")
+            raise DataError(
+                f"[data] mixture: the checkpoint holds a global data position of data source {was!r}, without the positions "
+                "of stream sources, which are saved per rank: a mixture with streams cannot continue from it; resume with the "
+                "data source as saved, or --checkpoint.exclude_from_loading='[\"data\"]' to restart the data"
+            )
         saved_world = saved.get("world_size")
         if self.streams and saved_world != world_size:
             labels = ", ".join(self.labels[k] for k in self.streams)

@@ -248,7 +248,15 @@ class TextStream:
         return f"{len(self.paths)} file(s), {sum(sizes)} bytes, sha256 {hashlib.sha256(listing.encode()).hexdigest()[:16]}"
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
-        """Before resuming from a checkpoint whose state.json is ``saved``: same world size and workers."""
+        """Before resuming from a checkpoint whose state.json is ``saved``: a stream position (not the
+        global sample index of an indexed source), saved at the same world size and workers."""
+        if saved.get("data"):  # a stream's position is saved per rank, beside state.json, never in it
+            was = saved.get("config", {}).get("data", {}).get("name")
+            raise DataError(
+                f"[data] text_stream: the checkpoint holds the global data position of data source {was!r} "
+                f"(sample {saved['data'].get('consumed_samples', '?')}), not a stream's position; a stream cannot continue from it: "
+                f"resume with [data] name = {was!r} as saved, or --checkpoint.exclude_from_loading='[\"data\"]' to start the stream from its beginning"
+            )
         saved_workers = saved.get("config", {}).get("data", {}).get("workers", 0)
         saved_world = saved.get("world_size")
         if saved_world != world_size or saved_workers != self.options.workers:
