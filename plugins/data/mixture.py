@@ -334,6 +334,7 @@ class Mixture(IndexedSource):
                 self.refuse(k, f"holds {capacity} sample(s) of data.seq_len {spec.seq_len} (one epoch)", f"{share[k]} of them", spec)
         for k in self.streams:
             source = self.sources[k]
+            source.check_documents_per_shard(spec.dp_size, spec.dp_size, f"[data] mixture: source {self.labels[k]!r}")
             if source.options.on_end != "stop":
                 continue
             rows = [
@@ -391,7 +392,7 @@ class MixtureLoader(IndexedLoader):
     def __init__(self, mixture: Mixture, spec) -> None:
         super().__init__(mixture, spec)
         self.per_rank_state = bool(mixture.streams)
-        self.may_end = any(mixture.sources[k].options.on_end == "stop" for k in mixture.streams)
+        self.may_end = bool(mixture.streams)  # a stream may end, or fail (a bad line), on one rank before the others
         self.shards = {k: mixture.sources[k].windows(spec.seq_len, spec.dp_rank, spec.dp_size, mixture.sources[k].seed, spec.split) for k in mixture.streams}
         self._iters: dict[int, Any] = {}
 
