@@ -80,6 +80,8 @@ class CheckpointOptions:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
         if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
             raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
+        if self.dir.startswith("~"):  # the home folder, as in path options and train.output_dir
+            self.dir = os.path.expanduser(self.dir)
 
 
 class SaveFailed(Exception):

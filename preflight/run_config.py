@@ -11,6 +11,7 @@ takes its options from ``[monitors.<name>]``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,6 +74,13 @@ class TrainOptions:
             raise ValueError("set steps or target_tokens")
         if not self.output_dir.strip():  # e.g. --train.output_dir=$RUN_DIR with RUN_DIR unset: never the working directory
             raise ValueError("output_dir: expected a folder, got an empty string")
+        self.output_dir = home_folder(self.output_dir)
+
+
+def home_folder(folder: str) -> str:
+    """``~/runs/x`` is in the home folder, as in path options (no shell expands it inside a TOML file
+    or after ``--key=``); plait made a folder named ``~`` in the working directory instead."""
+    return os.path.expanduser(folder) if folder.startswith("~") else folder
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -208,3 +209,21 @@ def test_resolved_config_reruns_the_run(tmp_path):
     r = run_module("core.train", "--config", str(first / "config.resolved.toml"), f"--train.output_dir={again}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert [row["loss"] for row in read_metrics(again)] == [row["loss"] for row in read_metrics(first)]
+
+
+def test_output_folders_starting_with_a_tilde_are_in_the_home_folder(tiny_config, tmp_path, monkeypatch, capsys):
+    """Path options (data.path, ...) took ``~`` for the home folder, the output folders did not: ``output_dir
+    = "~/runs/x"`` (no shell expands it in a TOML file, nor after ``--key=``) made a folder named ``~`` in the
+    working directory, and a rented machine's checkpoints went to its scratch disk instead of the home volume."""
+    from tools.plan import main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", str(tiny_config()), "--train.output_dir=~/runs/x", "--checkpoint.dir=~/ckpts", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["output_dir"] == str(tmp_path / "home" / "runs" / "x")
+    from checkpointing.folders import CheckpointOptions
+    from preflight.option_values import build_options
+
+    assert build_options(CheckpointOptions, {"dir": "~/ckpts"}, "[checkpoint]").dir == str(tmp_path / "home" / "ckpts")
+    assert not (tmp_path / "~").exists()
