@@ -59,7 +59,7 @@ class CheckpointOptions:
     resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
-    on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
+    on_stop: bool = option(True, "save when SIGTERM/SIGINT/SIGHUP or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(
         0,
         "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
