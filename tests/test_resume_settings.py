@@ -80,6 +80,15 @@ def test_a_checkpoint_past_train_steps_says_there_is_nothing_to_train(saved, tmp
     assert "training steps" not in proc.stdout and rows == []
 
 
+def test_target_tokens_counts_tokens_when_a_resume_changes_the_batch(saved, tmp_path):
+    """train.target_tokens over this run's batch alone set the length: a run resumed at step 4 (4,096 tokens
+    of 8,192) with twice the batch "ended" at once, "nothing to train: the run is at step 4 and train.steps
+    is 4", exit 0, half its tokens short. It ends once the tokens still to go are trained at the new batch."""
+    proc, rows = resume(saved, "fused", tmp_path, "--train.target_tokens=8192", "--train.global_batch_tokens=2048", steps=0)
+    assert "steps 4 -> 6" in proc.stdout, proc.stdout[-2000:]
+    assert [r["step"] for r in rows] == [5, 6] and rows[-1]["tokens_seen"] == 8192
+
+
 def test_training_data_rebuilt_under_the_same_path_is_a_warning_on_resume(tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(REPO / "plugins" / "data" / "corpus" / "shakespeare", corpus)
