@@ -67,6 +67,11 @@ class Prepared:
     def resolved(self) -> dict[str, Any]:
         out = self.rc.to_dict()
         out["derived"] = {"grad_accum": self.grad_accum, "world_size": self.world_size}  # for the reader; ignored when read
+        # The output folders as absolute paths, as path options are: config.resolved.toml re-runs the same
+        # run from any working directory (its own folder included), never a fresh one in a folder beside it.
+        out["train"]["output_dir"] = os.path.abspath(out["train"]["output_dir"])
+        if out.get("checkpoint", {}).get("dir"):
+            out["checkpoint"]["dir"] = os.path.abspath(out["checkpoint"]["dir"])
         return out
 
 
