@@ -130,6 +130,16 @@ def step_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir())
 
 
+def checkpoint_holding(path: Path) -> Path | None:
+    """The plait checkpoint folder that ``path`` is, or lies in (a ``step_`` folder with a ``LINEAGE`` or
+    ``COMMITTED`` file); None if none. Pruning deletes such a folder whole, whatever else it holds."""
+    here = Path(os.path.abspath(path))
+    for p in [here, *here.parents]:
+        if STEP_DIR.fullmatch(p.name) and ((p / LINEAGE_FILE).is_file() or (p / COMMIT_MARKER).is_file()):
+            return p
+    return None
+
+
 def committed(root: Path) -> list[Path]:
     """Folders with a commit marker, oldest first (by step)."""
     return [p for p in step_dirs(root) if (p / COMMIT_MARKER).is_file()]

@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         from preflight.start_folders import probe_folder
+        from tools.export import refuse_inside_checkpoint
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(args.run)
         ckpt = final_checkpoint(args.run, resolved)
         record = manifest(args.run, rows, ckpt, resolved_text, resolved)  # every run file read before anything is written
+        refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out")
         made = [args.out / "metrics.csv"]
         write_csv(rows, made[0])
