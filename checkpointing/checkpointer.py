@@ -513,14 +513,11 @@ class Checkpointer:
                     group["lr"] = float(lr)
         same_world = meta.get("world_size") == self.dist.world_size
         if "data" not in skip:
+            from checkpointing.resume import check_data_position
+
+            check_data_position(path, meta, run.config, loader_state_per_rank(loader), rank, self.dist.world_size)
             if loader_state_per_rank(loader):
-                data_file = path / "rng" / f"data_rank_{rank}.json"
-                if not same_world or not data_file.is_file():
-                    raise CheckpointError(
-                        f"checkpoint {path}: the streaming data position was saved on "
-                        f"{meta.get('world_size')} ranks and cannot resume on {self.dist.world_size}"
-                    )
-                loader.load_state_dict(read_json(data_file))
+                loader.load_state_dict(read_json(path / "rng" / f"data_rank_{rank}.json"))
             else:
                 loader.load_state_dict(meta["data"])
         if "rng" not in skip:

@@ -59,7 +59,7 @@ class CheckpointOptions:
     resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
-    on_stop: bool = option(True, "save when SIGTERM/SIGINT or a monitor stops the run (unless the monitor says no)")
+    on_stop: bool = option(True, "save when SIGTERM/SIGINT/SIGHUP or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(
         0,
         "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
@@ -80,6 +80,8 @@ class CheckpointOptions:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
         if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
             raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
+        if self.dir.startswith("~"):  # the home folder, as in path options and train.output_dir
+            self.dir = os.path.expanduser(self.dir)
 
 
 class SaveFailed(Exception):
@@ -126,6 +128,16 @@ def step_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir())
+
+
+def checkpoint_holding(path: Path) -> Path | None:
+    """The plait checkpoint folder that ``path`` is, or lies in (a ``step_`` folder with a ``LINEAGE`` or
+    ``COMMITTED`` file); None if none. Pruning deletes such a folder whole, whatever else it holds."""
+    here = Path(os.path.abspath(path))
+    for p in [here, *here.parents]:
+        if STEP_DIR.fullmatch(p.name) and ((p / LINEAGE_FILE).is_file() or (p / COMMIT_MARKER).is_file()):
+            return p
+    return None
 
 
 def committed(root: Path) -> list[Path]:

@@ -17,6 +17,13 @@ Here every rank takes part, and all ranks agree on every outcome:
 With ``resume = "auto"`` a dropped candidate is one warning line on rank 0 and
 the next one is tried; when none is left the run starts fresh and says so. An
 explicit path that fails is an error (exit code 2, one line from rank 0).
+
+A load that fails because this run's config cannot continue the checkpoint (a
+``ConfigError`` or ``DataError``: a data source whose position is of another kind,
+a mixture with other stages) is not damage: every older checkpoint of the run
+would fail the same way, and falling back past them all would start the run
+afresh, a new lineage whose saves skip the old run's steps. It ends the run on
+every rank with exit code 2 and one line, whatever ``resume`` says.
 """
 
 from __future__ import annotations
@@ -29,18 +36,24 @@ import torch
 from checkpointing import integrity
 from checkpointing.folders import check_fits, read_json, read_manifest, verify, warn
 from checkpointing.rng import set_rng_state
-from core.errors import EXIT_BAD_INPUT, CheckpointError
+from core.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError, DataError
 
 
-def agree(group: Any, error: str | None) -> str | None:
-    """The first rank's error, on every rank (``None`` if all succeeded)."""
+def agree(group: Any, error: str | None, bad_input: bool = False) -> str | None:
+    """The first rank's error, on every rank (``None`` if all succeeded). An error a rank marked
+    ``bad_input`` comes back as :class:`BadInput` (a ``str``), first among the ranks that had one."""
     if group is None:
-        return error
+        return BadInput(error) if error and bad_input else error
     import torch.distributed as tdist
 
-    errors: list[str | None] = [None] * tdist.get_world_size(group)
-    tdist.all_gather_object(errors, error, group=group)
-    return next((e for e in errors if e), None)
+    errors: list[tuple[str | None, bool]] = [(None, False)] * tdist.get_world_size(group)
+    tdist.all_gather_object(errors, (error, bad_input), group=group)
+    first = next((e for e, bad in errors if e and bad), None)
+    return BadInput(first) if first else next((e for e, _ in errors if e), None)
+
+
+class BadInput(str):
+    """An agreed error that is this run's config, not the checkpoint's damage (exit code 2)."""
 
 
 def check_here(ckpt: Any, path: Path) -> None:
@@ -90,18 +103,48 @@ def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module |
 
 def restore(ckpt: Any, path: Path, last: bool) -> bool:
     """Load ``path`` into the trainer; False (on every rank) if it failed anywhere."""
-    error = None
+    error, bad_input = None, False
     try:
         ckpt.load(path)
+    except (ConfigError, DataError) as e:  # this config cannot continue it: the user's to fix, not damage
+        error, bad_input = str(e) if str(e).startswith(f"checkpoint {path}") else f"checkpoint {path}: {e}", True
     except CheckpointError as e:
         error = str(e)
     except Exception as e:  # noqa: BLE001 - whatever the trainer could not take
         error = one_line(path, "could not be loaded", e)
-    error = agree(ckpt.group, error)
+    error = agree(ckpt.group, error, bad_input)
     if error is None:
         return True
+    if isinstance(error, BadInput):  # never a fallback: every older checkpoint of the run would fail alike
+        stop_every_rank(ckpt, error)
     drop(ckpt, error, last)
     return False
+
+
+def check_data_position(path: Path, meta: dict[str, Any], config: dict[str, Any], per_rank: bool, rank: int, world: int) -> None:
+    """The data position ``path`` holds must be of the kind this run's loader keeps (``per_rank``: a
+    stream's position per rank, else a global sample index), and a stream's must come from this
+    world size. A mismatch is this run's config (ConfigError), a missing file of its own the
+    checkpoint's damage (CheckpointError)."""
+    saved_per_rank = (path / "rng" / "data_rank_0.json").is_file()
+    saved_world = meta.get("world_size")
+    was = meta.get("config", {}).get("data", {}).get("name") if isinstance(meta.get("config"), dict) else None
+    now = config.get("data", {}).get("name")
+    fix = f"resume with [data] name = {was!r} as saved, or set --checkpoint.exclude_from_loading='[\"data\"]' to start the data over"
+    if per_rank and not saved_per_rank:
+        raise ConfigError(
+            f"checkpoint {path} holds a global data position (sample {meta.get('data', {}).get('consumed_samples', '?')}) of data source {was!r}; "
+            f"this run's data source {now!r} streams, with a position per rank, and cannot continue from it: {fix}"
+        )
+    if saved_per_rank and not per_rank:
+        raise ConfigError(
+            f"checkpoint {path} holds the per-rank stream positions of data source {was!r}; this run's data source {now!r} "
+            f"keeps a global sample index and cannot continue from them: {fix}"
+        )
+    if per_rank and saved_world != world:
+        raise ConfigError(f"checkpoint {path}: the streaming data position was saved on {saved_world} ranks and cannot resume on {world}")
+    if per_rank and not (path / "rng" / f"data_rank_{rank}.json").is_file():
+        raise CheckpointError(f"checkpoint {path} lacks rng/data_rank_{rank}.json, its stream position for rank {rank}")
 
 
 def leave_branch(ckpt: Any, path: Path) -> None:

@@ -178,7 +178,7 @@ def plait_train_end(run: "Run", reason: str) -> None:
 
     * ``"completed"``: the last step is done;
     * ``"data_end"``: the data source ran out (``on_exhausted``/``on_end = "stop"``);
-    * ``"signal"``: SIGTERM or SIGINT (a checkpoint was saved first, unless a
+    * ``"signal"``: SIGTERM, SIGINT or SIGHUP (a checkpoint was saved first, unless a
       second Ctrl-C stopped the run at once);
     * ``"requested"``: ``run.request_stop`` was called (by a monitor;
       ``run.stop`` says why);

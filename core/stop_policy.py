@@ -20,7 +20,7 @@ class Agreed:
 
     stop_with_checkpoint: int = 0  # a monitor (on some rank) asked to stop and save
     stop_without_checkpoint: int = 0  # ... asked to stop without saving
-    signal: int = 0  # SIGTERM/SIGINT number, 0 for none
+    signal: int = 0  # SIGTERM/SIGINT/SIGHUP number, 0 for none
     diverged: int = 0  # more non-finite steps in a row than train.max_nonfinite_steps
     exit_code: int = 0  # the exit code a stop request carries
 

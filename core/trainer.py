@@ -125,7 +125,7 @@ class Trainer:
         self._signal_t = time.monotonic()
 
     def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal, which torchrun forwards
             signal.signal(sig, self._on_signal)
 
     # -- the loop ------------------------------------------------------------

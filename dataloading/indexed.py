@@ -169,10 +169,10 @@ class IndexedLoader:
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:
-    """``worker_init_fn`` for DataLoader worker processes: ignore SIGINT and SIGTERM.
+    """``worker_init_fn`` for DataLoader worker processes: ignore SIGINT, SIGTERM and SIGHUP.
 
-    Workers share the process group of their rank, so a Ctrl-C or a pre-emption's
-    SIGTERM reaches them too; a worker that dies of it makes the rank crash instead of
+    Workers share the process group of their rank, so a Ctrl-C, a pre-emption's
+    SIGTERM or a closed terminal's SIGHUP reaches them too; a worker that dies of it makes the rank crash instead of
     stopping at the step boundary with a checkpoint. The rank's main process alone
     decides when to stop and ends its workers; should it die, torch's worker loop
     notices the lost parent and exits within a few seconds (a SIGKILL of the whole
@@ -182,8 +182,8 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
 
     from checkpointing import ownership
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_IGN)
     # A forked worker inherits rank 0's run-folder lock (flock); closing its copies leaves the
     # rank's lock in place, but a worker outliving a killed rank no longer keeps the folder locked.
     ownership.release_run_folders()

@@ -71,7 +71,7 @@ log() { echo "[remote.sh $(date -u +%H:%M:%S)] $*" | tee -a "$LOG" >&2; }
 
 # A signal stops the run and is never followed by a restart. torchrun runs in a process group of its
 # own (below), so a terminal's Ctrl-C reaches it once, forwarded from here; SIGHUP (the terminal
-# closed) is forwarded as SIGTERM, which the trainer handles (it dies of SIGHUP). A deliberate second
+# closed) is forwarded as SIGTERM, the usual stop (the trainer takes SIGHUP as one too). A deliberate second
 # Ctrl-C goes to the ranks themselves (torchrun would only wait on), as it does without this script.
 stop_code=0
 trainer=""

@@ -67,6 +67,11 @@ class Prepared:
     def resolved(self) -> dict[str, Any]:
         out = self.rc.to_dict()
         out["derived"] = {"grad_accum": self.grad_accum, "world_size": self.world_size}  # for the reader; ignored when read
+        # The output folders as absolute paths, as path options are: config.resolved.toml re-runs the same
+        # run from any working directory (its own folder included), never a fresh one in a folder beside it.
+        out["train"]["output_dir"] = os.path.abspath(out["train"]["output_dir"])
+        if out.get("checkpoint", {}).get("dir"):
+            out["checkpoint"]["dir"] = os.path.abspath(out["checkpoint"]["dir"])
         return out
 
 
@@ -139,7 +144,27 @@ def prepare(
         call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
     if validate_data:  # a training start: the folders, the checkpoint to resume from (preflight.start_folders)
         check_start(prep, model_meta, lock, dry_run)
+        if (resumed := steps_to_target(prep)) != prep.total_steps:
+            prep.total_steps = resumed
+            prep.seq_len_schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, resumed, str(path))
     return prep
+
+
+def steps_to_target(prep: Prepared) -> int:
+    """The run's length in steps. ``train.target_tokens`` counts tokens: a resume whose tokens per step
+    changed (``train.global_batch_tokens``) ends at the checkpoint's step plus the steps the tokens
+    still to go take at this batch. (``target_tokens`` over the new batch alone ended a run resumed at
+    4x the batch halfway, "nothing to train", and overshot one resumed at a smaller batch.)"""
+    import json
+
+    from checkpointing.folders import STATE_FILE
+
+    train, opts = prep.rc.train, prep.rc.sections["checkpoint"]
+    if train.steps or prep.resume_from is None or "train" in opts.exclude_from_loading:
+        return prep.total_steps
+    state = json.loads((prep.resume_from / STATE_FILE).read_text())  # checked by find_resume
+    step, seen = int(state["step"]), int(state["tokens_seen"])
+    return max(step, step + -(-(train.target_tokens - seen) // prep.tokens_per_step))
 
 
 def check_host_memory(model_meta: torch.nn.Module, shards: int, path: str) -> None:

@@ -11,6 +11,7 @@ takes its options from ``[monitors.<name>]``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +30,9 @@ MAX_TOKENS = 2**63 - 1
 # The seed reaches random.seed, numpy (mod 2**32), torch.manual_seed and per-step generators
 # (seed x 1_000_003 + ...), all of which a 32-bit seed keeps inside torch's 64-bit range.
 MAX_SEED = 2**32 - 1
+# torch.distributed keeps timeouts in int64 nanoseconds: a rendezvous asked to wait longer than
+# about 9.2e9 s "timed out" at once, and past 8.6e13 s datetime.timedelta raised; about three years.
+MAX_COLLECTIVE_TIMEOUT_S = 100_000_000
 
 
 @dataclass
@@ -53,7 +57,10 @@ class TrainOptions:
     activation_checkpointing_every: int = option(1, "with 'full': checkpoint every n-th block (1 = all)", gt=0)
     compile: bool = option(False, "torch.compile each block, and the loss where the model offers it (compile_loss)")
     collective_timeout_s: int = option(
-        1800, "seconds a collective waits for the other ranks before the run fails (a hung or stopped rank); leave room for compiles and saves", gt=0
+        1800,
+        "seconds a collective waits for the other ranks before the run fails (a hung or stopped rank); leave room for compiles and saves",
+        gt=0,
+        le=MAX_COLLECTIVE_TIMEOUT_S,
     )
     stall_timeout_s: float = option(
         1800.0,
@@ -67,6 +74,13 @@ class TrainOptions:
             raise ValueError("set steps or target_tokens")
         if not self.output_dir.strip():  # e.g. --train.output_dir=$RUN_DIR with RUN_DIR unset: never the working directory
             raise ValueError("output_dir: expected a folder, got an empty string")
+        self.output_dir = home_folder(self.output_dir)
+
+
+def home_folder(folder: str) -> str:
+    """``~/runs/x`` is in the home folder, as in path options (no shell expands it inside a TOML file
+    or after ``--key=``); plait made a folder named ``~`` in the working directory instead."""
+    return os.path.expanduser(folder) if folder.startswith("~") else folder
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -197,14 +198,41 @@ def test_switching_a_plugin_drops_the_old_plugins_keys(tmp_path):
     assert "lr" not in cfg["optimizer"]
 
 
-def test_resolved_config_reruns_the_run(tmp_path):
-    """config.resolved.toml is a complete config: training from it gives the same losses."""
+def test_resolved_config_reruns_the_run(tmp_path, monkeypatch, capsys):
+    """config.resolved.toml is a complete config: training from it gives the same losses. Its output
+    folders are absolute: a run started with relative ones (``--train.output_dir=out``) and started again
+    from its resolved config inside its own folder trained afresh in ``out/out``, silently, instead of resuming."""
     from conftest import read_metrics, run_module, write_tiny_config
+
+    from tools.plan import main
 
     cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512)
     first = tmp_path / "out"
-    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    assert run_module("core.train", "--config", str(cfg), "--train.output_dir=out", "--checkpoint.dir=ck", cwd=tmp_path).returncode == 0
+    resolved = config.tomllib.loads((first / "config.resolved.toml").read_text())
+    assert resolved["train"]["output_dir"] == str(first) and resolved["checkpoint"]["dir"] == str(tmp_path / "ck")
+    monkeypatch.chdir(first)
+    assert main(["--config", "config.resolved.toml", "--train.steps=5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["resume"]["step"] == 4  # the same run, from its own folder
     again = tmp_path / "again"
-    r = run_module("core.train", "--config", str(first / "config.resolved.toml"), f"--train.output_dir={again}")
+    r = run_module("core.train", "--config", str(first / "config.resolved.toml"), f"--train.output_dir={again}", "--checkpoint.dir=@default")
     assert r.returncode == 0, r.stderr[-2000:]
     assert [row["loss"] for row in read_metrics(again)] == [row["loss"] for row in read_metrics(first)]
+
+
+def test_output_folders_starting_with_a_tilde_are_in_the_home_folder(tiny_config, tmp_path, monkeypatch, capsys):
+    """Path options (data.path, ...) took ``~`` for the home folder, the output folders did not: ``output_dir
+    = "~/runs/x"`` (no shell expands it in a TOML file, nor after ``--key=``) made a folder named ``~`` in the
+    working directory, and a rented machine's checkpoints went to its scratch disk instead of the home volume."""
+    from tools.plan import main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", str(tiny_config()), "--train.output_dir=~/runs/x", "--checkpoint.dir=~/ckpts", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["output_dir"] == str(tmp_path / "home" / "runs" / "x")
+    from checkpointing.folders import CheckpointOptions
+    from preflight.option_values import build_options
+
+    assert build_options(CheckpointOptions, {"dir": "~/ckpts"}, "[checkpoint]").dir == str(tmp_path / "home" / "ckpts")
+    assert not (tmp_path / "~").exists()

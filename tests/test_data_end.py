@@ -260,3 +260,17 @@ def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consume
     assert from_file == expected  # its local samples 0, 1, 2, ... each once: nothing repeated or skipped
     picks = mix.choose(np.arange(24, 64))
     assert picks.tolist() == [int(r.max() >= 10) ^ 1 for r in served[24:]]  # the picks after the resume follow the bounds kept
+
+
+def test_a_mixture_with_stages_starts(tiny_config, tmp_path, capsys):
+    """Every start of a mixture with ``stages`` (core.train and core.plan alike) failed with "stages
+    need the run's length (train.steps or target_tokens)" however the length was given: the check of
+    the first sample before any loader asked which source serves it, which with stages depends on
+    the run's length that only a loader's spec brings. Such a mixture says so
+    (``samples_before_loader``) and its first step is checked with the run's length."""
+    from tools.plan import main
+
+    sources = f'[{{name = "token_bin", weight = 1.0, path = "{CORPUS}"}}, {{name = "synthetic", weight = 1.0}}]'
+    staged = ["--data.name=mixture", f"--data.sources={sources}", "--data.stages=[[0.0, [1.0, 0.0]], [0.5, [0.0, 1.0]]]"]
+    assert main(["--config", str(tiny_config()), f"--train.output_dir={tmp_path / 'plan'}", *staged]) == 0, capsys.readouterr().err
+    assert "stages need the run's length" not in capsys.readouterr().err

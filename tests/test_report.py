@@ -59,3 +59,20 @@ def test_report_follows_the_branch_a_resume_from_an_older_checkpoint_keeps(tiny_
 def test_report_on_a_folder_that_is_not_a_run(tmp_path):
     proc = run_module("core.report", "--run", str(tmp_path), "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "config.resolved.toml not found" in proc.stderr
+
+
+def test_report_finds_the_final_checkpoint_of_a_relative_checkpoint_dir_from_anywhere(tiny_config, tmp_path, monkeypatch, capsys):
+    """``checkpoint.dir = "ck"`` is relative to where the run started; the report looked for it relative to
+    where the report ran, found nothing and wrote a manifest with ``"final_checkpoint": null`` and no
+    final.safetensors, exit 0. run_info.json names the folder, absolute."""
+    from tools.report import main
+
+    (tmp_path / "start").mkdir()
+    proc = run_module("core.train", "--config", str(tiny_config(steps=2)), "--checkpoint.dir=ck", cwd=tmp_path / "start")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["--run", str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 0
+    m = json.loads((tmp_path / "report" / "manifest.json").read_text())
+    assert m["final_checkpoint"] == str(tmp_path / "start" / "ck" / "step_000000002")
+    assert (tmp_path / "report" / "final.safetensors").is_file()

@@ -80,6 +80,15 @@ def test_a_checkpoint_past_train_steps_says_there_is_nothing_to_train(saved, tmp
     assert "training steps" not in proc.stdout and rows == []
 
 
+def test_target_tokens_counts_tokens_when_a_resume_changes_the_batch(saved, tmp_path):
+    """train.target_tokens over this run's batch alone set the length: a run resumed at step 4 (4,096 tokens
+    of 8,192) with twice the batch "ended" at once, "nothing to train: the run is at step 4 and train.steps
+    is 4", exit 0, half its tokens short. It ends once the tokens still to go are trained at the new batch."""
+    proc, rows = resume(saved, "fused", tmp_path, "--train.target_tokens=8192", "--train.global_batch_tokens=2048", steps=0)
+    assert "steps 4 -> 6" in proc.stdout, proc.stdout[-2000:]
+    assert [r["step"] for r in rows] == [5, 6] and rows[-1]["tokens_seen"] == 8192
+
+
 def test_training_data_rebuilt_under_the_same_path_is_a_warning_on_resume(tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(REPO / "plugins" / "data" / "corpus" / "shakespeare", corpus)
@@ -98,3 +107,70 @@ def test_training_data_rebuilt_under_the_same_path_is_a_warning_on_resume(tmp_pa
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     line = next(x for x in rebuilt.stderr.splitlines() if "was trained on other data" in x)
     assert "train.bin 800000 bytes uint16" in line and "the restored data position (sample 40) now indexes different data" in line
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: ")]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: ") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "training steps" not in proc.stdout
+    return lines[0]
+
+
+def untouched(ckpts: Path):
+    """The checkpoint folder's listing and CURRENT_RUN, to compare after a refused start."""
+    return sorted(p.name for p in ckpts.iterdir()), (ckpts / "CURRENT_RUN").read_text()
+
+
+def stream_docs(tmp_path: Path) -> Path:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(200)))
+    return path
+
+
+def test_a_stream_cannot_continue_the_global_position_of_an_indexed_source(saved, tmp_path):
+    """A resume that switched token_bin for text_stream skipped every checkpoint of the run as if damaged
+    ("the streaming data position was saved on 1 ranks and cannot resume on 1"), started afresh under a
+    new lineage (CURRENT_RUN now named it, so no restart would continue the old run) and skipped its own
+    saves of steps 2 and 4 as "another run's". Now it is refused before training, in one line."""
+    src = saved["fused"].parent
+    shutil.copytree(src / "out", tmp_path / "out")
+    before = untouched(tmp_path / "out" / "checkpoints")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(saved["fused"].read_text().replace(str(src / "out"), str(tmp_path / "out")))
+    proc = run_module("core.train", "--config", str(cfg), "--train.steps=6", "--data.name=text_stream", f'--data.files=["{stream_docs(tmp_path)}"]')
+    line = one_error_line(proc)
+    assert "the checkpoint holds the global data position of data source 'token_bin' (sample 32), not a stream's position" in line, line
+    assert untouched(tmp_path / "out" / "checkpoints") == before
+
+
+def test_an_indexed_source_cannot_continue_the_positions_of_a_stream(tmp_path):
+    """The other way round the load itself found it (KeyError: 'consumed_samples'), and that too was
+    taken for damage: every checkpoint skipped, a fresh start. A load that fails because this config
+    cannot continue the checkpoint (a ConfigError or DataError) ends the run with exit code 2 now."""
+    cfg = write_tiny_config(tmp_path, body="[checkpoint]\nevery = 2\n")
+    first = run_module("core.train", "--config", str(cfg), "--train.steps=2", "--data.name=text_stream", f'--data.files=["{stream_docs(tmp_path)}"]')
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = untouched(tmp_path / "out" / "checkpoints")
+    proc = run_module("core.train", "--config", str(cfg), "--train.steps=4")  # token_bin, as the file says
+    line = one_error_line(proc)
+    assert "step_000000002 holds the per-rank stream positions of data source 'text_stream'; this run's data source 'token_bin'" in line, line
+    assert untouched(tmp_path / "out" / "checkpoints") == before
+
+
+def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_positions(tmp_path):
+    """The mixture's own word before training (core.train and core.plan), where its load said it only
+    after the model was built (and that error, too, was taken for damage)."""
+    from core.errors import DataError
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    corpus = str(REPO / "plugins" / "data" / "corpus" / "shakespeare")
+    indexed = [{"name": "token_bin", "weight": 1.0, "path": corpus}, {"name": "synthetic", "weight": 1.0}]
+    staged = Mixture(MixtureOptions(sources=indexed, stages=[(0.0, [1.0, 0.0]), (0.3, [0.5, 0.5]), (0.6, [0.0, 1.0])]))
+    with pytest.raises(DataError, match=r"the checkpoint's data position has 2 stage\(s\), this config 3"):
+        staged.check_resume({"world_size": 1, "data": {"consumed_samples": 48, "stage_starts": [0, 24]}}, 1)
+    staged.check_resume({"world_size": 1, "data": {"consumed_samples": 48, "stage_starts": [0, 24, 30]}}, 1)
+    streaming = Mixture(MixtureOptions(sources=[indexed[0], {"name": "text_stream", "weight": 1.0, "files": [str(stream_docs(tmp_path))]}]))
+    with pytest.raises(DataError, match="the checkpoint holds a global data position of data source 'token_bin'"):
+        streaming.check_resume({"world_size": 1, "data": {"consumed_samples": 48}, "config": {"data": {"name": "token_bin"}}}, 1)
+    streaming.check_resume({"world_size": 1, "data": {}}, 1)

@@ -54,6 +54,32 @@ def alive(pid: int) -> bool:
 # --- loader workers -------------------------------------------------------------------
 
 
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
+    """SIGHUP: the terminal of a foreground ``python -m core.train`` or ``torchrun ...`` closed (a dropped
+    ssh session), which the shell sends to the job's process group and torchrun forwards to its ranks
+    ("Sending process N closing signal SIGHUP"). Every rank died of it at once: no checkpoint, no
+    exit_status.json, the steps since the last save lost. Now it stops the run as SIGTERM does; the
+    loader's worker processes (text_stream, ``workers = 1``), which get it too, ignore it."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
+    cfg = write_tiny_config(tmp_path, steps=100000, global_batch_tokens=256)
+    cmd = [PY, "-m", "core.train", "--config", str(cfg), "--data.name=text_stream", f'--data.files=["{corpus}"]', "--data.workers=1", "--data.seq_len=64"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out = tmp_path / "out"
+    try:
+        wait_for_steps(out, 3, proc)
+        assert len(children(proc.pid)) == 1  # the loader's worker
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, (proc.returncode, stderr[-2000:])
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["exit_code"] == 0
+    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
+
+
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
     sends it) reaches the workers too; they ignore it and the rank stops at a step boundary

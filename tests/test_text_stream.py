@@ -205,19 +205,47 @@ def test_a_bad_line_found_mid_run_stops_with_a_checkpoint_and_exit_2(tiny_config
 
 
 def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path):
+    """Each rank meets a bad line when its own reading reaches it. Rank 1's documents here are short,
+    so it reads past line 201 steps before rank 0 does: it stopped to save while rank 0 went on into
+    the step's all-reduce, and both hung until the stall watchdog (by default 1800 s x 3 at the first
+    step) ended the run as "stalled", which launchers restart onto the same line. A stream's loader
+    now makes the ranks agree on each step's data before any compute, whether it stops or wraps."""
     from conftest import torchrun
 
-    good = "".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(400))
+    docs = [json.dumps({"text": f"document {i}: " + ("lorem ipsum " * 60 if i % 2 == 0 else "short")}) for i in range(400)]
     path = tmp_path / "docs.jsonl"
-    path.write_text(good + "{not json\n" + good)
+    path.write_text("\n".join(docs[:200] + ["{not json"] + docs[200:]) + "\n")
     base = tiny_config(steps=200)
     cfg = tmp_path / "stream.toml"
     cfg.write_text(f'extends = "{base}"\n[data]\nname = "text_stream"\nfiles = ["{path}"]\n')
-    r = torchrun(2, "--config", str(cfg), "--checkpoint.every=0", timeout=300)
+    r = torchrun(2, "--config", str(cfg), "--checkpoint.every=0", "--train.stall_timeout_s=10", timeout=300)
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
-    assert r.returncode != 0 and status["exit_code"] == 2, r.stderr[-3000:]
-    assert f"{path}:401" in r.stderr
+    assert r.returncode != 0 and status["exit_code"] == 2, (status, r.stderr[-3000:])
+    assert f"rank 1: bad data: {path}:201" in r.stderr and "rank 0: bad data" not in r.stderr
     assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
+
+
+def test_a_stream_with_a_shard_without_documents_is_refused_before_training(tmp_path):
+    """Fewer documents than shards (ranks x workers): the shards without one failed at their first read,
+    after the model was built (and, on one rank of two, while the other went on into the step)."""
+    from core.errors import DataError
+    from plugins.data.mixture import Mixture, MixtureOptions
+
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"text": "a single document " * 40}) + "\n")
+    stream = TextStream(TextStreamOptions(files=[str(path)]))
+    stream.validate(512, 16)
+    stream.check_first_step(LoaderSpec(16, 2, 1, 0, 1, 42))
+    with pytest.raises(DataError, match=r"holds 1 document\(s\), fewer than its 2 shards \(2 rank\(s\)\), .*: shard 1 \(rank 1\) would have no data"):
+        stream.check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
+    two_workers = TextStream(TextStreamOptions(files=[str(path)], workers=2))
+    two_workers.validate(512, 16)
+    with pytest.raises(DataError, match=r"fewer than its 2 shards \(1 rank\(s\) x workers = 2\)"):
+        two_workers.check_first_step(LoaderSpec(16, 2, 1, 0, 1, 42))
+    mix = Mixture(MixtureOptions(sources=[{"name": "text_stream", "weight": 1.0, "files": [str(path)], "label": "qa"}, {"name": "synthetic", "weight": 1.0}]))
+    mix.validate(512, 16)
+    with pytest.raises(DataError, match=r"\[data\] mixture: source 'qa': .* holds 1 document\(s\), fewer than its 2 shards"):
+        mix.check_first_step(LoaderSpec(16, 2, 1, 0, 2, 42))
 
 
 def test_fingerprint_follows_the_files(corpus):

@@ -131,6 +131,33 @@ def test_output_folder_that_cannot_be_written(tmp_path, corpus, checkpoint, run_
         one_line_error(run_module(module, *args, "--out", str(out)), "--out", str(out))
 
 
+def test_an_export_or_report_into_a_checkpoint_folder_is_refused(run_dir, checkpoint, capsys):
+    """Pruning deletes a checkpoint folder whole: an export written into it (``--out <step folder>/hf``,
+    to keep it beside its weights) was deleted without a word when the run pruned that step."""
+    from tools import export, report
+
+    for main, args in [
+        (export.main, ["--checkpoint", str(checkpoint), "--format", "hf", "--out", str(checkpoint / "hf")]),
+        (export.main, ["--checkpoint", str(checkpoint), "--format", "safetensors", "--out", str(checkpoint)]),
+        (report.main, ["--run", str(run_dir), "--out", str(checkpoint / "report")]),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and f"lies in the checkpoint folder {checkpoint}, which pruning deletes whole" in err, err
+    assert sorted(p.name for p in checkpoint.iterdir() if p.suffix in (".json", ".safetensors", ".csv") or p.name in ("hf", "report")) == ["state.json"]
+
+
+def test_export_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
+    """--eos-id belongs to --tokenizer (as in core.generate); alone, core.export ignored it without a word."""
+    from tools.export import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "hf"), "--eos-id", "5"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "--eos-id: 5 is the EOS of --tokenizer, and no --tokenizer is given" in err, err
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "0"])
 def test_export_shard_gb_must_be_finite_and_positive(tmp_path, checkpoint, value):
     out = tmp_path / "hf"

@@ -21,10 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.errors import ArgumentParser, CheckpointError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
 
 PLAIT_FILE = "plait.json"
 GENERATION_CONFIG = "generation_config.json"
+
+
+def refuse_inside_checkpoint(out: Path, flag: str) -> None:
+    """An export or report written into a checkpoint folder is deleted with it when the run prunes it
+    (or sets it aside with its branch): refused, before anything is read or written."""
+    from checkpointing.folders import checkpoint_holding
+
+    if (ckpt := checkpoint_holding(out)) is not None:
+        raise ConfigError(f"{flag} {out} lies in the checkpoint folder {ckpt}, which pruning deletes whole, with whatever else it holds; write it elsewhere")
 
 
 def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, Any], where: str):
@@ -101,10 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
         p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")
+    if args.eos_id is not None and args.tokenizer is None:  # ignored without a word, as core.generate once did
+        p.error(f"argument --eos-id: {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
     try:
         from checkpointing.weights import checkpoint_model, save_hf, save_safetensors
         from preflight.start_folders import probe_folder
 
+        refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
         spec, config, model = checkpoint_model(args.checkpoint)
         codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")

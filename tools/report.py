@@ -9,8 +9,9 @@ Writes into ``--out``:
   value (for a resumed run the last value logged for a step wins);
 * ``loss-curve.png`` (train and validation), ``gradnorm-curve.png``,
   ``throughput.png`` (matplotlib);
-* ``final.safetensors``: the last complete checkpoint's weights, reloaded
-  and compared tensor by tensor before the command succeeds.
+* ``final.safetensors``: the last complete checkpoint's weights (of the run that last
+  trained in the checkpoint folder run_info.json names, from any working directory),
+  reloaded and compared tensor by tensor before the command succeeds.
 """
 
 from __future__ import annotations
@@ -95,11 +96,21 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def final_checkpoint(run: Path, config: dict) -> Path | None:
-    from checkpointing.folders import committed
+    """The run's newest committed checkpoint: in the checkpoint folder run_info.json names (absolute;
+    the config's ``checkpoint.dir`` may be relative to where the run was started, not where the
+    report runs), of the run that last trained there (``CURRENT_RUN``), as a restart would take it."""
+    from checkpointing.folders import committed, current_run, lineage_of
+    from tools.text_codec import read_json
 
+    info = read_json(run / "run_info.json") if (run / "run_info.json").is_file() else {}
     ckpt = config.get("checkpoint", {})
-    root = Path(ckpt["dir"]) if ckpt.get("dir") else run / "checkpoints"
+    if isinstance(info, dict) and isinstance(info.get("checkpoint_dir"), str):
+        root = Path(info["checkpoint_dir"])
+    else:  # a run of a plait before run_info.json named it
+        root = Path(ckpt["dir"]) if ckpt.get("dir") else run / "checkpoints"
     done = committed(root)
+    if (lineage := current_run(root)) is not None and any(lineage_of(p) == lineage for p in done):
+        done = [p for p in done if lineage_of(p) == lineage]  # not another run's beside it (allow_foreign)
     return done[-1] if done else None
 
 
@@ -172,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         from preflight.start_folders import probe_folder
+        from tools.export import refuse_inside_checkpoint
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
@@ -181,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(args.run)
         ckpt = final_checkpoint(args.run, resolved)
         record = manifest(args.run, rows, ckpt, resolved_text, resolved)  # every run file read before anything is written
+        refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out")
         made = [args.out / "metrics.csv"]
         write_csv(rows, made[0])

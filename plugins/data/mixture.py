@@ -137,7 +137,9 @@ class Mixture(IndexedSource):
             self.stage_starts = np.asarray(starts)
             self.stage_edges = [edges(normalized(ws, f"[data] mixture: stage {f} weights")) for f, ws in options.stages]
         self.streams = [k for k, src in enumerate(self.sources) if not isinstance(src, IndexedSource)]
-        self.samples_before_loader = not self.streams  # a stream's rows come from its loader's shard
+        # a stream's rows come from its loader's shard; with stages, which source serves a sample depends on
+        # the run's length, which the loader's spec brings (without one every start failed at its first sample)
+        self.samples_before_loader = not self.streams and not options.stages
         self.total_samples = 0
         self.stage_bounds: np.ndarray | None = None  # each stage's first global sample (stage_bounds_for())
         self._block_counts = [np.zeros(len(self.sources), dtype=np.int64)]  # counts before each block
@@ -168,7 +170,22 @@ class Mixture(IndexedSource):
             )
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
-        """Stream sources keep per-rank positions: a resume needs the world size they were saved on."""
+        """Stream sources keep per-rank positions: a resume needs a checkpoint of such a mixture (its
+        position beside state.json, not in it), saved at the same world size. The stages of a run stay."""
+        position: dict[str, Any] = saved["data"] if isinstance(saved.get("data"), dict) else {}
+        starts = position.get("stage_starts")
+        if isinstance(starts, list) and len(self.stage_edges) > 1 and len(starts) != len(self.stage_edges):
+            raise DataError(
+                f"[data] mixture: the checkpoint's data position has {len(starts)} stage(s), this config {len(self.stage_edges)}; "
+                "keep the stages of a run (their starts are fixed in samples once reached)"
+            )
+        if self.streams and position:
+            was = saved.get("config", {}).get("data", {}).get("name")
+            raise DataError(
+                f"[data] mixture: the checkpoint holds a global data position of data source {was!r}, without the positions "
+                "of stream sources, which are saved per rank: a mixture with streams cannot continue from it; resume with the "
+                "data source as saved, or --checkpoint.exclude_from_loading='[\"data\"]' to restart the data"
+            )
         saved_world = saved.get("world_size")
         if self.streams and saved_world != world_size:
             labels = ", ".join(self.labels[k] for k in self.streams)
@@ -317,6 +334,7 @@ class Mixture(IndexedSource):
                 self.refuse(k, f"holds {capacity} sample(s) of data.seq_len {spec.seq_len} (one epoch)", f"{share[k]} of them", spec)
         for k in self.streams:
             source = self.sources[k]
+            source.check_documents_per_shard(spec.dp_size, spec.dp_size, f"[data] mixture: source {self.labels[k]!r}")
             if source.options.on_end != "stop":
                 continue
             rows = [
@@ -374,7 +392,7 @@ class MixtureLoader(IndexedLoader):
     def __init__(self, mixture: Mixture, spec) -> None:
         super().__init__(mixture, spec)
         self.per_rank_state = bool(mixture.streams)
-        self.may_end = any(mixture.sources[k].options.on_end == "stop" for k in mixture.streams)
+        self.may_end = bool(mixture.streams)  # a stream may end, or fail (a bad line), on one rank before the others
         self.shards = {k: mixture.sources[k].windows(spec.seq_len, spec.dp_rank, spec.dp_size, mixture.sources[k].seed, spec.split) for k in mixture.streams}
         self._iters: dict[int, Any] = {}
 

@@ -9,9 +9,10 @@ worker's RNG, so a resume continues the very same stream. torchdata's
 ``StatefulDataLoader`` saves each worker's cursor, packing carry-over and
 buffer mid-epoch. At the end of the files a shard either starts over
 (``on_end = "wrap"``, with a warning; the epoch is part of the saved state) or
-ends (``on_end = "stop"``) after serving the windows still in its shuffle buffer. Shards end at different moments, so a stopping
-loader sets ``may_end``: the trainer gathers each step's micro-batches first
-and all ranks agree (one all-reduce of a flag) before any compute, ending the
+ends (``on_end = "stop"``) after serving the windows still in its shuffle buffer. Shards end at different moments, and a
+bad line is met by each rank when its own reading reaches it (shards of short documents read further
+per window), so a stream's loader sets ``may_end``, whether it stops or wraps: the trainer gathers each
+step's micro-batches first and all ranks agree (one all-reduce of a flag) before any compute, ending the
 run together with a checkpoint instead of one rank hanging in a collective.
 
 A ``mixture`` can hold text streams next to indexed sources: it pulls the
@@ -174,13 +175,14 @@ class StreamLoader:
     def __init__(self, source: "TextStream", spec) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        self.may_end = source.options.on_end == "stop"
+        # it may end on one rank before the others, or fail there (a bad line reached first, a shard without documents)
+        self.may_end = True
         self.dataset = source.windows(spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
         self.loader = StatefulDataLoader(
             self.dataset,
             batch_size=spec.micro_batch,
             num_workers=source.options.workers,
-            drop_last=self.may_end,
+            drop_last=source.options.on_end == "stop",
             worker_init_fn=ignore_stop_signals if source.options.workers else None,
         )
         self._it = None
@@ -248,7 +250,15 @@ class TextStream:
         return f"{len(self.paths)} file(s), {sum(sizes)} bytes, sha256 {hashlib.sha256(listing.encode()).hexdigest()[:16]}"
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
-        """Before resuming from a checkpoint whose state.json is ``saved``: same world size and workers."""
+        """Before resuming from a checkpoint whose state.json is ``saved``: a stream position (not the
+        global sample index of an indexed source), saved at the same world size and workers."""
+        if saved.get("data"):  # a stream's position is saved per rank, beside state.json, never in it
+            was = saved.get("config", {}).get("data", {}).get("name")
+            raise DataError(
+                f"[data] text_stream: the checkpoint holds the global data position of data source {was!r} "
+                f"(sample {saved['data'].get('consumed_samples', '?')}), not a stream's position; a stream cannot continue from it: "
+                f"resume with [data] name = {was!r} as saved, or --checkpoint.exclude_from_loading='[\"data\"]' to start the stream from its beginning"
+            )
         saved_workers = saved.get("config", {}).get("data", {}).get("workers", 0)
         saved_world = saved.get("world_size")
         if saved_world != world_size or saved_workers != self.options.workers:
@@ -280,11 +290,32 @@ class TextStream:
                     return [enough] * shards
         return [min(t // n, enough) for t in tokens]
 
+    def check_documents_per_shard(self, shards: int, ranks: int, where: str) -> None:
+        """Every one of ``shards`` shards (``ranks`` ranks' worth) takes at least one document, or the ones
+        without any fail at their first read, after the model was built. Reads at most ``shards`` documents."""
+        from itertools import islice
+        from pathlib import Path
+
+        from plugins.data.prepare import documents
+
+        found = sum(1 for _ in islice((d for f in self.paths for d in documents(Path(f), self.options.text_field)), shards))
+        if found < shards:
+            per_rank = shards // ranks
+            files = self.paths[0] + (f" and {len(self.paths) - 1} more file(s)" if len(self.paths) > 1 else "")
+            raise DataError(
+                f"{where}: {files} hold{'s' * (len(self.paths) == 1)} {found} document(s), fewer than its {shards} shards ({ranks} rank(s)"
+                f"{f' x workers = {per_rank}' if per_rank > 1 else ''}), which take one document in turn each: shard {found} (rank {found // per_rank}) "
+                "would have no data; add documents, or use fewer ranks or workers"
+            )
+
     def check_first_step(self, spec) -> None:
-        """``on_end = "stop"``: every rank's shards must hold the first step's windows (its
-        ``micro_batch x grad_accum``), or the run would end at step 0 with exit code 0, having
-        trained nothing. The files are read (tokenized) only as far as that takes."""
-        if self.options.on_end != "stop" or not self.paths:
+        """Every shard takes a document; and with ``on_end = "stop"`` every rank's shards must hold the
+        first step's windows (its ``micro_batch x grad_accum``), or the run would end at step 0 with exit
+        code 0, having trained nothing. The files are read (tokenized) only as far as that takes."""
+        if not self.paths:
+            return
+        self.check_documents_per_shard(spec.dp_size * max(1, self.options.workers), spec.dp_size, "[data] text_stream")
+        if self.options.on_end != "stop":
             return
         workers, need = max(1, self.options.workers), spec.micro_batch * spec.grad_accum
         windows = self.shard_windows(spec.seq_len, spec.dp_size * workers, need)
