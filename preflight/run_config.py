@@ -65,13 +65,16 @@ class TrainOptions:
     stall_timeout_s: float = option(
         1800.0,
         "seconds without progress (a step's data read or compute, a monitor call, a validation batch, a save's phase or writes, a checkpoint's reads, teardown) "
-        "before a rank ends the run for a restart, naming the rank furthest behind, with every thread's stack (3x until the first step ends); 0: off",
+        "before a rank ends the run for a restart, naming the rank furthest behind, with every thread's stack (3x until the first step ends); 0: off, else at least 1",
         ge=0,
+        le=MAX_COLLECTIVE_TIMEOUT_S,
     )
 
     def check(self) -> None:
         if self.steps == 0 and self.target_tokens == 0:
             raise ValueError("set steps or target_tokens")
+        if 0 < self.stall_timeout_s < 1:  # a run ended as 'stalled' at once, which launchers restart again and again
+            raise ValueError(f"stall_timeout_s: expected 0 (off) or at least 1 second, got {self.stall_timeout_s!r}")
         if not self.output_dir.strip():  # e.g. --train.output_dir=$RUN_DIR with RUN_DIR unset: never the working directory
             raise ValueError("output_dir: expected a folder, got an empty string")
         self.output_dir = home_folder(self.output_dir)

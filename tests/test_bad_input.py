@@ -161,6 +161,9 @@ def plan_error(capsys, *args: str) -> str:
         (["--train.seed=-1"], "[train].seed: must be >= 0 and <= 4294967295, got -1"),
         # a "never time out" value: torchrun's store timed out at once (int64 nanoseconds), or a traceback
         (["--train.collective_timeout_s=10000000000"], "[train].collective_timeout_s: must be > 0 and <= 100000000, got 10000000000"),
+        # a stall timeout that ends every run at once as 'stalled' (restarted by launchers), or one that overflows a wait
+        (["--train.stall_timeout_s=1e-9"], "[train]: stall_timeout_s: expected 0 (off) or at least 1 second, got 1e-09"),
+        (["--train.stall_timeout_s=1e300"], "[train].stall_timeout_s: must be >= 0 and <= 100000000, got 1e+300"),
         (["--train.seed=4294967296"], "[train].seed: must be >= 0 and <= 4294967295, got 4294967296"),
         (["--train.steps=1000000000"], "[train].steps: must be >= 0 and <= 999999999, got 1000000000"),
         (["--train.steps=0", "--train.target_tokens=9000000000000000000"], "expected at most 999999999 steps"),
