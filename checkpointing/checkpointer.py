@@ -163,11 +163,12 @@ class Checkpointer:
             if done and not ours:
                 log.warn(f"{path} belongs to another run; not overwriting it, this save is skipped")
                 return False
+            what = "a checkpoint of this run's from another branch" if ours else "an interrupted save of another run"
             if ours and not (done and verifies(path)):
-                shutil.rmtree(path)
-            else:
+                retention.remove(path)  # what a save wrote; anything else stays, and is set aside below
+                what = "files no save wrote"
+            if path.exists():
                 dest = retention.set_aside(self.root, [path], f"before_{path.name}")
-                what = "a checkpoint of this run's from another branch" if ours else "an interrupted save of another run"
                 log.note(f"{path.name} held {what}; moved to {dest} (kept, never resumed from automatically)")
         (path / "rng").mkdir(parents=True)
         write_durable(path / LINEAGE_FILE, self.lineage + "\n")

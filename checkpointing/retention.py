@@ -89,24 +89,48 @@ class LossTally:
         return float(both[0] / both[1]) if both[1] > 0 else None
 
 
+def written_by_a_save(rel: Path) -> bool:
+    """A file a save writes, by its path in the step folder: DCP's shards and metadata, ``state.json``,
+    each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, and their
+    temporary files."""
+    name = rel.name
+    if len(rel.parts) == 2 and rel.parts[0] == "rng":
+        return name.endswith((".json", ".tmp"))
+    return len(rel.parts) == 1 and (name in {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata"} or name.endswith((".distcp", ".tmp")))
+
+
 def remove(path: Path) -> None:
     """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
     unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
     checkpoint never looks complete with files gone), ``LINEAGE`` last. Errors are ignored. A folder
-    that is a symbolic link is left alone: what it points to is not plait's to delete."""
+    that is a symbolic link is left alone: what it points to is not plait's to delete. Only what a
+    save writes is deleted: a folder that also holds anything else (a user's notes, an export made
+    there) keeps it, loses its ``LINEAGE`` (so it is no longer this run's, and never touched again)
+    and is named in one warning."""
     if path.is_symlink():
         return
+    kept: list[str] = []
     try:
         (path / COMMIT_MARKER).unlink(missing_ok=True)
         sync_dir(path)
-        for child in path.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            elif child.name != LINEAGE_FILE:
-                child.unlink()
+        for folder, dirs, files in os.walk(path, topdown=False):  # files before their folders; links not followed
+            here = Path(folder)
+            for name in files + [d for d in dirs if (here / d).is_symlink()]:
+                rel = (here / name).relative_to(path)
+                if not written_by_a_save(rel) or (here / name).is_symlink():
+                    kept.append(str(rel))
+                elif name != LINEAGE_FILE:
+                    (here / name).unlink()
+            if here != path and not any(here.iterdir()):
+                here.rmdir()
     except OSError:
         pass
-    shutil.rmtree(path, ignore_errors=True)
+    if not kept:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    (path / LINEAGE_FILE).unlink(missing_ok=True)
+    shown = ", ".join(sorted(kept)[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+    log.warn(f"{path}: its checkpoint files are deleted, but not what plait did not write there ({shown}): the folder stays")
 
 
 def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:

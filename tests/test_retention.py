@@ -246,3 +246,23 @@ def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go
     capsys.readouterr()
     assert plan.main(["--config", str(cfg), *flag]) == 0  # the command it names is one that works
     assert "diverged" not in capsys.readouterr().err  # an explicit resume is the user's choice: said no more
+
+
+def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
+    """A user's notes, or an export made inside a checkpoint folder, were deleted with it when
+    pruning removed the folder: plait never deletes what it did not write."""
+    from checkpointing.retention import remove
+
+    plaits = ["COMMITTED", "LINEAGE", "state.json", ".metadata", "__0_0.distcp", "__1_0.distcp", "rng/rank_0.json", "rng/data_rank_1.json"]
+    users = ["notes.txt", "hf/model.safetensors", "rng/my_seed.txt"]
+    both, only_plaits = tmp_path / "step_000000004", tmp_path / "step_000000008"
+    for folder, names in ((both, plaits + users), (only_plaits, plaits)):
+        for name in names:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("x")
+    remove(only_plaits)
+    assert not only_plaits.exists()
+    remove(both)
+    assert sorted(str(p.relative_to(both)) for p in both.rglob("*") if p.is_file()) == sorted(users)
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "plait did not write" in ln]
+    assert str(both) in line and "hf/model.safetensors, notes.txt, rng/my_seed.txt" in line, line

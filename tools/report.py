@@ -98,7 +98,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 def final_checkpoint(run: Path, config: dict) -> Path | None:
     """The run's newest committed checkpoint: in the checkpoint folder run_info.json names (absolute;
     the config's ``checkpoint.dir`` may be relative to where the run was started, not where the
-    report runs), of the run that last trained there (``CURRENT_RUN``), as a restart would take it."""
+    report runs; one inside the run folder is taken inside ``run``, wherever the folder was moved or
+    copied), of the run that last trained there (``CURRENT_RUN``), as a restart would take it."""
     from checkpointing.folders import committed, current_run, lineage_of
     from tools.text_codec import read_json
 
@@ -106,6 +107,11 @@ def final_checkpoint(run: Path, config: dict) -> Path | None:
     ckpt = config.get("checkpoint", {})
     if isinstance(info, dict) and isinstance(info.get("checkpoint_dir"), str):
         root = Path(info["checkpoint_dir"])
+        trained_in = config.get("train", {}).get("output_dir")
+        if (
+            isinstance(trained_in, str) and trained_in and root.is_relative_to(Path(trained_in).absolute())
+        ):  # inside the run folder: follow the folder if it was moved or copied
+            root = run / root.relative_to(Path(trained_in).absolute())
     else:  # a run of a plait before run_info.json named it
         root = Path(ckpt["dir"]) if ckpt.get("dir") else run / "checkpoints"
     done = committed(root)
