@@ -42,11 +42,12 @@ class TrainStep:
         self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
 
     def forward_backward(
-        self, micro_batches: list[Batch], replace: Callable[[int, torch.Tensor, torch.Tensor], Batch] | None = None
+        self, micro_batches: list[Batch], replace: Callable[[int, torch.Tensor, torch.Tensor], Batch] | None = None, void: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Gradients of the step's mean loss, clipped: ``(loss, grad_norm, bad)``, all on the device;
         ``bad`` is set when the loss or the norm is non-finite on any rank. ``replace(m, inputs, labels)``
-        may swap micro-batch ``m`` for another (a monitor's ``plait_replace_batch``)."""
+        may swap micro-batch ``m`` for another (a monitor's ``plait_replace_batch``). ``void``: this
+        rank's batches stand in for data it does not have; its loss is NaN, so every rank skips the update."""
         dev, accum = self.dist.device, self.grad_accum
         loss_sum: torch.Tensor | None = None
         for m, (inputs, labels) in enumerate(micro_batches):
@@ -60,6 +61,8 @@ class TrainStep:
                 (loss if accum == 1 else loss / accum).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         assert loss_sum is not None, "a step has at least one micro-batch"
+        if void:
+            loss_sum = loss_sum * float("nan")
         grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
         bad = self.guard.flag(loss_sum, grad_norm)
         return loss_sum / accum, grad_norm, bad

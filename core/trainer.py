@@ -107,6 +107,7 @@ class Trainer:
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update)
         self.step_metrics = StepMetrics(self.dist)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
+        self.void_step = False  # this rank has no data for the step: joined with a loss of NaN, skipped by all
         self.skipping_now = 0  # steps skipped in a row up to the last read
         self.before_update_hooks = self.replace_batch_hooks = False  # set once the monitors exist
 
@@ -203,7 +204,6 @@ class Trainer:
             why = "[data] the source reached the end of its data"
         except DataError as e:
             why, bad = f"bad data: {e}", 2
-            log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
         for batch in micro:  # held to DataLoaderLike's shape: a plugin's own loader is not IndexedLoader
             check_batch(batch, self.built.loader_spec, self.rc.slots["data"].component.name)
         self.step_metrics.data_wait_s += time.perf_counter() - t_wait
@@ -211,7 +211,13 @@ class Trainer:
             ended, bad = self.control.max([int(bool(why)), bad])
             if ended and not why:
                 why = "bad data on another rank" if bad else "the data ran out on another rank"
+        if bad and not loader_may_end(self.loader) and self.dist.world_size > 1:  # the others are in the step already:
+            log.error(f"rank {self.dist.rank}: {why}; stopping without a checkpoint (this step is skipped on every rank)", all_ranks=True)
+            self.run.request_stop(why, checkpoint=False, source="data", exit_code=2)  # join it with batches whose update
+            spec, self.void_step = self.built.loader_spec, True  # every rank skips (a NaN loss here): no rank waits
+            return [(torch.zeros(spec.micro_batch, spec.seq_len, dtype=torch.long),) * 2] * self.prep.grad_accum, ""
         if bad:
+            log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
             self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
         return (None, why) if why else (micro, "")
 
@@ -219,7 +225,7 @@ class Trainer:
         """One step; monitors implementing ``plait_before_update`` may skip its update or roll
         the run back (``(None, grad_norm)``: the loop goes on from the restored step)."""
         replace = self.replace_batch if self.replace_batch_hooks else None
-        loss, grad_norm, bad = self.stepper.forward_backward(micro_batches, replace)
+        loss, grad_norm, bad = self.stepper.forward_backward(micro_batches, replace, void=self.void_step)
         if self.before_update_hooks:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()

@@ -4,6 +4,7 @@ streams inside a mixture, and a streaming run whose ranks run dry at different s
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -274,3 +275,26 @@ def test_a_mixture_with_stages_starts(tiny_config, tmp_path, capsys):
     staged = ["--data.name=mixture", f"--data.sources={sources}", "--data.stages=[[0.0, [1.0, 0.0]], [0.5, [0.0, 1.0]]]"]
     assert main(["--config", str(tiny_config()), f"--train.output_dir={tmp_path / 'plan'}", *staged]) == 0, capsys.readouterr().err
     assert "stages need the run's length" not in capsys.readouterr().err
+
+
+def test_a_bad_record_met_by_one_rank_of_an_index_source_stops_every_rank_at_once(tiny_config, tmp_path):
+    """A DataError on one rank of a source whose ranks do not agree on each step's data (an index
+    source: no all-reduce before the step). Before, that rank went to save while the other was in the
+    step's gradient all-reduce: mismatched collectives, which here failed in gloo (exit 1, reason
+    'error', which launchers restart onto the same record) and can as well hang until a timeout. Now
+    the rank joins the step with a NaN loss, every rank skips its update and all stop without a
+    checkpoint (exit 2, not restarted); the last complete one stays."""
+    import subprocess
+
+    from conftest import env, torchrun_argv
+
+    out = tmp_path / "out"
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    argv = torchrun_argv(2, "--config", str(tiny_config(steps=6)), "--checkpoint.every=2", "--train.collective_timeout_s=60")
+    proc = subprocess.run(argv, cwd=REPO, env=env(PYTHONPATH=seams, PLAIT_TEST_BAD_DATA_AT_STEP="3:1"), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    status = json.loads((out / "exit_status.json").read_text())
+    assert (status["exit_code"], status["step"]) == (2, 3), status
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
+    assert any("rank 1: bad data: planted bad record" in line and "this step is skipped on every rank" in line for line in errors), proc.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists()) == ["step_000000002"]

@@ -18,6 +18,7 @@ mount), on every rank, or only on rank ``PLAIT_TEST_HANG_DATA_ON_RANK`` when tha
 ``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
 each block written takes 5 ms until they have.
+``PLAIT_TEST_BAD_DATA_AT_STEP=N:R``: rank R's first training sample of step N is a bad record.
 """
 
 import os
@@ -197,3 +198,20 @@ if _slow_write:
         return _write(self, b)
 
     _safe_dcp._ChecksummingStream.write = _slow_block_write
+
+# ``PLAIT_TEST_BAD_DATA_AT_STEP=N:R``: on rank R, the first training sample of step N read by the index
+# loader is a bad record (DataError), as a corrupt region of a file only that rank reads.
+_bad = os.environ.get("PLAIT_TEST_BAD_DATA_AT_STEP", "")
+if _bad:
+    from core.errors import DataError
+    from dataloading.indexed import IndexedLoader
+
+    _bad_step, _bad_rank = (int(x) for x in _bad.split(":"))
+    _row = IndexedLoader.row
+
+    def _bad_row(self, index):
+        if index // self.spec.global_batch + 1 == _bad_step and self.spec.split == "train" and os.environ.get("RANK", "0") == str(_bad_rank):
+            raise DataError(f"planted bad record at sample {index} (tests/seams)")
+        return _row(self, index)
+
+    IndexedLoader.row = _bad_row
