@@ -194,7 +194,7 @@ class Trainer:
         from dataloading.indexed import DataExhausted, check_batch
 
         t_wait = time.perf_counter()
-        micro, why, bad = [], "", 0
+        micro, why, bad, met = [], "", 0, False
         try:
             for _ in range(self.prep.grad_accum):
                 micro.append(next(batches))
@@ -203,7 +203,7 @@ class Trainer:
         except StopIteration:
             why = "[data] the source reached the end of its data"
         except DataError as e:
-            why, bad = f"bad data: {e}", 2
+            why, bad, met = f"bad data: {e}", 2, True  # met: this rank read the record
         for batch in micro:  # held to DataLoaderLike's shape: a plugin's own loader is not IndexedLoader
             check_batch(batch, self.built.loader_spec, self.rc.slots["data"].component.name)
         self.step_metrics.data_wait_s += time.perf_counter() - t_wait
@@ -217,7 +217,8 @@ class Trainer:
             spec, self.void_step = self.built.loader_spec, True  # every rank skips (a NaN loss here): no rank waits
             return [(torch.zeros(spec.micro_batch, spec.seq_len, dtype=torch.long),) * 2] * self.prep.grad_accum, ""
         if bad:
-            log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
+            if met:
+                log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
             self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
         return (None, why) if why else (micro, "")
 
