@@ -193,3 +193,124 @@ def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_th
     assert "cannot see the file that rank 0 on" in lines[0] and "not a disk of its own" in lines[0], lines[0]
     assert not (out / "metrics.jsonl").exists() or read_metrics(out) == []
     assert [p.name for f in folders for p in f.iterdir() if p.name != "plait.lock"] == []
+
+
+# --- longer cases: `pytest -m bench` ----------------------------------------------------------
+
+
+def ranks_alive(nodes: Nodes) -> list[int]:
+    return [c for proc in nodes.procs if proc.poll() is None for c in children(proc.pid) if rank_of(c) is not None]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (its agent, stuck on the frozen node's store, may not reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_until(condition, timeout: float, what: str) -> float:
+    t0 = time.time()
+    while not condition():
+        assert time.time() - t0 < timeout, what
+        time.sleep(0.1)
+    return time.time() - t0
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("node", ["rank 1's", "rank 0's"])
+def test_sigterm_to_one_node_stops_both_at_one_step_with_a_checkpoint(tmp_path, node):
+    """A pre-emption of one VM (SIGTERM to its agent and its rank; under SLURM a signal to one task): the
+    signalled rank's stop reaches the other through the step's control all-reduce, so both stop at the
+    same step boundary and save it, every shard of it; rank 0 writes exit_status.json (reason signal)
+    and both ranks exit 0. torchrun's agent of the other node may then wait in its exit barrier for the
+    signalled one, which never comes, up to 300 s (torch's own): not waited for here."""
+    from checkpointing.folders import committed, verify
+
+    cfg = write_tiny_config(tmp_path, steps=1000, global_batch_tokens=512)
+    out = tmp_path / "out"
+    nodes = Nodes(tmp_path, ["--config", str(cfg), "--checkpoint.every=1000"], PYTHONPATH=SEAMS, PLAIT_TEST_SLOW_READ_S="0.05")
+    try:
+        wait_for_step(out, 3, nodes)
+        i = nodes.node_of_rank(1 if node == "rank 1's" else 0)
+        for c in children(nodes.procs[i].pid):
+            os.kill(c, signal.SIGTERM)
+        os.kill(nodes.procs[i].pid, signal.SIGTERM)
+        took = wait_until(lambda: not ranks_alive(nodes), 60, "a rank did not stop")
+    finally:
+        nodes.stop()
+    text = nodes.output(0) + nodes.output(1)
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["exit_code"] == 0 and took < 30, (status, took, text[-3000:])
+    (saved,) = committed(out / "checkpoints")
+    assert saved.name == f"step_{status['step']:09d}" and verify(saved)["step"] == status["step"]
+    assert sorted(p.name for p in saved.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert "plait: error" not in text, text[-3000:]  # (torchrun prints a traceback of its own SignalException)
+
+
+@pytest.mark.bench
+def test_a_frozen_node_that_served_the_store_ends_the_survivor_through_its_watchdog(tmp_path):
+    """Rank 0's node stops answering without closing a connection (SIGSTOP: a machine frozen or cut
+    off, where SIGKILL lets the kernel close them). The survivor waits in a collective; its stall
+    watchdog ends it after train.stall_timeout_s, and its line says that the rendezvous store, served
+    from the frozen node, did not answer. (Its torchrun agent, whose rendezvous store the frozen node
+    serves too, may not end by itself: launchers/k8s/entrypoint.sh ends it after AGENT_GRACE_S.)"""
+    from checkpointing.folders import committed, verify
+
+    cfg = write_tiny_config(tmp_path, steps=1000, global_batch_tokens=512)
+    out = tmp_path / "out"
+    args = ["--config", str(cfg), "--checkpoint.every=2", "--train.stall_timeout_s=6", "--train.collective_timeout_s=60"]
+    nodes = Nodes(tmp_path, args, PYTHONPATH=SEAMS, PLAIT_TEST_SLOW_READ_S="0.05")
+    frozen: list[int] = []
+    try:
+        wait_for_step(out, 3, nodes)
+        lost = nodes.node_of_rank(0)
+        frozen = [*children(nodes.procs[lost].pid), nodes.procs[lost].pid]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        survivor = [c for c in children(nodes.procs[1 - lost].pid) if rank_of(c) == 1]
+        took = wait_until(lambda: not any(running(p) for p in survivor), 60, "the survivor's rank did not end")
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        nodes.stop()
+    text = nodes.output(1 - lost)
+    (line,) = [line for line in text.splitlines() if line.startswith("plait: error: rank 1: stalled: no progress for")]
+    assert took < 6 + 20 and "the rendezvous store at " in line and "did not answer (it is served from rank 0's node" in line, (took, line)
+    assert all(verify(p)["step"] == int(p.name[5:]) for p in committed(out / "checkpoints"))
+
+
+@pytest.mark.bench
+def test_a_two_node_run_resumes_as_one_node_of_two_processes_and_back(tmp_path):
+    """The same world size on another layout: two nodes of one process, ended by a crash at step 3;
+    then one node of two processes (torchrun --standalone), ended by a crash at step 5; then two
+    nodes again, to the end. Each start resumes from the last checkpoint of the one before, and the
+    losses equal those of an uninterrupted run on one node, bitwise."""
+    cfg = write_tiny_config(tmp_path, steps=6, global_batch_tokens=512)
+    out, whole = tmp_path / "out", tmp_path / "whole"
+    args = ["--config", str(cfg), "--checkpoint.every=2"]
+
+    def one_node(*more: str, **extra: str) -> subprocess.CompletedProcess:
+        cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "core.train", *args, *more]
+        return subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=120)
+
+    for layout, crash_at, resumed in [("two nodes", "3", None), ("one node", "5", 2), ("two nodes", "", 4)]:
+        seams = {"PYTHONPATH": SEAMS, "PLAIT_TEST_CRASH_AT_STEP": crash_at} if crash_at else {}
+        if layout == "two nodes":
+            nodes = Nodes(tmp_path, args, **seams)
+            try:
+                codes = nodes.wait([0, 1], timeout=120)
+            finally:
+                nodes.stop()
+            text = nodes.output(0) + nodes.output(1)
+        else:
+            proc = one_node(**seams)
+            codes, text = [proc.returncode], proc.stdout + proc.stderr
+        assert (0 not in codes) if crash_at else codes == [0, 0], (layout, codes, text[-3000:])
+        if resumed is not None:
+            assert f"at step {resumed} (saved on 2 ranks, now 2)" in text, text[-3000:]
+    assert one_node(f"--train.output_dir={whole}").returncode == 0
+    got = [(r["step"], r["loss"]) for r in read_metrics(out)]
+    assert got == [(r["step"], r["loss"]) for r in read_metrics(whole)], got
