@@ -17,8 +17,9 @@ import re
 from pathlib import Path
 
 # What gloo (and the store) say when the other end of a connection is gone or never answered.
-_GONE = re.compile(r"(Connection (?:closed|reset) by peer[^.]*|Broken pipe|Connection refused[^.]*)")
-_TIMED_OUT = re.compile(r"(Timed out waiting \d+ms[^.]*|Watchdog caught collective operation timeout)")
+_PEER = r"(?: ?\[[^\]]*\](?::\d+)?)?"  # the other end's address, as gloo writes it: [127.0.0.1]:17120
+_GONE = re.compile(rf"(Connection (?:closed|reset) by peer{_PEER}|Socket closed{_PEER}|Broken pipe|Connection refused{_PEER})", re.IGNORECASE)
+_TIMED_OUT = re.compile(rf"(Timed out waiting \d+ms for \w+ operation(?: to complete)?|Connect timeout{_PEER}|Watchdog caught collective operation timeout)")
 
 
 class PeerLost(RuntimeError):
