@@ -499,7 +499,9 @@ def fake_python(tmp_path, attempts: str, **extra) -> dict[str, str]:
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
     (tmp_path / "out").mkdir(exist_ok=True)
-    e = remote_env(tmp_path, PYTHON=str(python), PY=str(python), REAL_PY=sys.executable, FAKE_TRAINER=str(tmp_path / "trainer.py"), **extra)
+    e = remote_env(
+        tmp_path, PYTHON=str(python), PY=str(python), REAL_PY=sys.executable, FAKE_TRAINER=str(tmp_path / "trainer.py"), TMPDIR=str(tmp_path), **extra
+    )
     e["FAKE_ATTEMPTS"] = attempts
     return e
 

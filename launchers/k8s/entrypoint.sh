@@ -42,6 +42,7 @@ if [ "$signalled" = 1 ]; then exit 143; fi  # stopped while it planned
 # torchrun's output goes to the pod's log and to a file of this container's own (not the run's volume, which may be the
 # full disk): when rank 0 could not write exit_status.json, its last lines there say why (trainer_end.sh).
 said=$(mktemp "${TMPDIR:-/tmp}/plait-entrypoint.XXXXXX") || exit 1
+trap 'rm -f "$said" "$said.outlived"' EXIT
 exec 3> >(tee -a "$said")
 teed=$!
 "$PY" -m torch.distributed.run --nnodes="$NNODES" --nproc_per_node="$NPROC_PER_NODE" \
@@ -78,7 +79,6 @@ for _ in $(seq 50); do kill -0 "$teed" 2>/dev/null || break; sleep 0.1; done  # 
 trainer_end "$status" "$said" 1  # rank 0's pod: the trainer's own code (exit_status.json, or its last words)
 if [ -n "$end_code" ]; then code=$end_code; elif [ -f "$status" ] || [ -e "$outlived" ]; then code=1; fi
 if [ -n "$end_note" ]; then echo "plait: entrypoint: $end_note" >&2; fi
-rm -f "$said" "$outlived"
 # A run stopped by a signal is not done: exit 0 would mark this index of the Job as succeeded.
 case $end_reason in
     signal) code=143 ;;
