@@ -78,6 +78,10 @@ class CheckpointDir:
             # DCP collectives get a gloo group of their own: async saves run them from a background
             # thread, beside the training collectives. It waits for a hung rank as long as they do.
             self.group = gloo_group()
+            from checkpointing.shared_folder import check_shared
+
+            # one folder that every node sees, before any checkpoint is read or written (exit 2 if not)
+            check_shared(self, "[checkpoint].dir" if opts.dir else "the checkpoint folder <output_dir>/checkpoints")
 
     def agree(self, value: int, op: str = "min") -> int:
         """The same integer on every rank (min or sum over the checkpoint group)."""

@@ -34,6 +34,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source launchers/wait_for_job.sh || exit 2
+source launchers/trainer_end.sh || exit 2
 
 PY=${PYTHON:-python}
 CONFIG=${CONFIG:-train_configs/debug_cpu.toml}
@@ -94,7 +95,6 @@ stopped() {  # a signal came: leave now, with 128 + its number
 # (its last lines are the stop and the checkpoint) and that a closed terminal does not end (-p).
 TEE_P=()
 if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
-immune() { (trap '' INT TERM HUP TTOU; exec "$@"); }  # the stop's signals must not cut it short (TTOU: a terminal with tostop)
 keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
 # torchrun in a group of its own no longer dies with the launcher's group: it asks the kernel (Linux
 # PR_SET_PDEATHSIG, kept across exec) for SIGTERM when this script dies, however it dies (SIGKILL too),
@@ -186,25 +186,12 @@ if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee
     exit 2
 fi
 
-# Progress of an attempt: the newest committed checkpoint (a step_<9 digits> folder holding COMMITTED, as
-# checkpointing/folders.py commits them) in the run's checkpoint folder, which run_info.json names (written by
-# rank 0 of each attempt once it has built). -1: none yet, or a folder that did not answer within 60 s (a hung mount).
-newest_checkpoint() {
-    immune timeout 60 "$PY" -c 'import json, os, re, sys
-try:
-    root = json.load(open(sys.argv[1]))["checkpoint_dir"]
-    steps = [int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_[0-9]{9}", n) and os.path.isfile(os.path.join(root, n, "COMMITTED"))]
-except (OSError, ValueError, KeyError, TypeError):
-    steps = []
-print(max(steps, default=-1))' "$OUTPUT_DIR/run_info.json" 2>/dev/null || echo -1
-}
-
 # 4. Train; after a crash or a kill, resume from the last complete checkpoint.
 attempt=0
 stuck=0  # attempts in a row that ended without a newer committed checkpoint than they started from
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
-    started_from=$(newest_checkpoint)
+    started_from=$(newest_checkpoint "$OUTPUT_DIR/run_info.json")  # progress: a newer committed checkpoint after it
     if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
@@ -217,32 +204,20 @@ while true; do
     if [ "$stop_code" -ne 0 ]; then kill -s TERM "$trainer" 2>/dev/null; fi  # a signal while it was starting
     wait_for_job "$trainer"  # sets $code
     trainer=""
-    status=""
-    if [ -f "$OUTPUT_DIR/exit_status.json" ]; then
-        # "<exit code> <reason>"; a crash (reason "error") or a stall ("stalled") is retried like a death without the file
-        status=$(immune "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); print(int(s['exit_code']), s.get('reason', ''))" \
-                 "$OUTPUT_DIR/exit_status.json") || status="1 error"  # unreadable: treated as a crash
-    fi
-    if [ -n "$status" ] && [ "${status#* }" != error ] && [ "${status#* }" != stalled ]; then
-        code=${status%% *}
-        if [ "$code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
-        log "trainer finished with exit code $code"
-        exit "$code"
+    # A crash (exit_status.json reason "error", or none) or a stall ("stalled") is restarted; any other reason is final,
+    # and so is a run folder another job holds or a checkpoint that could not be written, said in the log (trainer_end.sh).
+    trainer_end "$OUTPUT_DIR/exit_status.json" "$LOG" "$((log_lines + 1))"
+    if [ -n "$end_code" ] && [ -z "$end_note" ]; then
+        if [ "$end_code" = 2 ]; then log "bad input found by the trainer; not retrying"; fi
+        log "trainer finished with exit code $end_code"
+        exit "$end_code"
     fi
     stopped  # the trainer died of the stop (a signal before it could save): no restart
-    # Another job took a folder of this run (its checkpoint folder) between two attempts: final, as bad input.
-    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q "^plait: error: run folder .* is in use by"; then
-        log "another job holds a run folder of this run; not restarting"
-        exit 2
+    if [ -n "$end_code" ]; then
+        log "$end_note"
+        exit "$end_code"
     fi
-    # A failed save (or run file at start) whose exit_status.json did not fit on the disk either, or a run that ended
-    # but could not write it: final.
-    if tail -n +"$((log_lines + 1))" "$LOG" 2>/dev/null | grep -q -e "^plait: error: checkpoint save at step" -e "^plait: error: cannot write .* at start" \
-            -e "^plait: error: cannot write .*exit_status.json at the end of the run"; then
-        log "a checkpoint could not be written (disk full?); not restarting"
-        exit 74
-    fi
-    reached=$(newest_checkpoint)
+    reached=$(newest_checkpoint "$OUTPUT_DIR/run_info.json")
     if [ "$reached" -gt "$started_from" ]; then stuck=0; else stuck=$((stuck + 1)); fi
     if [ "$stuck" -gt "$MAX_RESTARTS" ]; then
         log "trainer failed (code $code): $stuck attempts in a row committed no new checkpoint, and MAX_RESTARTS=$MAX_RESTARTS restarts are used up"

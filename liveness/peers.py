@@ -17,8 +17,9 @@ binds a port, so it cannot conflict with either (the default process group's own
 
 Nothing here may hold the run: every store operation runs on a daemon thread of its own
 (``plait-stall-view``), publishing drops a record while the one before is still in flight, and a
-read is waited for at most ``wait_s``. An unreachable store (a warning, once) leaves the stall line
-without the cross-rank part. Publishing costs one small ``set`` per phase change, at most one per
+read is waited for at most ``wait_s``. An unreachable store (a warning, once), or one that stops
+answering (on several nodes it is served from rank 0's, which may be the node that is lost), leaves
+the stall line without the cross-rank part, and the line says why (:meth:`PeerView.silence`). Publishing costs one small ``set`` per phase change, at most one per
 ``every_s`` (a tenth of the stall timeout), from the watchdog's thread, never the step's.
 """
 
@@ -40,8 +41,9 @@ STORE_TIMEOUT_S = 30.0  # connecting, and each store operation
 class PeerView:
     """This rank's window on the others: ``connect()`` returns the store (called on the view's thread)."""
 
-    def __init__(self, rank: int, world_size: int, connect: Callable[[], Any], every_s: float) -> None:
+    def __init__(self, rank: int, world_size: int, connect: Callable[[], Any], every_s: float, where: str = "") -> None:
         self.rank, self.world_size, self.every_s = rank, world_size, every_s
+        self.where = where  # host:port of the store, for a line that says it did not answer
         self.store: Any = None
         self.broken = ""  # why the store cannot be used
         self.last_sent: tuple = ()
@@ -66,7 +68,7 @@ class PeerView:
             store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
             return dist.PrefixStore(prefix, store)
 
-        return cls(rank, world_size, connect, every_s)
+        return cls(rank, world_size, connect, every_s, f"{host}:{port}")
 
     # -- the view's thread ---------------------------------------------------
     def _serve(self, connect: Callable[[], Any]) -> None:
@@ -127,6 +129,13 @@ class PeerView:
             return {r: json.loads(store.get(k)) for r, k in zip(ranks, keys) if store.check([k])}
 
         return self._wait(job, wait_s)
+
+    def silence(self) -> str:
+        """Why no rank's phase could be read: the store never connected, or stopped answering."""
+        at = f" at {self.where}" if self.where else ""
+        if self.broken:
+            return f"the rendezvous store{at} could not be reached ({self.broken})"
+        return f"the rendezvous store{at} did not answer (it is served from rank 0's node, which may be the one lost)"
 
     def end(self) -> None:
         """Tell the others that this rank ends the run as stalled (does not wait)."""

@@ -141,6 +141,8 @@ class Watchdog:
         )
         if records and self.view is not None:
             what += "; " + describe(self.rank, records, self.view.world_size, time.time())
+        elif self.view is not None:  # the store's host may be the node that is lost (rank 0's)
+            what += f"; the other ranks' phases are unknown: {self.view.silence()}"
         kept = f"; the run's end was already recorded (exit_status.json keeps reason {marks.recorded!r})" if marks.recorded else ""
         line = f"rank {self.rank}: stalled: {what}"
 
@@ -172,6 +174,11 @@ def progress(doing: str, step: int | None = None, waits: bool = False) -> None:
     ``waits``: the phase waits for work on other threads (an async save's writes), whose
     :func:`alive` marks then count as its progress."""
     _marks.progress(doing, step, waits)
+
+
+def doing() -> str:
+    """What the main loop is doing now (the phase of the last :func:`progress`), for a line about a failure."""
+    return _marks.phase.doing
 
 
 def alive() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -404,12 +405,15 @@ def test_the_back_off_doubles_up_to_300_s_and_never_overflows():
             assert got == waits[min(attempt, 6)], (backoff, attempt, got)
 
 
-# A stand-in trainer for remote.sh's restart logic: each attempt does what FAKE_ATTEMPTS says, in turn, and dies
-# (exit 1): "progress" commits a newer checkpoint (a step_ folder with COMMITTED, as checkpointing/folders.py
+# A stand-in trainer (torchrun) for the launchers' restart logic: each attempt does what FAKE_ATTEMPTS says, in turn,
+# and dies (exit 1): "progress" commits a newer checkpoint (a step_ folder with COMMITTED, as checkpointing/folders.py
 # commits them), "uncommitted" leaves one without COMMITTED (a save killed before its commit), "stalled" writes
-# the watchdog's exit_status.json, "stuck" does nothing. Each writes run_info.json as rank 0 does.
+# the watchdog's exit_status.json, "diverged" the one of a run stopped as diverged (exit code 3), "disk_full" only
+# prints rank 0's line of a save that failed (exit_status.json did not fit either), "outlived" has a rank that ends
+# at once and then never ends itself (torchrun waiting on a lost node's store), "stuck" does nothing. Each writes
+# run_info.json as rank 0 does.
 FAKE_TRAINER = """
-import json, os, sys
+import json, os, subprocess, sys, time
 from pathlib import Path
 out = Path(os.environ["OUTPUT_DIR"])
 ckpts = out / "checkpoints"
@@ -425,14 +429,22 @@ if what == "progress":
     (ckpts / f"step_{newest + 5:09d}" / "COMMITTED").write_text("{}")
 if what == "stalled":
     (out / "exit_status.json").write_text(json.dumps({"exit_code": 1, "reason": "stalled", "step": newest, "detail": "no progress"}))
+if what == "diverged":
+    (out / "exit_status.json").write_text(json.dumps({"exit_code": 3, "reason": "diverged", "step": newest, "detail": "nan"}))
+if what == "disk_full":
+    print(f"plait: error: checkpoint save at step {newest + 5} failed on rank 0: OSError: [Errno 28] No space left on device", flush=True)
+if what == "outlived":
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(2)"])
+    time.sleep(600)
 sys.exit(1)
 """
 
-# PYTHON for remote.sh: the stand-in trainer for torchrun, nothing for the installation check and core.plan.
+# The launchers' python: the stand-in trainer for torchrun, nothing for the installation check, the output folder for
+# core.plan (--json).
 FAKE_PYTHON = """#!/bin/bash
 case " $* " in
     *" torch.distributed.run "*) exec "$REAL_PY" "$FAKE_TRAINER" ;;
-    *" core.plan "*) exit 0 ;;
+    *" core.plan "*) printf '{"output_dir": "%s"}\\n' "$OUTPUT_DIR"; exit 0 ;;
 esac
 if [ "$1" = - ]; then cat > /dev/null; echo "gpus 0"; exit 0; fi
 exec "$REAL_PY" "$@"
@@ -478,3 +490,87 @@ def test_a_run_that_ends_on_a_disk_too_full_for_exit_status_json_is_not_restarte
     assert f"cannot write {out / 'exit_status.json'} at the end of the run (ENOSPC: " in line, line
     assert line.endswith("the run ended (completed) at step 4 with exit code 0"), line
     assert "OSError" not in text  # no traceback of the rank's (torchrun prints its own summary of any failed child)
+
+
+def fake_python(tmp_path, attempts: str, **extra) -> dict[str, str]:
+    """The environment of a launcher whose python runs the stand-in trainer: PY (k8s, slurm) and PYTHON (remote.sh)."""
+    (tmp_path / "trainer.py").write_text(FAKE_TRAINER)
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    e = remote_env(
+        tmp_path, PYTHON=str(python), PY=str(python), REAL_PY=sys.executable, FAKE_TRAINER=str(tmp_path / "trainer.py"), TMPDIR=str(tmp_path), **extra
+    )
+    e["FAKE_ATTEMPTS"] = attempts
+    return e
+
+
+def test_the_k8s_entrypoint_reads_the_trainers_last_words_and_ends_a_torchrun_that_outlives_its_ranks(tmp_path):
+    """Without exit_status.json (rank 0 could not write it on a full disk) the pod exited with torchrun's 1, and the
+    Job restarted the run onto the full disk; remote.sh, which reads the trainer's line in its log, stopped with 74.
+    Now the entrypoint reads torchrun's output the same way (trainer_end.sh, shared) and exits 74, which the Job's
+    podFailurePolicy does not retry. And a torchrun whose ranks have all ended but which never ends itself (waiting on
+    the rendezvous store of a lost node) held the pod for good: now it is ended after AGENT_GRACE_S, exit 1 (a restart)."""
+    script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
+    e = fake_python(tmp_path, "disk_full,outlived,diverged", NNODES="2", NPROC_PER_NODE="1", AGENT_GRACE_S="2")
+    full = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
+    assert full.returncode == 74, (full.returncode, full.stdout[-2000:], full.stderr[-2000:])
+    assert "plait: error: checkpoint save at step 5 failed on rank 0" in full.stdout  # the pod's log still shows it
+    assert "plait: entrypoint: a checkpoint could not be written (disk full?); not restarting" in full.stderr
+    t0 = time.time()
+    outlived = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
+    assert outlived.returncode == 1 and time.time() - t0 < 30, (outlived.returncode, outlived.stderr[-2000:])
+    assert "torchrun outlived this node's ranks by 2 s" in outlived.stderr
+    diverged = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
+    assert diverged.returncode == 3, diverged.stderr[-2000:]
+
+
+def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart():
+    """The Job retried a pod that exited 3 (diverged) or 4 (a monitor failed), so a diverged run was started again up
+    to backoffLimit times, where remote.sh stops; now its podFailurePolicy fails the Job on every exit code of the
+    trainer that no launcher restarts (core.errors, checkpointing.folders, the budget guard)."""
+    from checkpointing.folders import EXIT_SAVE_FAILED
+    from core.errors import EXIT_BAD_INPUT
+    from plugins.monitors.budget_guard import EXIT_PROJECTED_OVER_CAP, EXIT_SPENT_OVER_CAP
+
+    job = (REPO / "launchers" / "k8s" / "job.yaml").read_text()
+    values = re.search(r"action: FailJob.*\n\s*onExitCodes: \{containerName: trainer, operator: In, values: \[([0-9, ]+)\]\}", job)
+    assert values is not None, job
+    assert {int(v) for v in values.group(1).split(",")} == {
+        EXIT_BAD_INPUT,
+        3,
+        4,
+        EXIT_SAVE_FAILED,
+        EXIT_PROJECTED_OVER_CAP,
+        EXIT_SPENT_OVER_CAP,
+    }  # 3 diverged, 4 a monitor failed
+
+
+def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(tmp_path):
+    """slurm.sbatch ran srun once: a stall, a crash or a lost node ended the job as FAILED (SLURM requeues only its
+    own pre-emptions and node failures), where remote.sh restarts from the last complete checkpoint. Now it restarts
+    the same way, in its allocation, and stops on what remote.sh stops on: an exit_status.json of any other reason
+    (3: diverged) or the trainer's line of a failed save. srun and scontrol are stand-ins (srun runs its command here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text('#!/bin/sh\nshift\nexec "$@"\n')  # drops --kill-on-bad-exit=1
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+
+    def sbatch(attempts: str, **extra: str) -> tuple[subprocess.CompletedProcess, int]:
+        for leftover in ("attempts", "exit_status.json"):
+            (tmp_path / "out" / leftover).unlink(missing_ok=True)
+        e = fake_python(tmp_path, attempts, SLURM_JOB_NODELIST="node1", SLURM_NNODES="2", SLURM_GPUS_PER_NODE="1", SLURM_JOB_ID="7", BACKOFF_S="0", **extra)
+        e["PATH"] = os.pathsep.join([str(bin_dir), e["PATH"]])
+        proc = subprocess.run(["bash", "launchers/slurm.sbatch", "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
+        return proc, int((tmp_path / "out" / "attempts").read_text())
+
+    proc, attempts = sbatch("stalled,stuck,progress,diverged")
+    assert (proc.returncode, attempts) == (3, 4), (proc.returncode, attempts, proc.stderr[-2000:])
+    assert "the trainer died (code 1, stalled); restarting" in proc.stderr and "the trainer died (code 1, no exit_status.json)" in proc.stderr
+    proc, attempts = sbatch("progress,disk_full")
+    assert (proc.returncode, attempts) == (74, 2) and "a checkpoint could not be written (disk full?)" in proc.stderr, proc.stderr[-2000:]
+    proc, attempts = sbatch("stuck,stuck,stuck", MAX_RESTARTS="1")
+    assert (proc.returncode, attempts) == (1, 2) and "MAX_RESTARTS=1 restarts are used up" in proc.stderr, proc.stderr[-2000:]

@@ -213,3 +213,7 @@ def test_the_checkpoint_size_is_what_a_save_writes_and_async_saves_name_their_ho
     assert plan_json(capsys, "--config", cfg)["checkpoint"]["async_host_gib_per_rank"] == 0.0
     text = plan_text(capsys, "--config", cfg, "--checkpoint.async=true", "--checkpoint.every=2")
     assert "  checkpoint  " in text and "every 2 steps" in text and "of host memory per rank for the run" in text
+    # the folder every rank writes into, and on several ranks what it must be (this plan cannot look at other nodes)
+    assert f"(pinned on CUDA), in {tmp_path / 'out' / 'checkpoints'}\n" in text and "on several nodes" not in text
+    assert p["checkpoint"]["dir"] == str(tmp_path / "out" / "checkpoints")
+    assert "on several nodes: one folder every node mounts (shared storage)" in plan_text(capsys, "--config", cfg, "--nproc=2")

@@ -442,3 +442,6 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path, every):
     assert proc.returncode != 0 and "Timed out waiting 5000ms" in output, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "error" and status["exit_code"] == 1, status
+    # one line says what the timeout means (before: the gloo traceback alone), and exit_status.json records it
+    said = "rank 0: another rank did not answer within train.collective_timeout_s = 5 s (Timed out waiting 5000ms"
+    assert f"plait: error: {said}" in output and status["detail"].startswith(f"PeerLost: {said}"), (status, output[-3000:])

@@ -78,6 +78,7 @@ def make_plan(prep) -> dict[str, Any]:
         # its shard under fsdp2, its share of the replicas under ddp and of the repeated shards under HSDP
         # (checkpointing/replicas.py)
         "async_host_gib_per_rank": ckpt_gib / world if ckpt_opts.async_save else 0.0,
+        "dir": str(prep.checkpoint_root),  # every rank writes its shards there: on several nodes, one folder they all see
     }
     fpt = spec.flops_per_token(rc.seq_len)
     return {
@@ -125,10 +126,13 @@ def resume_summary(prep) -> dict[str, Any] | None:
     }
 
 
-def checkpoint_line(c: dict[str, Any]) -> str:
+def checkpoint_line(c: dict[str, Any], world: int) -> str:
     when = f"every {c['every']:,} steps" if c["every"] else "at the end and on a stop"
     host = f"; async: {c['async_host_gib_per_rank']:.2f} GiB of host memory per rank for the run (pinned on CUDA)" if c["async"] else ""
-    return f"  checkpoint  {c['size_gib']:.2f} GiB ({when}, weights + optimizer state){host}"
+    line = f"  checkpoint  {c['size_gib']:.2f} GiB ({when}, weights + optimizer state){host}, in {c['dir']}"
+    if world > 1:  # this plan runs on one node and cannot look at the others
+        line += "\n              on several nodes: one folder every node mounts (shared storage); the trainer refuses a disk of each node's own at its start (exit 2)"
+    return line
 
 
 def human(n: float) -> str:
@@ -156,7 +160,7 @@ def render(plan: dict[str, Any]) -> str:
             if len(plan["micro_batch_candidates"]) > 1
             else ")"
         ),
-        checkpoint_line(plan["checkpoint"]),
+        checkpoint_line(plan["checkpoint"], plan["world_size"]),
     ]
     st = plan["seq_len_stages"]
     staged = len(st) > 1

@@ -134,9 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             record_bad_input(e, prep.rc.train.output_dir)
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
     except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
+        from liveness.lost_peer import explain
+
+        # another rank gone (a lost node): one line on every rank that sees it, rank 0's in exit_status.json
+        lost = explain(e, info.rank, watchdog.doing(), prep.checkpoint_root, prep.rc.train.collective_timeout_s)
         if trainer is not None:
-            trainer.fail(e)
-        raise
+            trainer.fail(lost or e)
+        if lost is None:
+            raise
+        from core import log
+
+        log.error(str(lost), all_ranks=True)
+        raise lost from e
     finally:
         # Free the model, optimizer and sharding state (they hold process groups, and the trainer
         # has reference cycles) while the interpreter is fully alive, then destroy the groups: a
