@@ -147,7 +147,8 @@ class Watchdog:
         line = f"rank {self.rank}: stalled: {what}"
 
         def report() -> None:  # stderr, torchrun's failure summary, the launchers' exit_status.json
-            restart = "" if marks.recorded else " (exit_status.json reason 'stalled': a launcher restarts it from the last complete checkpoint)"
+            whose = "exit_status.json" if self.rank == 0 else "rank 0's exit_status.json"  # only rank 0 writes it
+            restart = "" if marks.recorded else f" ({whose} reason 'stalled': a launcher restarts it from the last complete checkpoint)"
             log.error(f"{line}{kept}; every thread's stack follows; ending the process{restart}", all_ranks=True)
             try:
                 faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
