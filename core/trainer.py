@@ -189,7 +189,7 @@ class Trainer:
         ``(None, why)`` when the data has run out on any rank. Loaders whose end can differ
         between ranks (``may_end``) cost one all-reduce per step; sources that end
         deterministically raise :class:`DataExhausted` on every rank at the same step. A bad record
-        found mid-run (:class:`DataError`) stops every rank with a checkpoint and exit code 2."""
+        (:class:`DataError`) stops every rank with exit 2: with a checkpoint if ``may_end``, else after a void step."""
         from core.errors import DataError
         from dataloading.indexed import DataExhausted, check_batch
 
