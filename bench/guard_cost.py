@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     t.build()
     guard, bare = t.guard, NoGuard(torch.zeros((), device=args.device))
     batches = iter(t.loader)
-    micro = t.next_step_batches(batches)[0]
+    micro = t.fetch.fetch(batches, t.built.loader_spec)[0]
 
     def timed(g) -> float:
         t.stepper.guard = g  # the step's guard (Trainer.guard reads it)

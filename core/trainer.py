@@ -27,11 +27,12 @@ from core import stop_policy as policy
 from core.assemble import Assembled, assemble
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
-from core.protocols import DistInfo, data_fingerprint, loader_consumed_samples, loader_may_end, precision_log_step
+from core.protocols import DistInfo, data_fingerprint, loader_consumed_samples, precision_log_step
 from core.step_metrics import StepMetrics
 from core.train_step import TrainStep
 from core.validation import validate
 from dataloading.prefetch import PrefetchingLoader, prefetching
+from dataloading.step_batches import StepBatches
 from liveness import watchdog
 from preflight.prepare import Prepared
 
@@ -106,8 +107,8 @@ class Trainer:
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update)
         self.step_metrics = StepMetrics(self.dist)
+        self.fetch = StepBatches(built.state, self.prep.grad_accum, self.control, self.dist, rc.slots["data"].component.name, self.step_metrics)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
-        self.void_step = False  # this rank has no data for the step: joined with a loss of NaN, skipped by all
         self.skipping_now = 0  # steps skipped in a row up to the last read
         self.before_update_hooks = self.replace_batch_hooks = False  # set once the monitors exist
 
@@ -146,7 +147,7 @@ class Trainer:
             is_log = run.is_log_step(run.step + 1)
             precision_log_step(self.c["precision"], is_log)  # fp8 plugins record amax on log steps only
             watchdog.progress(f"reading the data of step {run.step + 1}", run.step)  # liveness.watchdog: what a stall names
-            micro_batches, why = self.next_step_batches(batches)
+            micro_batches, why = self.fetch.fetch(batches, self.built.loader_spec)  # dataloading.step_batches
             if micro_batches is None:
                 log.info(f"{why}; ending the run after step {run.step}")
                 reason, end_detail = (policy.REQUESTED if run.stop is not None else policy.DATA_END), why
@@ -184,49 +185,11 @@ class Trainer:
                 break
         return self.finish(reason, end_detail)
 
-    def next_step_batches(self, batches) -> tuple[list | None, str]:
-        """This step's micro-batches, fetched before any compute: ``(batches, "")``, or
-        ``(None, why)`` when the data has run out on any rank. Loaders whose end can differ
-        between ranks (``may_end``) cost one all-reduce per step; sources that end
-        deterministically raise :class:`DataExhausted` on every rank at the same step. A bad record
-        (:class:`DataError`) stops every rank with exit 2: with a checkpoint if ``may_end``, else after a void step."""
-        from core.errors import DataError
-        from dataloading.indexed import DataExhausted, check_batch
-
-        t_wait = time.perf_counter()
-        micro, why, bad, met = [], "", 0, False
-        try:
-            for _ in range(self.prep.grad_accum):
-                micro.append(next(batches))
-        except DataExhausted as e:
-            why = str(e)
-        except StopIteration:
-            why = "[data] the source reached the end of its data"
-        except DataError as e:
-            why, bad, met = f"bad data: {e}", 2, True  # met: this rank read the record
-        for batch in micro:  # held to DataLoaderLike's shape: a plugin's own loader is not IndexedLoader
-            check_batch(batch, self.built.loader_spec, self.rc.slots["data"].component.name)
-        self.step_metrics.data_wait_s += time.perf_counter() - t_wait
-        if loader_may_end(self.loader):
-            ended, bad = self.control.max([int(bool(why)), bad])
-            if ended and not why:
-                why = "bad data on another rank" if bad else "the data ran out on another rank"
-        if bad and not loader_may_end(self.loader) and self.dist.world_size > 1:  # the others are in the step already:
-            log.error(f"rank {self.dist.rank}: {why}; stopping without a checkpoint (this step is skipped on every rank)", all_ranks=True)
-            self.run.request_stop(why, checkpoint=False, source="data", exit_code=2)  # join it with batches whose update
-            spec, self.void_step = self.built.loader_spec, True  # every rank skips (a NaN loss here): no rank waits
-            return [(torch.zeros(spec.micro_batch, spec.seq_len, dtype=torch.long),) * 2] * self.prep.grad_accum, ""
-        if bad:
-            if met:
-                log.error(f"rank {self.dist.rank}: {why}; stopping with a checkpoint of step {self.run.step}", all_ranks=True)
-            self.run.request_stop(why, checkpoint=True, source="data", exit_code=2)
-        return (None, why) if why else (micro, "")
-
     def train_step(self, micro_batches: list) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One step; monitors implementing ``plait_before_update`` may skip its update or roll
         the run back (``(None, grad_norm)``: the loop goes on from the restored step)."""
         replace = self.replace_batch if self.replace_batch_hooks else None
-        loss, grad_norm, bad = self.stepper.forward_backward(micro_batches, replace, void=self.void_step)
+        loss, grad_norm, bad = self.stepper.forward_backward(micro_batches, replace, void=self.fetch.void)
         if self.before_update_hooks:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()

@@ -68,18 +68,18 @@ def test_nan_gradient_is_never_applied_with_clipping_off(tmp_path, impl):
     t = trainer_for(cfg, "--train.grad_clip=0", f"--optimizer.impl={impl}", "--checkpoint.at_end=false")
     assert t.guard.on_device == (impl == "fused")
     batches = iter(t.loader)
-    t.train_step(t.next_step_batches(batches)[0])  # one good step: the optimizer state exists
+    t.train_step(t.fetch.fetch(batches, t.built.loader_spec)[0])  # one good step: the optimizer state exists
     before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
     steps_before = [s["step"].clone() for s in t.optimizer.state.values()]
     hook = poison_gradients(t.model)
-    loss, grad_norm = t.train_step(t.next_step_batches(batches)[0])
+    loss, grad_norm = t.train_step(t.fetch.fetch(batches, t.built.loader_spec)[0])
     hook.remove()
     assert not torch.isfinite(grad_norm)
     for n, p in t.model.named_parameters():
         assert torch.equal(p.detach(), before[n]), f"{n} changed by a NaN step"
     assert [s["step"] for s in t.optimizer.state.values()] == steps_before
     assert t.guard.read() == (1, 1, 1)
-    t.train_step(t.next_step_batches(batches)[0])  # training goes on
+    t.train_step(t.fetch.fetch(batches, t.built.loader_spec)[0])  # training goes on
     assert all(torch.isfinite(p).all() for p in t.model.parameters())
 
 

@@ -425,7 +425,7 @@ def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
 
     import torch
 
-    from core.trainer import Trainer
+    from dataloading.step_batches import StepBatches
 
     ids = torch.zeros(1, 4, dtype=torch.long)
     yielded = {
@@ -433,14 +433,11 @@ def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
         "float inputs": (ids.float(), ids),
         "a bare tensor": ids,
     }[batch]
-    trainer = SimpleNamespace(
-        prep=SimpleNamespace(grad_accum=1),
-        step_metrics=SimpleNamespace(data_wait_s=0.0),
-        loader=OwnLoader(1),
-        built=SimpleNamespace(loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=1, dp_rank=0, dp_size=1, seed=0)),
-        rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
-    )
-    assert Trainer.next_step_batches(trainer, iter([(ids, ids)])) == ([(ids, ids)], "")  # the declared shape passes
+    state = SimpleNamespace(loader=OwnLoader(1), run=None)
+    dist = SimpleNamespace(rank=0, world_size=1)
+    fetch = StepBatches(state, 1, None, dist, "mine", SimpleNamespace(data_wait_s=0.0))
+    spec = LoaderSpec(seq_len=4, micro_batch=1, grad_accum=1, dp_rank=0, dp_size=1, seed=0)
+    assert fetch.fetch(iter([(ids, ids)]), spec) == ([(ids, ids)], "")  # the declared shape passes
     with pytest.raises(PluginError) as err:
-        Trainer.next_step_batches(trainer, iter([yielded]))
+        fetch.fetch(iter([yielded]), spec)
     one_line(err, f"data 'mine': {words}")

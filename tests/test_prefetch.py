@@ -59,7 +59,7 @@ def spec(dp_rank=0, dp_size=1):
 
 
 def run_steps(loader, steps):
-    """What the trainer's next_step_batches does, step by step: (first ids of each micro-batch,
+    """What the trainer's fetch of a step's batches (dataloading.step_batches) does, step by step: (first ids of each micro-batch,
     the loader position after the step, the error that ended it) per step."""
     it = iter(loader)
     out = []

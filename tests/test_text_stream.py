@@ -209,7 +209,8 @@ def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path)
     so it reads past line 201 steps before rank 0 does: it stopped to save while rank 0 went on into
     the step's all-reduce, and both hung until the stall watchdog (by default 1800 s x 3 at the first
     step) ended the run as "stalled", which launchers restart onto the same line. A stream's loader
-    now makes the ranks agree on each step's data before any compute, whether it stops or wraps."""
+    now makes the ranks agree on each step's data before any compute, whether it stops or wraps, and
+    every rank's saved position is from before the step that did not run."""
     from conftest import torchrun
 
     docs = [json.dumps({"text": f"document {i}: " + ("lorem ipsum " * 60 if i % 2 == 0 else "short")}) for i in range(400)]
@@ -222,7 +223,18 @@ def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path)
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert r.returncode != 0 and status["exit_code"] == 2, (status, r.stderr[-3000:])
     assert f"rank 1: bad data: {path}:201" in r.stderr and "rank 0: bad data" not in r.stderr
-    assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
+    ckpt = tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}"
+    assert (ckpt / "COMMITTED").is_file()
+    # Each rank's saved position is the one after the checkpoint's step: rank 0 had already read its
+    # batches of the step that never ran, and skipped them on resume.
+    import tomllib
+
+    train = tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())["train"]
+    seq_len = tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())["data"]["seq_len"]
+    accum = train["global_batch_tokens"] // (train["micro_batch"] * seq_len * 2)
+    for rank in (0, 1):
+        position = json.loads((ckpt / "rng" / f"data_rank_{rank}.json").read_text())["stream"]
+        assert position["_num_yielded"] == status["step"] * accum, (rank, position["_num_yielded"], status["step"], accum)
 
 
 def test_a_stream_with_a_shard_without_documents_is_refused_before_training(tmp_path):

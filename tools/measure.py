@@ -55,7 +55,7 @@ def measure(config: str, overrides: list[str], warmup: int, steps: int) -> dict[
         batches = iter(trainer.loader)
 
         def one_step() -> None:
-            micro, why = trainer.next_step_batches(batches)
+            micro, why = trainer.fetch.fetch(batches, trainer.built.loader_spec)
             if micro is None:
                 raise DataError(f"--measure: {why} after {trainer.run.step} steps")
             trainer.train_step(micro)
