@@ -43,14 +43,18 @@ def export(ckpt, fmt, out, *extra):
     return out
 
 
-def test_safetensors_reloads_byte_for_byte(trained, tmp_path):
+def test_safetensors_reloads_byte_for_byte(trained, tmp_path, capsys):
     from safetensors.torch import load_file
 
     from checkpointing.weights import checkpoint_model
 
     _, ckpt = trained
     _, _, model = checkpoint_model(ckpt)
+    capsys.readouterr()
     out = export(ckpt, "safetensors", tmp_path / "a")
+    said = capsys.readouterr()
+    lines = said.out.splitlines() + said.err.splitlines()  # the tools speak as the trainer does
+    assert lines and all(line.startswith("plait: ") for line in lines), lines
     loaded = load_file(str(out / "model.safetensors"))
     for name, t in model.state_dict().items():
         assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t), name

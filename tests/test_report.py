@@ -16,6 +16,8 @@ def test_report_writes_every_artifact(tiny_config, tmp_path):
     out = tmp_path / "report"
     proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
+    said = proc.stdout.splitlines() + proc.stderr.splitlines()  # the tools speak as the trainer does
+    assert said and all(line.startswith("plait: ") for line in said), said
     for name in ("manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png", "throughput.png", "final.safetensors"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
         if name.endswith(".png"):

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core import log
 from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
 
 PLAIT_FILE = "plait.json"
@@ -47,10 +48,10 @@ def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, 
         record = find_in_config(config, where)
         codec = Codec(record) if record is not None else None
     except PlaitError as e:
-        print(f"plait: warning: no tokenizer exported: {e}", file=sys.stderr, flush=True)
+        log.warn(f"no tokenizer exported: {e}")
         return None
     if codec is None:
-        print("plait: warning: no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)", file=sys.stderr, flush=True)
+        log.warn("no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)")
     return codec
 
 
@@ -61,7 +62,7 @@ def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int | No
     kind = codec.record.kind
     if kind == "bytes":
         if fmt == "hf":
-            print("tokenizer 'bytes' has no Hugging Face form: no tokenizer files written (core.generate reads it from plait.json)")
+            log.info("tokenizer 'bytes' has no Hugging Face form: no tokenizer files written (core.generate reads it from plait.json)")
         return [], "bytes"
     name = "tokenizer.json" if kind == "hf" else "tokenizer.tiktoken"
     shutil.copyfile(codec.record.file, out / name)
@@ -78,7 +79,7 @@ def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int | No
             tok_config["model_max_length"] = max_seq_len
         paths.append(write_json(out / "tokenizer_config.json", tok_config))
     elif fmt == "hf":
-        print(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
+        log.info(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
     return paths, f"{kind}:{name}"
 
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except PlaitError as e:
         exit_bad_input(e)
     for path in paths:
-        print(f"wrote {path}")
+        log.info(f"wrote {path}")
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from torch import nn
 
+from core import log
 from core.errors import ArgumentParser, ConfigError, PlaitError, exit_bad_input
 from preflight.disk import checkpoint_bytes
 from tools.measure import measure
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(plan, indent=2) if args.json else render(plan))
     if args.plot_lr:
         plot_lr(prep, args.plot_lr)
-        print(f"wrote {args.plot_lr}")
+        log.info(f"wrote {args.plot_lr}")
     return 0
 
 

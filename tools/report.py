@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core import log
 from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
 from plugins.monitors.jsonl import restore_not_finite
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     except PlaitError as e:
         exit_bad_input(e)
     for path in made:
-        print(f"wrote {path}")
+        log.info(f"wrote {path}")
     return 0
 
 
