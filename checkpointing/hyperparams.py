@@ -102,9 +102,11 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """``key old -> new`` for every config value that differs (``train.seed`` has a warning of its own;
-    ``checkpoint.resume`` names the checkpoint, so it differs whenever one is named)."""
+    ``checkpoint.resume`` names the checkpoint, so it differs whenever one is named; ``derived`` is not
+    config but what plait worked out from it, such as the world size, which the resume names itself)."""
     a, b = _flat(saved), _flat(now)
-    keys = sorted(k for k in a.keys() | b.keys() if k not in ("train.seed", "checkpoint.resume") and a.get(k) != b.get(k))
+    ignored = ("train.seed", "checkpoint.resume")
+    keys = sorted(k for k in a.keys() | b.keys() if k not in ignored and not k.startswith("derived.") and a.get(k) != b.get(k))
     return [f"{k} {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys]
 
 

@@ -174,3 +174,13 @@ def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_p
     with pytest.raises(DataError, match="the checkpoint holds a global data position of data source 'token_bin'"):
         streaming.check_resume({"world_size": 1, "data": {"consumed_samples": 48}, "config": {"data": {"name": "token_bin"}}}, 1)
     streaming.check_resume({"world_size": 1, "data": {}}, 1)
+
+
+def test_the_config_line_names_config_not_what_plait_derived_from_it():
+    """A resume on another world size listed ``derived.world_size`` and ``derived.grad_accum`` as
+    config that "differs": plait writes them into config.resolved.toml for the reader, nobody sets them."""
+    from checkpointing.hyperparams import config_differences
+
+    saved = {"train": {"steps": 4, "seed": 1}, "derived": {"world_size": 2, "grad_accum": 2}}
+    now = {"train": {"steps": 6, "seed": 2}, "derived": {"world_size": 1, "grad_accum": 4}}
+    assert config_differences(saved, now) == ["train.steps 4 -> 6"]
