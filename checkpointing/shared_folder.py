@@ -9,7 +9,7 @@ restart's ranks checked rank 0's candidates in folders that did not hold them, s
 of them and started afresh. :func:`check_shared` finds it when the process group starts, before
 any checkpoint is read or written: rank 0 writes a file with a random name into its folder, and
 every rank looks for it in its own; a rank that does not see it ends the run with one line from
-rank 0 (exit code 2). ``core.plan`` runs on one node and cannot see the others: it only names the
+rank 0 (exit code 2), and removes the folders its start made there if they are empty. ``core.plan`` runs on one node and cannot see the others: it only names the
 folder that must be shared.
 """
 
@@ -69,6 +69,10 @@ def check_shared(where: Any, what: str) -> None:
     blind = [(r, host, folder) for r, (seen, host, folder) in enumerate(everyone) if not seen]
     if not blind:
         return
+    if not mine[0]:  # the folders this rank's start made on its own disk stay only if something is in them
+        from preflight.start_folders import remove_what_this_start_made
+
+        remove_what_this_start_made()
     host0 = everyone[0][1]
     named = ", ".join(f"rank {r} on {host}" + (f" (its folder: {folder})" if folder != str(root) else "") for r, host, folder in blind[:4])
     more = f" and {len(blind) - 4} more" if len(blind) > 4 else ""

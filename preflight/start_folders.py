@@ -80,6 +80,17 @@ def remove_created(created: list[Path]) -> None:
             pass
 
 
+# The folders this process's start created (kept): a refusal found later, once the process group
+# exists (checkpointing.shared_folder), removes them again on the ranks it ends.
+made_by_this_start: list[Path] = []
+
+
+def remove_what_this_start_made() -> None:
+    """Remove the folders this process's start created, each only if it is still empty."""
+    remove_created(made_by_this_start)
+    made_by_this_start.clear()
+
+
 def check_start(prep: Any, model_meta: torch.nn.Module, lock: bool, dry_run: bool) -> None:
     """The folder checks of a training start (module docstring). ``lock``: take the run folders
     (rank 0 of ``core.train``); ``dry_run`` (``core.plan``): keep no folder it made."""
@@ -102,6 +113,7 @@ def check_start(prep: Any, model_meta: torch.nn.Module, lock: bool, dry_run: boo
     except BaseException:
         remove_created(created)
         raise
+    made_by_this_start[:] = created
 
 
 def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:

@@ -204,7 +204,7 @@ def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_th
     skipped rank 0's checkpoints one by one and started afresh. Now every rank looks for a file rank
     0 wrote into its folder when the process group starts: one line naming the folder and the rank
     that cannot see it, exit_status.json reason bad_input (exit code 2, never restarted), no step
-    trained and nothing written in either folder."""
+    trained, nothing written in rank 0's folder and the other node's, made by its start, removed again."""
     cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512)
     out = tmp_path / "out"
     folders = [tmp_path / "node0_disk", tmp_path / "node1_disk"]
@@ -223,7 +223,8 @@ def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_th
     assert f"(its folder: {folders[1 - folders.index(mine)]})" in lines[0], lines[0]
     assert "cannot see the file that rank 0 on" in lines[0] and "not a disk of its own" in lines[0], lines[0]
     assert not (out / "metrics.jsonl").exists() or read_metrics(out) == []
-    assert [p.name for f in folders for p in f.iterdir() if p.name != "plait.lock"] == []
+    assert [p.name for p in mine.iterdir() if p.name != "plait.lock"] == []  # rank 0's folder: its lock, nothing else
+    assert not folders[1 - folders.index(mine)].exists()  # the other node's start made it, and removed it again
 
 
 # --- longer cases: `pytest -m bench` ----------------------------------------------------------
