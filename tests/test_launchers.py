@@ -410,7 +410,8 @@ def test_the_back_off_doubles_up_to_300_s_and_never_overflows():
 # commits them), "uncommitted" leaves one without COMMITTED (a save killed before its commit), "stalled" writes
 # the watchdog's exit_status.json, "diverged" the one of a run stopped as diverged (exit code 3), "disk_full" only
 # prints rank 0's line of a save that failed (exit_status.json did not fit either), "outlived" has a rank that ends
-# at once and then never ends itself (torchrun waiting on a lost node's store), "stuck" does nothing. Each writes
+# at once and then never ends itself (torchrun waiting on a lost node's store), "ended_in_barrier" too, once rank 0 has
+# recorded a stop by a signal (torchrun in its exit barrier, waiting for a pre-empted node's agent), "stuck" does nothing. Each writes
 # run_info.json as rank 0 does.
 FAKE_TRAINER = """
 import json, os, subprocess, sys, time
@@ -435,6 +436,10 @@ if what == "disk_full":
     print(f"plait: error: checkpoint save at step {newest + 5} failed on rank 0: OSError: [Errno 28] No space left on device", flush=True)
 if what == "outlived":
     subprocess.run([sys.executable, "-c", "import time; time.sleep(2)"])
+    time.sleep(600)
+if what == "ended_in_barrier":
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(2)"])
+    (out / "exit_status.json").write_text(json.dumps({"exit_code": 0, "reason": "signal", "step": newest, "detail": "SIGTERM"}))
     time.sleep(600)
 sys.exit(1)
 """
@@ -524,6 +529,20 @@ def test_the_k8s_entrypoint_reads_the_trainers_last_words_and_ends_a_torchrun_th
     assert "torchrun outlived this node's ranks by 2 s" in outlived.stderr
     diverged = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
     assert diverged.returncode == 3, diverged.stderr[-2000:]
+
+
+def test_the_k8s_entrypoint_ends_a_torchrun_left_in_its_exit_barrier_once_the_run_recorded_its_end(tmp_path):
+    """SIGTERM to one node of a multi-node job (a pre-empted VM) stops every rank with a checkpoint; rank 0 records it.
+    The other nodes' torchrun agents then wait up to 300 s in their exit barrier for the signalled node's agent, which
+    has exited 1: their pods held their GPUs idle for AGENT_GRACE_S (330 s). Now, once this attempt's exit_status.json
+    records the end and the node's ranks are gone, the entrypoint ends torchrun after ENDED_GRACE_S, with the
+    trainer's own code (143 for a stop by a signal: not done)."""
+    script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
+    e = fake_python(tmp_path, "ended_in_barrier", NNODES="2", NPROC_PER_NODE="1", AGENT_GRACE_S="60", ENDED_GRACE_S="1")
+    t0 = time.time()
+    proc = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143 and time.time() - t0 < 40, (proc.returncode, time.time() - t0, proc.stderr[-2000:])
+    assert "torchrun outlived this node's ranks by 1 s (the run's end is recorded in" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart():

@@ -13,7 +13,8 @@ PY=${PY:-python3}
 NNODES=${NNODES:-1}
 NPROC_PER_NODE=${NPROC_PER_NODE:-8}
 AGENT_GRACE_S=${AGENT_GRACE_S:-330}  # torchrun's own exit barrier waits up to 300 s
-for v in NNODES NPROC_PER_NODE AGENT_GRACE_S; do
+ENDED_GRACE_S=${ENDED_GRACE_S:-15}   # ... but not once this attempt's exit_status.json records the run's end
+for v in NNODES NPROC_PER_NODE AGENT_GRACE_S ENDED_GRACE_S; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "entrypoint: $v must be a number, got '${!v}'" >&2; exit 2; }
 done
 # The kubelet's SIGTERM (eviction, pre-emption, a deleted pod) reaches this script alone, PID 1 of the
@@ -42,25 +43,32 @@ if [ "$signalled" = 1 ]; then exit 143; fi  # stopped while it planned
 # torchrun's output goes to the pod's log and to a file of this container's own (not the run's volume, which may be the
 # full disk): when rank 0 could not write exit_status.json, its last lines there say why (trainer_end.sh).
 said=$(mktemp "${TMPDIR:-/tmp}/plait-entrypoint.XXXXXX") || exit 1
-trap 'rm -f "$said" "$said.outlived"' EXIT
+trap 'rm -f "$said" "$said.outlived" "$said.started"' EXIT
 exec 3> >(tee -a "$said")
 teed=$!
+: >"$said.started"  # an exit_status.json newer than this is this attempt's
 "$PY" -m torch.distributed.run --nnodes="$NNODES" --nproc_per_node="$NPROC_PER_NODE" \
     --node_rank="${JOB_COMPLETION_INDEX:-0}" --rdzv-backend=c10d \
     --rdzv-endpoint="${RDZV_ENDPOINT:-plait-0.plait:29500}" --rdzv-id="${RDZV_ID:-plait}" \
     -m core.train --config "$CONFIG" "$@" >&3 2>&3 &
 trainer=$!
-# torchrun can outlive this node's ranks: by up to 300 s in its exit barrier (waiting for the other nodes' agents), and
-# for good when the node that serves the rendezvous store is lost without a word (a frozen or cut-off machine: its reads
-# wait on it; seen with torch 2.13). Once no rank of this node has lived for AGENT_GRACE_S, it is ended, and this pod
-# exits with the trainer's own code, or 1 (a restart) without one.
+# torchrun can outlive this node's ranks: by up to 300 s in its exit barrier (waiting for the other nodes' agents: a
+# pre-empted node's never comes), and for good when the node that serves the rendezvous store is lost without a word (a
+# frozen or cut-off machine: its reads wait on it; seen with torch 2.13). Once no rank of this node has lived for
+# AGENT_GRACE_S, or for ENDED_GRACE_S when rank 0 has recorded the run's end in this attempt's exit_status.json (every
+# rank had stopped by then: this pod would only hold its GPUs idle), it is ended, and this pod exits with the trainer's
+# own code, or 1 (a restart) without one.
 outlived="$said.outlived"
 outlive_watch() {
-    local seen=0 gone=0
+    local seen=0 gone=0 grace why
     while kill -0 "$trainer" 2>/dev/null; do
         if has_children "$trainer"; then seen=1 gone=0; elif [ "$seen" = 1 ]; then gone=$((gone + 1)); fi
-        if [ "$gone" -ge "$AGENT_GRACE_S" ]; then
-            echo "plait: entrypoint: torchrun outlived this node's ranks by ${AGENT_GRACE_S} s (the rendezvous store's node lost?); ending it" >&2
+        grace=$AGENT_GRACE_S why="(the rendezvous store's node lost?)"
+        if [ "$status" -nt "$said.started" ] && [ "$ENDED_GRACE_S" -lt "$grace" ]; then
+            grace=$ENDED_GRACE_S why="(the run's end is recorded in $status; its exit barrier waits for the other nodes' agents)"
+        fi
+        if [ "$seen" = 1 ] && [ "$gone" -ge "$grace" ]; then
+            echo "plait: entrypoint: torchrun outlived this node's ranks by ${grace} s $why; ending it" >&2
             : >"$outlived"
             kill -s TERM "$trainer" 2>/dev/null
             for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$trainer" 2>/dev/null && sleep 1 </dev/null >/dev/null 2>&1; done
