@@ -7,6 +7,14 @@ there is nothing to clean up after a crash. A second job on the same folder
 exits with code 2 and names the holder (host, pid, start time, command), which
 the lock file records.
 
+Some file systems do not share ``flock`` between hosts (NFS mounted with ``nolock``, most FUSE
+mounts of object stores): there a job on another host takes the lock as if it were free. So the
+holder also renews its record in the lock file every ``LEASE_S`` seconds (a thread; the record
+counts its renewals) and marks it released at a clean end. A job that takes the lock over a record
+from another host that was never released watches it for two lease periods first: if it is
+renewed, its holder is alive, and the job stops as for a held lock (exit 2). A restart on the same
+host, or after a clean end, does not wait.
+
 :func:`die_with_launcher` makes a rank under torchrun receive SIGKILL when its
 parent (torchrun's agent) dies: torchrun starts ranks in sessions of their own,
 so without it a ``kill -9`` of the launcher leaves ranks training and writing.
@@ -21,13 +29,18 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import IO
 
 from core.errors import PlaitError
 
 LOCK_FILE = "plait.lock"
+LEASE_S = 10.0  # how often a holder renews its record in the lock file
 _held: list[IO[str]] = []  # open lock files: the locks live as long as these
+_record: dict = {}  # this process's record in them
+_renewing: threading.Event | None = None  # set: the renewing thread stops
 
 
 class FolderInUse(PlaitError):
@@ -42,8 +55,49 @@ def _holder(path: Path) -> str:
         return "another process (no holder recorded)"
 
 
-def try_lock(folder: Path) -> IO[str] | None:
-    """Take ``folder/plait.lock`` without waiting; the open file holds the lock, None if held elsewhere."""
+def _read_record(path: Path) -> dict:
+    """The lock file's record, read through a fresh open (another host's writes show then); {} if none."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write(f: IO[str], record: dict) -> None:
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())  # seen by the other hosts of a network file system
+
+
+def alive_elsewhere(path: Path, previous: dict) -> bool:
+    """Whether the holder of ``previous`` (another host's record, never released) renews it within
+    two of its lease periods: then it is alive, and its host does not share this lock."""
+    if not previous or previous.get("released") or previous.get("host") == socket.gethostname() or "renewals" not in previous:
+        return False
+    lease = float(previous.get("lease_s", LEASE_S)) if isinstance(previous.get("lease_s"), (int, float)) else LEASE_S
+    wait = 2 * min(max(lease, 0.1), 60.0) + 1
+    from core import log
+
+    log.info(
+        f"run folder {path.parent}: its last holder, pid {previous.get('pid')} on {previous.get('host')}, did not release it; "
+        f"waiting {wait:.0f} s to see that it is gone (not every file system shares the lock between hosts)"
+    )
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, wait / 4))
+        now = _read_record(path)
+        if now != previous and now.get("pid") == previous.get("pid") and now.get("host") == previous.get("host"):
+            return not now.get("released")
+    return False
+
+
+def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
+    """Take ``folder/plait.lock`` without waiting (module docstring: a holder on another host is
+    watched for first); the open file holds the lock, None if held elsewhere. ``claim=False``: a
+    look only (``core.plan``), which neither watches nor writes the record."""
     import fcntl
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,21 +108,33 @@ def try_lock(folder: Path) -> IO[str] | None:
     except BlockingIOError:
         f.close()
         return None
-    f.seek(0)
-    f.truncate()
-    f.write(
-        json.dumps(
-            {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "command": " ".join(sys.argv)[:300],
-            }
+    if not claim:
+        return f
+    if alive_elsewhere(path, _read_record(path)):
+        f.close()
+        return None
+    if not _record:
+        _record.update(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            since=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            command=" ".join(sys.argv)[:300],
+            lease_s=LEASE_S,
+            renewals=0,
         )
-        + "\n"
-    )
-    f.flush()
+    _write(f, _record)
     return f
+
+
+def _renew(stop: threading.Event) -> None:
+    """Renew this process's record in every lock file it holds, every ``LEASE_S`` (a daemon thread)."""
+    while not stop.wait(LEASE_S):
+        _record["renewals"] = int(_record.get("renewals", 0)) + 1
+        for f in list(_held):
+            try:
+                _write(f, _record)
+            except (OSError, ValueError):  # a full disk, a closed file: the flock still holds here
+                pass
 
 
 def _roots(folders: list) -> list[Path]:
@@ -90,6 +156,10 @@ def lock_run_folders(folders: list) -> None:
                 "one folder has one writer: wait for it, stop it, or choose another train.output_dir"
             )
         _held.append(f)
+    global _renewing
+    if _held and _renewing is None:
+        _renewing = threading.Event()
+        threading.Thread(target=_renew, args=(_renewing,), name="plait-lock-lease", daemon=True).start()
 
 
 def check_run_folders(folders: list[str | Path]) -> None:
@@ -97,7 +167,7 @@ def check_run_folders(folders: list[str | Path]) -> None:
     for folder in _roots(folders):
         if not (folder / LOCK_FILE).is_file():
             continue
-        f = try_lock(folder)
+        f = try_lock(folder, claim=False)
         if f is None:
             raise FolderInUse(f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}")
         f.close()
@@ -120,9 +190,22 @@ def held_elsewhere(folder: str | Path) -> bool:
     return False
 
 
-def release_run_folders() -> None:
+def release_run_folders(ended: bool = False) -> None:
+    """Close this process's lock files (the kernel drops the locks). ``ended``: the holder's clean
+    end, marked in its record first, so that a job on another host need not watch it; never in a
+    forked loader worker, whose copies of the files close while the rank holds on."""
+    global _renewing
+    if _renewing is not None and ended:
+        _renewing.set()
+        _renewing = None
     while _held:
-        _held.pop().close()
+        f = _held.pop()
+        if ended:
+            try:
+                _write(f, {**_record, "released": True})
+            except (OSError, ValueError):
+                pass
+        f.close()
 
 
 def die_with_launcher() -> None:

@@ -71,7 +71,7 @@ def remove_created(created: list[Path]) -> None:
 
     if not created:
         return
-    release_run_folders()  # the start failed: this process writes nothing there
+    release_run_folders(ended=True)  # the start failed: this process writes nothing there
     for d in reversed(created):
         try:
             (d / LOCK_FILE).unlink(missing_ok=True)  # a lock file in a folder made a moment ago is ours

@@ -210,3 +210,65 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
                 p.wait()
     assert b.returncode == 0 and f"resumed from {root / 'step_000000006'} at step 6" in b_out, b_out[-2000:]
     assert committed(root) == ["step_000000008"] and "another run" not in b_out
+
+
+# A holder on another host whose file system does not share flock: it holds no lock this host can see,
+# and renews its record in plait.lock every 0.2 s, as checkpointing.ownership's holders do every LEASE_S.
+OTHER_HOST_HOLDER = """
+import json, os, sys, time
+path, n = sys.argv[1], 0
+while True:
+    record = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 0.2, "renewals": n}
+    with open(path, "w") as f:
+        f.write(json.dumps(record) + "\\n")
+    print("renewed", flush=True)
+    n += 1
+    time.sleep(0.2)
+"""
+
+
+def test_a_job_on_another_host_whose_lock_this_host_cannot_see_keeps_the_folder(tmp_path):
+    """On NFS mounted with nolock, or a FUSE mount of an object store, flock is not shared between hosts:
+    a second job on another host took the run folder as if it were free, and both wrote into it. Now the
+    holder renews its record in plait.lock, and a job that finds another host's record never released
+    watches it for two lease periods first: renewed, it is refused as for a held lock (exit 2)."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", OTHER_HOST_HOLDER, str(out / "plait.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "renewed"
+        r = train(cfg)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert "did not release it; waiting 1 s to see that it is gone" in r.stdout, r.stdout[-2000:]
+        (line,) = [x for x in r.stderr.splitlines() if x.startswith("plait: error:")]
+        assert f"run folder {out} is in use by pid 4242 on node-b" in line, line
+        assert not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the same record left behind (that host crashed, its job never released it): watched, then taken
+    r = train(cfg)
+    assert r.returncode == 0 and "waiting 1 s to see that it is gone" in r.stdout, r.stderr[-2000:]
+    record = json.loads((out / "plait.lock").read_text())
+    assert record["released"] is True and record["pid"] != 4242, record  # a clean end says so: no watch next time
+    r = train(cfg, "--train.steps=3")
+    assert r.returncode == 0 and "waiting" not in r.stdout, r.stderr[-2000:]
+
+
+def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch):
+    import time
+
+    from checkpointing import ownership
+
+    monkeypatch.setattr(ownership, "LEASE_S", 0.05)
+    monkeypatch.setattr(ownership, "_record", {})
+    ownership.lock_run_folders([tmp_path])
+    try:
+        first = json.loads((tmp_path / "plait.lock").read_text())
+        time.sleep(0.5)
+        later = json.loads((tmp_path / "plait.lock").read_text())
+        assert later["renewals"] >= first["renewals"] + 3 and later["pid"] == first["pid"] and "released" not in later, (first, later)
+    finally:
+        ownership.release_run_folders(ended=True)
+    assert json.loads((tmp_path / "plait.lock").read_text())["released"] is True

@@ -165,6 +165,7 @@ def run_and_exit() -> None:
     run into a failed one for torchrun. An exception still ends the process the normal way."""
     import os
 
+    from checkpointing import ownership
     from liveness import watchdog
 
     sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)  # type: ignore[assignment]
@@ -178,9 +179,12 @@ def run_and_exit() -> None:
         from core.errors import tell_torchrun
 
         tell_torchrun(f"{type(e).__name__}: {e}", traceback.format_exc())
+        ownership.release_run_folders(ended=True)  # this process writes nothing more there
         watchdog.progress("after a crash: Python's exit (joining threads, exit handlers)")
         raise
     from dataloading.indexed import _shut_down_workers
+
+    ownership.release_run_folders(ended=True)  # a clean end: a job on another host need not watch the lock
 
     watchdog.progress("after the run's end: stopping the data loaders' worker processes")
     _shut_down_workers()  # loader worker processes (atexit handlers do not run after os._exit)
