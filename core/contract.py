@@ -41,7 +41,7 @@ class Member:
 
     def describe(self) -> str:
         what = f"method, {self.params} argument(s)" if self.kind == "method" else f"value ({' | '.join(t.__name__ for t in self.types)})"
-        return f"{self.name}: {what}{'' if self.required else ', optional'}: {self.doc}"
+        return f"{self.name}: {what}{'' if self.required else ', optional'}{f', needs {self.needs}' if self.needs else ''}: {self.doc}"
 
 
 def method(name: str, params: int, doc: str, required: bool = True, needs: str = "") -> Member:
