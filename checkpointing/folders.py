@@ -258,11 +258,17 @@ def check_shapes(path: Path, model: torch.nn.Module) -> None:
         raise CheckpointError(f"checkpoint {path} holds model keys the model lacks (a larger model?): {', '.join(extra[:6])}{more}")
 
 
-def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module | None) -> None:
-    """A model that changed shape is the user's mistake, not damage: an error, never a
-    fallback (starting fresh would later prune the run's real checkpoints)."""
-    if model_meta is not None and "model" not in opts.exclude_from_loading:
+def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module | None, architecture: dict[str, Any] | None = None) -> None:
+    """A model that changed shape, or its architecture with every shape kept (``architecture``: the
+    spec's declared options, :mod:`checkpointing.architecture`), is the user's mistake, not damage:
+    an error, never a fallback (starting fresh would later prune the run's real checkpoints)."""
+    from checkpointing.architecture import check_architecture
+
+    if "model" in opts.exclude_from_loading:
+        return
+    if model_meta is not None:
         check_shapes(path, model_meta)
+    check_architecture(path, architecture, explicit=opts.resume != "auto")
 
 
 def warn(message: str) -> None:
@@ -298,11 +304,11 @@ def refuse_restart_in_place(opts: CheckpointOptions, root: Path, path: Path, don
     )
 
 
-def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None) -> list[Path]:
+def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module | None, architecture: dict[str, Any] | None = None) -> list[Path]:
     """The checkpoints to try resuming from, best first, checked before any process group exists.
 
     An explicit path must pass :func:`verify` without the shard checksums, and
-    fit the model, or it is an error. ``resume = "auto"``: the newest complete
+    fit the model (its ``architecture`` and shapes), or it is an error. ``resume = "auto"``: the newest complete
     checkpoint that passes the same checks, then every older one (checked
     later, should the first fail the checks made after the process group
     exists, :mod:`checkpointing.resume`); each damaged one is skipped with a warning. Where the
@@ -315,7 +321,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     if opts.resume != "auto":
         path = Path(opts.resume)
         verify(path, shards=False)
-        check_fits(opts, path, model_meta)
+        check_fits(opts, path, model_meta, architecture)
         refuse_restart_in_place(opts, root, path, committed(root))
         return [path]
     aside, every = being_set_aside(root), committed(root)
@@ -336,7 +342,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         except CheckpointError as e:  # damaged: fall back to the one before
             warn(f"skipping checkpoint: {e}")
             continue
-        check_fits(opts, path, model_meta)
+        check_fits(opts, path, model_meta, architecture)
         refuse_restart_in_place(opts, root, path, every)
         return done[i:]
     if done:

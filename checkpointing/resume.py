@@ -76,8 +76,11 @@ def check_here(ckpt: Any, path: Path) -> None:
             read_json(data)
 
 
-def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module | None) -> tuple[Path | None, list[Path]]:
-    """The first candidate that every rank finds sound, and the ones after it. Rank 0's list is
+def first_sound(
+    ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module | None, architecture: dict[str, Any] | None = None
+) -> tuple[Path | None, list[Path]]:
+    """The first candidate that every rank finds sound, and the ones after it, held to this run's
+    model (``architecture``, :mod:`checkpointing.architecture`, and shapes). Rank 0's list is
     every rank's: it was made once rank 0 held the folder's lock (the others' may be older)."""
     if ckpt.group is not None:
         import torch.distributed as tdist
@@ -95,7 +98,7 @@ def first_sound(ckpt: Any, candidates: list[Path], model_meta: torch.nn.Module |
             error = one_line(path, "could not be checked", e)
         error = agree(ckpt.group, error)
         if error is None:
-            check_fits(ckpt.opts, path, model_meta)
+            check_fits(ckpt.opts, path, model_meta, architecture)
             return path, candidates[i + 1 :]
         drop(ckpt, error, last=i == len(candidates) - 1)
     return None, []

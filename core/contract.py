@@ -37,14 +37,15 @@ class Member:
     required: bool = True
     params: int = 0
     types: tuple[type, ...] = ()
+    needs: str = ""  # another member of the slot that a plugin providing this one must provide too
 
     def describe(self) -> str:
         what = f"method, {self.params} argument(s)" if self.kind == "method" else f"value ({' | '.join(t.__name__ for t in self.types)})"
-        return f"{self.name}: {what}{'' if self.required else ', optional'}: {self.doc}"
+        return f"{self.name}: {what}{'' if self.required else ', optional'}{f', needs {self.needs}' if self.needs else ''}: {self.doc}"
 
 
-def method(name: str, params: int, doc: str, required: bool = True) -> Member:
-    return Member(name, "method", doc, required, params)
+def method(name: str, params: int, doc: str, required: bool = True, needs: str = "") -> Member:
+    return Member(name, "method", doc, required, params, needs=needs)
 
 
 def value(name: str, types: tuple[type, ...], doc: str, required: bool = True) -> Member:
@@ -68,9 +69,16 @@ CONTRACT: dict[str, list[Member]] = {
         method("compile_loss", 1, "(model) with train.compile, compile the loss too (output layer + cross-entropy); default: only the blocks", False),
         method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
-        method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False),
+        method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False, needs="hf_config"),
         method("from_hf_state_dict", 1, "Hugging Face state dict -> plait names (initial_load of an HF folder); default: HF folders are refused", False),
         method("hf_config", 0, "the Hugging Face config.json dict written by export; default: none (needed with to_hf_state_dict)", False),
+        value(
+            "architecture_options",
+            (tuple,),
+            "names of its [model] options that define the function its weights compute, not those a run may change on purpose "
+            "(rope_theta, max_seq_len); a resume or initial_load of a checkpoint saved with other values is refused; default: shapes only",
+            False,
+        ),
     ],
     "parallelism": [
         method("wrap", 4, "(model, spec, dist, precision) -> the module to call"),
@@ -151,6 +159,8 @@ def check_component(slot: str, name: str, obj: Any) -> None:
             if m.required:
                 raise PluginError(f"{where}: its factory returned {type(obj).__name__}, which lacks {m.name} ({m.describe()}; core/contract.py)")
             continue
+        if m.needs and not hasattr(obj, m.needs):
+            raise PluginError(f"{where}: {m.name} needs {m.needs} too ({next(n for n in CONTRACT[slot] if n.name == m.needs).doc}); core/contract.py")
         member = getattr(obj, m.name)
         if m.kind == "method":
             if not callable(member):
@@ -180,8 +190,6 @@ def _check_model_values(where: str, spec: Any) -> None:
     """The model's cheap answers, asked once now rather than failing later."""
     if spec.vocab_size < 1:  # an int (checked above): no token id could be below it
         raise PluginError(f"{where}: vocab_size must be an int >= 1, got {spec.vocab_size!r}")
-    if hasattr(spec, "to_hf_state_dict") and not hasattr(spec, "hf_config"):  # hf export writes config.json from it
-        raise PluginError(f"{where}: to_hf_state_dict needs hf_config too (the config.json an hf export writes); core/contract.py")
     counts = getattr(spec, "param_counts", None)
     if counts is not None:
         got = counts()

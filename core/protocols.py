@@ -81,8 +81,12 @@ class ModelSpec(Protocol):
 
     Optional members (what the core does without each: ``core.contract.CONTRACT``):
     ``high_precision_modules(model)``, ``compile_loss(model)``, ``param_counts()``,
-    ``max_seq_len``, and the Hugging Face adapters ``to_hf_state_dict(sd)``,
-    ``from_hf_state_dict(sd)`` and ``hf_config()``.
+    ``max_seq_len``, the Hugging Face adapters ``to_hf_state_dict(sd)``,
+    ``from_hf_state_dict(sd)`` and ``hf_config()``, and ``architecture_options``: a tuple of the
+    names of its ``[model]`` options that define the function its weights compute (``n_heads``,
+    ``norm_eps``; not ``rope_theta`` or ``max_seq_len``, which a run may change on purpose). A
+    resume, or ``initial_load`` of a plait checkpoint, whose saved values of them (or model name)
+    differ is refused (exit 2; :mod:`checkpointing.architecture`); without it only shapes are checked.
     """
 
     vocab_size: int

@@ -77,7 +77,7 @@ class Trainer:
         candidates = list(self.prep.resume_candidates)
         model_meta = self.prep.model_meta  # built once by preflight.prepare (every rank: rank 0's candidates are everyone's)
         while True:
-            path, candidates = resume.first_sound(where, candidates, model_meta)
+            path, candidates = resume.first_sound(where, candidates, model_meta, self.prep.architecture)
             self.build_state(where, initial_load=path is None)
             if path is None or resume.restore(self.checkpointer, path, last=not candidates):
                 break

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from checkpointing.architecture import run_architecture
 from core import log
 from core import registry as registry_mod
 from core.contract import check_component
@@ -49,6 +50,7 @@ class Prepared:
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
     model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
+    architecture: dict[str, Any] | None = None  # model name and declared architecture options (checkpointing.architecture)
 
     @property
     def checkpoint_root(self) -> Path:
@@ -115,6 +117,7 @@ def prepare(
 
     precision = choose_precision(rc, components, device, str(path))
     spec, model_name = components["model"], rc.slots["model"].component.name
+    architecture = run_architecture(spec, model_name, rc.to_dict()["model"])  # a checkpoint of another one is refused
     check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
     model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
     check_model = getattr(precision, "check_model", None)
@@ -138,6 +141,7 @@ def prepare(
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.model_meta = model_meta
+    prep.architecture = architecture
     prep.seq_len_schedule = schedule
     args = {"prep": prep, "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from checkpointing.architecture import check_architecture
 from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
 from checkpointing.retention import after_divergence
 from core.errors import ConfigError
@@ -98,7 +99,7 @@ def check_start(prep: Any, model_meta: torch.nn.Module, lock: bool, dry_run: boo
     ckpt = rc.sections["checkpoint"]
     if ckpt.resume not in ("auto", "none"):  # bad input found before anything is created
         verify(Path(ckpt.resume), shards=False)
-        check_fits(ckpt, Path(ckpt.resume), model_meta)
+        check_fits(ckpt, Path(ckpt.resume), model_meta, prep.architecture)
     created: list[Path] = []
     try:
         created += probe_folder(Path(rc.train.output_dir), "[train].output_dir", keep=not dry_run)
@@ -121,7 +122,7 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     first one, and the weights of ``initial_load`` when there is none."""
     rc, components = prep.rc, prep.components
     ckpt = rc.sections["checkpoint"]
-    prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta)
+    prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
         size = checkpoint_bytes(model_meta, getattr(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
         check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
@@ -138,8 +139,9 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
         kind = weights_kind(Path(initial))  # exists, known layout
         if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
             hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
-        if kind == "dcp":  # complete, undamaged and of this model's shape, as a resume's checkpoint is
+        if kind == "dcp":  # complete, undamaged and of this model's architecture and shape, as a resume's checkpoint is
             verify(Path(initial), shards=False)
             check_shapes(Path(initial), model_meta)
+            check_architecture(Path(initial), prep.architecture, explicit=True, initial_load=True)
         else:  # an export: its keys and shapes, from the files' headers
             load_weights(Path(initial), prep.spec, model_meta, shapes_only=True)

@@ -41,7 +41,11 @@ def optional_line(comp, indent: str) -> list[str]:
             return [f"{indent}optional (from its class; default options: {type(e).__name__}): {', '.join(names) if names else 'none'}"]
         return [f"{indent}optional: not known until configured ({type(e).__name__} with the default options)"]
     names = optional_provided(comp.slot, obj)
-    return [f"{indent}optional: {', '.join(names) if names else 'none'}"]
+    lines = [f"{indent}optional: {', '.join(names) if names else 'none'}"]
+    architecture = getattr(obj, "architecture_options", None) if comp.slot == "model" else None  # declared in core/contract.py
+    if isinstance(architecture, tuple):
+        lines.append(f"{indent}architecture (a resume from a checkpoint saved with other values is refused): {', '.join(map(str, architecture)) or 'none'}")
+    return lines
 
 
 def render(slot_filter: str | None = None) -> str:

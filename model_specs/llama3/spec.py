@@ -14,7 +14,7 @@ flavor's value, any other value overrides it::
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from torch import nn
 
@@ -241,6 +241,19 @@ class Llama3Spec:
     args: ModelArgs
     flavor: str = "debug"
     init_std: float = 0.02
+    # The options its weights are trained for (a resume that changes one is refused). Not rope_theta or
+    # max_seq_len (a context extension), attention or loss_chunk_tokens (the same function), init_std.
+    architecture_options: ClassVar[tuple[str, ...]] = (
+        "flavor",
+        "n_layers",
+        "dim",
+        "n_heads",
+        "n_kv_heads",
+        "ffn_dim",
+        "vocab_size",
+        "tie_embeddings",
+        "norm_eps",
+    )
 
     @classmethod
     def from_options(cls, opts: Llama3Options) -> "Llama3Spec":

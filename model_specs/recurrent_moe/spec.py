@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from torch import nn
 
@@ -77,6 +77,8 @@ class RecurrentMoEOptions:
 @dataclass
 class RecurrentMoESpec:
     args: MoEArgs
+    # The options its weights are trained for (a resume that changes one is refused); not the loss weights.
+    architecture_options: ClassVar[tuple[str, ...]] = ("flavor", "n_loops", "n_experts", "top_k", "vocab_size")
 
     @classmethod
     def from_options(cls, o: RecurrentMoEOptions) -> "RecurrentMoESpec":
