@@ -157,8 +157,8 @@ def test_an_explicit_resume_and_initial_load_of_another_architecture_are_refused
     step2 = saved.parent / "out" / "checkpoints" / "step_000000002"
     fresh = write_tiny_config(tmp_path)
     with pytest.raises(ConfigError) as e:
-        in_process_prepare(fresh, f"--checkpoint.resume={step2}", '--model.tie_embeddings="true"')
-    assert f"checkpoint {step2} {REFUSED}: model.tie_embeddings 'flavor' -> 'true'" in str(e.value)
+        in_process_prepare(fresh, f"--checkpoint.resume={step2}", "--model.tie_embeddings=true")
+    assert f"checkpoint {step2} {REFUSED}: model.tie_embeddings 'flavor' -> True" in str(e.value)
     assert "change it back to resume from it" in str(e.value) and "checkpoint.resume left out)" in str(e.value)
     with pytest.raises(ConfigError) as e:
         in_process_prepare(fresh, f"--checkpoint.initial_load={step2}", "--model.norm_eps=1e-6")

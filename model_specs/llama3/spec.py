@@ -188,7 +188,7 @@ class Llama3Options:
     vocab_size: int = option(0, "vocabulary size, > every token id of the data (0: from flavor)", ge=0)
     rope_theta: float = option(0.0, "RoPE base frequency (0: from flavor)", ge=0)
     max_seq_len: int = option(0, "longest sequence, length of the RoPE tables (0: from flavor)", ge=0)
-    tie_embeddings: Literal["flavor", "true", "false"] = option("flavor", "output head shares the token embedding matrix")
+    tie_embeddings: bool | Literal["flavor", "true", "false"] = option("flavor", "output head shares the token embedding matrix (flavor: the flavor's choice)")
     attention: Literal["sdpa", "flash_attn"] = option(
         "sdpa",
         "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)",
@@ -203,8 +203,8 @@ class Llama3Options:
         over: dict[str, Any] = {
             k: getattr(self, k) for k in ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "rope_theta", "max_seq_len") if getattr(self, k)
         }
-        if self.tie_embeddings != "flavor":
-            over["tie_embeddings"] = self.tie_embeddings == "true"
+        if self.tie_embeddings != "flavor":  # TOML's true and false, or the strings
+            over["tie_embeddings"] = self.tie_embeddings in (True, "true")
         return replace(base, norm_eps=self.norm_eps, attention=resolve_attention(self.attention), loss_chunk_tokens=self.loss_chunk_tokens, **over)
 
     def check(self) -> None:
