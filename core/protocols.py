@@ -205,7 +205,8 @@ class DataLoaderLike(Protocol):
     pass and read for ``validation.batches`` micro-batches; one that ends sooner is averaged over those.
     It may end (``StopIteration``, or :class:`dataloading.indexed.DataExhausted`). If it can end at a
     different step on different ranks it sets ``may_end = True``: the trainer then agrees across
-    ranks before each step's compute, and every rank stops together with a checkpoint.
+    ranks before each step's compute (keeping each step's ``state_dict()``, which must be a cheap
+    snapshot that reading on leaves as it is), and every rank stops together with a checkpoint.
     ``per_rank_state = True`` saves ``state_dict()`` per rank (streams) instead of rank 0's.
     """
 

@@ -76,7 +76,7 @@ class PrefetchingLoader:
 
     # -- the loader protocol -------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return copy.deepcopy(self._position)
+        return self._position  # each step's is a new object, never changed afterwards: a snapshot, as DataLoaderLike's
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.close()

@@ -20,7 +20,6 @@ a checkpoint. The last complete checkpoint stays.
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -65,7 +64,7 @@ class StepBatches:
         (``run.stop`` is set for a bad record)."""
         loader, run = self.state.loader, self.state.run
         may_end = loader_may_end(loader)
-        before = copy.deepcopy(loader.state_dict()) if may_end else None
+        before = loader.state_dict() if may_end else None  # a snapshot (DataLoaderLike): later reads leave it as it is
         t_wait = time.perf_counter()
         micro: list = []
         why, bad, met = "", 0, False

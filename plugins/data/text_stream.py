@@ -75,8 +75,13 @@ class _Shard(torch.utils.data.IterableDataset):
                 index += 1
 
     def state_dict(self) -> dict[str, Any]:
-        # a deep copy: the worker pickles it later, while iteration keeps mutating the lists
-        return copy.deepcopy(self.state) if self.state else {}
+        # a copy: the worker pickles it later, and the trainer keeps the one from before each step
+        # (dataloading.step_batches), while iteration goes on extending the carry-over and moving
+        # windows in and out of the buffer. A window is never changed once cut, so the two lists
+        # are copied and the windows shared (a deep copy took ~8 ms a step with a 64-window buffer).
+        if not self.state:
+            return {}
+        return {**self.state, "carry": list(self.state["carry"]), "buffer": list(self.state["buffer"])}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state = copy.deepcopy(state) if state else None
