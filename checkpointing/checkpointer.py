@@ -47,7 +47,7 @@ from checkpointing.folders import (
 from checkpointing.rng import rng_state, set_rng_state
 from checkpointing.room import make_room
 from core import log
-from core.errors import CheckpointError
+from core.errors import EXIT_BAD_INPUT, CheckpointError, PluginError
 from core.protocols import DistInfo, loader_state_per_rank
 from liveness import watchdog
 
@@ -208,7 +208,7 @@ class Checkpointer:
             "format": CHECKPOINT_FORMAT,
             "step": run.step,
             "tokens_seen": run.tokens_seen,
-            "train": {k: v for k, v in run.state.items() if isinstance(v, (int, float, str, bool, list, dict))},
+            "train": dict(run.state),  # JSON values only (_check_run_state)
             "lr_schedule": sched,
             "data": {} if loader_state_per_rank(self.state.loader) else self.state.loader.state_dict(),
             "optimizer_plugin": self.about["optimizer_plugin"],
@@ -235,6 +235,7 @@ class Checkpointer:
 
         self.wait()  # one save in flight at a time
         watchdog.progress(f"saving the checkpoint of step {step} (checking and claiming it)")
+        self._check_run_state()
         started = time.perf_counter()
         use_async = self._async_possible() if use_async else False
         state = self._dcp_state()
@@ -282,6 +283,23 @@ class Checkpointer:
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
             log.info(f"checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s")
+
+    def _check_run_state(self) -> None:
+        """Rank 0's ``run.state`` (the one a checkpoint saves) must be JSON: a monitor's set or tensor
+        there was a TypeError traceback mid-save (exit 1, which launchers restart into the same crash),
+        or, at the top level, silently left out of the checkpoint. Now every rank stops, exit 2, and
+        rank 0 names the key, before anything of this save is written."""
+        why = None
+        for key, value in self.state.run.state.items() if self.dist.is_main else ():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as e:
+                why = f"run.state[{key!r}] is not a JSON value ({e}); a monitor keeps only JSON values there (numbers, strings, lists, dicts): every checkpoint saves them"
+                break
+        if self.where.agree(int(why is not None), "sum"):
+            if why is not None:
+                raise PluginError(why)
+            raise SystemExit(EXIT_BAD_INPUT)  # rank 0 says why, once
 
     def stager(self) -> Any:
         """The run's :class:`checkpointing.staging.HostStager`: async saves copy the state into
@@ -443,6 +461,21 @@ class Checkpointer:
                 return path
             log.warn(f"rollback: skipping {path.name}: {error}")
         return None
+
+    def roll_back(self) -> bool:
+        """Restore the last complete checkpoint (:meth:`rollback_target`) but keep the data position,
+        so that the data since then is skipped; the run's wall time keeps counting (budgets). False
+        if there is none (the caller skips the update instead)."""
+        if (target := self.rollback_target()) is None:
+            log.info("rollback asked, but there is no sound checkpoint: skipping the update instead")
+            return False
+        position, wall = self.state.loader.state_dict(), self.state.run.state.get("wall_time_s", 0.0)
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.load(target, exclude=frozenset({"data"}))
+        self.state.loader.load_state_dict(position)
+        self.state.run.state["wall_time_s"] = wall
+        log.info(f"rolled back to {target.name}; the data since then is skipped")
+        return True
 
     # ---- load ----
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:

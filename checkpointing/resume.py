@@ -130,7 +130,6 @@ def check_data_position(path: Path, meta: dict[str, Any], config: dict[str, Any]
     world size. A mismatch is this run's config (ConfigError), a missing file of its own the
     checkpoint's damage (CheckpointError)."""
     saved_per_rank = (path / "rng" / "data_rank_0.json").is_file()
-    saved_world = meta.get("world_size")
     was = meta.get("config", {}).get("data", {}).get("name") if isinstance(meta.get("config"), dict) else None
     now = config.get("data", {}).get("name")
     fix = f"resume with [data] name = {was!r} as saved, or set --checkpoint.exclude_from_loading='[\"data\"]' to start the data over"
@@ -144,10 +143,22 @@ def check_data_position(path: Path, meta: dict[str, Any], config: dict[str, Any]
             f"checkpoint {path} holds the per-rank stream positions of data source {was!r}; this run's data source {now!r} "
             f"keeps a global sample index and cannot continue from them: {fix}"
         )
-    if per_rank and saved_world != world:
-        raise ConfigError(f"checkpoint {path}: the streaming data position was saved on {saved_world} ranks and cannot resume on {world}")
+    if per_rank:
+        check_stream_world(path, meta, world)
     if per_rank and not (path / "rng" / f"data_rank_{rank}.json").is_file():
         raise CheckpointError(f"checkpoint {path} lacks rng/data_rank_{rank}.json, its stream position for rank {rank}")
+
+
+def check_stream_world(path: Path, meta: dict[str, Any], world: int) -> None:
+    """Per-rank stream positions (a loader's ``per_rank_state``) resume only at the world size that saved
+    them, whatever this run's loader; also checked before training (:mod:`preflight.start_folders`), so
+    ``core.plan`` says it and no model is built for a start that must be refused."""
+    saved_world = meta.get("world_size")
+    if (path / "rng" / "data_rank_0.json").is_file() and saved_world != world:
+        raise ConfigError(
+            f"checkpoint {path}: the streaming data position was saved on {saved_world} ranks and cannot resume on {world} "
+            "(resume at that world size, or --checkpoint.exclude_from_loading='[\"data\"]' to start the data over)"
+        )
 
 
 def leave_branch(ckpt: Any, path: Path) -> None:

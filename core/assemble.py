@@ -1,11 +1,11 @@
 """Building the state a run trains: model, optimizer, schedule, loader and run counters.
 
-The order is torchtitan's, for one data-parallel dimension: the model on the
-meta device -> precision conversion (e.g. fp8 linears) -> activation
-checkpointing -> torch.compile per block -> parallelism wrapper (all in
-:func:`core.parallelize.parallelize`) -> real storage with ties kept, and
-initialization -> optimizer and schedule -> loader (read a step ahead in a
-thread on CUDA, :mod:`dataloading.prefetch`).
+The order: the model on the meta device -> precision conversion (e.g. fp8
+linears) -> real storage with ties kept, and initialization (then the initial
+weights, if any) -> activation checkpointing -> torch.compile per block ->
+parallelism wrapper (the last three in :func:`core.parallelize.parallelize`) ->
+optimizer and schedule -> loader (read a step ahead in a thread on CUDA,
+:mod:`dataloading.prefetch`).
 """
 
 from __future__ import annotations

@@ -80,6 +80,13 @@ class ControlPlane:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
+    def gather_objects(self, obj) -> list:
+        """Every rank's ``obj`` (small, picklable), in rank order, on every rank."""
+        out = [obj] * self.info.world_size
+        if self.info.world_size > 1:
+            dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     def barrier(self) -> None:
         if self.info.world_size > 1:
             dist.barrier(group=self.group)

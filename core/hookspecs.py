@@ -150,13 +150,17 @@ def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float) ->
     """Gradients of step ``step`` (1-based) are ready; the optimizer has not stepped yet.
 
     ``loss`` is the step's loss averaged over all ranks and ``grad_norm`` the
-    global gradient norm, as floats. Implementing this hook costs one small
-    all-reduce and a device sync per step, so only monitors that must act
+    global gradient norm, as floats. Implementing this hook costs two small
+    all-reduces and a device sync per step, so only monitors that must act
     before the update (spike handling) should. Return ``"skip"`` to drop this
     update (gradients are discarded; the step still counts), ``"rollback"``
     to restore the last complete checkpoint while keeping the data position
     (so the batches since then, the offending ones included, are skipped), or
-    None. Every rank receives the same values, so every rank decides alike.
+    None. Every rank follows the strongest verdict of any rank's monitors
+    (rollback, then skip), so one that decides, or fails, on one rank never
+    splits the replicas. A rollback restores all the checkpoint holds, the
+    ``run.state`` keys it saved included (keep what must outlive a rollback on
+    the monitor object), but the data position and the wall time.
     """
 
 
@@ -187,8 +191,9 @@ def plait_train_end(run: "Run", reason: str) -> None:
       or inf; no checkpoint is written, exit code 3;
     * ``"save_failed"``: a checkpoint could not be written (disk full, I/O
       error): every rank stops without a checkpoint, exit code 74;
-    * ``"error"``: an exception ended the run; the process still exits with
-      its error after this hook returns.
+    * ``"error"``: an exception ended the run (plait's one-line errors found
+      mid-run too, exit 2); the process still exits with its error after this
+      hook returns. A monitor that raises here is named; the exit code stands.
     """
 
 

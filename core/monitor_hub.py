@@ -100,9 +100,10 @@ class MonitorHub:
             why = f"monitor {name!r} failed in {hook}: {type(e).__name__}: {e}"
             self.failed[name] = why
             run = kwargs.get("run")
-            if run is None or run.dist.is_main:
-                action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
-                log.error(f"{why}; {action} (monitors.on_error = {self.on_error!r})")
+            action = "disabling it and going on" if self.on_error == "continue" else "stopping the run"
+            action = "the run has ended; its exit code stands" if hook == "plait_train_end" else action
+            on = f"rank {log.rank()}: " if log.rank() else ""  # every rank that fails says so: it may be the only one
+            log.error(f"{on}{why}; {action} (monitors.on_error = {self.on_error!r})", all_ranks=True)
             if self.on_error == "stop" and run is not None:
                 run.request_stop(why, checkpoint=hook != "plait_train_end", source=name, exit_code=4)
             return None

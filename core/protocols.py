@@ -74,8 +74,8 @@ class ModelSpec(Protocol):
     """A model family at one flavor (one set of shapes).
 
     ``build()`` constructs the module on the current default device; the core
-    calls it under ``torch.device("meta")`` and materializes after the
-    parallelism wrappers, then calls ``init_weights``. The module's
+    calls it under ``torch.device("meta")``, converts it (precision), gives it storage
+    and calls ``init_weights`` (no_grad, same seed on every rank), then wraps it. The module's
     ``forward(input_ids, labels)`` returns the mean cross-entropy over the
     tokens (a 0-dim tensor); ``forward(input_ids)`` returns logits.
 
@@ -155,7 +155,8 @@ class Precision(Protocol):
         ...
 
     def convert(self, model: nn.Module, spec: ModelSpec) -> nn.Module:
-        """Swap modules (e.g. fp8 linears) on the unwrapped, unsharded model."""
+        """Swap modules (e.g. fp8 linears) on the unwrapped, unsharded model, still on the meta
+        device: its parameters have no values yet (storage and ``init_weights`` come after)."""
         ...
 
     def autocast(self, device: torch.device) -> ContextManager:
@@ -207,7 +208,8 @@ class DataLoaderLike(Protocol):
     different step on different ranks it sets ``may_end = True``: the trainer then agrees across
     ranks before each step's compute (keeping each step's ``state_dict()``, which must be a cheap
     snapshot that reading on leaves as it is), and every rank stops together with a checkpoint.
-    ``per_rank_state = True`` saves ``state_dict()`` per rank (streams) instead of rank 0's.
+    ``per_rank_state = True`` saves ``state_dict()`` per rank (streams) instead of rank 0's, which
+    resumes only at the same world size (else exit 2 before training, ``core.plan`` too).
     """
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...

@@ -22,7 +22,7 @@ from core import hookspecs
 from core.errors import ConfigError, PluginError, closest
 from core.options import NoOptions, undocumented
 from core.protocols import SLOTS
-from preflight.option_values import bad_defaults
+from preflight.option_values import unusable_options
 
 ENTRY_POINT_GROUP = "plait"
 OWN_DISTRIBUTION = "plait"
@@ -75,9 +75,11 @@ class Registry:
         missing = undocumented(options)
         if missing:
             raise PluginError(f"{where}: options of {slot} {name!r} lack a doc: {', '.join(missing)}")
-        why = bad_defaults(options)
-        if why:
-            raise PluginError(f"{where}: options of {slot} {name!r}: {why}")
+        from preflight.run_config import clash  # the core's own keys (a late import: it imports this module)
+
+        why = unusable_options(options)
+        if why or (clashes := clash(slot, name, options)):
+            raise PluginError(f"{where}: {'options of ' if why else ''}{slot} {name!r}: {why or clashes}")
         existing = self._components[slot].get(name)
         if existing is not None:
             raise PluginError(f"{slot} {name!r} is claimed twice: by {existing.provider} and by {where}")
@@ -159,7 +161,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
             raise PluginError(f"entry point {ep.name!r} is claimed twice: by distribution {origin[ep.name]} and by {dist}")
         try:
             module = ep.load()
-        except Exception as e:  # any import failure is that plugin's problem, reported clearly
+        except (Exception, SystemExit) as e:  # any import failure (sys.exit, argparse at import too) is that plugin's problem
             raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}") from None
         try:
             pm.register(module, name=ep.name)
@@ -184,7 +186,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
             impl.function(registry=registry)
         except PluginError:
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise PluginError(
                 f"plugin {impl.plugin_name!r} (distribution {registry._distribution}) failed in plait_register: {type(e).__name__}: {e}"
             ) from None

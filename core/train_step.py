@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from checkpointing.checkpointer import TrainingState
+from core.errors import PluginError
 from core.nonfinite import NonFiniteGuard
 from core.protocols import DistInfo
 
@@ -29,10 +30,11 @@ class TrainStep:
         grad_clip: float,
         dist: DistInfo,
         before_update: Callable[[], None] = lambda: None,
+        model_name: str = "model",
     ) -> None:
         """``before_update()`` runs before the optimizer changes the state (the checkpointer waits
-        there for an async save's copy of it)."""
-        self.state, self.train_model, self.dist = state, train_model, dist
+        there for an async save's copy of it); ``model_name`` names the model plugin in errors."""
+        self.state, self.train_model, self.dist, self.model_name = state, train_model, dist, model_name
         self.before_update = before_update
         self.parallelism, self.precision = components["parallelism"], components["precision"]
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
@@ -58,6 +60,9 @@ class TrainStep:
             with self.parallelism.sync_context(self.train_model, sync=m == accum - 1):
                 with self.precision.autocast(dev):
                     loss = self.train_model(inputs, labels)
+                if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):  # a (loss, logits) tuple was a TypeError traceback, exit 1
+                    got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+                    raise PluginError(f"{self.model_name}: forward(ids, labels) returned {got}; expected the mean loss, a 0-dim tensor")
                 (loss if accum == 1 else loss / accum).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         assert loss_sum is not None, "a step has at least one micro-batch"

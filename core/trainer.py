@@ -25,6 +25,7 @@ from core import distributed, log
 from core import metrics as core_metrics
 from core import stop_policy as policy
 from core.assemble import Assembled, assemble
+from core.errors import EXIT_BAD_INPUT, PlaitError
 from core.monitor_hub import MonitorHub
 from core.nonfinite import EXIT_NONFINITE, NonFiniteState
 from core.protocols import DistInfo, data_fingerprint, loader_consumed_samples, precision_log_step
@@ -105,7 +106,8 @@ class Trainer:
         optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
         about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint}
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
-        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update)
+        model_name = f"model {rc.slots['model'].component.name!r}"
+        self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update, model_name)
         self.step_metrics = StepMetrics(self.dist)
         self.fetch = StepBatches(built.state, self.prep.grad_accum, self.control, self.dist, rc.slots["data"].component.name, self.step_metrics)
         self.last_skipped = 0  # steps skipped (non-finite) in the last log window
@@ -194,9 +196,11 @@ class Trainer:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()
             verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=float(grad_norm))
-            if "rollback" in verdicts and self.rollback():
+            # every rank acts on the strongest verdict of any rank's monitors (one may decide, or fail, alone)
+            verdict = self.control.max([2 if "rollback" in verdicts else int("skip" in verdicts)])[0]
+            if verdict == 2 and self.checkpointer.roll_back():
                 return None, grad_norm
-            if "skip" in verdicts or "rollback" in verdicts:
+            if verdict:
                 self.stepper.skip_update()
                 log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
                 return loss, grad_norm
@@ -253,21 +257,6 @@ class Trainer:
                 return other
         return inputs, labels
 
-    def rollback(self) -> bool:
-        """Restore the last complete checkpoint but keep the data position. False if there is none."""
-        ckpt = self.checkpointer
-        if (target := ckpt.rollback_target()) is None:
-            log.info("rollback asked, but there is no sound checkpoint: skipping the update instead")
-            return False
-        position = self.loader.state_dict()
-        wall = self.run.state.get("wall_time_s", 0.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        ckpt.load(target, exclude=frozenset({"data"}))
-        self.loader.load_state_dict(position)
-        self.run.state["wall_time_s"] = wall  # time keeps counting (budgets)
-        log.info(f"rolled back to {target.name}; the data since then is skipped")
-        return True
-
     def on_checkpoint_saved(self, step: int, path: str) -> None:
         self.monitors.emit("plait_checkpoint_saved", run=self.run, step=step, path=path)
 
@@ -314,8 +303,11 @@ class Trainer:
                 source="trainer",
                 exit_code=EXIT_NONFINITE,
             )
-        elif reason == policy.REQUESTED and run.stop is None:
-            run.request_stop("requested by another rank", checkpoint=not agreed.stop_without_checkpoint, exit_code=agreed.exit_code)
+        elif reason == policy.REQUESTED:  # once, as the run stops: the reason of the first rank that asked
+            whys = self.control.gather_objects(run.stop.reason if run.stop is not None else None)
+            if run.stop is None:
+                by = next(r for r, why in enumerate(whys) if why is not None)
+                run.request_stop(f"requested by rank {by}: {whys[by]}", checkpoint=not agreed.stop_without_checkpoint, exit_code=agreed.exit_code)
         return reason
 
     def finish(self, reason: str, end_detail: str) -> int:
@@ -340,15 +332,18 @@ class Trainer:
 
     def fail(self, error: BaseException) -> None:
         """The run died of ``error``: tell the monitors (``plait_train_end`` with ``"error"``, or
-        ``"signal"`` for an immediate Ctrl-C) and write ``exit_status.json`` with exit code 1."""
+        ``"signal"`` for an immediate Ctrl-C) and write ``exit_status.json``: exit code 1, or 2 for plait's one-line errors."""
         reason = "signal" if isinstance(error, KeyboardInterrupt) else "error"
-        detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        bad = isinstance(error, PlaitError)
+        detail = str(error) if bad else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         built = self.__dict__.get("built")  # None if the run died before its state existed
         run = built.state.run if built is not None else None
         if "monitors" in self.__dict__:
             self.monitors.emit("plait_train_end", run=run, reason=reason)
         if self.dist.is_main:  # a full or read-only disk: the traceback that follows says enough
-            run_files.write_exit_status(self.output_dir, 1, reason, run.step if run else 0, detail, strict=False)
+            run_files.write_exit_status(
+                self.output_dir, EXIT_BAD_INPUT if bad else 1, "bad_input" if bad else reason, run.step if run else 0, detail, strict=False
+            )
 
     def save_failed(self, err: folders.SaveFailed) -> int:
         """A checkpoint could not be written (``SaveFailed``, raised on every rank together):

@@ -111,15 +111,39 @@ def escapes(name: str) -> str:
     return ""
 
 
-def bad_defaults(cls: type) -> str | None:
-    """Why the options dataclass ``cls`` is unusable: an annotation that does not resolve, or a
-    default that breaks its own type or bounds (checked when a plugin registers it, since only the
-    keys a config sets are checked later); None if it is sound."""
+TOML_SCALARS = (bool, int, float, str)
+
+
+def toml_type(tp: Any) -> bool:
+    """Can a TOML value be of type ``tp``? Scalars, Literals of them, and lists, tuples and dicts
+    (string keys) of those; None inside a union (an option left out). Not a Path, an Enum, a class."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any or tp in TOML_SCALARS or tp in (list, tuple, dict, type(None)):
+        return True
+    if origin is Literal:
+        return all(isinstance(a, TOML_SCALARS) for a in args)
+    if origin in (Union, types.UnionType, list, tuple):
+        return all(a is Ellipsis or toml_type(a) for a in args)
+    return origin is dict and args[0] in (str, Any) and toml_type(args[1])
+
+
+def unusable_options(cls: type) -> str | None:
+    """Why the options dataclass ``cls`` is unusable: an annotation that does not resolve, a type no
+    TOML value has, a doc of more than one line, or a default that breaks its own type or bounds
+    (checked when a plugin registers it, since only the keys a config sets are checked later); None
+    if it is sound."""
     try:
         hints = hints_of(cls)
     except Exception as e:  # noqa: BLE001 - a plugin's annotations may fail in any way
         return f"its type annotations do not resolve ({type(e).__name__}: {e})"
     for f in fields_of(cls):
+        if not toml_type(hints[f.name]):
+            return (
+                f"option {key_of(f)!r} is a {_type_name(hints[f.name])}, which no TOML value is: declare bool, int, float, str, "
+                "a Literal of them, or lists, tuples and dicts (string keys) of them"
+            )
+        if "\n" in f.metadata.get("doc", ""):
+            return f"the doc of {key_of(f)!r} spans more than one line; python -m core.plugins prints it on one"
         if f.default is not dataclasses.MISSING:
             value = f.default
         elif f.default_factory is not dataclasses.MISSING:

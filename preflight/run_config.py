@@ -12,12 +12,13 @@ takes its options from ``[monitors.<name>]``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from checkpointing.folders import CheckpointOptions
 from core.errors import ConfigError, PluginError, closest
-from core.options import _type_name, option, to_dict
+from core.options import _type_name, fields_of, key_of, option, to_dict
 from core.registry import Component, Registry
 from core.validation import ValidationOptions
 from preflight import config as config_io
@@ -110,6 +111,25 @@ PRECISION_CHAIN_DOC: dict[str, tuple[str, Any, str]] = {
     "fallback": ("list[str]", [], "try these precision plugins in order, use the first supported here (options in [precision.<name>])"),
     "fallback_reasons": ("dict[str, str]", {}, "written by plait in the resolved config: why each skipped entry was unsupported"),
 }
+
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")  # a TOML bare key: one segment of --section.key=value
+
+
+def clash(slot: str, name: str, options: type) -> str | None:
+    """Why component ``name`` of ``slot`` could not be configured (checked when it registers): a name
+    that is not a bare TOML key, or one the core reads in the same table (a monitor named like a
+    ``[monitors]`` key, a precision named like a chain key), or an option the core reads in its
+    slot's section (``name``, ``data.seq_len``...), which the plugin would never receive."""
+    if not BARE_KEY.fullmatch(name):
+        return f"the name {name!r} is not a bare TOML key (letters, digits, '_' and '-'), so no config could name its section"
+    core = {"monitor": [f.name for f in fields_of(MonitorsOptions)], "precision": list(PRECISION_CHAIN_DOC)}.get(slot, [])
+    if name in core:
+        return f"the name {name!r} is a key the core reads in [{SLOT_SECTIONS.get(slot, 'monitors')}]"
+    taken = sorted({key_of(f) for f in fields_of(options)} & {"name", *SLOT_CORE_KEYS.get(slot, {}), *(PRECISION_CHAIN_DOC if slot == "precision" else ())})
+    if slot != "monitor" and taken:
+        return f"option {taken[0]!r} is a key the core reads in [{SLOT_SECTIONS[slot]}] itself (python -m core.plugins: core key), so the plugin would never receive it"
+    return None
+
 
 SLOT_SECTIONS: dict[str, str] = {
     "model": "model",

@@ -21,6 +21,7 @@ import torch
 
 from checkpointing.architecture import check_architecture
 from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
+from checkpointing.resume import check_stream_world
 from checkpointing.retention import after_divergence
 from core.errors import ConfigError
 from preflight.disk import check_room, checkpoint_bytes, kept_at_once
@@ -129,9 +130,11 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
         warn(line)  # rank 0; core.plan says it too
     check_resume = getattr(components["data"], "check_resume", None)
-    if prep.resume_from is not None and check_resume is not None and "data" not in ckpt.exclude_from_loading:
+    if prep.resume_from is not None and "data" not in ckpt.exclude_from_loading:
         state = json.loads((prep.resume_from / STATE_FILE).read_text())
-        call_plugin(f"data {rc.slots['data'].component.name!r}: check_resume", check_resume, state, prep.world_size)
+        if check_resume is not None:
+            call_plugin(f"data {rc.slots['data'].component.name!r}: check_resume", check_resume, state, prep.world_size)
+        check_stream_world(prep.resume_from, state, prep.world_size)  # the core's own word, for any stream
     initial = ckpt.initial_load
     if initial and prep.resume_from is None:
         from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind

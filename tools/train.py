@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         assert trainer is not None  # SaveFailed comes from fit()
         return trainer.save_failed(e)
     except PlaitError as e:
-        if info.is_main:
+        if trainer is not None:  # found once the run exists (a plugin's answer, a monitor's run.state): monitors hear of it
+            trainer.fail(e)  # and rank 0 records it (exit 2, bad_input) with the step
+        elif info.is_main:
             record_bad_input(e, prep.rc.train.output_dir)
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
     except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
