@@ -46,6 +46,7 @@ from checkpointing.folders import (
     step_dirs,
     verify,
 )
+from checkpointing.small_files import read_json
 from core import log
 from core.errors import CheckpointError, ConfigError
 
@@ -215,7 +216,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
     ``spikes`` monitor stopped on): where it diverged, the checkpoint taken, and the lowest-loss one
     with the ``--checkpoint.resume`` that goes back to it. None after any other end."""
     try:
-        status = json.loads((output_dir / "exit_status.json").read_text())
+        status = read_json(output_dir / "exit_status.json")
     except (OSError, ValueError):
         return None
     if not isinstance(status, dict) or status.get("exit_code") != 3 or not candidates:
@@ -223,7 +224,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
     losses: dict[Path, float] = {}
     for path in candidates:
         try:
-            if (loss := train_loss(json.loads((path / STATE_FILE).read_text()))) is not None:
+            if (loss := train_loss(read_json(path / STATE_FILE))) is not None:
                 losses[path] = loss
         except (OSError, ValueError, AttributeError):
             continue
@@ -244,7 +245,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
 def best_paths(root: Path) -> set[Path]:
     """The checkpoints ``BEST.json`` lists (``keep_best``)."""
     try:
-        return {root / b["path"] for b in json.loads((root / BEST_FILE).read_text())["best"]}
+        return {root / b["path"] for b in read_json(root / BEST_FILE)["best"]}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
 
@@ -296,7 +297,7 @@ def settle_set_aside(root: Path) -> None:
     moved step, it would hide this run's next save of that step from ``resume = "auto"``."""
     marker = root / SETTING_ASIDE_FILE
     try:
-        named = json.loads(marker.read_text())
+        named = read_json(marker)
     except (OSError, ValueError):
         return
     left = [n for n in named if isinstance(n, str) and (root / n).is_dir()] if isinstance(named, list) else []
@@ -318,7 +319,7 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: 
         return None
     dest = set_aside(root, later, f"after_step_{step:09d}")
     try:  # BEST.json lists only what is still here
-        best = json.loads((root / BEST_FILE).read_text())["best"]
+        best = read_json(root / BEST_FILE)["best"]
         write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none, or not ours to mend

@@ -32,11 +32,11 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise CheckpointError(f"run {run}: metrics.jsonl not found (enable the jsonl monitor)")
     latest: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # a damaged byte spoils its line alone
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer too long
+            continue  # a line cut by a kill, or damaged
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             continue  # not a metrics row
         restore_not_finite(row)  # NaN and infinity are written as null (strict JSON)
@@ -160,7 +160,8 @@ def manifest(run: Path, rows: list[dict], ckpt: Path | None, resolved_text: str,
     spent = None
     if ckpt is not None:
         state = read_json(ckpt / "state.json")
-        spent = state.get("train", {}).get("budget_spent_usd")
+        train_state = state.get("train")
+        spent = train_state.get("budget_spent_usd") if isinstance(train_state, dict) else None  # checked when its weights are read
     if spent is None:  # computed the budget guard's way, when a rate is configured
         guard = resolved.get("monitors", {}).get("budget_guard", {})
         rate = guard.get("rate_usd_per_hr", 0.0)
