@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from checkpointing import hyperparams, integrity, replicas, retention
+from checkpointing import hyperparams, integrity, ownership, replicas, retention
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
@@ -242,15 +242,23 @@ class Checkpointer:
         state = self._written_share(state)
         path = step_dir(self.root, step)
         error: BaseException | None = None
-        claimed = 1
+        claimed, in_use = 1, None  # claimed: 1 ready, 0 skipped, -1 a folder of the run is another job's now
         try:
             if self.dist.is_main:
+                ownership.hold_run_folders()  # a run folder deleted or moved aside mid-run is locked again, or another job's
                 make_room(self.root, self.retention, self.lineage, step)  # what the prune after it would remove, early
                 claimed = int(self._claim(path))
+        except ownership.FolderInUse as e:
+            claimed, in_use = -1, str(e)
         except OSError as e:
             error = e
         self._fail_together(error, step, path)
-        if not self.where.agree(claimed):
+        claimed = self.where.agree(claimed)
+        if claimed < 0:  # one line from rank 0, exit code 2 (launchers never restart it); that job keeps the folder
+            from checkpointing.resume import stop_every_rank
+
+            stop_every_rank(self.where, in_use or "")
+        if not claimed:
             return
         try:
             write_durable(path / "rng" / f"rank_{self.dist.rank}.json", json.dumps(rng_state()))

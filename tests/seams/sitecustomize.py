@@ -14,6 +14,8 @@ checkpoint once it is committed (damage on disk after the save: bit rot, a bad c
 folders' lock, then waits until PATH exists: a job that starts while another one is ending.
 ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
 mount), on every rank, or only on rank ``PLAIT_TEST_HANG_DATA_ON_RANK`` when that is set.
+``PLAIT_TEST_WAIT_BEFORE_STEP=N:PATH[,N:PATH...]``: the data read of training step N creates ``PATH.waiting``, then
+waits until PATH exists (every rank): a test acts on the run's folders between two saves.
 ``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
 ``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
@@ -149,6 +151,22 @@ if _hang:
         return _check_step(self, first, end)
 
     IndexedSource.check_step = _hanging_check_step
+
+# ``PLAIT_TEST_WAIT_BEFORE_STEP=N:PATH[,N:PATH...]``: the data read of step N waits until PATH exists.
+_wait_steps = dict(item.split(":", 1) for item in os.environ.get("PLAIT_TEST_WAIT_BEFORE_STEP", "").split(",") if item)
+if _wait_steps:
+    from dataloading.indexed import IndexedSource as _WaitingSource
+
+    _check_step_then = _WaitingSource.check_step
+
+    def _waiting_check_step(self, first, end):
+        step = str(first // (end - first) + 1)
+        if step in _wait_steps:
+            open(_wait_steps[step] + ".waiting", "w").close()
+            _wait_for(_wait_steps[step])
+        return _check_step_then(self, first, end)
+
+    _WaitingSource.check_step = _waiting_check_step
 
 # ``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
 if os.environ.get("PLAIT_TEST_HANG_AT_EXIT"):
