@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from preflight.start_folders import probe_folder
         from tools.export import refuse_inside_checkpoint
+        from tools.staged_output import staged
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
@@ -201,14 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = final_checkpoint(args.run, resolved)
         record = manifest(args.run, rows, ckpt, resolved_text, resolved)  # every run file read before anything is written
         refuse_inside_checkpoint(args.out, "--out")
-        probe_folder(args.out, "--out")
-        made = [args.out / "metrics.csv"]
-        write_csv(rows, made[0])
-        made += plot(rows, args.out)
-        if ckpt is not None:
-            made.append(export_final(ckpt, args.out))
-        (args.out / "manifest.json").write_text(json.dumps(record, indent=1) + "\n")
-        made.append(args.out / "manifest.json")
+        probe_folder(args.out, "--out", keep=False)  # staged() makes it, and removes it again if nothing could be written
+        with staged(args.out, "report") as out:  # every file whole, or none (a full disk: one line, exit 74)
+            made = [out / "metrics.csv"]
+            write_csv(rows, made[0])
+            made += plot(rows, out)
+            if ckpt is not None:
+                made.append(export_final(ckpt, out))
+            (out / "manifest.json").write_text(json.dumps(record, indent=1) + "\n")
+            made.append(out / "manifest.json")
+        made = [args.out / path.name for path in made]
     except PlaitError as e:
         exit_bad_input(e)
     for path in made:
