@@ -13,7 +13,6 @@ verification are in :mod:`checkpointing.folders`.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +117,7 @@ class Checkpointer:
         self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
         self.sync_fallback = False  # async saves were asked for, but the host memory for their copy is short
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
+        self.made: Path | None = None  # the step folder the save in hand made (rank 0), which its failure may remove
         self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
         self.held_said = False  # the host memory of async saves' copies, said once
         self.retention = retention.Retention(self.root, self.opts)
@@ -175,6 +175,7 @@ class Checkpointer:
                 dest = retention.set_aside(self.root, [path], f"before_{path.name}")
                 log.note(f"{path.name} held {what}; moved to {dest} (kept, never resumed from automatically)")
         (path / "rng").mkdir(parents=True)
+        self.made = path  # this save's own folder: a failure removes what it wrote there, and only then
         write_durable(path / LINEAGE_FILE, self.lineage + "\n")
         return True
 
@@ -234,6 +235,7 @@ class Checkpointer:
         from checkpointing.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
+        self.made = None
         watchdog.progress(f"saving the checkpoint of step {step} (checking and claiming it)")
         started = time.perf_counter()
         use_async = self._async_possible() if use_async else False
@@ -395,8 +397,8 @@ class Checkpointer:
         if self.dist.is_main:
             if (path / COMMIT_MARKER).is_file():
                 kept = f"; {path.name} was committed before the error and is kept"
-            elif lineage_of(path) in (None, self.lineage):  # this run's (None: the LINEAGE write itself failed)
-                shutil.rmtree(path, ignore_errors=True)
+            elif self.made == path and lineage_of(path) in (None, self.lineage):  # made by this save (None: its LINEAGE write failed)
+                retention.remove(path)  # what a save writes; a folder that was there before the claim is never touched
             (self.root / (BEST_FILE + ".tmp")).unlink(missing_ok=True)
         done = [p.name for p in committed(self.root)]
         last = f"the last complete checkpoint is {done[-1]}" if done else "there is no complete checkpoint"

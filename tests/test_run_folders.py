@@ -278,3 +278,20 @@ def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
                 p.kill()
                 p.wait()
     assert committed(old / "checkpoints") == ["step_000000002"]  # what was moved aside is left as it is
+
+
+def test_a_failed_save_never_deletes_a_folder_it_did_not_make(tmp_path):
+    """A folder of the user's named like the step about to be saved (no LINEAGE: not plait's) is moved
+    to ``abandoned/`` by the save's claim. When that move failed (here ``abandoned`` is a file of theirs
+    too), the failed save removed the step folder as its own partial one: the user's notes with it. A
+    failed save now removes only a folder it made itself, and in it only what a save writes."""
+    cfg = write_tiny_config(tmp_path, steps=4)
+    root = tmp_path / "out" / "checkpoints"
+    (root / "step_000000002").mkdir(parents=True)
+    (root / "step_000000002" / "notes.txt").write_text("my notes\n")
+    (root / "abandoned").write_text("not a folder\n")
+    proc = train(cfg, "--checkpoint.every=2")
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    assert "checkpoint save at step 2 failed on rank 0: NotADirectoryError" in proc.stderr
+    assert (root / "step_000000002" / "notes.txt").read_text() == "my notes\n"
+    assert (root / "abandoned").read_text() == "not a folder\n"
