@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -100,21 +99,27 @@ def written_by_a_save(rel: Path) -> bool:
     return len(rel.parts) == 1 and (name in {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata"} or name.endswith((".distcp", ".tmp")))
 
 
+def _raise(error: OSError) -> None:
+    raise error
+
+
 def remove(path: Path) -> None:
     """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
     unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
-    checkpoint never looks complete with files gone), ``LINEAGE`` last. Errors are ignored. A folder
-    that is a symbolic link is left alone: what it points to is not plait's to delete. Only what a
-    save writes is deleted: a folder that also holds anything else (a user's notes, an export made
-    there) keeps it, loses its ``LINEAGE`` (so it is no longer this run's, and never touched again)
-    and is named in one warning."""
+    checkpoint never looks complete with files gone), ``LINEAGE`` last. A folder that is a symbolic
+    link is left alone: what it points to is not plait's to delete. Only what a save writes is
+    deleted: a folder that also holds anything else (a user's notes, an export made there) keeps it,
+    loses its ``LINEAGE`` (so it is no longer this run's, and never touched again) and is named in one
+    warning. An error (a file that cannot be deleted or a folder that cannot be read: an I/O error, a
+    busy mount) stops the removal there, with the folder left uncommitted for the next prune to try
+    again: the folder is never removed whole before every file in it was seen to be the save's."""
     if path.is_symlink():
         return
     kept: list[str] = []
     try:
         (path / COMMIT_MARKER).unlink(missing_ok=True)
         sync_dir(path)
-        for folder, dirs, files in os.walk(path, topdown=False):  # files before their folders; links not followed
+        for folder, dirs, files in os.walk(path, topdown=False, onerror=_raise):  # files before their folders; links not followed
             here = Path(folder)
             for name in files + [d for d in dirs if (here / d).is_symlink()]:
                 rel = (here / name).relative_to(path)
@@ -125,9 +130,13 @@ def remove(path: Path) -> None:
             if here != path and not any(here.iterdir()):
                 here.rmdir()
     except OSError:
-        pass
+        return  # unseen files may be another's: the folder stays, without its marker, for the next prune
     if not kept:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            (path / LINEAGE_FILE).unlink(missing_ok=True)
+            path.rmdir()
+        except OSError:
+            pass
         return
     (path / LINEAGE_FILE).unlink(missing_ok=True)
     shown = ", ".join(sorted(kept)[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
