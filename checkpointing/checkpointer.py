@@ -13,7 +13,6 @@ verification are in :mod:`checkpointing.folders`.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from checkpointing import hyperparams, integrity, replicas, retention
+from checkpointing import hyperparams, integrity, ownership, replicas, retention
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
@@ -118,6 +117,7 @@ class Checkpointer:
         self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
         self.sync_fallback = False  # async saves were asked for, but the host memory for their copy is short
         self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
+        self.made: Path | None = None  # the step folder the save in hand made (rank 0), which its failure may remove
         self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
         self.held_said = False  # the host memory of async saves' copies, said once
         self.retention = retention.Retention(self.root, self.opts)
@@ -175,6 +175,7 @@ class Checkpointer:
                 dest = retention.set_aside(self.root, [path], f"before_{path.name}")
                 log.note(f"{path.name} held {what}; moved to {dest} (kept, never resumed from automatically)")
         (path / "rng").mkdir(parents=True)
+        self.made = path  # this save's own folder: a failure removes what it wrote there, and only then
         write_durable(path / LINEAGE_FILE, self.lineage + "\n")
         return True
 
@@ -234,6 +235,7 @@ class Checkpointer:
         from checkpointing.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
+        self.made = None
         watchdog.progress(f"saving the checkpoint of step {step} (checking and claiming it)")
         self._check_run_state()
         started = time.perf_counter()
@@ -243,15 +245,23 @@ class Checkpointer:
         state = self._written_share(state)
         path = step_dir(self.root, step)
         error: BaseException | None = None
-        claimed = 1
+        claimed, in_use = 1, None  # claimed: 1 ready, 0 skipped, -1 a folder of the run is another job's now
         try:
             if self.dist.is_main:
+                ownership.hold_run_folders()  # a run folder deleted or moved aside mid-run is locked again, or another job's
                 make_room(self.root, self.retention, self.lineage, step)  # what the prune after it would remove, early
                 claimed = int(self._claim(path))
+        except ownership.FolderInUse as e:
+            claimed, in_use = -1, str(e)
         except OSError as e:
             error = e
         self._fail_together(error, step, path)
-        if not self.where.agree(claimed):
+        claimed = self.where.agree(claimed)
+        if claimed < 0:  # one line from rank 0, exit code 2 (launchers never restart it); that job keeps the folder
+            from checkpointing.resume import stop_every_rank
+
+            stop_every_rank(self.where, in_use or "")
+        if not claimed:
             return
         try:
             write_durable(path / "rng" / f"rank_{self.dist.rank}.json", json.dumps(rng_state()))
@@ -405,8 +415,8 @@ class Checkpointer:
         if self.dist.is_main:
             if (path / COMMIT_MARKER).is_file():
                 kept = f"; {path.name} was committed before the error and is kept"
-            elif lineage_of(path) in (None, self.lineage):  # this run's (None: the LINEAGE write itself failed)
-                shutil.rmtree(path, ignore_errors=True)
+            elif self.made == path and lineage_of(path) in (None, self.lineage):  # made by this save (None: its LINEAGE write failed)
+                retention.remove(path)  # what a save writes; a folder that was there before the claim is never touched
             (self.root / (BEST_FILE + ".tmp")).unlink(missing_ok=True)
         done = [p.name for p in committed(self.root)]
         last = f"the last complete checkpoint is {done[-1]}" if done else "there is no complete checkpoint"

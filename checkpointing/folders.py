@@ -21,7 +21,6 @@ which runs no code from the files. Writing and loading them is
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -32,6 +31,8 @@ from typing import Any
 import torch
 
 from checkpointing import integrity
+from checkpointing.small_files import read_json as read_small_json
+from checkpointing.small_files import read_text
 from core import log
 from core.errors import CheckpointError, ConfigError
 from core.options import option
@@ -148,16 +149,16 @@ def committed(root: Path) -> list[Path]:
 def lineage_of(path: Path) -> str | None:
     """The id of the run that wrote checkpoint folder ``path``; None if unknown (another tool, or plait before lineages)."""
     try:
-        return (path / LINEAGE_FILE).read_text().strip() or None
-    except OSError:
+        return read_text(path / LINEAGE_FILE).strip() or None
+    except (OSError, ValueError):  # unreadable or not text (damaged): whose it is, is unknown
         return None
 
 
 def current_run(root: Path) -> str | None:
     """The lineage of the run that last trained into ``root`` (``CURRENT_RUN``); None if none is recorded."""
     try:
-        return (root / CURRENT_RUN_FILE).read_text().strip() or None
-    except (OSError, UnicodeDecodeError):
+        return read_text(root / CURRENT_RUN_FILE).strip() or None
+    except (OSError, ValueError):
         return None
 
 
@@ -202,7 +203,7 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     integrity.check_checksums(path, manifest, manifest.small_files() + (manifest.shards() if shards else []))
     load_metadata(path)
     try:
-        state = json.loads((path / STATE_FILE).read_text())
+        state = read_small_json(path / STATE_FILE)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is corrupt ({e})") from None
     integrity.check_state(state, path / STATE_FILE)
@@ -213,7 +214,7 @@ def refuse_newer_format(path: Path) -> None:
     """A checkpoint a newer plait wrote in a layout this one does not know is bad input (exit 2),
     never "damaged": ``resume = "auto"`` would fall back past it, or start fresh, and set it aside."""
     try:
-        state = json.loads((path / STATE_FILE).read_text())
+        state = read_small_json(path / STATE_FILE)
         fmt, versions = state.get("format", 1), state.get("versions", {})
     except (OSError, ValueError, AttributeError):  # verify says what is wrong with it
         return
@@ -281,7 +282,7 @@ def being_set_aside(root: Path) -> set[str]:
     """Checkpoint folders a start that was killed while moving a left branch aside had not moved
     yet (``SETTING_ASIDE.json``, :mod:`checkpointing.retention`): never resumed from; the next start moves them."""
     try:
-        return set(json.loads((root / SETTING_ASIDE_FILE).read_text()))
+        return set(read_small_json(root / SETTING_ASIDE_FILE))
     except (OSError, ValueError, TypeError):
         return set()
 
@@ -328,6 +329,9 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     if (current := current_run(root)) is not None:
         others = [p for p in every if lineage_of(p) != current]
         every = [p for p in every if lineage_of(p) == current]
+        for p in others:  # damage (a flipped bit) in the file that says whose it is: not silently passed over
+            if lineage_of(p) is None and (p / LINEAGE_FILE).exists():
+                warn(f"skipping checkpoint: {p / LINEAGE_FILE} is damaged (not a run's id): whose checkpoint it is is unknown, so it is left as it is")
         if others and not every:
             warn(
                 f"{root} holds {len(others)} checkpoint(s) of other runs and none of the run that last trained there "
@@ -352,7 +356,7 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
 
 def read_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_text())
+        return read_small_json(file)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{file} is not readable JSON ({e})") from None
 

@@ -11,13 +11,14 @@ have sizes only; they are still accepted, with a warning.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkpointing.small_files import read_json
 from core import log
 from core.errors import CheckpointError
 from liveness import watchdog
@@ -91,8 +92,8 @@ class Manifest:
 
 def read_manifest(marker: Path) -> Manifest:
     try:
-        data = json.loads(marker.read_text())
-        sizes = {str(k): int(v) for k, v in data["files"].items()}
+        data = read_json(marker)
+        sizes = {str(k): size(v, k) for k, v in data["files"].items()}
         checksums = data.get("checksums")
         if checksums is not None:
             if data.get("checksum") != ALGORITHM:
@@ -103,6 +104,13 @@ def read_manifest(marker: Path) -> Manifest:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{marker} is corrupt ({e})") from None
     return Manifest(sizes, checksums)
+
+
+def size(value: Any, name: Any) -> int:
+    """A file size the manifest lists: a count of bytes (``int`` would take 1e400 for an overflow, 3.5 for 3)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"the size of {name!r} is {value!r}, expected a count of bytes")
+    return value
 
 
 def check_sizes(folder: Path, manifest: Manifest, exclude: str) -> None:
@@ -160,3 +168,29 @@ def check_state(state: Any, file: Path) -> None:
     for key in ("step", "tokens_seen", "world_size"):
         if not 0 <= state[key] < 2**62 or (key == "world_size" and state[key] == 0):
             raise CheckpointError(f"{file}: {key!r} is {state[key]}, expected {'a positive' if key == 'world_size' else 'a non-negative'} count below 2**62")
+    if (wrong := train_state_error(state["train"])) is not None:
+        raise CheckpointError(f"{file}: 'train' {wrong}")
+
+
+def train_state_error(train: dict[str, Any]) -> str | None:
+    """What is wrong with the run's own entries of the train state (``run.state``), which the loop
+    uses after a resume: a lineage that is not text, a wall time or best validation loss that is
+    not a number, a ranking that is not ``[[loss, step], ...]``. Loaded as they were, each one ended
+    the resumed run in a traceback at its first save or log line, on every restart, instead of a
+    fall back to the checkpoint before. None when they are sound (monitors' entries are their own)."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+    if "lineage" in train and not (isinstance(train["lineage"], str) and train["lineage"].strip()):
+        return f"'lineage' is {train['lineage']!r}, expected the run's id"
+    if "wall_time_s" in train and not (number(train["wall_time_s"]) and 0 <= train["wall_time_s"] < math.inf):
+        return f"'wall_time_s' is {train['wall_time_s']!r}, expected a finite number of seconds >= 0"
+    if "best_val_loss" in train and not number(train["best_val_loss"]):
+        return f"'best_val_loss' is {train['best_val_loss']!r}, expected a number"
+    ranking = train.get("best_checkpoints", [])
+    if not isinstance(ranking, list) or not all(
+        isinstance(e, list) and len(e) == 2 and number(e[0]) and isinstance(e[1], int) and not isinstance(e[1], bool) and e[1] >= 0 for e in ranking
+    ):
+        return f"'best_checkpoints' is {str(ranking)[:80]}, expected [[validation loss, step], ...]"
+    return None

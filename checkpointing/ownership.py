@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from core import log
 from core.errors import PlaitError
 
 LOCK_FILE = "plait.lock"
@@ -160,6 +161,35 @@ def lock_run_folders(folders: list) -> None:
     if _held and _renewing is None:
         _renewing = threading.Event()
         threading.Thread(target=_renew, args=(_renewing,), name="plait-lock-lease", daemon=True).start()
+
+
+def hold_run_folders() -> None:
+    """Before each save (rank 0): every folder this process locked still holds the lock file it
+    locked. A folder deleted, moved aside or replaced while the run trains (``rm -rf``, ``mv out
+    out.old``, a cleanup script) has lost it, and the run's next writes re-create the folder unlocked,
+    where a job started there meanwhile (or later) writes too. The lock is taken again where the
+    folder now is, with one warning; if another job holds it already, raise FolderInUse: this run
+    stops, and that job stays the folder's one writer."""
+    for name in dict.fromkeys(f.name for f in _held):
+        if any(f.name == name and _at_its_path(f) for f in _held):
+            continue
+        folder = Path(name).parent
+        again = try_lock(folder)  # the folder made again if it is gone
+        if again is None:
+            raise FolderInUse(
+                f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}: it was deleted or replaced while this run "
+                "held it, and another job took it; this run stops writing there (one folder has one writer)"
+            )
+        _held.append(again)  # the old file keeps its lock on what was moved aside, if anything was
+        log.warn(f"run folder {folder} was deleted or replaced while this run held it; this run holds it again (its lock made anew)")
+
+
+def _at_its_path(f: IO[str]) -> bool:
+    """Whether the lock file ``f`` is still the file at its path."""
+    try:
+        return os.path.samestat(os.stat(f.name), os.fstat(f.fileno()))
+    except OSError:
+        return False
 
 
 def check_run_folders(folders: list[str | Path]) -> None:

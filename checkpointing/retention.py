@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from checkpointing.folders import (
     step_dirs,
     verify,
 )
+from checkpointing.small_files import read_json
 from core import log
 from core.errors import CheckpointError, ConfigError
 
@@ -99,21 +99,27 @@ def written_by_a_save(rel: Path) -> bool:
     return len(rel.parts) == 1 and (name in {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata"} or name.endswith((".distcp", ".tmp")))
 
 
+def _raise(error: OSError) -> None:
+    raise error
+
+
 def remove(path: Path) -> None:
     """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
     unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
-    checkpoint never looks complete with files gone), ``LINEAGE`` last. Errors are ignored. A folder
-    that is a symbolic link is left alone: what it points to is not plait's to delete. Only what a
-    save writes is deleted: a folder that also holds anything else (a user's notes, an export made
-    there) keeps it, loses its ``LINEAGE`` (so it is no longer this run's, and never touched again)
-    and is named in one warning."""
+    checkpoint never looks complete with files gone), ``LINEAGE`` last. A folder that is a symbolic
+    link is left alone: what it points to is not plait's to delete. Only what a save writes is
+    deleted: a folder that also holds anything else (a user's notes, an export made there) keeps it,
+    loses its ``LINEAGE`` (so it is no longer this run's, and never touched again) and is named in one
+    warning. An error (a file that cannot be deleted or a folder that cannot be read: an I/O error, a
+    busy mount) stops the removal there, with the folder left uncommitted for the next prune to try
+    again: the folder is never removed whole before every file in it was seen to be the save's."""
     if path.is_symlink():
         return
     kept: list[str] = []
     try:
         (path / COMMIT_MARKER).unlink(missing_ok=True)
         sync_dir(path)
-        for folder, dirs, files in os.walk(path, topdown=False):  # files before their folders; links not followed
+        for folder, dirs, files in os.walk(path, topdown=False, onerror=_raise):  # files before their folders; links not followed
             here = Path(folder)
             for name in files + [d for d in dirs if (here / d).is_symlink()]:
                 rel = (here / name).relative_to(path)
@@ -124,9 +130,13 @@ def remove(path: Path) -> None:
             if here != path and not any(here.iterdir()):
                 here.rmdir()
     except OSError:
-        pass
+        return  # unseen files may be another's: the folder stays, without its marker, for the next prune
     if not kept:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            (path / LINEAGE_FILE).unlink(missing_ok=True)
+            path.rmdir()
+        except OSError:
+            pass
         return
     (path / LINEAGE_FILE).unlink(missing_ok=True)
     shown = ", ".join(sorted(kept)[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
@@ -215,7 +225,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
     ``spikes`` monitor stopped on): where it diverged, the checkpoint taken, and the lowest-loss one
     with the ``--checkpoint.resume`` that goes back to it. None after any other end."""
     try:
-        status = json.loads((output_dir / "exit_status.json").read_text())
+        status = read_json(output_dir / "exit_status.json")
     except (OSError, ValueError):
         return None
     if not isinstance(status, dict) or status.get("exit_code") != 3 or not candidates:
@@ -223,7 +233,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
     losses: dict[Path, float] = {}
     for path in candidates:
         try:
-            if (loss := train_loss(json.loads((path / STATE_FILE).read_text()))) is not None:
+            if (loss := train_loss(read_json(path / STATE_FILE))) is not None:
                 losses[path] = loss
         except (OSError, ValueError, AttributeError):
             continue
@@ -244,7 +254,7 @@ def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
 def best_paths(root: Path) -> set[Path]:
     """The checkpoints ``BEST.json`` lists (``keep_best``)."""
     try:
-        return {root / b["path"] for b in json.loads((root / BEST_FILE).read_text())["best"]}
+        return {root / b["path"] for b in read_json(root / BEST_FILE)["best"]}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
 
@@ -296,7 +306,7 @@ def settle_set_aside(root: Path) -> None:
     moved step, it would hide this run's next save of that step from ``resume = "auto"``."""
     marker = root / SETTING_ASIDE_FILE
     try:
-        named = json.loads(marker.read_text())
+        named = read_json(marker)
     except (OSError, ValueError):
         return
     left = [n for n in named if isinstance(n, str) and (root / n).is_dir()] if isinstance(named, list) else []
@@ -318,7 +328,7 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: 
         return None
     dest = set_aside(root, later, f"after_step_{step:09d}")
     try:  # BEST.json lists only what is still here
-        best = json.loads((root / BEST_FILE).read_text())["best"]
+        best = read_json(root / BEST_FILE)["best"]
         write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none, or not ours to mend

@@ -11,11 +11,12 @@
 #   TARGET_TOKENS  --train.target_tokens       N_LOOPS     --model.n_loops (recurrent models)
 #   LR             --optimizer.lr              CKPT_EVERY  --checkpoint.every
 #   CKPT_DIR       --checkpoint.dir            RESUME      --checkpoint.resume of the first attempt
-#                                                          (default auto; restarts always use auto)
+#                                                          (default auto; restarts use it again until an attempt
+#                                                          has committed a checkpoint, then auto)
 #   OUTPUT_DIR     --train.output_dir (default runs/remote)
 #   NPROC          processes (default: visible GPUs, else 2 on CPU)
-#   MAX_RESTARTS   restarts in a row after a crash, stall or pre-emption of an attempt that committed no newer
-#                  checkpoint than it started from (default 3); an attempt that did starts the count again, so
+#   MAX_RESTARTS   restarts in a row after a crash, stall or pre-emption of an attempt that committed no
+#                  checkpoint (default 3); an attempt that did starts the count again, so
 #                  a long run survives any number of pre-emptions that each left progress behind
 #   BACKOFF_S      first wait before a restart (default 10; doubles with each restart in a row without progress)
 #   LOG            log file (default $OUTPUT_DIR/remote.log)
@@ -188,11 +189,15 @@ fi
 
 # 4. Train; after a crash or a kill, resume from the last complete checkpoint.
 attempt=0
-stuck=0  # attempts in a row that ended without a newer committed checkpoint than they started from
+stuck=0  # attempts in a row that ended without committing a checkpoint
+saved=0  # an attempt has committed a checkpoint: restarts resume the run's own, with "auto"
 while true; do
     rm -f "$OUTPUT_DIR/exit_status.json"
-    started_from=$(newest_checkpoint "$OUTPUT_DIR/run_info.json")  # progress: a newer committed checkpoint after it
-    if [ "$attempt" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
+    before=$(committed_checkpoints "$OUTPUT_DIR/run_info.json")  # progress: a checkpoint committed that was not there
+    # Until an attempt has committed a checkpoint, a restart starts as the first attempt did (RESUME and the exclusions
+    # again): with "auto" a run started from another folder's checkpoint that crashed before its first save started over
+    # at step 0. From then on the run's own newest checkpoint, whole.
+    if [ "$saved" -eq 0 ]; then resume=("$first_resume"); else resume=("--checkpoint.resume=auto" "--checkpoint.exclude_from_loading=[]"); fi
     log "starting (attempt $((attempt + 1)), $NPROC processes, ${resume[0]#--})"
     log_lines=$(wc -l < "$LOG" 2>/dev/null || echo 0)
     stopped
@@ -218,7 +223,11 @@ while true; do
         exit "$end_code"
     fi
     reached=$(newest_checkpoint "$OUTPUT_DIR/run_info.json")
-    if [ "$reached" -gt "$started_from" ]; then stuck=0; else stuck=$((stuck + 1)); fi
+    if [ -n "$(LC_ALL=C comm -13 <(printf '%s\n' "$before") <(committed_checkpoints "$OUTPUT_DIR/run_info.json"))" ]; then
+        stuck=0 saved=1
+    else
+        stuck=$((stuck + 1))
+    fi
     if [ "$stuck" -gt "$MAX_RESTARTS" ]; then
         log "trainer failed (code $code): $stuck attempts in a row committed no new checkpoint, and MAX_RESTARTS=$MAX_RESTARTS restarts are used up"
         exit 1

@@ -49,3 +49,22 @@ except (OSError, ValueError, KeyError, TypeError):
     steps = []
 print(max(steps, default=-1))' "$1" 2>/dev/null || echo -1
 }
+
+# committed_checkpoints RUN_INFO: each committed checkpoint in the checkpoint folder RUN_INFO names, one line each, sorted:
+# its name and the inode and modification time of its COMMITTED file, so that a checkpoint committed anew under an old
+# name (a save of a branch after a resume from an older checkpoint) differs from the one before; nothing for none yet,
+# or a folder that did not answer within 60 s. An attempt committed a checkpoint when a line is new after it.
+committed_checkpoints() {
+    immune timeout 60 "$PY" -c 'import json, os, re, sys
+try:
+    root = json.load(open(sys.argv[1]))["checkpoint_dir"]
+    names = [n for n in os.listdir(root) if re.fullmatch(r"step_[0-9]{9}", n)]
+except (OSError, ValueError, KeyError, TypeError):
+    names = []
+for name in sorted(names):
+    try:
+        s = os.stat(os.path.join(root, name, "COMMITTED"))
+    except OSError:
+        continue
+    print(name, s.st_ino, s.st_mtime_ns)' "$1" 2>/dev/null || true
+}

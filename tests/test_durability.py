@@ -199,13 +199,13 @@ def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
 
 
 def record_disk_events(monkeypatch) -> list[tuple[str, str]]:
-    """From now on, every fsync (by the path it syncs), rename (by its target), folder removal and
-    file removal, in order, as ``(kind, path)``; the real operations still run."""
+    """From now on, every fsync (by the path it syncs), rename (by its target), folder removal (``rmtree``,
+    or ``rmdir`` of an emptied one) and file removal, in order, as ``(kind, path)``; the real operations still run."""
     import os
     import shutil
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_replace, real_rmtree, real_unlink = os.fsync, os.replace, shutil.rmtree, Path.unlink
+    real_fsync, real_replace, real_rmtree, real_unlink, real_rmdir = os.fsync, os.replace, shutil.rmtree, Path.unlink, Path.rmdir
 
     def fsync(fd):
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
@@ -226,7 +226,13 @@ def record_disk_events(monkeypatch) -> list[tuple[str, str]]:
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(shutil, "rmtree", rmtree)
+
+    def rmdir(self):
+        events.append(("rmdir", str(self)))
+        return real_rmdir(self)
+
     monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(Path, "rmdir", rmdir)
     return events
 
 
@@ -243,7 +249,7 @@ def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, mo
     root = (tmp_path / "out" / "checkpoints").resolve()
     commits = [i for i, (kind, path) in enumerate(events) if kind == "replace" and path.endswith("/COMMITTED")]
     assert len(commits) == 3, events  # steps 2, 4, 6
-    pruned = [path for kind, path in events if kind == "rmtree" and Path(path).name.startswith("step_")]
+    pruned = [path for kind, path in events if kind in ("rmtree", "rmdir") and Path(path).name.startswith("step_")]
     assert [Path(p).name for p in pruned] == ["step_000000002", "step_000000004"]
     final = root / "step_000000006"
     files = sorted(p for p in final.rglob("*") if p.is_file() and p.name != "COMMITTED")
@@ -254,7 +260,7 @@ def test_a_commit_reaches_the_disk_before_any_older_checkpoint_goes(tmp_path, mo
     assert {str(final / "COMMITTED.tmp"), str(final), str(final / "rng")} <= before
     for i in commits[:2]:  # after each of the first two commits, one older checkpoint is pruned
         step = Path(events[i][1]).parent
-        rm = next(j for j in range(i, len(events)) if events[j][0] in ("rmtree", "unlink"))  # its marker goes first
+        rm = next(j for j in range(i, len(events)) if events[j][0] in ("rmtree", "rmdir", "unlink"))  # its marker goes first
         synced = {path for kind, path in events[i:rm] if kind == "fsync"}
         assert {str(step), str(root)} <= synced, f"{step.name}'s commit was not on disk before pruning"
 

@@ -120,3 +120,30 @@ def test_bad_paths_exit_2(trained, tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'r'}", f"--checkpoint.initial_load={tmp_path / 'nothing'}")
     assert proc.returncode == 2 and "nothing not found" in proc.stderr
+
+
+def test_a_full_disk_is_one_line_exit_74_and_keeps_an_earlier_export_whole(trained, tmp_path):
+    """``--out`` on a disk with room for one export and not two, holding an earlier export of the same
+    files: the second export's write fails. Before: a traceback (safetensors' I/O error), exit 1, and its
+    ``config.json`` written over the earlier export's. Now one line and exit 74, nothing of it left, the
+    earlier export as it was; likewise ``core.report`` (before: curves left without ``manifest.json``)."""
+    from conftest import PY, in_a_small_disk
+
+    _, ckpt = trained
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    first = f'{PY} -m core.export --checkpoint "{ckpt}" --format hf --out "{disk}/e" > /dev/null && sha256sum "{disk}"/e/* > "{tmp_path}/before"'
+    again = f'{PY} -m core.export --checkpoint "{ckpt}" --format hf --out "{disk}/e"; echo "export $?"; sha256sum "{disk}"/e/* > "{tmp_path}/after"'
+    report = f'{PY} -m core.report --run "{ckpt.parent.parent}" --out "{disk}/r"; echo "report $?"; ls -A "{disk}"'
+    done = in_a_small_disk("1400k", disk, f"{first} && {again}; {report}")
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert "export 74" in done.stdout and "report 74" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "e"  # no report folder, no staging folder left
+    assert (tmp_path / "after").read_text() == (tmp_path / "before").read_text()  # the earlier export, whole
+    errors = [line for line in done.stderr.splitlines() if line.startswith("plait:")]
+    assert errors == [
+        f"plait: error: cannot write {disk / 'e'} (ENOSPC: No space left on device; disk full, read-only or failing?): nothing was written there, what it held is unchanged",
+        f"plait: error: cannot write {disk / 'r'} (ENOSPC: No space left on device; disk full, read-only or failing?): nothing was written there, what it held is unchanged",
+    ], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -356,3 +356,57 @@ def test_a_checkpoint_in_a_newer_format_is_refused_not_skipped(shared, run):
         "resume it with a plait at least as new"
     ]
     assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing moved aside or written
+
+
+def nested_json(folder: Path) -> None:
+    (folder / "state.json").write_text("[" * 100_000 + "]" * 100_000)
+    recommit(folder)
+
+
+def huge_size(folder: Path) -> None:
+    manifest = json.loads((folder / "COMMITTED").read_text())
+    (folder / "COMMITTED").write_text(json.dumps(manifest).replace(f'"state.json": {manifest["files"]["state.json"]}', '"state.json": 1e400', 1))
+
+
+def state_fifo(folder: Path) -> None:
+    (folder / "state.json").unlink()
+    os.mkfifo(folder / "state.json")
+
+
+def lineage_bit_flip(folder: Path) -> None:
+    data = bytearray((folder / "LINEAGE").read_bytes())
+    data[0] ^= 0x80  # one flipped bit: a hex digit becomes a byte that is not UTF-8
+    (folder / "LINEAGE").write_bytes(bytes(data))
+
+
+def lineage_not_text(folder: Path) -> None:
+    state = json.loads((folder / "state.json").read_text())
+    state["train"]["lineage"] = 5  # valid JSON, committed as it is (a writer bug)
+    (folder / "state.json").write_text(json.dumps(state))
+    recommit(folder)
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        pytest.param(lineage_bit_flip, "step_000000008/LINEAGE is damaged (not a run's id)", id="lineage_bit_flip"),
+        pytest.param(huge_size, "COMMITTED is corrupt (the size of 'state.json' is inf, expected a count of bytes)", id="huge_size"),
+        pytest.param(nested_json, "state.json is corrupt (nested too deeply to be JSON a save writes)", id="nested_json"),
+        pytest.param(state_fifo, "step_000000008 is missing state.json", id="state_fifo"),
+        pytest.param(lineage_not_text, "state.json: 'train' 'lineage' is 5, expected the run's id", id="lineage_not_text"),
+    ],
+)
+def test_damaged_or_crafted_small_files_are_skipped_with_one_line_never_a_traceback_or_a_hang(shared, run, damage, expected):
+    """The small files of the newest checkpoint damaged or crafted past what a checksum catches: a bit
+    flipped in LINEAGE (read to pick the run's checkpoints before any checksum), a huge number in the
+    manifest, a state.json nested without end or whose train state holds a lineage that is not text,
+    a FIFO in place of state.json. Before, each one ended every start in a traceback (the lineage one
+    only after the resume, at the first save) or, for the FIFO, blocked the start for good: a launcher
+    restarted into the same end, and the checkpoint before it was never used."""
+    damage(ckpt(run, 8))
+    proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={run}", "--train.steps=7", "--checkpoint.at_end=false", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = warnings_in(proc.stderr)
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert "step_000000006 at step 6" in proc.stdout

@@ -593,3 +593,49 @@ def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(t
     assert (proc.returncode, attempts) == (74, 2) and "a checkpoint could not be written (disk full?)" in proc.stderr, proc.stderr[-2000:]
     proc, attempts = sbatch("stuck,stuck,stuck", MAX_RESTARTS="1")
     assert (proc.returncode, attempts) == (1, 2) and "MAX_RESTARTS=1 restarts are used up" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tmp_path):
+    """RESUME names another folder's checkpoint, and the first attempt crashes before its first save. The
+    restart resumed with "auto", found nothing of the run's own, and started over at step 0: a run meant to
+    continue a checkpoint trained from random weights, silently. Now a restart starts as the first attempt
+    did until an attempt has committed a checkpoint. And an attempt that committed one is progress even when
+    its step is older than the newest before it (a resume from an older checkpoint sets the later ones aside):
+    before, MAX_RESTARTS counted it as an attempt without progress."""
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    source = tmp_path / "source"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "core.train",
+            "--config",
+            "train_configs/debug_cpu.toml",
+            *small_args(None, 6),
+            f"--train.output_dir={source}",
+            "--checkpoint.every=2",
+        ],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    start = source / "checkpoints" / "step_000000004"
+    args = ["bash", "launchers/remote.sh", *small_args(None, 12)]
+    e = remote_env(tmp_path, NPROC="1", BACKOFF_S="0", MAX_RESTARTS="1", RESUME=str(start), PYTHONPATH=seams, PLAIT_TEST_CRASH_AT_STEP="6")
+    proc = subprocess.run(args, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    log = (tmp_path / "out" / "remote.log").read_text()
+    assert proc.returncode == 1 and log.count("starting (attempt") == 2, log[-3000:]
+    assert f"starting (attempt 2, 1 processes, checkpoint.resume={start})" in log, log[-3000:]
+    assert log.count(f"resumed from {start} at step 4") == 2 and "step 1/12" not in log, log[-3000:]
+    # going back: the run's own step 2 of 2, 4, 6; the attempt commits a step 4 of its own, then crashes
+    own = source / "checkpoints"
+    e = remote_env(tmp_path, NPROC="1", BACKOFF_S="0", MAX_RESTARTS="0", OUTPUT_DIR=str(source), CKPT_EVERY="2", PYTHONPATH=seams, PLAIT_TEST_CRASH_AT_STEP="6")
+    e["RESUME"] = str(own / "step_000000002")
+    proc = subprocess.run(args, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    log = (source / "remote.log").read_text()
+    assert "trainer died (code 1; it committed step 4); restarting" in log, log[-3000:]
+    assert "starting (attempt 2, 1 processes, checkpoint.resume=auto)" in log and f"resumed from {own / 'step_000000004'} at step 4" in log, log[-3000:]
+    assert proc.returncode == 1 and "1 attempts in a row committed no new checkpoint, and MAX_RESTARTS=0" in log, log[-3000:]

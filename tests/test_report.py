@@ -58,6 +58,33 @@ def test_report_follows_the_branch_a_resume_from_an_older_checkpoint_keeps(tiny_
     assert [float(r["value"]) for r in rows[6:]] == [new_branch[s] for s in (7, 8, 9)]
 
 
+def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoint(tiny_config, tmp_path):
+    """A byte of metrics.jsonl damaged on disk (not UTF-8) spoils its own line, never the report; a final
+    checkpoint whose state.json holds a train state of the wrong type is one line and exit 2 (before,
+    each was a traceback: UnicodeDecodeError, AttributeError)."""
+    cfg = tiny_config(steps=3)
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    metrics = tmp_path / "out" / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    metrics.write_bytes(b"".join(lines[:1] + [b'{"kind": "train", "step": 9, "loss": \xff\xfe}\n'] + lines[1:]))
+    out = tmp_path / "report"
+    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r["name"] == "loss" and r["kind"] == "train"]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    final = tmp_path / "out" / "checkpoints" / "step_000000003"
+    state = json.loads((final / "state.json").read_text())
+    state["train"] = []  # a writer's bug, committed as it is
+    (final / "state.json").write_text(json.dumps(state))
+    from checkpointing.integrity import manifest_files
+
+    manifest = json.loads((final / "COMMITTED").read_text())
+    manifest.update(manifest_files(final, exclude="COMMITTED", known={}))
+    (final / "COMMITTED").write_text(json.dumps(manifest))
+    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(tmp_path / "report2"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"plait: error: {final / 'state.json'}: 'train' is a list, expected dict"], proc.stderr
+
+
 def test_report_on_a_folder_that_is_not_a_run(tmp_path):
     proc = run_module("core.report", "--run", str(tmp_path), "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "config.resolved.toml not found" in proc.stderr

@@ -272,3 +272,88 @@ def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch)
     finally:
         ownership.release_run_folders(ended=True)
     assert json.loads((tmp_path / "plait.lock").read_text())["released"] is True
+
+
+@pytest.mark.parametrize("who_first", ["this_run", "another_job"])
+def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
+    """``mv out out.old`` (or ``rm -rf out``) while a run trains: its next save made ``out`` again,
+    unlocked, and a job started there meanwhile or later wrote into it too: it resumed what the old
+    run saved there, the two pruned, moved aside and collided with each other's saves (one of them
+    ended with exit 74). Now each save first checks that the run still holds its folders: the run
+    locks the folder made anew (one warning) and a later job is refused, or, when a job took the new
+    folder first, the run stops with exit code 2 naming it (two ranks: both stop) and that job stays
+    its one writer."""
+    import os
+    import time
+
+    from conftest import torchrun_argv
+
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 2\n")
+    out, old = tmp_path / "out", tmp_path / "out.old"
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    go, go_again, go_b = tmp_path / "go", tmp_path / "go_again", tmp_path / "go_b"
+
+    def wait_for(path: Path) -> None:
+        deadline = time.monotonic() + 180
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.1)
+
+    def start(argv: list[str], **extra: str) -> subprocess.Popen:
+        return subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    waits = f"3:{go},5:{go_again}"
+    a = start(torchrun_argv(2, "--config", str(cfg)), PLAIT_TEST_WAIT_BEFORE_STEP=waits)
+    b = None
+    try:
+        wait_for(Path(f"{go}.waiting"))  # the run is between its saves of steps 2 and 4
+        os.replace(out, old)
+        b_argv = [sys.executable, "-m", "core.train", "--config", str(cfg), "--train.steps=2"]
+        if who_first == "this_run":
+            go.touch()
+            wait_for(out / "checkpoints" / "step_000000004" / "COMMITTED")  # the run's next save, into `out` made anew
+            b = start(b_argv)
+            b_out = b.communicate(timeout=180)[0]
+            assert b.returncode == 2 and f"run folder {out} is in use by pid" in b_out, b_out[-2000:]
+            go_again.touch()
+            a_out = a.communicate(timeout=180)[0]
+            assert a.returncode == 0, a_out[-3000:]
+            assert f"plait: warning: run folder {out} was deleted or replaced while this run held it; this run holds it again" in a_out
+            assert committed(out / "checkpoints") == ["step_000000004", "step_000000006"]
+        else:
+            b = start(b_argv, PLAIT_TEST_WAIT_BEFORE_STEP=f"1:{go_b}")
+            wait_for(out / "plait.lock")  # the other job holds `out`
+            wait_for(out / "config.resolved.toml")
+            go.touch()
+            a_out = a.communicate(timeout=180)[0]
+            assert a.returncode != 0, a_out[-3000:]  # torchrun reports a child's exit code 2 as 1
+            errors = [line for line in a_out.splitlines() if line.startswith("plait: error:")]
+            assert len(errors) == 1 and errors[0].startswith(f"plait: error: run folder {out} is in use by pid {b.pid}"), a_out[-3000:]
+            assert a_out.count("exitcode  : 2 (pid") == 2, a_out[-3000:]  # both ranks, in torchrun's summary
+            go_b.touch()
+            b_out = b.communicate(timeout=180)[0]
+            assert b.returncode == 0, b_out[-2000:]
+            assert committed(out / "checkpoints") == ["step_000000002"]  # its own save, and none of the other run's
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert committed(old / "checkpoints") == ["step_000000002"]  # what was moved aside is left as it is
+
+
+def test_a_failed_save_never_deletes_a_folder_it_did_not_make(tmp_path):
+    """A folder of the user's named like the step about to be saved (no LINEAGE: not plait's) is moved
+    to ``abandoned/`` by the save's claim. When that move failed (here ``abandoned`` is a file of theirs
+    too), the failed save removed the step folder as its own partial one: the user's notes with it. A
+    failed save now removes only a folder it made itself, and in it only what a save writes."""
+    cfg = write_tiny_config(tmp_path, steps=4)
+    root = tmp_path / "out" / "checkpoints"
+    (root / "step_000000002").mkdir(parents=True)
+    (root / "step_000000002" / "notes.txt").write_text("my notes\n")
+    (root / "abandoned").write_text("not a folder\n")
+    proc = train(cfg, "--checkpoint.every=2")
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    assert "checkpoint save at step 2 failed on rank 0: NotADirectoryError" in proc.stderr
+    assert (root / "step_000000002" / "notes.txt").read_text() == "my notes\n"
+    assert (root / "abandoned").read_text() == "not a folder\n"

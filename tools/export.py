@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from checkpointing.weights import checkpoint_model, save_hf, save_safetensors
         from preflight.start_folders import probe_folder
+        from tools.staged_output import staged
 
         refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
@@ -123,22 +124,25 @@ def main(argv: list[str] | None = None) -> int:
         codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")
         sd = model.state_dict()
         dtype = DTYPES[args.dtype] if args.dtype else None
-        if args.format == "safetensors":
-            paths = [save_safetensors(sd, args.out, config["model"], dtype)]
-        else:
+        if args.format == "hf":
             lacking = [m for m in ("to_hf_state_dict", "hf_config") if not hasattr(spec, m)]
             if lacking:  # optional members of the model spec (core/contract.py); hf export needs both
                 raise CheckpointError(
                     f"model {config['model']['name']!r} does not support hf export: its spec lacks {' and '.join(lacking)} (core/contract.py); use --format safetensors"
                 )
-            ids = {"bos_token_id": None, "eos_token_id": codec.eos_id} if codec is not None else None
-            paths = save_hf(spec, sd, args.out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
-            if codec is not None:
-                paths.append(write_json(args.out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
-        tok_paths, tok_spec = write_tokenizer_files(codec, args.out, args.format, getattr(spec, "max_seq_len", None))
-        paths += tok_paths
-        record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
-        paths.append(write_json(args.out / PLAIT_FILE, record))
+        with staged(args.out, "export") as out:  # every file whole, or none (a full disk: one line, exit 74)
+            if args.format == "safetensors":
+                paths = [save_safetensors(sd, out, config["model"], dtype)]
+            else:
+                ids = {"bos_token_id": None, "eos_token_id": codec.eos_id} if codec is not None else None
+                paths = save_hf(spec, sd, out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
+                if codec is not None:
+                    paths.append(write_json(out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
+            tok_paths, tok_spec = write_tokenizer_files(codec, out, args.format, getattr(spec, "max_seq_len", None))
+            paths += tok_paths
+            record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
+            paths.append(write_json(out / PLAIT_FILE, record))
+        paths = [args.out / path.name for path in paths]
     except PlaitError as e:
         exit_bad_input(e)
     for path in paths:

@@ -33,11 +33,11 @@ def read_rows(run: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise CheckpointError(f"run {run}: metrics.jsonl not found (enable the jsonl monitor)")
     latest: dict[tuple[str, int], dict] = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # a damaged byte spoils its line alone
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a kill
+        except (ValueError, RecursionError):  # JSONDecodeError, an integer too long
+            continue  # a line cut by a kill, or damaged
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             continue  # not a metrics row
         restore_not_finite(row)  # NaN and infinity are written as null (strict JSON)
@@ -161,7 +161,8 @@ def manifest(run: Path, rows: list[dict], ckpt: Path | None, resolved_text: str,
     spent = None
     if ckpt is not None:
         state = read_json(ckpt / "state.json")
-        spent = state.get("train", {}).get("budget_spent_usd")
+        train_state = state.get("train")
+        spent = train_state.get("budget_spent_usd") if isinstance(train_state, dict) else None  # checked when its weights are read
     if spent is None:  # computed the budget guard's way, when a rate is configured
         guard = resolved.get("monitors", {}).get("budget_guard", {})
         rate = guard.get("rate_usd_per_hr", 0.0)
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from preflight.start_folders import probe_folder
         from tools.export import refuse_inside_checkpoint
+        from tools.staged_output import staged
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)
@@ -201,14 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = final_checkpoint(args.run, resolved)
         record = manifest(args.run, rows, ckpt, resolved_text, resolved)  # every run file read before anything is written
         refuse_inside_checkpoint(args.out, "--out")
-        probe_folder(args.out, "--out")
-        made = [args.out / "metrics.csv"]
-        write_csv(rows, made[0])
-        made += plot(rows, args.out)
-        if ckpt is not None:
-            made.append(export_final(ckpt, args.out))
-        (args.out / "manifest.json").write_text(json.dumps(record, indent=1) + "\n")
-        made.append(args.out / "manifest.json")
+        probe_folder(args.out, "--out", keep=False)  # staged() makes it, and removes it again if nothing could be written
+        with staged(args.out, "report") as out:  # every file whole, or none (a full disk: one line, exit 74)
+            made = [out / "metrics.csv"]
+            write_csv(rows, made[0])
+            made += plot(rows, out)
+            if ckpt is not None:
+                made.append(export_final(ckpt, out))
+            (out / "manifest.json").write_text(json.dumps(record, indent=1) + "\n")
+            made.append(out / "manifest.json")
+        made = [args.out / path.name for path in made]
     except PlaitError as e:
         exit_bad_input(e)
     for path in made:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,9 +74,13 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
 
 
 def read_json(file: Path) -> dict[str, Any]:
+    """A JSON object of a run or data folder (``run_info.json``, a checkpoint's ``state.json``, ``meta.json``):
+    a pipe or a device in its place, or a value nested without end, is refused, never read (:mod:`checkpointing.small_files`)."""
+    from checkpointing import small_files
+
     try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = small_files.read_json(file)
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, not JSON, an integer too long
         raise DataError(f"{file}: not readable JSON ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise DataError(f"{file}: expected a JSON object, got {type(data).__name__}")

@@ -14,6 +14,14 @@ checkpoint once it is committed (damage on disk after the save: bit rot, a bad c
 folders' lock, then waits until PATH exists: a job that starts while another one is ending.
 ``PLAIT_TEST_HANG_DATA_AT_STEP=N``: the data read of training step N never returns (a dead network
 mount), on every rank, or only on rank ``PLAIT_TEST_HANG_DATA_ON_RANK`` when that is set.
+``PLAIT_TEST_WAIT_BEFORE_STEP=N:PATH[,N:PATH...]``: the data read of training step N creates ``PATH.waiting``, then
+waits until PATH exists (every rank): a test acts on the run's folders between two saves.
+``PLAIT_TEST_KILL_AT=POINT:STEP:RANK:WHO``: SIGKILL at POINT of the save of step STEP on rank RANK; WHO ``rank``: that
+process alone, ``all``: its launcher (torchrun) first, then itself (the others die with their launcher). POINT:
+``claimed`` (the step folder and LINEAGE made, rank 0), ``shard`` (in the middle of a shard: after its first block),
+``metadata`` (every shard written, before ``.metadata``, rank 0), ``state`` (``state.json`` written, rank 0),
+``marker`` (``COMMITTED.tmp`` written and fsynced, before its rename, rank 0), ``committed`` (``COMMITTED`` in
+place, before the folder's fsync and pruning, rank 0), ``pruning`` (the first file of an older checkpoint deleted, rank 0).
 ``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
 ``PLAIT_TEST_SLOW_READ_S=SECONDS``: every micro-batch read (training and validation) takes that long.
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
@@ -149,6 +157,103 @@ if _hang:
         return _check_step(self, first, end)
 
     IndexedSource.check_step = _hanging_check_step
+
+# ``PLAIT_TEST_WAIT_BEFORE_STEP=N:PATH[,N:PATH...]``: the data read of step N waits until PATH exists.
+_wait_steps = dict(item.split(":", 1) for item in os.environ.get("PLAIT_TEST_WAIT_BEFORE_STEP", "").split(",") if item)
+if _wait_steps:
+    from dataloading.indexed import IndexedSource as _WaitingSource
+
+    _check_step_then = _WaitingSource.check_step
+
+    def _waiting_check_step(self, first, end):
+        step = str(first // (end - first) + 1)
+        if step in _wait_steps:
+            open(_wait_steps[step] + ".waiting", "w").close()
+            _wait_for(_wait_steps[step])
+        return _check_step_then(self, first, end)
+
+    _WaitingSource.check_step = _waiting_check_step
+
+# ``PLAIT_TEST_KILL_AT=POINT:STEP:RANK:WHO``: SIGKILL at a named point of one save.
+_kill_at = os.environ.get("PLAIT_TEST_KILL_AT", "")
+if _kill_at:
+    import signal as _signal
+
+    from checkpointing import checkpointer as _ckpt_module
+    from checkpointing import retention as _retention
+    from checkpointing import safe_dcp as _kill_dcp
+
+    _kill_point, _kill_step, _kill_rank, _kill_who = _kill_at.split(":")
+    _in_save = [False]  # in the save of that step: from its own work (after the wait for the save before it) to the next save's
+
+    def _kill_here(point):
+        if point != _kill_point or not _in_save[0] or os.environ.get("RANK", "0") != _kill_rank:
+            return
+        if _kill_who == "all" and "TORCHELASTIC_RUN_ID" in os.environ:
+            os.kill(os.getppid(), _signal.SIGKILL)  # torchrun; the other ranks get their PDEATHSIG
+        os.kill(os.getpid(), _signal.SIGKILL)
+
+    _check_finite = _ckpt_module.Checkpointer._check_finite  # a save's first own step, after it waited for the one before
+
+    def _killing_check_finite(self, step, state):
+        _in_save[0] = step == int(_kill_step)
+        return _check_finite(self, step, state)
+
+    _ckpt_module.Checkpointer._check_finite = _killing_check_finite
+    _claim = _ckpt_module.Checkpointer._claim
+
+    def _killing_claim(self, path):
+        claimed = _claim(self, path)
+        _kill_here("claimed")
+        return claimed
+
+    _ckpt_module.Checkpointer._claim = _killing_claim
+    _stream_write = _kill_dcp._ChecksummingStream.write
+
+    def _killing_write(self, b):
+        n = _stream_write(self, b)
+        _kill_here("shard")
+        return n
+
+    _kill_dcp._ChecksummingStream.write = _killing_write
+    _finish = _kill_dcp.HashingFileSystemWriter.finish
+
+    def _killing_finish(self, metadata, results):
+        _kill_here("metadata")
+        return _finish(self, metadata, results)
+
+    _kill_dcp.HashingFileSystemWriter.finish = _killing_finish
+    _write_durable = _ckpt_module.write_durable
+
+    def _killing_write_durable(path, text):
+        _write_durable(path, text)
+        if path.name == "state.json":
+            _kill_here("state")
+
+    _ckpt_module.write_durable = _killing_write_durable
+    _replace_durable = _ckpt_module.replace_durable
+
+    def _killing_replace_durable(path, text):
+        if path.name == "COMMITTED":
+            _write_durable(path.with_name(path.name + ".tmp"), text)
+            _kill_here("marker")
+        _replace_durable(path, text)
+        if path.name == "COMMITTED":
+            _kill_here("committed")
+
+    _ckpt_module.replace_durable = _killing_replace_durable
+    _remove = _retention.remove
+
+    def _killing_remove(path):
+        if _kill_point == "pruning" and _in_save[0] and os.environ.get("RANK", "0") == _kill_rank:
+            (path / "COMMITTED").unlink(missing_ok=True)
+            first = next((p for p in sorted(path.iterdir()) if p.name.endswith(".distcp")), None)
+            if first is not None:
+                first.unlink()
+            _kill_here("pruning")
+        return _remove(path)
+
+    _retention.remove = _killing_remove
 
 # ``PLAIT_TEST_HANG_AT_EXIT=1``: destroying the process groups after the run's end never returns.
 if os.environ.get("PLAIT_TEST_HANG_AT_EXIT"):
