@@ -33,9 +33,9 @@ def make_room(root: Path, retention: Retention, lineage: str, step: int) -> list
     The names removed, said in one warning line."""
     from preflight.disk import free_bytes, size_text
 
-    ours = [p for p in committed(root) if lineage_of(p) == lineage]
+    newest = next((p for p in reversed(committed(root)) if lineage_of(p) == lineage), None)  # not every one's LINEAGE: keep_latest = 0 keeps many
     try:
-        needed = int(size_on_disk(ours[-1]) * MARGIN) if ours else 0
+        needed = int(size_on_disk(newest) * MARGIN) if newest is not None else 0
     except (OSError, ValueError, CheckpointError):
         return []
     free = free_bytes(root)
