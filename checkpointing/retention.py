@@ -41,6 +41,7 @@ from checkpointing.folders import (
     STATE_FILE,
     CheckpointOptions,
     committed,
+    committed_newest_first,
     lineage_of,
     step_dir,
     step_dirs,
@@ -150,7 +151,7 @@ def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
 def newest_verified(root: Path, lineage: str) -> Path | None:
     """This run's newest committed checkpoint that verifies (as :func:`own_verified` judges), reading
     no older one than it must."""
-    for path in reversed(committed(root)):
+    for path in committed_newest_first(root):
         if lineage_of(path) != lineage:
             continue
         try:
