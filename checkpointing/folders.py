@@ -26,7 +26,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -128,7 +128,8 @@ def step_dirs(root: Path) -> list[Path]:
     """The folders in ``root`` named as plait names its checkpoints (:func:`step_dir`), oldest first."""
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if STEP_DIR.fullmatch(p.name) and p.is_dir())
+    with os.scandir(root) as entries:  # the entries' types come with the listing: no stat per folder
+        return sorted(root / e.name for e in entries if STEP_DIR.fullmatch(e.name) and e.is_dir())
 
 
 def checkpoint_holding(path: Path) -> Path | None:
@@ -144,6 +145,12 @@ def checkpoint_holding(path: Path) -> Path | None:
 def committed(root: Path) -> list[Path]:
     """Folders with a commit marker, oldest first (by step)."""
     return [p for p in step_dirs(root) if (p / COMMIT_MARKER).is_file()]
+
+
+def committed_newest_first(root: Path) -> Iterator[Path]:
+    """:func:`committed`, newest first, each folder's marker looked at only when it is reached: a
+    save that wants the newest ones reads nothing of the many older ones ``keep_latest = 0`` keeps."""
+    return (p for p in reversed(step_dirs(root)) if (p / COMMIT_MARKER).is_file())
 
 
 def lineage_of(path: Path) -> str | None:

@@ -40,6 +40,7 @@ from checkpointing.folders import (
     STATE_FILE,
     CheckpointOptions,
     committed,
+    committed_newest_first,
     lineage_of,
     step_dir,
     step_dirs,
@@ -157,6 +158,20 @@ def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
     return found
 
 
+def newest_verified(root: Path, lineage: str) -> Path | None:
+    """This run's newest committed checkpoint that verifies (as :func:`own_verified` judges), reading
+    no older one than it must."""
+    for path in committed_newest_first(root):
+        if lineage_of(path) != lineage:
+            continue
+        try:
+            verify(path, shards=False)
+            return path
+        except (CheckpointError, ConfigError):
+            pass
+    return None
+
+
 def train_loss(state: dict[str, Any]) -> float | None:
     """The checkpoint's training loss (state.json ``train_loss``), if it has a finite one."""
     loss = state.get("train_loss")
@@ -171,7 +186,13 @@ class Retention:
         self.said_lowest: Path | None = None
 
     def prune(self, lineage: str, in_flight: Path | None) -> None:
-        """Apply the retention rules after a commit (rank 0)."""
+        """Apply the retention rules after a commit (rank 0). With ``keep_latest = 0`` every
+        checkpoint stays and only the newest sound one is looked for: verifying them all after each
+        commit made every save slower than the one before (soak: 2 ms more per checkpoint kept)."""
+        if not self.opts.keep_latest:
+            if (newest := newest_verified(self.root, lineage)) is not None:
+                self.remove_interrupted(lineage, newest, in_flight)
+            return
         good = own_verified(self.root, lineage)
         if not good:
             return
@@ -179,12 +200,15 @@ class Retention:
         keep = best_paths(self.root) | {paths[-1]}
         if self.opts.keep_lowest_loss:
             keep |= self.lowest_loss(good)
-        if self.opts.keep_latest:
-            for old in paths[: -self.opts.keep_latest]:
-                if old not in keep:
-                    remove(old)
+        for old in paths[: -self.opts.keep_latest]:
+            if old not in keep:
+                remove(old)
+        self.remove_interrupted(lineage, paths[-1], in_flight)
+
+    def remove_interrupted(self, lineage: str, newest: Path, in_flight: Path | None) -> None:
+        """This run's interrupted saves older than its newest verified checkpoint ``newest``."""
         for p in step_dirs(self.root):
-            if p.name < paths[-1].name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
+            if p.name < newest.name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
                 remove(p)
 
     def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from checkpointing import integrity
-from checkpointing.folders import COMMIT_MARKER, committed, lineage_of, step_dirs
+from checkpointing.folders import COMMIT_MARKER, committed_newest_first, lineage_of, step_dirs
 from checkpointing.retention import Retention, own_verified, remove
 from core import log
 from core.errors import CheckpointError
@@ -33,9 +33,9 @@ def make_room(root: Path, retention: Retention, lineage: str, step: int) -> list
     The names removed, said in one warning line."""
     from preflight.disk import free_bytes, size_text
 
-    ours = [p for p in committed(root) if lineage_of(p) == lineage]
+    newest = next((p for p in committed_newest_first(root) if lineage_of(p) == lineage), None)  # not every one's: keep_latest = 0 keeps many
     try:
-        needed = int(size_on_disk(ours[-1]) * MARGIN) if ours else 0
+        needed = int(size_on_disk(newest) * MARGIN) if newest is not None else 0
     except (OSError, ValueError, CheckpointError):
         return []
     free = free_bytes(root)

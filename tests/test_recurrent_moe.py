@@ -48,7 +48,7 @@ def check(metrics, **opts):
 def test_healthy_model_raises_nothing():
     _, m = model()
     mon, run = check(health(m))
-    assert mon.fired == [] and run.stop is None
+    assert list(mon.fired) == [] and run.stop is None
 
 
 def test_collapsed_experts_fire_and_stop():
@@ -85,7 +85,7 @@ def test_imbalance_from_a_skewed_router():
     metrics = health(m)
     assert metrics["moe/load_imbalance"] > 1.5
     mon, run = check(metrics, imbalance=1.5)
-    assert mon.fired == ["imbalance"] and run.stop is None  # warn only
+    assert list(mon.fired) == ["imbalance"] and run.stop is None  # warn only
 
 
 def test_dead_expert_needs_the_whole_window():
@@ -94,7 +94,7 @@ def test_dead_expert_needs_the_whole_window():
     for step, tokens in enumerate([[5, 3, 1, 0], [4, 4, 0, 0], [6, 2, 0, 0], [5, 3, 0, 0]], 1):
         mon.plait_step_end(run=run, step=step, metrics={"moe/expert_tokens": tokens})
     # expert 3 is dead from the third interval on; expert 2 only after three empty intervals
-    assert run.state["moe_alerts"]["dead"] == 2 and mon.fired == ["dead", "dead"]
+    assert run.state["moe_alerts"]["dead"] == 2 and list(mon.fired) == ["dead", "dead"]
 
 
 def test_flops_count_loops():
@@ -111,13 +111,13 @@ def test_low_router_entropy_fires_at_its_threshold():
     metrics = health(m)
     assert metrics["moe/router_entropy"] < 0.1
     mon, run = check(metrics, imbalance=100.0)
-    assert mon.fired == ["entropy"] and run.stop is None
+    assert list(mon.fired) == ["entropy"] and run.stop is None
     mon, run = check(metrics, imbalance=100.0, router_entropy=0.0)  # threshold off
-    assert mon.fired == []
+    assert list(mon.fired) == []
     mon, run = check(metrics, imbalance=100.0, on_entropy="stop")
     assert run.stop is not None and "router entropy" in run.stop.reason
     healthy = health(model()[1])
-    assert healthy["moe/router_entropy"] > 0.5 and check(healthy)[0].fired == []
+    assert healthy["moe/router_entropy"] > 0.5 and list(check(healthy)[0].fired) == []
 
 
 def test_warnings_of_a_kind_are_rate_limited_with_a_count(capsys):
@@ -163,3 +163,15 @@ def test_monitor_options_are_bounded():
             assert str(e).startswith(f"[monitors.recurrent_moe].{key}: {expected}"), str(e)
         else:
             raise AssertionError(f"{key} = {bad} accepted")
+
+
+def test_a_signal_at_every_log_step_keeps_the_monitor_bounded():
+    """A warning that fires at every log step of a long run (soak): the monitor keeps its latest
+    signals only, and the run state one counter per kind."""
+    mon = RecurrentMoEMonitor(RecurrentMoEMonitorOptions(warn_every=10**9))
+    run = Run(config={}, output_dir=None, dist=DistInfo(), total_steps=10**6, tokens_per_step=1)
+    for step in range(1, 5001):
+        mon.plait_step_end(run=run, step=step, metrics={"moe/loop_cos_min": 0.1, "moe/load_imbalance": 9.0})
+    assert len(mon.fired) <= 100 and list(mon.fired)[-2:] == ["drift", "imbalance"]
+    assert run.state["moe_alerts"] == {"drift": 5000, "imbalance": 5000}
+    assert len(mon.printed) == 2 and sum(mon.held.values()) == 2 * 4999

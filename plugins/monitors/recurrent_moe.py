@@ -26,6 +26,7 @@ from typing import Literal
 from core.api import hookimpl, log, option
 
 Action = Literal["warn", "stop"]
+FIRED_KEPT = 100  # the latest signals the monitor remembers (a run that warns at every log step must not grow)
 
 
 @dataclass
@@ -49,7 +50,7 @@ class RecurrentMoEMonitor:
     def __init__(self, options: RecurrentMoEMonitorOptions) -> None:
         self.options = options
         self.recent: deque[list[int]] = deque(maxlen=options.dead_window)
-        self.fired: list[str] = []  # every signal detected, printed or not
+        self.fired: deque[str] = deque(maxlen=FIRED_KEPT)  # the latest signals detected, printed or not
         self.printed: dict[str, int] = {}  # kind -> step of its last printed warning
         self.held: dict[str, int] = {}  # kind -> warnings not printed since then
 
