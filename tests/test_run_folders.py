@@ -263,6 +263,7 @@ def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch)
 
     monkeypatch.setattr(ownership, "LEASE_S", 0.05)
     monkeypatch.setattr(ownership, "_record", {})
+    monkeypatch.setattr(ownership, "_renewing", None)  # a renewing thread of an earlier test waits its 10 s
     ownership.lock_run_folders([tmp_path])
     try:
         first = json.loads((tmp_path / "plait.lock").read_text())
