@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,8 @@ from core.validation import validate
 from dataloading.prefetch import PrefetchingLoader, prefetching
 from dataloading.step_batches import StepBatches
 from liveness import watchdog
+from liveness.stop_signals import StopSignals
 from preflight.prepare import Prepared
-
-# One Ctrl-C can reach a rank more than once (directly from the terminal, and forwarded by the
-# launcher): signals within this many seconds of the first are the same stop; a Ctrl-C after
-# it stops at once.
-SIGNAL_WINDOW_S = 3.0
 
 
 class Trainer:
@@ -50,8 +45,7 @@ class Trainer:
     def __init__(self, prep: Prepared, dist: DistInfo) -> None:
         self.prep, self.dist, self.rc, self.c = prep, dist, prep.rc, prep.components
         self.output_dir = Path(self.rc.train.output_dir)
-        self._signal: int | None = None
-        self._signal_t = 0.0
+        self.signals = StopSignals()  # install() in the process that trains (tools.train)
 
     # the state, as monitors, tests and benchmarks read it
     model = property(lambda self: self.built.state.model)
@@ -118,19 +112,6 @@ class Trainer:
         """Stop the loader's read-ahead thread, if it has one (CUDA)."""
         if isinstance(self.built.state.loader, PrefetchingLoader):
             self.built.state.loader.close()
-
-    # -- signals -------------------------------------------------------------
-    def _on_signal(self, signum, frame) -> None:
-        if self._signal is not None:
-            if signum == signal.SIGINT and time.monotonic() - self._signal_t > SIGNAL_WINDOW_S:
-                raise KeyboardInterrupt  # a deliberate second Ctrl-C stops at once
-            return  # the same stop, delivered again (terminal and launcher)
-        self._signal = signum
-        self._signal_t = time.monotonic()
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal, which torchrun forwards
-            signal.signal(sig, self._on_signal)
 
     # -- the loop ------------------------------------------------------------
     def fit(self) -> int:
@@ -285,7 +266,7 @@ class Trainer:
         mine = policy.Agreed(
             stop_with_checkpoint=int(run.stop is not None and run.stop.checkpoint),
             stop_without_checkpoint=int(run.stop is not None and not run.stop.checkpoint),
-            signal=self._signal or 0,
+            signal=self.signals.received or 0,
             diverged=int(diverged),
             exit_code=run.stop.exit_code if run.stop is not None else 0,
         )

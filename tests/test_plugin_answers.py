@@ -396,7 +396,7 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
             c={"precision": SimpleNamespace(autocast=lambda device: contextlib.nullcontext()), "data": Source(n)},
             rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),
             loader_spec=LoaderSpec(seq_len=4, micro_batch=1, grad_accum=2, dp_rank=0, dp_size=1, seed=0),
-            _signal=None,
+            signals=SimpleNamespace(received=None),
         )
 
     assert evaluate(trainer(1), ValidationOptions(every=10, batches=3)) == 2.5

@@ -189,7 +189,7 @@ def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
                 return None  # train to step 5: a checkpoint at step 4
             self.calls += 1
             if self.calls == 3:
-                trainer._on_signal(signal.SIGTERM, None)  # as the handler does when the signal arrives
+                trainer.signals.handle(signal.SIGTERM)  # as the handler does when the signal arrives
             if self.calls > 50:
                 raise RuntimeError("the signal was never followed")
             return "rollback"

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # from here to the process's exit (run_and_exit), teardown included
     try:
         trainer = Trainer(prep, info)
-        trainer.install_signal_handlers()
+        trainer.signals.install()
         trainer.build()
         failed = run_files.write_run_info(prep, info, trainer.versions)  # rank 0's; every rank stops with it
         if trainer.control.max([int(failed is not None)])[0]:
