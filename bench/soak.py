@@ -143,6 +143,22 @@ def descendants(pid: int) -> list[int]:
     return kids + [d for k in kids for d in descendants(k)]
 
 
+def machine_speed() -> float:
+    """CPU seconds of a fixed piece of work (small matmuls and a Python loop), the least of three: the
+    machine's speed now, which other processes on a shared machine change; step costs are divided by it."""
+    import torch
+
+    best = float("inf")
+    for _ in range(3):
+        a = torch.full((64, 64), 0.01)
+        t0 = time.thread_time()
+        for _ in range(400):
+            a = (a @ a).clamp_(max=1.0)
+            sum(range(500))
+        best = min(best, time.thread_time() - t0)
+    return best
+
+
 class Sampler:
     def __init__(self, path: Path, every: int, warmup_steps: int, traced: bool) -> None:
         self.file, self.every, self.warmup_steps, self.traced = path.open("w"), every, warmup_steps, traced
@@ -174,6 +190,7 @@ class Sampler:
             "children": len(kids),
             "children_rss_kb": kid_rss,
             "gc_objects": len(gc.get_objects()),
+            "calib": machine_speed(),
         }
         if self.traced:
             row["traced_kb"] = tracemalloc.get_traced_memory()[0] // 1024
@@ -238,9 +255,10 @@ def slope_per_1k(rows: list[dict], key: str) -> float:
     return 1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
-def step_times(rows: list[dict], clock: str = "t") -> tuple[float, float]:
-    """Seconds per executed step (wall ``t`` or ``cpu``) over the first and the last quarter of the steady samples (medians)."""
-    per = [(b[clock] - a[clock]) / (b["executed"] - a["executed"]) for a, b in zip(rows, rows[1:])]
+def step_times(rows: list[dict], clock: str = "t", per_speed: bool = False) -> tuple[float, float]:
+    """Seconds per executed step (wall ``t`` or ``cpu``) over the first and the last quarter of the steady
+    samples (medians); ``per_speed``: in units of :func:`machine_speed` measured at the interval's end."""
+    per = [(b[clock] - a[clock]) / (b["executed"] - a["executed"]) / (b["calib"] if per_speed else 1.0) for a, b in zip(rows, rows[1:])]
     q = max(1, len(per) // 4)
     return statistics.median(per[:q]), statistics.median(per[-q:])
 
@@ -309,6 +327,7 @@ def run_scenario(name: str, root: Path, args: argparse.Namespace) -> list[list]:
         a, b = steady[0], steady[-1]
         first, last = step_times(steady)
         cpu_first, cpu_last = step_times(steady, "cpu")
+        norm_first, norm_last = step_times(steady, "cpu", per_speed=True)
         top = Path(f"{prefix}{rank}.top.txt")
         if top.is_file():
             print(f"{name} rank {rank}: tracemalloc, the lines that grew most after the warm-up:\n{top.read_text()}", flush=True)
@@ -326,6 +345,7 @@ def run_scenario(name: str, root: Path, args: argparse.Namespace) -> list[list]:
                 + (f" ({a['children_rss_kb'] / 1024:.0f} / {b['children_rss_kb'] / 1024:.0f} MiB)" if b["children"] else ""),
                 f"{first * 1000:.1f} / {last * 1000:.1f} ({(last / first - 1) * 100:+.0f}%)",
                 f"{cpu_first * 1000:.1f} / {cpu_last * 1000:.1f} ({(cpu_last / cpu_first - 1) * 100:+.0f}%)",
+                f"{(norm_last / norm_first - 1) * 100:+.0f}%",
                 f"{files['files']} files, {files['checkpoints']} ckpt, {files['abandoned']} aside, {files['tb_files']} tb, "
                 f"metrics {files['metrics_kib']:.0f} KiB, logs {logs_kib:.0f} KiB"
                 if rank == 0
@@ -350,6 +370,7 @@ HEADERS = [
     "child processes",
     "wall ms/step first / last quarter",
     "CPU ms/step first / last quarter",
+    "CPU per step, drift at the machine's speed",
     "run folder at the end",
 ]
 
