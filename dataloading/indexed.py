@@ -203,6 +203,10 @@ def _shut_down_workers() -> None:
             it._shutdown_workers()
         except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
             log.warn(f"shutting down loader workers: {type(e).__name__}: {e}")
+    if _WORKER_ITERATORS:  # multiprocessing's own exit step, which os._exit skips: the named semaphores of the
+        from multiprocessing import util  # workers' queues (dataloading.worker_start) are unlinked, not reported leaked
+
+        util._run_finalizers(0)  # type: ignore[attr-defined]
 
 
 def shut_down_at_exit(iterator: Any) -> Any:

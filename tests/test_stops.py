@@ -89,9 +89,9 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
         sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
-        with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
-        checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
-        (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
+    with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
+    checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
+    (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
     gone), then the server's resource tracker."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))

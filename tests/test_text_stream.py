@@ -211,7 +211,9 @@ shuffle_buffer = 4
 enabled = ["jsonl"]
 ''')
     straight = tmp_path / "straight"
-    assert run_module("core.train", "--config", str(cfg), f"--train.output_dir={straight}").returncode == 0
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={straight}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaked semaphore" not in proc.stderr, proc.stderr[-2000:]  # the workers' queues are released at the end (fork server)
     out = tmp_path / "resumed"
     proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--checkpoint.every=3")
     assert proc.returncode == 0, proc.stderr[-2000:]
