@@ -24,8 +24,8 @@ What this module holds, by group:
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
   ``sample``) with :class:`IndexedLoader`; :class:`OptimizerOptions` for optimizers' options;
   :class:`DataExhausted` ends a loader; :func:`mix_seed`, :func:`permute` and
-  :func:`checked_sample` give deterministic samples; :func:`ignore_stop_signals` and
-  :func:`shut_down_at_exit` are for loaders with worker processes; :func:`replace_durable`
+  :func:`checked_sample` give deterministic samples; :func:`ignore_stop_signals`,
+  :func:`shut_down_at_exit` and :func:`worker_context` are for loaders with worker processes; :func:`replace_durable`
   replaces a small file atomically and fsyncs it (state a monitor must not lose to a crash).
 * **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
   without materializing all logits); a model module's ``step_metrics(reduce)`` receives
@@ -72,6 +72,7 @@ from core.protocols import (
 from core.registry import Registry
 from core.run import Run
 from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+from dataloading.worker_start import worker_context
 
 __all__ = [
     # hooks
@@ -111,6 +112,7 @@ __all__ = [
     "checked_sample",
     "ignore_stop_signals",
     "shut_down_at_exit",
+    "worker_context",
     "replace_durable",
     # model helpers
     "chunked_cross_entropy",

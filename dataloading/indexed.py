@@ -174,9 +174,10 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
     Workers share the process group of their rank, so a Ctrl-C, a pre-emption's
     SIGTERM or a closed terminal's SIGHUP reaches them too; a worker that dies of it makes the rank crash instead of
     stopping at the step boundary with a checkpoint. The rank's main process alone
-    decides when to stop and ends its workers; should it die, torch's worker loop
-    notices the lost parent and exits within a few seconds (a SIGKILL of the whole
-    process group still ends them at once).
+    decides when to stop and ends its workers; should it die, its fork server ends
+    (:mod:`dataloading.worker_start`, whose keep-alive pipe the worker lets go of here),
+    and torch's worker loop notices the lost parent and exits within a few seconds (a
+    SIGKILL of the whole process group still ends them at once).
     """
     import signal
 
@@ -184,9 +185,12 @@ def ignore_stop_signals(worker_id: int = 0) -> None:
 
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, signal.SIG_IGN)
-    # A forked worker inherits rank 0's run-folder lock (flock); closing its copies leaves the
-    # rank's lock in place, but a worker outliving a killed rank no longer keeps the folder locked.
+    # A worker forked from rank 0 (a loader without worker_context) inherits its run-folder lock (flock);
+    # closing its copies leaves the rank's lock in place, but a worker outliving a killed rank no longer keeps it.
     ownership.release_run_folders()
+    from dataloading.worker_start import let_go_of_server
+
+    let_go_of_server()  # started from the fork server (dataloading.worker_start): end with the rank, not outlive it
 
 
 _WORKER_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -199,6 +203,10 @@ def _shut_down_workers() -> None:
             it._shutdown_workers()
         except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
             log.warn(f"shutting down loader workers: {type(e).__name__}: {e}")
+    if _WORKER_ITERATORS:  # multiprocessing's own exit step, which os._exit skips: the named semaphores of the
+        from multiprocessing import util  # workers' queues (dataloading.worker_start) are unlinked, not reported leaked
+
+        util._run_finalizers(0)  # type: ignore[attr-defined]
 
 
 def shut_down_at_exit(iterator: Any) -> Any:

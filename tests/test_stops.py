@@ -44,6 +44,12 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def loader_workers(pid: int) -> list[int]:
+    """The loader worker processes of rank ``pid``: the children of its fork server (dataloading.worker_start)."""
+    servers = [c for c in children(pid) if b"multiprocessing.forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [w for server in servers for w in children(server)]
+
+
 def alive(pid: int) -> bool:
     try:
         return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
@@ -68,7 +74,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     out = tmp_path / "out"
     try:
         wait_for_steps(out, 3, proc)
-        assert len(children(proc.pid)) == 1  # the loader's worker
+        assert len(loader_workers(proc.pid)) == 1  # the loader's worker
         os.killpg(proc.pid, signal.SIGHUP)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -82,10 +88,11 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
 
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
-    sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
+        sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
     with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
-    (the workers hold no copy of its lock), and the workers notice the lost parent and exit."""
+    (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
+    gone), then the server's resource tracker."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
     out = tmp_path / "out"
@@ -116,7 +123,7 @@ enabled = ["jsonl"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_steps(out, 3, proc)
-        assert len(children(proc.pid)) == 2  # the loader's two workers
+        assert len(loader_workers(proc.pid)) == 2  # the loader's two workers
         os.killpg(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -130,10 +137,11 @@ enabled = ["jsonl"]
 
     log = (tmp_path / "resumed.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    workers: list[int] = []
     try:
         wait_for_steps(out, status["step"] + 2, proc)
-        workers = children(proc.pid)
-        assert len(workers) == 2
+        assert len(loader_workers(proc.pid)) == 2
+        workers = loader_workers(proc.pid) + children(proc.pid)  # and the fork server, and its resource tracker
         os.kill(proc.pid, signal.SIGKILL)  # the rank alone, not its group
         proc.wait(timeout=30)
         with (out / "plait.lock").open("a+") as lock:  # the workers hold no copy of the run-folder lock
@@ -142,9 +150,9 @@ enabled = ["jsonl"]
         deadline = time.time() + 20  # torch's worker loop checks its parent every 5 s
         while time.time() < deadline and any(alive(w) for w in workers):
             time.sleep(0.2)
-        assert not any(alive(w) for w in workers), "loader workers outlived their rank"
+        assert not any(alive(w) for w in workers), "loader workers or their fork server outlived their rank"
     finally:
-        for w in children(proc.pid) + [proc.pid]:
+        for w in workers + [proc.pid]:
             try:
                 os.kill(w, signal.SIGKILL)
             except OSError:

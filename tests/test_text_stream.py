@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import read_metrics, run_module
+from conftest import REPO, read_metrics, run_module
 
 from core.errors import DataError
 from core.protocols import LoaderSpec
@@ -72,6 +72,50 @@ def test_mid_epoch_resume_with_two_workers_gives_identical_batches(corpus):
     resumed.load_state_dict(state)
     rest = take(resumed, 5)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(straight[7:], rest))
+
+
+def children(pid: int) -> set[int]:
+    import os
+
+    return {int(c) for task in os.listdir(f"/proc/{pid}/task") for c in open(f"/proc/{pid}/task/{task}/children").read().split()}
+
+
+def blocked_signals(pid: int) -> int:
+    return int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigBlk:")).split()[1], 16)
+
+
+def test_workers_start_from_a_fork_server_not_from_the_rank(corpus):
+    """Soak (bench/soak.py, two ranks rolling back a few hundred times): a worker forked from the
+    multi-threaded rank hung in the fork itself (CPython gh-112275, unfixed in 3.11.7), and the rank waited
+    for its batch until the stall watchdog ended the run. Workers start from a single-threaded fork
+    server now; it and they ignore the stop signals (SIGHUP, SIGTERM to the process group); and a
+    loader given a new position ends its old workers before new ones start (a rollback's
+    state_dict() started the new ones beside the old)."""
+    import os
+    import signal
+
+    from dataloading.worker_start import server_pid
+
+    forks: list[int] = []
+    os.register_at_fork(before=lambda: forks.append(os.getpid()))
+    loader = stream(corpus, workers=2, shuffle_buffer=4).loader(LoaderSpec(32, 2, 1, 0, 1, 42))
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    server = server_pid()
+    assert [f for f in forks if f == os.getpid()] == [] and server is not None
+    workers = children(server)
+    assert len(workers) == 2 and not workers & children(os.getpid())
+    stop = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGHUP - 1))
+    assert all(blocked_signals(pid) & stop == stop for pid in (server, *workers))
+    for sig in (signal.SIGHUP, signal.SIGTERM):  # a closed terminal, SLURM's signal to the whole job
+        os.kill(server, sig)
+    position = loader.state_dict()  # a rollback: the position kept, the loader given it again
+    loader.load_state_dict(position)
+    loader.state_dict()  # what the step's fetch asks first: the new workers start here
+    assert len(children(server)) == 2 and not children(server) & workers  # the old two ended first
+    again = iter(loader)
+    assert len(first) == 3 and next(again)[0].shape == (2, 32) and server_pid() == server
+    assert [f for f in forks if f == os.getpid()] == []
 
 
 def test_a_stopping_stream_drains_its_shuffle_buffer(corpus):
@@ -144,8 +188,6 @@ def test_bad_files(tmp_path):
 
 @pytest.mark.slow
 def test_trains_and_resumes_exactly(corpus, tmp_path):
-    from conftest import REPO
-
     cfg = tmp_path / "stream.toml"
     cfg.write_text(f'''
 extends = "{REPO / "train_configs" / "base.toml"}"
@@ -169,7 +211,9 @@ shuffle_buffer = 4
 enabled = ["jsonl"]
 ''')
     straight = tmp_path / "straight"
-    assert run_module("core.train", "--config", str(cfg), f"--train.output_dir={straight}").returncode == 0
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={straight}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaked semaphore" not in proc.stderr, proc.stderr[-2000:]  # the workers' queues are released at the end (fork server)
     out = tmp_path / "resumed"
     proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--checkpoint.every=3")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -292,3 +336,45 @@ def test_a_position_is_a_snapshot_that_reading_on_leaves_as_it_is(corpus):
     again = stream(corpus, shuffle_buffer=8).loader(LoaderSpec(32, 2, 1, 0, 1, 42))
     again.load_state_dict(snapshot)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(after, take(again, 4)))  # and it resumes there
+
+
+def test_a_killed_rank_leaves_no_worker_or_fork_server_behind(corpus, tmp_path):
+    """A rank killed without ending its workers (SIGKILL, the OOM killer): its fork server and workers
+    end within seconds. Each worker held a copy of the server's keep-alive pipe, so the server
+    waited for the workers and the workers (watching their parent, the server) for it, for good."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        f"""
+import os, signal, sys
+sys.path.insert(0, {str(REPO)!r})
+if __name__ == "__main__":
+    from core.protocols import LoaderSpec
+    from dataloading.worker_start import server_pid
+    from plugins.data.text_stream import TextStream, TextStreamOptions
+    s = TextStream(TextStreamOptions(files=[{str(corpus)!r}], workers=2))
+    s.validate(512, 32)
+    it = iter(s.loader(LoaderSpec(32, 2, 1, 0, 1, 42)))
+    next(it)
+    server = server_pid()
+    kids = open(f"/proc/{{server}}/task/{{server}}/children").read().split()
+    print(server, *kids, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+    )
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as o, err.open("w") as e:  # files, not pipes: processes left behind would hold a pipe open
+        r = subprocess.run([sys.executable, str(script)], stdout=o, stderr=e, timeout=120)
+    pids = [int(p) for p in out.read_text().split()]
+    assert r.returncode == -9 and len(pids) == 3, err.read_text()[-2000:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2] for p in pids):
+        time.sleep(0.5)
+    left = [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
+    for p in left:  # do not leave them behind on a failure either
+        os.kill(p, 9)
+    assert not left, f"still running 30 s after their rank was killed: {left} (fork server first)"

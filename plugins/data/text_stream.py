@@ -36,7 +36,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from core.api import DataError, ignore_stop_signals, log, mix_seed, option, shut_down_at_exit
+from core.api import DataError, ignore_stop_signals, log, mix_seed, option, shut_down_at_exit, worker_context
 
 PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format fails at once
 
@@ -183,12 +183,14 @@ class StreamLoader:
         # it may end on one rank before the others, or fail there (a bad line reached first, a shard without documents)
         self.may_end = True
         self.dataset = source.windows(spec.seq_len, spec.dp_rank, spec.dp_size, spec.seed, spec.split)
+        workers = source.options.workers
         self.loader = StatefulDataLoader(
             self.dataset,
             batch_size=spec.micro_batch,
-            num_workers=source.options.workers,
+            num_workers=workers,
             drop_last=source.options.on_end == "stop",
-            worker_init_fn=ignore_stop_signals if source.options.workers else None,
+            worker_init_fn=ignore_stop_signals if workers else None,
+            multiprocessing_context=worker_context(__name__) if workers else None,  # never forked from the rank (dataloading.worker_start)
         )
         self._it = None
 
@@ -204,7 +206,14 @@ class StreamLoader:
         return {"stream": self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()  # the workers at the old position: they would live on beside the new ones until the next batch
         self.loader.load_state_dict(state["stream"])
+
+    def close(self) -> None:
+        """End the worker processes of the current iteration, if any."""
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
 
 
 class TextStream:
