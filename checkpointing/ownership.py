@@ -310,10 +310,13 @@ def check_run_folders(folders: list[str | Path]) -> None:
         f.close()
         record = _read_record(path)
         if _unreleased_elsewhere(record):
-            age = max(0.0, time.time() - path.stat().st_mtime)  # for the reader only: the hosts' clocks may differ
+            try:
+                age = f"{max(0.0, time.time() - path.stat().st_mtime):.0f} s ago"  # for the reader only: the hosts' clocks may differ
+            except OSError:
+                age = "lately"
             log.warn(
                 f"run folder {folder} looks held by pid {record.get('pid')} on host {record.get('host')} (its record in {LOCK_FILE} renewed "
-                f"{age:.0f} s ago, never released; this host cannot see that lock): a start waits {watch_s(record):.0f} s to see "
+                f"{age}, never released; this host cannot see that lock): a start waits {watch_s(record):.0f} s to see "
                 "whether it is still renewed, and stops (exit 2) if it is",
                 once=f"held by {record.get('pid')} on {record.get('host')}",
             )
