@@ -205,10 +205,10 @@ def _taken_by(f: IO[str]) -> str:
     if not record or all(record.get(k) == _record.get(k) for k in ("pid", "host", "boot")):
         return ""
     return (
-        f"run folder {Path(f.name).parent} was taken over by pid {record.get('pid')} on {record.get('host')} "
-        f"(since {record.get('since')}, {record.get('command')}) while this run held it: this process was stopped or "
-        f"cut off longer than its lease ({2 * LEASE_S + 1:.0f} s) and the lock is not shared between the hosts; "
-        "this run stops and writes nothing more there (one folder has one writer)"
+        f"run folder {Path(f.name).parent} is in use by pid {record.get('pid')} on {record.get('host')} (since {record.get('since')}, "
+        f"{record.get('command')}), which took it over while this run held it: this process was stopped or cut off longer "
+        f"than its lease ({2 * LEASE_S + 1:.0f} s) and the lock is not shared between the hosts; this run stops and writes "
+        "nothing more there (one folder has one writer)"
     )
 
 
@@ -273,7 +273,10 @@ def hold_run_folders() -> None:
         if any(f.name == name and _at_its_path(f) for f in _held):
             continue
         folder = Path(name).parent
-        again = try_lock(folder)  # the folder made again if it is gone
+        try:
+            again = try_lock(folder)  # the folder made again if it is gone
+        except PlaitError as e:  # a link or a folder put where its lock file was: every rank stops (exit 2)
+            raise FolderInUse(str(e)) from None
         if again is None:
             taken.append(str(folder))
             raise FolderInUse(

@@ -373,7 +373,8 @@ def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(
     holder's, and it went on training and saving there: two writers. Now it reads the record before each
     renewal (``its_lease``: two ranks, short leases), each save (``its_save``) and each commit
     (``its_commit``: the save's shards written while it slept), and ends at once with exit code 2 and one
-    line naming that job, having written nothing more there: no record, no checkpoint, no exit_status.json."""
+    line naming that job, having written nothing more there: no record, no checkpoint, no exit_status.json.
+    The line says the folder "is in use by" that job, so launchers/remote.sh ends instead of restarting."""
     import os
     import signal
     import time
@@ -416,7 +417,7 @@ def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(
     assert a.returncode == (1 if woken_in == "its_lease" else 2), a_out[-3000:]  # torchrun reports a child's exit code 2 as 1
     errors = [line for line in a_out.splitlines() if line.startswith("plait: error:")]
     assert len(errors) == 1 and errors[0].startswith(f"plait: error: run folder {out}"), a_out[-3000:]
-    assert "was taken over by pid 4242 on node-b" in errors[0] and "writes nothing more there" in errors[0]
+    assert "is in use by pid 4242 on node-b" in errors[0] and "took it over" in errors[0] and "writes nothing more there" in errors[0]
     if woken_in == "its_lease":
         assert "exitcode  : 2 (pid" in a_out, a_out[-3000:]  # rank 0's own exit code, in torchrun's summary
     for folder in (out, root):
