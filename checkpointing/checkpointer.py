@@ -429,6 +429,7 @@ class Checkpointer:
         # (checkpointing.durable_io: a machine crash, not only a killed process).
         watchdog.progress(f"committing the checkpoint of step {step}")
         if self.dist.is_main:
+            ownership.fence()  # a run folder another job took while this one was stopped: no commit there, exit 2 at once
             write_durable(path / STATE_FILE, json.dumps(json_state, indent=1))
             sync_dir(path / "rng")
             sync_dir(path)

@@ -13,7 +13,17 @@ holder also renews its record in the lock file every ``LEASE_S`` seconds (a thre
 counts its renewals) and marks it released at a clean end. A job that takes the lock over a record
 from another host that was never released watches it for two lease periods first: if it is
 renewed, its holder is alive, and the job stops as for a held lock (exit 2). A restart on the same
-host, or after a clean end, does not wait.
+host, or after a clean end, does not wait. The waits count renewals on this host's monotonic clock,
+never the hosts' wall clocks (which may differ).
+
+A holder stopped longer than that (SIGSTOP, a paused VM, a stall on a network mount) wakes up to
+another job's record: it is fenced (:func:`fence`). Before each renewal, each save (rank 0,
+:func:`hold_run_folders`) and each commit it reads the record, and when another pid or host wrote it,
+the process ends at once with exit code 2 and one line naming that job, writing nothing more there
+(no record, no checkpoint, no ``exit_status.json``); the other ranks end with their launcher.
+
+The lock file itself must be a plain file: a symbolic link there (to a user's file, to another run's
+lock) is refused, never followed and overwritten.
 
 :func:`die_with_launcher` makes a rank under torchrun receive SIGKILL when its
 parent (torchrun's agent) dies: torchrun starts ranks in sessions of their own,
@@ -25,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import json
+import math
 import os
 import signal
 import socket
@@ -35,13 +46,14 @@ from pathlib import Path
 from typing import IO
 
 from core import log
-from core.errors import PlaitError
+from core.errors import EXIT_BAD_INPUT, PlaitError
 
 LOCK_FILE = "plait.lock"
 LEASE_S = 10.0  # how often a holder renews its record in the lock file
 _held: list[IO[str]] = []  # open lock files: the locks live as long as these
 _record: dict = {}  # this process's record in them
 _renewing: threading.Event | None = None  # set: the renewing thread stops
+taken: list[str] = []  # why this process lost a run folder to another job: it writes nothing more there
 
 
 class FolderInUse(PlaitError):
@@ -73,15 +85,41 @@ def _write(f: IO[str], record: dict) -> None:
     os.fsync(f.fileno())  # seen by the other hosts of a network file system
 
 
+def _unreleased_elsewhere(record: dict) -> bool:
+    """Whether ``record`` is another host's holder's, renewed and never released: it may be alive."""
+    return bool(record) and not record.get("released") and not _this_kernel(record) and "renewals" in record
+
+
+def _boot_id() -> str:
+    """This kernel's boot id (Linux): hosts that share a name (containers given the same hostname on
+    two machines) are told apart by it; '' where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _this_kernel(record: dict) -> bool:
+    """Whether ``record`` was written on this host's running kernel, whose flock this process shares:
+    the same host name, and the same boot id where both have one."""
+    boot = record.get("boot")
+    return record.get("host") == socket.gethostname() and (not boot or not _boot_id() or boot == _boot_id())
+
+
+def watch_s(record: dict) -> float:
+    """How long a start watches ``record`` for a renewal: two of its lease periods and a second
+    (a lease that is not a finite number counts as LEASE_S; one above 60 s as 60 s)."""
+    lease = record.get("lease_s")
+    lease = float(lease) if isinstance(lease, (int, float)) and not isinstance(lease, bool) and math.isfinite(lease) else LEASE_S
+    return 2 * min(max(lease, 0.1), 60.0) + 1
+
+
 def alive_elsewhere(path: Path, previous: dict) -> bool:
     """Whether the holder of ``previous`` (another host's record, never released) renews it within
     two of its lease periods: then it is alive, and its host does not share this lock."""
-    if not previous or previous.get("released") or previous.get("host") == socket.gethostname() or "renewals" not in previous:
+    if not _unreleased_elsewhere(previous):
         return False
-    lease = float(previous.get("lease_s", LEASE_S)) if isinstance(previous.get("lease_s"), (int, float)) else LEASE_S
-    wait = 2 * min(max(lease, 0.1), 60.0) + 1
-    from core import log
-
+    wait = watch_s(previous)
     log.info(
         f"run folder {path.parent}: its last holder, pid {previous.get('pid')} on {previous.get('host')}, did not release it; "
         f"waiting {wait:.0f} s to see that it is gone (not every file system shares the lock between hosts)"
@@ -103,7 +141,9 @@ def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
-    f = open(path, "a+")  # noqa: SIM115  (kept open: the lock lives as long as the file)
+    if why := lock_file_problem(path):
+        raise PlaitError(why)
+    f = open(path, "a+", opener=_no_link)  # noqa: SIM115  (kept open: the lock lives as long as the file)
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -118,6 +158,7 @@ def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
         _record.update(
             pid=os.getpid(),
             host=socket.gethostname(),
+            boot=_boot_id(),
             since=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             command=" ".join(sys.argv)[:300],
             lease_s=LEASE_S,
@@ -127,15 +168,71 @@ def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
     return f
 
 
+def _no_link(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)  # a link put there since lock_file_problem looked: ELOOP
+
+
+def lock_file_problem(path: Path) -> str:
+    """Why ``path`` cannot be a run folder's lock file ('' if it can): plait writes its record
+    there, so a symbolic link (to a user's file, to another run's lock) is never followed."""
+    if path.is_symlink():
+        return f"run folder {path.parent}: {path.name} is a symbolic link (to {os.readlink(path)}); expected a plain file plait writes its lock record in: remove the link"
+    if path.exists() and not path.is_file():
+        return f"run folder {path.parent}: {path.name} is not a plain file; expected the file plait writes its lock record in: remove it"
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"run folder {path.parent}: {path.name} cannot be read and written by this user; expected the file plait writes its lock record in"
+    return ""
+
+
 def _renew(stop: threading.Event) -> None:
     """Renew this process's record in every lock file it holds, every ``LEASE_S`` (a daemon thread)."""
     while not stop.wait(LEASE_S):
         _record["renewals"] = int(_record.get("renewals", 0)) + 1
         for f in list(_held):
             try:
+                _fence(f)  # never over another job's record: this process was frozen past its lease
                 _write(f, _record)
             except (OSError, ValueError):  # a full disk, a closed file: the flock still holds here
                 pass
+
+
+def _taken_by(f: IO[str]) -> str:
+    """'' while the lock file ``f`` holds this process's record (or none, or it is no longer at its
+    path: :func:`hold_run_folders`' business); else the line that names the job that took it."""
+    if not _record or f.closed or not _at_its_path(f):
+        return ""
+    record = _read_record(Path(f.name))
+    if not record or all(record.get(k) == _record.get(k) for k in ("pid", "host", "boot")):
+        return ""
+    return (
+        f"run folder {Path(f.name).parent} is in use by pid {record.get('pid')} on {record.get('host')} (since {record.get('since')}, "
+        f"{record.get('command')}), which took it over while this run held it: this process was stopped or cut off longer "
+        f"than its lease ({2 * LEASE_S + 1:.0f} s) and the lock is not shared between the hosts; this run stops and writes "
+        "nothing more there (one folder has one writer)"
+    )
+
+
+def _fence(f: IO[str]) -> None:
+    """End this process at once (exit code 2, one line) if another job took ``f``'s folder: nothing
+    of it (its record, a checkpoint in flight, exit_status.json) is written there any more."""
+    line = _taken_by(f)
+    if not line:
+        return
+    taken.append(line)
+    log.error(line, all_ranks=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_BAD_INPUT)
+
+
+def fence() -> None:
+    """Before a checkpoint's commit (rank 0): end this process (exit code 2, one line) if another
+    job took one of its run folders while it was stopped (module docstring)."""
+    for f in list(_held):
+        _fence(f)
 
 
 def _roots(folders: list) -> list[Path]:
@@ -169,13 +266,19 @@ def hold_run_folders() -> None:
     out.old``, a cleanup script) has lost it, and the run's next writes re-create the folder unlocked,
     where a job started there meanwhile (or later) writes too. The lock is taken again where the
     folder now is, with one warning; if another job holds it already, raise FolderInUse: this run
-    stops, and that job stays the folder's one writer."""
+    stops, and that job stays the folder's one writer. A folder taken over while this process was
+    stopped past its lease ends it at once (:func:`fence`)."""
+    fence()
     for name in dict.fromkeys(f.name for f in _held):
         if any(f.name == name and _at_its_path(f) for f in _held):
             continue
         folder = Path(name).parent
-        again = try_lock(folder)  # the folder made again if it is gone
+        try:
+            again = try_lock(folder)  # the folder made again if it is gone
+        except PlaitError as e:  # a link or a folder put where its lock file was: every rank stops (exit 2)
+            raise FolderInUse(str(e)) from None
         if again is None:
+            taken.append(str(folder))
             raise FolderInUse(
                 f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}: it was deleted or replaced while this run "
                 "held it, and another job took it; this run stops writing there (one folder has one writer)"
@@ -193,14 +296,33 @@ def _at_its_path(f: IO[str]) -> bool:
 
 
 def check_run_folders(folders: list[str | Path]) -> None:
-    """What ``core.plan`` asks: would :func:`lock_run_folders` succeed now? Takes nothing."""
+    """What ``core.plan`` asks: would :func:`lock_run_folders` succeed now? Takes nothing, waits for
+    nothing: another host's record, never released, is one warning (a start would watch it)."""
     for folder in _roots(folders):
-        if not (folder / LOCK_FILE).is_file():
+        path = folder / LOCK_FILE
+        if why := lock_file_problem(path):
+            raise PlaitError(why)
+        if not path.is_file():
             continue
-        f = try_lock(folder, claim=False)
+        try:
+            f = try_lock(folder, claim=False)
+        except OSError as e:
+            raise PlaitError(f"run folder {folder}: {LOCK_FILE} cannot be opened ({e.strerror or e}); expected a file plait can lock") from None
         if f is None:
-            raise FolderInUse(f"run folder {folder} is in use by {_holder(folder / LOCK_FILE)}")
+            raise FolderInUse(f"run folder {folder} is in use by {_holder(path)}")
         f.close()
+        record = _read_record(path)
+        if _unreleased_elsewhere(record):
+            try:
+                age = f"{max(0.0, time.time() - path.stat().st_mtime):.0f} s ago"  # for the reader only: the hosts' clocks may differ
+            except OSError:
+                age = "lately"
+            log.warn(
+                f"run folder {folder} looks held by pid {record.get('pid')} on host {record.get('host')} (its record in {LOCK_FILE} renewed "
+                f"{age}, never released; this host cannot see that lock): a start waits {watch_s(record):.0f} s to see "
+                "whether it is still renewed, and stops (exit 2) if it is",
+                once=f"held by {record.get('pid')} on {record.get('host')}",
+            )
 
 
 def held_elsewhere(folder: str | Path) -> bool:
@@ -230,7 +352,7 @@ def release_run_folders(ended: bool = False) -> None:
         _renewing = None
     while _held:
         f = _held.pop()
-        if ended:
+        if ended and not _taken_by(f):  # another job's record is never overwritten
             try:
                 _write(f, {**_record, "released": True})
             except (OSError, ValueError):

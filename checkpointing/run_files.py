@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from checkpointing import ownership
 from checkpointing.durable_io import replace_durable
 from checkpointing.folders import EXIT_SAVE_FAILED
 from core import log
@@ -110,7 +111,8 @@ def write_exit_status(output_dir: Path, exit_code: int, reason: str, step: int, 
     """``exit_status.json``; ``strict=False``: a full or read-only disk is logged, not raised. Once the
     stall watchdog has ended the run, its record (reason ``stalled``) stands: what the main thread
     writes after it (a collective broken by another rank's exit) is a consequence, not the cause."""
-    if watchdog.stalled() and reason != "stalled":
+    ownership.fence()  # rank 0: a folder another job took while this process was stopped ends it here (exit 2)
+    if (watchdog.stalled() and reason != "stalled") or ownership.taken:  # taken: the folder is another job's now
         return
     status: dict[str, Any] = {"exit_code": exit_code, "reason": reason, "step": step, "detail": detail}
     try:

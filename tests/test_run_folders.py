@@ -331,6 +331,7 @@ def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
             errors = [line for line in a_out.splitlines() if line.startswith("plait: error:")]
             assert len(errors) == 1 and errors[0].startswith(f"plait: error: run folder {out} is in use by pid {b.pid}"), a_out[-3000:]
             assert a_out.count("exitcode  : 2 (pid") == 2, a_out[-3000:]  # both ranks, in torchrun's summary
+            assert not (out / "exit_status.json").exists()  # that job's folder: its launcher reads its own end there
             go_b.touch()
             b_out = b.communicate(timeout=180)[0]
             assert b.returncode == 0, b_out[-2000:]
@@ -358,3 +359,153 @@ def test_a_failed_save_never_deletes_a_folder_it_did_not_make(tmp_path):
     assert "checkpoint save at step 2 failed on rank 0: NotADirectoryError" in proc.stderr
     assert (root / "step_000000002" / "notes.txt").read_text() == "my notes\n"
     assert (root / "abandoned").read_text() == "not a folder\n"
+
+
+# What another host's job writes in plait.lock when it takes a folder whose holder stopped renewing.
+THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 10.0, "renewals": 0}
+
+
+@pytest.mark.parametrize("woken_in", ["its_lease", "its_save", "its_commit"])
+def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(tmp_path, woken_in):
+    """A holder stopped longer than its lease (SIGSTOP, a paused VM, a stall on a network mount) on a file
+    system whose flock is not shared between hosts: a job on another host watched its record, saw no
+    renewal, and took the folder. Woken up, the holder's renewing thread wrote its record over the new
+    holder's, and it went on training and saving there: two writers. Now it reads the record before each
+    renewal (``its_lease``: two ranks, short leases), each save (``its_save``) and each commit
+    (``its_commit``: the save's shards written while it slept), and ends at once with exit code 2 and one
+    line naming that job, having written nothing more there: no record, no checkpoint, no exit_status.json.
+    The line says the folder "is in use by" that job, so launchers/remote.sh ends instead of restarting."""
+    import os
+    import signal
+    import time
+
+    from conftest import torchrun_argv
+
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 2\n")
+    out = tmp_path / "out"
+    root = out / "checkpoints"
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    go = tmp_path / "go"
+
+    def wait_for(path: Path) -> None:
+        deadline = time.monotonic() + 180
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.1)
+
+    if woken_in == "its_lease":
+        argv, seam = torchrun_argv(2, "--config", str(cfg)), {"PLAIT_TEST_WAIT_BEFORE_STEP": f"3:{go}", "PLAIT_TEST_LEASE_S": "0.2"}
+    else:  # a lease too long to renew during the test: only the save's or the commit's own look can find the takeover
+        argv = [sys.executable, "-m", "core.train", "--config", str(cfg)]
+        wait = "PLAIT_TEST_WAIT_BEFORE_STEP" if woken_in == "its_save" else "PLAIT_TEST_WAIT_BEFORE_COMMIT"
+        seam = {wait: f"{3 if woken_in == 'its_save' else 4}:{go}", "PLAIT_TEST_LEASE_S": "1000"}
+    a = subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **seam), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(Path(f"{go}.waiting") if woken_in != "its_commit" else root / "step_000000004" / ".metadata")
+        holder = json.loads((out / "plait.lock").read_text())["pid"]  # rank 0
+        os.kill(holder, signal.SIGSTOP)
+        for folder in (out, root):  # the other host's job, after its watch, holds both folders
+            (folder / "plait.lock").write_text(json.dumps(THEIRS) + "\n")
+        if woken_in != "its_lease":  # its_lease: the run stays parked, and its renewing thread alone can find the takeover
+            go.touch()
+        os.kill(holder, signal.SIGCONT)
+        a_out = a.communicate(timeout=180)[0]
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    assert a.returncode == (1 if woken_in == "its_lease" else 2), a_out[-3000:]  # torchrun reports a child's exit code 2 as 1
+    errors = [line for line in a_out.splitlines() if line.startswith("plait: error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"plait: error: run folder {out}"), a_out[-3000:]
+    assert "is in use by pid 4242 on node-b" in errors[0] and "took it over" in errors[0] and "writes nothing more there" in errors[0]
+    if woken_in == "its_lease":
+        assert "exitcode  : 2 (pid" in a_out, a_out[-3000:]  # rank 0's own exit code, in torchrun's summary
+    for folder in (out, root):
+        assert json.loads((folder / "plait.lock").read_text()) == THEIRS  # never written over, nor marked released
+    assert committed(root) == ["step_000000002"] and not (out / "exit_status.json").exists()
+
+
+def test_plan_says_a_folder_looks_held_from_another_host_without_waiting(tmp_path):
+    """``core.plan`` looks without claiming: it said nothing of another host's record, renewed and never
+    released, where a start watches the record for two lease periods and stops if it is renewed."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plait.lock").write_text(json.dumps(THEIRS) + "\n")
+    r = run_module("core.plan", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if "looks held" in x]
+    assert line.startswith(f"plait: warning: run folder {out} looks held by pid 4242 on host node-b (its record in plait.lock renewed "), line
+    assert "a start waits 21 s to see whether it is still renewed" in line, line
+    assert json.loads((out / "plait.lock").read_text()) == THEIRS  # a look only
+    (out / "plait.lock").write_text(json.dumps({**THEIRS, "released": True}) + "\n")  # a clean end: nothing to say
+    r = run_module("core.plan", "--config", str(cfg))
+    assert r.returncode == 0 and "looks held" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("lock_file", ["a_link", "a_folder"])
+def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, lock_file):
+    """``plait.lock`` a symbolic link: the start opened it through the link and wrote its record over the
+    file it points to (a user's notes, another run's lock). A folder there: ``core.plan`` said nothing,
+    and the start failed. Both are refused now, by the plan and the start, in one line (exit code 2)."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    if lock_file == "a_link":
+        (out / "plait.lock").symlink_to(notes)
+    else:
+        (out / "plait.lock").mkdir()
+    for module in ("core.plan", "core.train"):
+        r = run_module(module, "--config", str(cfg))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (module, r.stderr[-2000:])
+        what = f"plait.lock is a symbolic link (to {notes})" if lock_file == "a_link" else "plait.lock is not a plain file"
+        assert f"run folder {out}: {what}" in r.stderr, (module, r.stderr)
+    assert notes.read_text() == "my notes\n" and not (out / "checkpoints").exists()
+
+
+def test_a_record_whose_lease_is_not_a_number_is_watched_for_the_default_lease(tmp_path, monkeypatch):
+    """A record with ``lease_s`` NaN (a damaged or foreign record: JSON as Python reads it) made the
+    watch zero seconds long, so a start took a folder whose holder on another host was renewing it."""
+    from checkpointing import ownership
+
+    monkeypatch.setattr(ownership, "LEASE_S", 0.2)  # the default lease stands in for NaN: a 1.4 s watch
+    path = tmp_path / "plait.lock"
+    renewer = OTHER_HOST_HOLDER.replace('"lease_s": 0.2', '"lease_s": float("nan")')
+    holder = subprocess.Popen([sys.executable, "-c", renewer, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "renewed"
+        record = ownership._read_record(path)
+        assert record["host"] == "node-b" and record["lease_s"] != record["lease_s"], record  # NaN
+        assert ownership.alive_elsewhere(path, record)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_holder_on_another_machine_with_this_hosts_name_is_watched(tmp_path, monkeypatch):
+    """Two machines whose containers have the same host name (a compose file's ``hostname:``): a start
+    took the other machine's record for one of this host, whose flock it shares, and took the folder
+    at once while that job renewed it. The record now names the kernel's boot id too."""
+    import socket
+
+    from checkpointing import ownership
+
+    path = tmp_path / "plait.lock"
+    renewer = OTHER_HOST_HOLDER.replace('"host": "node-b"', f'"host": {socket.gethostname()!r}, "boot": "another-machine"')
+    holder = subprocess.Popen([sys.executable, "-c", renewer, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "renewed"
+        assert ownership.alive_elsewhere(path, ownership._read_record(path))
+    finally:
+        holder.kill()
+        holder.wait()
+    monkeypatch.setattr(ownership, "_record", {})
+    ownership.lock_run_folders([tmp_path / "mine"])  # this host's own record says which kernel wrote it
+    try:
+        record = json.loads((tmp_path / "mine" / "plait.lock").read_text())
+        assert record["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        assert not ownership.alive_elsewhere(tmp_path / "mine" / "plait.lock", {**record, "pid": 1})  # same kernel: its flock says
+    finally:
+        ownership.release_run_folders(ended=True)

@@ -27,6 +27,7 @@ place, before the folder's fsync and pruning, rank 0), ``pruning`` (the first fi
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
 each block written takes 5 ms until they have.
 ``PLAIT_TEST_BAD_DATA_AT_STEP=N:R``: rank R's first training sample of step N is a bad record.
+``PLAIT_TEST_LEASE_S=SECONDS``: the run folder lock's lease (``checkpointing.ownership.LEASE_S``, 10 s).
 """
 
 import os
@@ -320,3 +321,11 @@ if _bad:
         return _row(self, index)
 
     IndexedLoader.row = _bad_row
+
+
+# ``PLAIT_TEST_LEASE_S=SECONDS``: holders renew their lock record that often (a takeover in seconds).
+_lease = os.environ.get("PLAIT_TEST_LEASE_S", "")
+if _lease:
+    from checkpointing import ownership as _ownership
+
+    _ownership.LEASE_S = float(_lease)
