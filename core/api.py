@@ -72,6 +72,7 @@ from core.protocols import (
 from core.registry import Registry
 from core.run import Run
 from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+from dataloading.tokenizer_spec import TokenizerSpec
 
 __all__ = [
     # hooks
@@ -96,6 +97,7 @@ __all__ = [
     "Monitor",
     "DistInfo",
     "LoaderSpec",
+    "TokenizerSpec",
     "high_precision_modules",
     "data_fingerprint",
     "data_has_split",
