@@ -10,12 +10,20 @@ section as the built-in sources write it (a ``tokenizer`` key, or the ``meta.jso
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.contract import optional, returned
 from core.errors import DataError, PluginError
+
+KINDS = ("bytes", "hf", "tiktoken")  # a tokenizer spec's kinds: "bytes", "hf:PATH", "tiktoken:PATH"
+
+
+def fingerprint(file: Path) -> str:
+    """The tokenizer file's sha256, as ``meta.json`` and ``state.json`` record it."""
+    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -30,8 +38,6 @@ class TokenizerSpec:
 def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     """The data source's ``tokenizer()`` as ``state.json`` records it: ``{"spec", "eos_id", "fingerprint"}``
     with the file's absolute path; None when it declares none (or returns None)."""
-    from tools.text_codec import KINDS, fingerprint
-
     fn = optional(data, "tokenizer")
     answer = fn() if fn is not None else None
     if answer is None:

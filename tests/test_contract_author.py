@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_module, write_tiny_config
+from conftest import REPO, run_module, torchrun, write_tiny_config
 from test_plugin_author import error_lines, install
 
 from core.contract import check_component, describe_contract
@@ -226,3 +226,43 @@ def test_a_declared_tokenizer_that_is_wrong_is_one_line_before_anything_is_built
     plan = run_module("core.plan", "--config", "run.toml", "--data.declares=tok/none.json", cwd=tmp_path, extra_env=env)
     assert plan.returncode == 2 and len(error_lines(plan)) == 1, plan.stderr[-3000:]
     assert "tokenizer() names 'hf:tok/none.json'" in error_lines(plan)[0]
+
+
+# A monitor that reduces over the ranks the declared way, and fails on rank 1 alone at step 3.
+REDUCES = """
+import torch
+from core.api import Reduced, hookimpl
+
+class Reduces:
+    def __init__(self, options):
+        pass
+
+    @hookimpl
+    def plait_metrics(self, run, step):
+        if run.dist.rank == 1 and step == 3:
+            raise RuntimeError("rank 1's counter broke")
+        return {"ranks_sum": Reduced("sum", run.dist.rank + 1), "ranks_max": Reduced("max", torch.tensor(float(run.dist.rank)))}
+
+@hookimpl
+def plait_register(registry):
+    registry.add("monitor", "reduces", Reduces, doc="sums and maxes over the ranks through Reduced")
+"""
+
+
+def test_a_monitors_reduction_over_ranks_is_the_cores_and_a_failure_on_one_rank_ends_every_rank_promptly(tmp_path):
+    """A monitor reducing over the ranks issued its own collective in ``plait_metrics``; failing on
+    rank 1 before it, it left rank 0 waiting in it until the collective timeout. It returns
+    ``Reduced`` values now: the core reduces them in collectives every rank joins whatever failed,
+    and the failure stops both ranks at that step (exit 4), the values left out."""
+    env = install(tmp_path / "site", REDUCES)
+    cfg = write_tiny_config(tmp_path, steps=6)
+    proc = torchrun(2, "--config", str(cfg), '--monitors.enabled=["console", "jsonl", "reduces"]', timeout=240, extra_env=env)
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in rows if "ranks_sum" in r or "loss" in r}
+    assert [train[s]["ranks_sum"] for s in (1, 2)] == [3.0, 3.0] and [train[s]["ranks_max"] for s in (1, 2)] == [1.0, 1.0], rows
+    assert "ranks_sum" not in train[3]  # rank 1's failed: left out on every rank
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["exit_code"] == 4 and status["step"] == 3, (status, proc.stderr[-3000:])
+    assert "monitor 'reduces' failed in plait_metrics: RuntimeError: rank 1's counter broke" in status["detail"]
+    assert "monitor metrics to reduce differ between ranks" in proc.stderr

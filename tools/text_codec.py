@@ -20,14 +20,12 @@ checkpoint or an export: only JSON is read.
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.errors import DataError
-
-KINDS = ("bytes", "hf", "tiktoken")
+from dataloading.tokenizer_spec import KINDS, fingerprint
 
 
 @dataclass(frozen=True)
@@ -46,10 +44,6 @@ class TokenizerRecord:
     def file(self) -> Path | None:
         kind, _, path = self.spec.partition(":")
         return Path(path) if kind != "bytes" else None
-
-
-def fingerprint(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | None = None) -> str:
