@@ -7,6 +7,7 @@ runs, real DCP checkpoints."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,8 @@ def test_an_optional_member_set_to_none_is_absent_to_every_reader(tmp_path):
     st = run_module("core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st"), extra_env=env)
     assert st.returncode == 0 and (tmp_path / "st" / "model.safetensors").is_file(), st.stderr[-3000:]
     listing = run_module("core.plugins", "--slot", "model", extra_env=env)
-    nones = listing.stdout.split("  nones  -- ")[1]
-    assert "optional: none" in nones.split("\n  ")[0] + nones, listing.stdout[-2000:]
+    block = re.split(r"\n  (?=\S)", listing.stdout.split("  nones  -- ")[1])[0]  # its lines, up to the next component
+    assert listing.returncode == 0 and "\n      optional: none" in block, listing.stdout[-2000:]  # what it provides: None is none
 
 
 def test_the_rule_is_printed_with_the_contract_and_a_none_needed_member_still_counts():
