@@ -76,6 +76,7 @@ def plait_register(registry):
 NONE_RUN = ["--model.name=nones", "--data.name=nones", "--optimizer.name=nones", "--parallelism.name=nones", "--precision.name=nones"]
 
 
+@pytest.mark.slow  # spawns plait's commands
 def test_an_optional_member_set_to_none_is_absent_to_every_reader(tmp_path):
     """``hf_config = None`` or ``tokens_per_epoch = None`` was refused by the contract check ("must be a
     method") while the core's readers took None for "absent"; ``state_bytes_per_param = None`` was a
@@ -177,6 +178,7 @@ def own_tokenizer_config(tmp_path: Path, **train) -> None:
     (tmp_path / "run.toml").write_text(cfg.replace(f'path = "{REPO / "plugins" / "data" / "corpus" / "shakespeare"}"\n', ""))
 
 
+@pytest.mark.slow  # spawns plait's commands
 def test_a_third_party_sources_declared_tokenizer_reaches_export_and_generate(tmp_path):
     """Only the built-in sources' sections were understood: a third-party source had no way to name
     its tokenizer, so ``core.export`` wrote no tokenizer files and ``core.generate`` said "no tokenizer
@@ -203,6 +205,7 @@ def test_a_third_party_sources_declared_tokenizer_reaches_export_and_generate(tm
         assert gen.stdout.startswith(prompt) and len(gen.stdout) > len(prompt) + 1, gen.stdout
 
 
+@pytest.mark.slow  # spawns plait's commands
 def test_a_declared_tokenizer_that_is_wrong_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
     from dataloading.tokenizer_spec import TokenizerSpec, declared_tokenizer
 
@@ -250,6 +253,7 @@ def plait_register(registry):
 """
 
 
+@pytest.mark.slow  # spawns plait's commands
 def test_a_monitors_reduction_over_ranks_is_the_cores_and_a_failure_on_one_rank_ends_every_rank_promptly(tmp_path):
     """A monitor reducing over the ranks issued its own collective in ``plait_metrics``; failing on
     rank 1 before it, it left rank 0 waiting in it until the collective timeout. It returns
