@@ -42,10 +42,20 @@ class Reduced:
 def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
     """``metrics`` with each :class:`Reduced` value reduced over the ranks (a collective on every rank
     of several: call it once per log step on each). Left out on every rank when the ranks disagree."""
-    parts = {k: (v.op, torch.as_tensor(v.value, dtype=torch.float64)) for k, v in metrics.items() if isinstance(v, Reduced)}
+    parts: dict[str, tuple[str, torch.Tensor]] = {}
+    not_numbers = []
+    for name, v in metrics.items():
+        if isinstance(v, Reduced):
+            try:
+                parts[name] = (v.op, torch.as_tensor(v.value, dtype=torch.float64))
+            except (TypeError, ValueError, RuntimeError):  # never raised here: the other ranks would wait
+                not_numbers.append(name)
+                log.warn(
+                    f"monitor metric {name!r}: Reduced({v.op!r}, {type(v.value).__name__}) holds no number or tensor: left out", once=f"not-reducible-{name}"
+                )
     plain = {k: v for k, v in metrics.items() if not isinstance(v, Reduced)}
     if dist.world_size > 1 and torch_dist.is_initialized():
-        layout = [(name, op, tuple(t.shape)) for name, (op, t) in parts.items()]
+        layout = [(name, op, tuple(t.shape)) for name, (op, t) in parts.items()] + [(name, "", None) for name in not_numbers]
         everyone: list[Any] = [None] * dist.world_size
         torch_dist.all_gather_object(everyone, layout)
         if any(other != layout for other in everyone):

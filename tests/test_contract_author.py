@@ -271,3 +271,17 @@ def test_a_monitors_reduction_over_ranks_is_the_cores_and_a_failure_on_one_rank_
     assert status["exit_code"] == 4 and status["step"] == 3, (status, proc.stderr[-3000:])
     assert "monitor 'reduces' failed in plait_metrics: RuntimeError: rank 1's counter broke" in status["detail"]
     assert "monitor metrics to reduce differ between ranks" in proc.stderr
+
+
+def test_a_reduced_value_that_is_no_number_is_left_out_and_a_bad_op_is_the_monitors_error(capsys):
+    """One process: the values reduce to themselves; one that is no number is left out with a warning
+    (never an exception in the core's reduction, which the other ranks would wait for)."""
+    from core.api import Reduced
+    from core.protocols import DistInfo
+    from liveness.monitor_reductions import reduce_monitor_values
+
+    out = reduce_monitor_values({"loss": 1.5, "a": Reduced("mean", 2), "b": Reduced("max", [1.0, 3.0]), "c": Reduced("sum", "x")}, DistInfo())
+    assert out["loss"] == 1.5 and out["a"] == 2.0 and out["b"].tolist() == [1.0, 3.0] and "c" not in out
+    assert "monitor metric 'c': Reduced('sum', str) holds no number or tensor: left out" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="Reduced: op 'median'; expected one of mean, sum, max, min"):
+        Reduced("median", 1.0)
