@@ -11,10 +11,15 @@ A resume, and ``checkpoint.initial_load`` of a plait checkpoint, compares the mo
 the declared options with the resolved config saved in the checkpoint's ``state.json`` (a small
 file, read before any model is built), once the shapes fit (:func:`checkpointing.folders.check_fits`,
 whose line names the tensors of a changed ``dim``); a difference is bad input (exit code 2), one line naming
-the checkpoint and each option with its saved and its new value. Values are compared as written
-in the resolved config: ``n_heads = 0`` (the flavor's) and the flavor's own value written out
-differ. An option the saved config lacks (added to the plugin since) is not compared. A spec that
-declares none has its checkpoints checked by shape only, as before.
+the checkpoint and each option with its saved and its new value.
+
+A spec that also declares ``resolved_architecture()`` (``{name: value}`` as built: ``n_heads = 0``
+resolved to the flavor's value) has those values saved in each checkpoint's ``state.json``
+(``architecture``) and compared, so ``n_heads = 0`` and the flavor's own value written out are the
+same architecture. A checkpoint that recorded none (saved before, or by a spec without it) is
+compared as written in the resolved config. A value the saved side lacks (added to the plugin since)
+is not compared. A spec that declares no ``architecture_options`` has its checkpoints checked by
+shape only, as before.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.contract import optional
 from core.errors import ConfigError, PluginError
 
 STATE_FILE = "state.json"  # checkpointing.folders.STATE_FILE (which imports this module)
+RESOLVED = "(resolved)"  # the key of the resolved values: no option's name (an identifier) is it
 
 
 def _plain(value: Any) -> Any:
@@ -37,7 +44,7 @@ def run_architecture(spec: Any, name: str, section: dict[str, Any]) -> dict[str,
     """This run's model name and the values of its spec's ``architecture_options`` in ``section``
     (the resolved config's ``[model]``); None when the spec declares none. A declaration that is not
     a tuple of the names of its options is the plugin's error (PluginError)."""
-    names = getattr(spec, "architecture_options", None)  # declared optional in core/contract.py
+    names = optional(spec, "architecture_options")  # declared optional in core/contract.py
     if names is None:
         return None
     where = f"model plugin {name!r}: architecture_options"
@@ -47,7 +54,21 @@ def run_architecture(spec: Any, name: str, section: dict[str, Any]) -> dict[str,
     unknown = [n for n in names if n not in options]
     if unknown:
         raise PluginError(f"{where} names {unknown[0]!r}, which is not one of its [model] options ({', '.join(options)})")
-    return {"name": name, **{n: _plain(section[n]) for n in names}}
+    architecture = {"name": name, **{n: _plain(section[n]) for n in names}}
+    resolved = optional(spec, "resolved_architecture")
+    if resolved is not None:
+        architecture[RESOLVED] = _resolved(resolved(), f"model plugin {name!r}: resolved_architecture()")
+    return architecture
+
+
+def _resolved(values: Any, where: str) -> dict[str, Any]:
+    """The spec's ``resolved_architecture()`` answer, held to ``{name: JSON value}``."""
+    if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
+        raise PluginError(f"{where} returned {type(values).__name__}; expected {{name: value}} with string names")
+    try:
+        return _plain(values)
+    except (TypeError, ValueError) as e:
+        raise PluginError(f"{where} returned a value that is not JSON ({e}); expected numbers, strings, booleans or lists") from None
 
 
 def differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -55,17 +76,27 @@ def differences(saved: dict[str, Any], expected: dict[str, Any]) -> list[tuple[s
     name is the one difference (the options are another plugin's)."""
     if saved.get("name") != expected["name"]:
         return [("name", saved.get("name"), expected["name"])]
-    return [(k, saved[k], v) for k, v in expected.items() if k != "name" and k in saved and _plain(saved[k]) != v]
+    old, new = saved.get(RESOLVED), expected.get(RESOLVED)
+    if isinstance(old, dict) and new is not None:  # both resolved: the values the weights were built with
+        return [(k, old[k], v) for k, v in new.items() if k in old and _plain(old[k]) != v]
+    return [(k, saved[k], v) for k, v in expected.items() if k not in ("name", RESOLVED) and k in saved and _plain(saved[k]) != v]
 
 
 def saved_model_section(path: Path) -> dict[str, Any] | None:
-    """The ``[model]`` section of the config saved in checkpoint ``path``; None when it cannot be read
-    (:func:`checkpointing.folders.verify` says what is wrong with such a checkpoint)."""
+    """The ``[model]`` section of the config saved in checkpoint ``path``, with the resolved values its
+    ``state.json`` recorded (``architecture``, key :data:`RESOLVED`) if any; None when it cannot be
+    read (:func:`checkpointing.folders.verify` says what is wrong with such a checkpoint)."""
     try:
-        section = json.loads((path / STATE_FILE).read_text())["config"]["model"]
+        state = json.loads((path / STATE_FILE).read_text())
+        section = state["config"]["model"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return section if isinstance(section, dict) else None
+    if not isinstance(section, dict):
+        return None
+    recorded = state.get("architecture")
+    if isinstance(recorded, dict) and recorded.get("name") == section.get("name") and isinstance(recorded.get(RESOLVED), dict):
+        return {**section, RESOLVED: recorded[RESOLVED]}
+    return section
 
 
 def check_architecture(path: Path, expected: dict[str, Any] | None, explicit: bool, initial_load: bool = False) -> None:

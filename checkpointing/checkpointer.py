@@ -217,6 +217,8 @@ class Checkpointer:
             "config": run.config,
             "versions": self.about["versions"],
             "data_fingerprint": self.about.get("data_fingerprint"),
+            "architecture": self.about.get("architecture"),  # resolved architecture values (checkpointing.architecture)
+            "tokenizer": self.about.get("tokenizer"),  # the data source's declared tokenizer (dataloading.tokenizer_spec)
             "train_loss": train_loss,  # mean over the steps since the previous save (retention)
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

@@ -18,7 +18,7 @@ What this module holds, by group:
   reads from each slot's object, the optional ones with what the core does without them, and
   every component is checked against it before a run starts (``python -m core.plugins
   --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
-  in; :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
+  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns; :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
   :func:`data_has_split` and :func:`data_parts` read a spec's or a source's optional member with
   the core's default (for plugins that wrap other plugins).
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
@@ -29,7 +29,8 @@ What this module holds, by group:
   replaces a small file atomically and fsyncs it (state a monitor must not lose to a crash).
 * **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
   without materializing all logits); a model module's ``step_metrics(reduce)`` receives
-  ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules).
+  ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules); a
+  monitor's ``plait_metrics`` returns :class:`Reduced` values instead of a collective of its own.
 * **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
   :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
   prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
@@ -72,7 +73,9 @@ from core.protocols import (
 from core.registry import Registry
 from core.run import Run
 from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+from dataloading.tokenizer_spec import TokenizerSpec
 from dataloading.worker_start import worker_context
+from liveness.monitor_reductions import Reduced
 
 __all__ = [
     # hooks
@@ -97,6 +100,8 @@ __all__ = [
     "Monitor",
     "DistInfo",
     "LoaderSpec",
+    "TokenizerSpec",
+    "Reduced",
     "high_precision_modules",
     "data_fingerprint",
     "data_has_split",

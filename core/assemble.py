@@ -21,7 +21,7 @@ import torch
 from checkpointing.checkpointer import TrainingState
 from checkpointing.rng import seed_everything
 from core import distributed, log
-from core.contract import returned
+from core.contract import optional, returned
 from core.errors import PluginError
 from core.param_groups import param_groups
 from core.protocols import DistInfo, LoaderSpec
@@ -109,7 +109,7 @@ def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.Cont
     micro: Any = rc.train.micro_batch
     if dist.device.type == "cuda":
         n_params = sum(p.numel() for p in model.parameters())
-        state = int(getattr(c["optimizer"], "state_bytes_per_param", 8) * n_params)  # declared optional (core.contract)
+        state = int(optional(c["optimizer"], "state_bytes_per_param", 8) * n_params)  # declared optional (core.contract)
         micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates, rc.seq_len, c["model"].vocab_size, state)
         micro = -control.max([-micro])[0]  # the smallest rank's answer
     rc.train.micro_batch = micro

@@ -15,7 +15,8 @@ metrics on log steps, reduced over ranks by the core's ``reduce``; or
 ``extra_metrics() -> dict``, optional, this rank's view;
 :func:`core.protocols.model_step_metrics`).
 
-``python -m core.plugins --contract`` prints the table.
+One rule for optional members, every reader held to it: set to None is absent (the core does
+what the default column says), as if left out. ``python -m core.plugins --contract`` prints the table.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ CONTRACT: dict[str, list[Member]] = {
             "(rope_theta, max_seq_len); a resume or initial_load of a checkpoint saved with other values is refused; default: shapes only",
             False,
         ),
+        method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
     ],
     "parallelism": [
         method("wrap", 4, "(model, spec, dist, precision) -> the module to call"),
@@ -119,6 +121,7 @@ CONTRACT: dict[str, list[Member]] = {
             False,
         ),
         method("check_first_step", 1, "(train LoaderSpec of rank 0) refuse data that cannot serve one step (raise DataError); default: unchecked", False),
+        method("tokenizer", 0, "a core.api.TokenizerSpec or None, saved in checkpoints for core.export; default: from [data] (tokenizer, meta.json)", False),
         method("parts", 0, "{label: source}: the sources it is made of (a mixture); the ones lacking a validation split are named; default: none", False),
         value(
             "samples_before_loader",
@@ -154,12 +157,12 @@ def check_component(slot: str, name: str, obj: Any) -> None:
     """Hold the object a factory returned to the slot's contract, or raise PluginError (one line)."""
     where = f"{slot} plugin {name!r}"
     for m in CONTRACT.get(slot, []):
-        present = hasattr(obj, m.name)
+        present = hasattr(obj, m.name) and (m.required or getattr(obj, m.name) is not None)  # optional set to None: absent
         if not present:
             if m.required:
                 raise PluginError(f"{where}: its factory returned {type(obj).__name__}, which lacks {m.name} ({m.describe()}; core/contract.py)")
             continue
-        if m.needs and not hasattr(obj, m.needs):
+        if m.needs and optional(obj, m.needs) is None:
             raise PluginError(f"{where}: {m.name} needs {m.needs} too ({next(n for n in CONTRACT[slot] if n.name == m.needs).doc}); core/contract.py")
         member = getattr(obj, m.name)
         if m.kind == "method":
@@ -204,8 +207,14 @@ def returned(value: Any, expected: type | tuple[type, ...], what: str, expected_
     return value
 
 
+def optional(obj: Any, name: str, default: Any = None) -> Any:
+    """Optional member ``name`` of ``obj``, ``default`` when it lacks it or sets it to None."""
+    member = getattr(obj, name, None)
+    return default if member is None else member
+
+
 def describe_contract() -> str:
-    lines = []
+    lines = ["An optional member set to None is absent: the core then does without it (its default)."]
     for slot, members in CONTRACT.items():
         lines.append(f"[{slot}]")
         lines += [f"  {m.describe()}" for m in members]

@@ -93,8 +93,9 @@ def plait_step_end(run: "Run", step: int, metrics: dict[str, Any]) -> None:
 def plait_metrics(run: "Run", step: int, metrics: dict[str, Any]) -> dict[str, Any] | None:
     """A log step: return more metrics for it, or None.
 
-    Called on log steps only, before :func:`plait_step_end`, on every rank
-    (so a collective is allowed: every rank calls it on the same steps).
+    Called on log steps only, before :func:`plait_step_end`, on every rank. Issue no collective
+    of your own (one rank failing before it leaves the others waiting until the timeout): return
+    ``core.api.Reduced(op, value)`` and the core reduces it over the ranks once every monitor ran.
     ``metrics`` holds what the core measured (see :func:`plait_step_end`)
     and what the monitors listed earlier returned; do not change it. The
     dicts returned are merged into it in monitor order, and every monitor's

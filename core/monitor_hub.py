@@ -23,6 +23,7 @@ from core.hookspecs import PROJECT, RUN_EVENT_HOOKS
 from core.registry import plugin_manager
 from dataloading.indexed import check_replacement_batch
 from liveness import watchdog
+from liveness.monitor_reductions import reduce_monitor_values
 
 
 def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
@@ -74,15 +75,15 @@ class MonitorHub:
         return [self._call(name, impls[name], hook, kwargs) for name in self.names if name in impls and name not in self.failed]
 
     def metrics(self, run: Any, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        """``metrics`` with what each monitor's ``plait_metrics`` adds, merged in config order
-        (a monitor sees what the ones before it added)."""
+        """``metrics`` with what each monitor's ``plait_metrics`` adds, merged in config order (a monitor
+        sees what the ones before it added), then its ``Reduced`` values reduced over the ranks."""
         impls = {impl.plugin_name: impl for impl in self.pm.hook.plait_metrics.get_hookimpls()}
         for name in self.names:
             if name in impls and name not in self.failed:
                 extra = self._call(name, impls[name], "plait_metrics", {"run": run, "step": step, "metrics": dict(metrics)})
                 if extra:
                     metrics = {**metrics, **extra}
-        return metrics
+        return reduce_monitor_values(metrics, run.dist)  # on every rank, whatever failed (liveness.monitor_reductions)
 
     def _call(self, name: str, impl: Any, hook: str, kwargs: dict[str, Any]) -> Any:
         """One monitor's hook; a failure disables the monitor and, under ``on_error = "stop"``, stops the run."""

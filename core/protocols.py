@@ -7,7 +7,7 @@ core talks to plugins only through these protocols.
 
 The protocols below are the required members. ``core/contract.py`` lists
 them together with every optional member the core may read (and what it
-does without one), and checks each component against that list before a
+does without one; one set to None is absent, the same), and checks each component against that list before a
 run starts; ``python -m core.plugins --contract`` prints it.
 """
 
@@ -82,7 +82,7 @@ class ModelSpec(Protocol):
     Optional members (what the core does without each: ``core.contract.CONTRACT``):
     ``high_precision_modules(model)``, ``compile_loss(model)``, ``param_counts()``,
     ``max_seq_len``, the Hugging Face adapters ``to_hf_state_dict(sd)``,
-    ``from_hf_state_dict(sd)`` and ``hf_config()``, and ``architecture_options``: a tuple of the
+    ``from_hf_state_dict(sd)`` and ``hf_config()``, ``resolved_architecture()``, and ``architecture_options``: a tuple of the
     names of its ``[model]`` options that define the function its weights compute (``n_heads``,
     ``norm_eps``; not ``rope_theta`` or ``max_seq_len``, which a run may change on purpose). A
     resume, or ``initial_load`` of a plait checkpoint, whose saved values of them (or model name)
@@ -317,9 +317,10 @@ def precision_log_step(precision: Any, on: bool) -> None:
 class DataSource(Protocol):
     """A source of training tokens.
 
-    Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``,
-    ``check_resume(state, world_size)``, ``check_first_step(spec)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``,
-    ``fingerprint()``, ``validation_loaders(spec)``, ``parts()`` and ``samples_before_loader``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
+    Optional members (defaults in ``core.contract.CONTRACT``): ``has_split(split)``, ``check_resume(state, world_size)``,
+    ``check_first_step(spec)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``, ``fingerprint()``, ``tokenizer()`` (a
+    :class:`core.api.TokenizerSpec`, saved in checkpoints for ``core.export``), ``validation_loaders(spec)``, ``parts()`` and
+    ``samples_before_loader``. Map-style sources subclass :class:`dataloading.indexed.IndexedSource`.
     """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:

@@ -98,7 +98,7 @@ class Trainer:
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
         optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
-        about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint}
+        about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint, **self.prep.saved_facts}
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
         model_name = f"model {rc.slots['model'].component.name!r}"
         self.stepper = TrainStep(built.state, built.train_model, self.c, self.prep.grad_accum, rc.train.grad_clip, self.dist, ckpt.before_update, model_name)

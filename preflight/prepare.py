@@ -27,6 +27,7 @@ from core.errors import ConfigError, PlaitError, PluginError
 from core.monitor_hub import register_monitor
 from core.protocols import LoaderSpec
 from core.registry import plugin_manager
+from dataloading.tokenizer_spec import declared_tokenizer
 from preflight import config as config_io
 from preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from preflight.run_config import RunConfig, batch_layout, resolve, total_steps
@@ -51,6 +52,12 @@ class Prepared:
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
     model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
     architecture: dict[str, Any] | None = None  # model name and declared architecture options (checkpointing.architecture)
+    tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (dataloading.tokenizer_spec)
+
+    @property
+    def saved_facts(self) -> dict[str, Any]:
+        """What every checkpoint's state.json records beside the state: read by export, generate and resume."""
+        return {"architecture": self.architecture, "tokenizer": self.tokenizer}
 
     @property
     def checkpoint_root(self) -> Path:
@@ -117,7 +124,7 @@ def prepare(
 
     precision = choose_precision(rc, components, device, str(path))
     spec, model_name = components["model"], rc.slots["model"].component.name
-    architecture = run_architecture(spec, model_name, rc.to_dict()["model"])  # a checkpoint of another one is refused
+    architecture = call_plugin(f"model {model_name!r}: resolved_architecture", run_architecture, spec, model_name, rc.to_dict()["model"])  # another is refused
     check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
     model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
     check_model = getattr(precision, "check_model", None)
@@ -142,6 +149,8 @@ def prepare(
     prep.micro_batch_candidates = micro_auto
     prep.model_meta = model_meta
     prep.architecture = architecture
+    data_name = f"data {rc.slots['data'].component.name!r}"
+    prep.tokenizer = call_plugin(f"{data_name}: tokenizer", declared_tokenizer, components["data"], data_name)  # recorded in checkpoints
     prep.seq_len_schedule = schedule
     args = {"prep": prep, "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)

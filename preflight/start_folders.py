@@ -23,6 +23,7 @@ from checkpointing.architecture import check_architecture
 from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
 from checkpointing.resume import check_stream_world
 from checkpointing.retention import after_divergence
+from core.contract import optional
 from core.errors import ConfigError
 from preflight.disk import check_room, checkpoint_bytes, kept_at_once
 from preflight.plugin_checks import call_plugin
@@ -125,7 +126,7 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     ckpt = rc.sections["checkpoint"]
     prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
-        size = checkpoint_bytes(model_meta, getattr(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
+        size = checkpoint_bytes(model_meta, optional(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
         check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
     if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
         warn(line)  # rank 0; core.plan says it too

@@ -8,6 +8,7 @@ of them, so a context extension still resumes. Real runs, real DCP checkpoints, 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import run_module, write_tiny_config
 
 from checkpointing import resume
-from checkpointing.architecture import differences, run_architecture, saved_model_section
+from checkpointing.architecture import RESOLVED, differences, run_architecture, saved_model_section
 from checkpointing.checkpointer import CheckpointDir
 from checkpointing.folders import CheckpointOptions
 from core.contract import check_component
@@ -128,7 +129,7 @@ def test_a_resume_with_other_heads_of_the_same_shapes_exits_2_with_one_line_and_
     (line,) = proc.stderr.strip().splitlines()
     newest = tmp_path / "out" / "checkpoints" / "step_000000004"
     assert line == (
-        f"plait: error: checkpoint {newest} {REFUSED}: model.n_heads 0 -> 8, model.n_kv_heads 0 -> 4; its weights would compute "
+        f"plait: error: checkpoint {newest} {REFUSED}: model.n_heads 4 -> 8, model.n_kv_heads 2 -> 4; its weights would compute "
         "another function in this model: change them back to resume from it, or train the new architecture from scratch in a "
         "fresh run folder (another train.output_dir)"
     )
@@ -158,7 +159,7 @@ def test_an_explicit_resume_and_initial_load_of_another_architecture_are_refused
     fresh = write_tiny_config(tmp_path)
     with pytest.raises(ConfigError) as e:
         in_process_prepare(fresh, f"--checkpoint.resume={step2}", "--model.tie_embeddings=true")
-    assert f"checkpoint {step2} {REFUSED}: model.tie_embeddings 'flavor' -> True" in str(e.value)
+    assert f"checkpoint {step2} {REFUSED}: model.tie_embeddings False -> True" in str(e.value)  # the flavor's, resolved
     assert "change it back to resume from it" in str(e.value) and "checkpoint.resume left out)" in str(e.value)
     with pytest.raises(ConfigError) as e:
         in_process_prepare(fresh, f"--checkpoint.initial_load={step2}", "--model.norm_eps=1e-6")
@@ -185,8 +186,74 @@ def test_a_fallback_to_an_older_checkpoint_of_another_architecture_is_refused(sa
     section = saved_model_section(step2)
     assert section is not None and cfg.is_file()
     ckpt = CheckpointDir(CheckpointOptions(), root, DistInfo(), control=None)
-    same = run_architecture(Llama3Spec.from_flavor("debug"), "llama3", section)
+    same = run_architecture(Llama3Spec.from_flavor("debug", dim=64, n_layers=2), "llama3", section)  # the spec the section builds
     assert resume.first_sound(ckpt, [step4, step2], None, same) == (step2, [])  # the fallback itself
-    other = run_architecture(Llama3Spec.from_flavor("debug"), "llama3", {**section, "norm_eps": 1e-6})
+    other = run_architecture(Llama3Spec.from_flavor("debug", dim=64, n_layers=2, norm_eps=1e-6), "llama3", {**section, "norm_eps": 1e-6})
     with pytest.raises(ConfigError, match=f"checkpoint {step2} {REFUSED}: model.norm_eps 1e-05 -> 1e-06"):
         resume.first_sound(ckpt, [step4, step2], None, other)
+
+
+# -- resolved values (resolved_architecture) ---------------------------------------------------
+
+
+def test_the_flavors_own_value_written_out_is_the_same_architecture_in_process():
+    """``n_heads = 0`` (the flavor's 4) and ``n_heads = 4`` differ as written; built, they are the same."""
+    from dataclasses import asdict
+
+    from model_specs.llama3.spec import Llama3Options
+
+    def arch(**o):
+        return run_architecture(Llama3Spec.from_flavor("debug", **o), "llama3", {"name": "llama3", **asdict(Llama3Options(**o))})
+
+    written, out = arch(), arch(n_heads=4, n_kv_heads=2)
+    assert written is not None and out is not None and written[RESOLVED]["n_heads"] == out[RESOLVED]["n_heads"] == 4
+    assert differences({k: v for k, v in written.items()}, out) == []  # a checkpoint that recorded its resolved values
+    # one saved before (no resolved values): compared as written, as before
+    assert differences({k: v for k, v in written.items() if k != RESOLVED}, out) == [("n_heads", 0, 4), ("n_kv_heads", 0, 2)]
+    assert differences(written, arch(n_heads=8, n_kv_heads=4)) == [("n_heads", 4, 8), ("n_kv_heads", 2, 4)]
+
+    def moe(**o):
+        opts = RecurrentMoEOptions(**o)
+        return run_architecture(RecurrentMoESpec.from_options(opts), "recurrent_moe", {"name": "recurrent_moe", **asdict(opts)})
+
+    assert differences(moe(), moe(top_k=2, n_experts=4, n_loops=3)) == []  # the debug flavor's own values
+    assert differences(moe(), moe(top_k=1)) == [("top_k", 2, 1)]
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (["n_heads"], "resolved_architecture() returned list; expected {name: value} with string names"),
+        ({"n_heads": object()}, "resolved_architecture() returned a value that is not JSON"),
+    ],
+)
+def test_a_malformed_resolved_architecture_is_the_plugins_one_line_error(answer, words):
+    spec = type("Spec", (), {"architecture_options": ("n_heads",), "resolved_architecture": lambda self: answer})()
+    with pytest.raises(PluginError) as e:
+        run_architecture(spec, "mine", SECTION)
+    assert f"model plugin 'mine': {words}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_resume_that_writes_out_the_flavors_value_goes_on_and_another_value_is_refused(saved, tmp_path):
+    """The checkpoint recorded n_heads 4 (the debug flavor's, written ``n_heads = 0``): a resume that
+    writes ``n_heads = 4`` was refused as another architecture; now it goes on."""
+    cfg = copy_run(saved, tmp_path)
+    step4 = tmp_path / "out" / "checkpoints" / "step_000000004"
+    recorded = json.loads((step4 / "state.json").read_text())["architecture"]
+    assert recorded["n_heads"] == 0 and recorded[RESOLVED]["n_heads"] == 4 and recorded[RESOLVED]["n_kv_heads"] == 2
+    proc = run_module("core.train", "--config", str(cfg), "--train.steps=5", "--model.n_heads=4", "--model.n_kv_heads=2")
+    assert proc.returncode == 0 and REFUSED not in proc.stderr, proc.stderr[-3000:]
+    assert "resumed from" in proc.stdout and "at step 4" in proc.stdout
+    step5 = tmp_path / "out" / "checkpoints" / "step_000000005"
+    assert json.loads((step5 / "state.json").read_text())["architecture"][RESOLVED]["n_heads"] == 4
+
+
+def test_a_recurrent_moe_resume_compares_resolved_values(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=2).read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "recurrent_moe"\n')
+    (tmp_path / "run.toml").write_text(cfg)
+    first = run_module("core.train", "--config", str(tmp_path / "run.toml"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    same = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=2", "--model.n_loops=3")
+    assert same.returncode == 0, same.stderr[-3000:]  # the debug flavor's own values, written out
+    other = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=1")
+    assert other.returncode == 2 and f"{REFUSED}: model.top_k 2 -> 1;" in other.stderr, other.stderr[-3000:]

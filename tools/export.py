@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from core import log
+from core.contract import optional
 from core.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
 
 PLAIT_FILE = "plait.json"
@@ -37,21 +38,22 @@ def refuse_inside_checkpoint(out: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {out} lies in the checkpoint folder {ckpt}, which pruning deletes whole, with whatever else it holds; write it elsewhere")
 
 
-def find_tokenizer(spec_arg: str | None, eos_arg: int | None, config: dict[str, Any], where: str):
-    """The Codec of ``--tokenizer`` or of the one the data was prepared with; None (said in one
-    line) when none is recorded or the recorded one cannot be read: the weights export anyway."""
-    from tools.text_codec import Codec, TokenizerRecord, find_in_config, resolve
+def find_tokenizer(spec_arg: str | None, eos_arg: int | None, checkpoint: Path, config: dict[str, Any]):
+    """The Codec of ``--tokenizer`` or of the one checkpoint ``checkpoint`` records (its data source's
+    declared ``tokenizer()``, or what its ``[data]`` section names); None (said in one line) when none
+    is recorded or the recorded one cannot be read: the weights export anyway."""
+    from tools.text_codec import Codec, TokenizerRecord, recorded_tokenizer, resolve
 
     if spec_arg is not None:  # asked for explicitly: a bad one is an error
         return Codec(TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer"))
     try:
-        record = find_in_config(config, where)
+        record = recorded_tokenizer(checkpoint, config, f"checkpoint {checkpoint}")
         codec = Codec(record) if record is not None else None
     except PlaitError as e:
         log.warn(f"no tokenizer exported: {e}")
         return None
     if codec is None:
-        log.warn("no tokenizer exported: the checkpoint's data section records none (pass --tokenizer SPEC)")
+        log.warn("no tokenizer exported: the checkpoint records none, nor does its data section (pass --tokenizer SPEC)")
     return codec
 
 
@@ -121,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
         spec, config, model = checkpoint_model(args.checkpoint)
-        codec = find_tokenizer(args.tokenizer, args.eos_id, config, f"checkpoint {args.checkpoint}")
+        codec = find_tokenizer(args.tokenizer, args.eos_id, args.checkpoint, config)
         sd = model.state_dict()
         dtype = DTYPES[args.dtype] if args.dtype else None
         if args.format == "hf":
-            lacking = [m for m in ("to_hf_state_dict", "hf_config") if not hasattr(spec, m)]
+            lacking = [m for m in ("to_hf_state_dict", "hf_config") if optional(spec, m) is None]
             if lacking:  # optional members of the model spec (core/contract.py); hf export needs both
                 raise CheckpointError(
                     f"model {config['model']['name']!r} does not support hf export: its spec lacks {' and '.join(lacking)} (core/contract.py); use --format safetensors"

@@ -2,7 +2,8 @@
 
 Samples text from a plait checkpoint folder, a plait safetensors export or a
 Hugging Face export made by ``core.export``, with the tokenizer the training
-data was prepared with (found through the checkpoint's resolved config: the
+data was prepared with (the one the data source declared, recorded in the
+checkpoint's ``state.json``; else found through its resolved config: the
 data section's ``path`` -> its ``meta.json``; in an export, its
 ``plait.json``); ``--tokenizer SPEC`` overrides it. Greedy at temperature 0,
 else top-k sampling from a seeded generator. Generation stops after
@@ -24,7 +25,7 @@ import torch
 
 from core.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, exit_bad_input
 from tools.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
-from tools.text_codec import Codec, TokenizerRecord, find_in_config, resolve
+from tools.text_codec import Codec, TokenizerRecord, recorded_tokenizer, resolve
 
 
 @dataclass
@@ -62,7 +63,7 @@ def load(path: Path) -> Loaded:
     kind = weights_kind(path)
     if kind == "dcp":
         spec, config, model = checkpoint_model(path)
-        tokenizer = find_in_config(config, f"checkpoint {path}")
+        tokenizer = recorded_tokenizer(path, config, f"checkpoint {path}")
     else:
         record = export_record(path)
         folder = path if path.is_dir() else path.parent
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokenizer is None:
             record = loaded.tokenizer
         if record is None:
-            raise DataError(f"{args.checkpoint}: no tokenizer recorded (the data section names no tokenizer and no meta.json with one); pass --tokenizer SPEC")
+            raise DataError(f"{args.checkpoint}: no tokenizer recorded (not in state.json, nor in the data section or a meta.json); pass --tokenizer SPEC")
         codec = Codec(record)
         spec, model = loaded.spec, loaded.model.to(device)
         ids = prompt_ids(codec, args.prompt, spec.vocab_size)

@@ -33,6 +33,7 @@ from typing import Any
 from torch import nn
 
 from core import log
+from core.contract import optional
 from core.errors import ArgumentParser, ConfigError, PlaitError, exit_bad_input
 from preflight.disk import checkpoint_bytes
 from tools.measure import measure
@@ -61,7 +62,7 @@ def make_plan(prep) -> dict[str, Any]:
     shards = getattr(c["parallelism"], "shards_parameters", False)
     shard = world if shards else 1
     act_bytes_per_el = 4 if c["precision"].param_dtype is None else 2
-    opt_bytes = getattr(c["optimizer"], "state_bytes_per_param", 8)
+    opt_bytes = optional(c["optimizer"], "state_bytes_per_param", 8)
     mem = {
         "weights_gib": total * 4 / shard / GiB,
         "grads_gib": total * 4 / shard / GiB,

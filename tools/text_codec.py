@@ -7,6 +7,10 @@ or ``tiktoken:FILE``, with ``eos_id`` and the file's sha256 as
 itself (``tokenizer``). :func:`find_in_config` follows a resolved config's
 ``[data]`` section (and a mixture's ``sources``) to that record, generically:
 a section's ``tokenizer`` key, or the ``meta.json`` in its ``path`` folder.
+Any data source, a third-party one too, may declare its tokenizer instead
+(its optional ``tokenizer()``, :mod:`dataloading.tokenizer_spec`): the run
+records it in each checkpoint's ``state.json``, and :func:`recorded_tokenizer`
+prefers that record.
 
 Encoding is :class:`plugins.data.prepare.Tokenizer`'s (one definition of
 what the data holds); decoding is added here. Nothing here runs code from a
@@ -16,14 +20,12 @@ checkpoint or an export: only JSON is read.
 from __future__ import annotations
 
 import base64
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.errors import DataError
-
-KINDS = ("bytes", "hf", "tiktoken")
+from dataloading.tokenizer_spec import KINDS, fingerprint
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,6 @@ class TokenizerRecord:
     def file(self) -> Path | None:
         kind, _, path = self.spec.partition(":")
         return Path(path) if kind != "bytes" else None
-
-
-def fingerprint(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | None = None) -> str:
@@ -130,6 +128,17 @@ def find_in_config(config: dict[str, Any], where: str) -> TokenizerRecord | None
     if len(eos) > 1:
         raise DataError(f"{where}: the data sources record different EOS ids {sorted(eos)}; pass --tokenizer SPEC")
     return TokenizerRecord(specs[0], eos.pop() if eos else None, found[0].source)
+
+
+def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> TokenizerRecord | None:
+    """The tokenizer checkpoint ``checkpoint`` recorded in its ``state.json`` (the data source's declared
+    ``tokenizer()``: absolute path, sha256, EOS), else :func:`find_in_config` of its resolved config."""
+    record = read_json(checkpoint / "state.json").get("tokenizer")
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
+        return find_in_config(config, where)
+    file = f"{checkpoint / 'state.json'} tokenizer"
+    want = record.get("fingerprint") if isinstance(record.get("fingerprint"), str) else None
+    return TokenizerRecord(resolve(record["spec"], [Path.cwd()], file, want), _eos(record.get("eos_id"), file), file)
 
 
 class Codec:

@@ -255,6 +255,11 @@ class Llama3Spec:
         "norm_eps",
     )
 
+    def resolved_architecture(self) -> dict[str, Any]:
+        """The architecture options as built: the flavor's values where the config left 0 or "flavor"
+        (a resume compares these, ``checkpointing.architecture``). The flavor itself is no function."""
+        return {name: getattr(self.args, name) for name in self.architecture_options if name != "flavor"}
+
     @classmethod
     def from_options(cls, opts: Llama3Options) -> "Llama3Spec":
         opts.check()

@@ -80,6 +80,13 @@ class RecurrentMoESpec:
     # The options its weights are trained for (a resume that changes one is refused); not the loss weights.
     architecture_options: ClassVar[tuple[str, ...]] = ("flavor", "n_loops", "n_experts", "top_k", "vocab_size")
 
+    def resolved_architecture(self) -> dict[str, Any]:
+        """What the weights compute, as built from the flavor and the options (a resume compares these,
+        ``checkpointing.architecture``): the loop and routing counts and the flavor's shapes."""
+        a, b = self.args, self.args.base
+        shapes = {k: getattr(b, k) for k in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps")}
+        return {"n_prelude": a.n_prelude, "n_core": a.n_core, "n_coda": a.n_coda, "n_loops": a.n_loops, "n_experts": a.n_experts, "top_k": a.top_k, **shapes}
+
     @classmethod
     def from_options(cls, o: RecurrentMoEOptions) -> "RecurrentMoESpec":
         o.check()

@@ -1,0 +1,72 @@
+"""A monitor's values reduced over the ranks by the core, never by the monitor's own collective.
+
+A monitor that issued a collective of its own in ``plait_metrics`` and failed on one rank before
+reaching it (or was disabled there by an earlier failure) left the other ranks waiting in it until
+the collective timeout: the ranks' collectives no longer matched. A monitor returns
+:class:`Reduced` values instead (``core.api.Reduced``). Once every monitor's ``plait_metrics`` has
+run, :func:`reduce_monitor_values` makes every rank agree on what to reduce (each rank's names,
+ops and shapes, one small gather) and reduces it in one more collective
+(:func:`core.metrics.reduce_parts`). Every rank calls it once per log step whatever its monitors
+did, so no failure leaves a rank waiting. When the ranks disagree (a monitor failed, or returned
+other names, on some rank) nothing is reduced: those metrics are left out of the step on every rank,
+said once, and the failure itself stops the run as any monitor's does (``monitors.on_error``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from core import log
+from core.metrics import REDUCTIONS, reduce_parts
+from core.protocols import DistInfo
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A metric a monitor returns from ``plait_metrics`` for the core to reduce over the ranks:
+    ``op`` is ``mean``, ``sum``, ``max`` or ``min``; ``value`` a number or a tensor (the same shape
+    on every rank). The step's metrics hold the reduced value (a float for one element)."""
+
+    op: str
+    value: Any
+
+    def __post_init__(self) -> None:
+        if self.op not in REDUCTIONS:
+            raise ValueError(f"Reduced: op {self.op!r}; expected one of {', '.join(REDUCTIONS)}")
+
+
+def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
+    """``metrics`` with each :class:`Reduced` value reduced over the ranks (a collective on every rank
+    of several: call it once per log step on each). Left out on every rank when the ranks disagree."""
+    parts: dict[str, tuple[str, torch.Tensor]] = {}
+    not_numbers = []
+    for name, v in metrics.items():
+        if isinstance(v, Reduced):
+            try:
+                parts[name] = (v.op, torch.as_tensor(v.value, dtype=torch.float64))
+            except (TypeError, ValueError, RuntimeError):  # never raised here: the other ranks would wait
+                not_numbers.append(name)
+                log.warn(
+                    f"monitor metric {name!r}: Reduced({v.op!r}, {type(v.value).__name__}) holds no number or tensor: left out", once=f"not-reducible-{name}"
+                )
+    plain = {k: v for k, v in metrics.items() if not isinstance(v, Reduced)}
+    if dist.world_size > 1 and torch_dist.is_initialized():
+        layout = [(name, op, tuple(t.shape)) for name, (op, t) in parts.items()] + [(name, "", None) for name in not_numbers]
+        everyone: list[Any] = [None] * dist.world_size
+        torch_dist.all_gather_object(everyone, layout)
+        if any(other != layout for other in everyone):
+            differ = [r for r, other in enumerate(everyone) if other != everyone[0]]
+            log.warn(
+                f"monitor metrics to reduce differ between ranks (rank 0 and rank {differ[0]}: a monitor failed or returned other names): "
+                "left out on every rank",
+                once="monitor-reductions-differ",
+            )
+            return plain
+    if not parts:
+        return plain
+    reduced = reduce_parts({k: (op, t.to(dist.device)) for k, (op, t) in parts.items()}, dist)
+    return {**plain, **{k: float(v) if v.numel() == 1 else v for k, v in reduced.items()}}
