@@ -50,6 +50,8 @@ from core.errors import EXIT_BAD_INPUT, PlaitError
 
 LOCK_FILE = "plait.lock"
 LEASE_S = 10.0  # how often a holder renews its record in the lock file
+RECORD_BYTES = 1024  # every record written at this size (longer ones as they are): a rewrite never shrinks the file
+RECORD_READS = 5  # a record that does not parse is read this many times (50 ms apart) before it counts as none
 _held: list[IO[str]] = []  # open lock files: the locks live as long as these
 _record: dict = {}  # this process's record in them
 _renewing: threading.Event | None = None  # set: the renewing thread stops
@@ -69,18 +71,29 @@ def _holder(path: Path) -> str:
 
 
 def _read_record(path: Path) -> dict:
-    """The lock file's record, read through a fresh open (another host's writes show then); {} if none."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+    """The lock file's record, read through a fresh open (another host's writes show then); {} if none.
+    A record that does not parse is read again a few times first: a reader on another host may catch
+    a write of it half done (a record taken for none would let a start take a live holder's folder)."""
+    for attempt in range(RECORD_READS):
+        try:
+            text = path.read_text()
+            record = json.loads(text)
+            return record if isinstance(record, dict) else {}
+        except OSError:
+            return {}
+        except ValueError:
+            if attempt + 1 < RECORD_READS:
+                time.sleep(0.05)
+    return {}
 
 
 def _write(f: IO[str], record: dict) -> None:
+    """Write ``record`` over the one before in one write, padded to RECORD_BYTES with spaces (JSON
+    allows them), and cut what is left of a longer one after it: a reader never finds the file empty."""
+    text = json.dumps(record)
     f.seek(0)
+    f.write(text.ljust(RECORD_BYTES - 1) + "\n")
     f.truncate()
-    f.write(json.dumps(record) + "\n")
     f.flush()
     os.fsync(f.fileno())  # seen by the other hosts of a network file system
 
@@ -143,7 +156,7 @@ def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
     path = folder / LOCK_FILE
     if why := lock_file_problem(path):
         raise PlaitError(why)
-    f = open(path, "a+", opener=_no_link)  # noqa: SIM115  (kept open: the lock lives as long as the file)
+    f = open(path, "r+", opener=_no_link)  # noqa: SIM115  (kept open: the lock lives as long as the file; not appending: _write)
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -169,7 +182,7 @@ def try_lock(folder: Path, claim: bool = True) -> IO[str] | None:
 
 
 def _no_link(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW, 0o666)  # a link put there since lock_file_problem looked: ELOOP
+    return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, 0o666)  # a link put there since lock_file_problem looked: ELOOP
 
 
 def lock_file_problem(path: Path) -> str:

@@ -275,6 +275,34 @@ def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch)
     assert json.loads((tmp_path / "plait.lock").read_text())["released"] is True
 
 
+def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkeypatch):
+    """Each renewal emptied the lock file before writing the record again: a start on another host that
+    read it in between found no record, took the folder for one never held, and did not watch the live
+    holder (at a renewal every 0.5 ms, 16% of reads found it empty or half written). Now a record is
+    written over the one before in one write, padded, and never leaves the file empty."""
+    import time
+
+    from checkpointing import ownership
+
+    monkeypatch.setattr(ownership, "LEASE_S", 0.0005)
+    monkeypatch.setattr(ownership, "_record", {})
+    monkeypatch.setattr(ownership, "_renewing", None)
+    ownership.lock_run_folders([tmp_path])
+    reads, unparsed = 0, 0
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            reads += 1
+            try:
+                json.loads((tmp_path / "plait.lock").read_text())
+            except ValueError:
+                unparsed += 1
+        renewals = json.loads((tmp_path / "plait.lock").read_text())["renewals"]
+    finally:
+        ownership.release_run_folders(ended=True)
+    assert renewals > 100 and unparsed == 0, (reads, unparsed, renewals)
+
+
 @pytest.mark.parametrize("who_first", ["this_run", "another_job"])
 def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
     """``mv out out.old`` (or ``rm -rf out``) while a run trains: its next save made ``out`` again,
