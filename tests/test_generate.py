@@ -218,6 +218,27 @@ def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):
     assert "not a committed plait checkpoint" in one_line_error(capsys, "--checkpoint", tmp_path / "empty")
 
 
+def test_a_run_folder_or_its_checkpoints_folder_is_refused_naming_its_newest_checkpoint(bytes_ckpt, tmp_path, capsys):
+    """After a run the folder at hand is runs/x (or runs/x/checkpoints), not its step folder. Given
+    there, generate said "not a committed plait checkpoint ...", and export, a resume or an initial
+    load "checkpoint ... is incomplete: no COMMITTED marker (interrupted save?)": a damaged
+    checkpoint, it seemed. The one line now says what the folder is and names its newest checkpoint."""
+    from tools import plan
+
+    ckpts = bytes_ckpt.parent
+    config = write_tiny_config(tmp_path, steps=3, global_batch_tokens=512)
+    for folder, what in ((ckpts.parent, "a run's output folder"), (ckpts, "a folder of checkpoints")):
+        expected = f"{folder} is {what}, not a checkpoint: give one checkpoint folder, e.g. its newest, {bytes_ckpt}\n"
+        assert one_line_error(capsys, "--checkpoint", folder).endswith(expected)
+        proc = run_module("core.export", "--checkpoint", str(folder), "--format", "hf", "--out", str(tmp_path / "hf"))
+        assert proc.returncode == 2 and proc.stderr == f"plait: error: {expected}" and not (tmp_path / "hf").exists()
+        for key in ("resume", "initial_load"):
+            with pytest.raises(SystemExit) as e:
+                plan.main(["--config", str(config), f"--checkpoint.{key}={folder}"])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and err == f"plait: error: [checkpoint].{key}: {expected}", err
+
+
 def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
     """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
     err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)

@@ -135,7 +135,7 @@ def test_an_interpreter_without_plait_is_one_line_naming_it_and_the_way_out(tmp_
     which it is, in .venv: the line names the interpreter, its error and PYTHON=.venv/bin/python."""
     bare = tmp_path / "bin" / "python"
     bare.parent.mkdir()
-    bare.write_text(f"#!/bin/bash\nexec {sys.executable} -I -S \"$@\"\n")  # no site-packages: no torch, no plait
+    bare.write_text(f'#!/bin/bash\nexec {sys.executable} -I -S "$@"\n')  # no site-packages: no torch, no plait
     bare.chmod(0o755)
     proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=remote_env(tmp_path, PYTHON=str(bare)), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "attempt" not in proc.stderr
