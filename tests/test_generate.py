@@ -4,12 +4,15 @@ Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-li
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_module, write_tiny_config
+from conftest import REPO, env, run_module, write_tiny_config
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 PROMPT = "ROMEO: What"
@@ -122,6 +125,24 @@ def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, caps
     assert hf_greedy(out, ids, 24) == new
     # the export itself generates the same text (its plait.json names the tokenizer)
     assert cli(capsys, "--checkpoint", out, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0) == text
+
+
+def test_the_transformers_blocks_of_generate_md_run_offline_on_the_exports(bytes_ckpt, bpe_ckpt, tmp_path, capsys):
+    """docs/generate.md's Python, verbatim, in a folder holding export/hf, offline. Its one block used
+    AutoTokenizer, which fails on the export of the quick start's model (the bytes tokenizer has no
+    Hugging Face form): the bytes block must print what core.generate --temperature 0 prints."""
+    pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "generate.md").read_text(), re.S)
+    assert len(blocks) == 2 and "AutoTokenizer" in blocks[0] and ".encode()" in blocks[1]
+    runs = [(tmp_path / "bpe", blocks[0]), (tmp_path / "bytes", blocks[1])]  # each in a folder holding export/hf
+    for (here, _), ckpt in zip(runs, (bpe_ckpt, bytes_ckpt)):
+        export(ckpt, here / "export" / "hf")
+    driver = "import os, sys\nfor here, block in %r:\n    os.chdir(here)\n    exec(block, {})\n    print('<end>')\n" % [(str(h), b) for h, b in runs]
+    proc = subprocess.run([sys.executable, "-c", driver], env=env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bpe_text, bytes_text, _ = proc.stdout.split("<end>\n")
+    assert bpe_text.startswith("ROMEO:") and bytes_text.startswith("ROMEO:")
+    assert bytes_text == cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", "ROMEO:", "--max-new-tokens", 50, "--temperature", 0)
 
 
 def test_greedy_bpe_checkpoint_matches_transformers_with_its_tokenizer(bpe_ckpt, tmp_path, capsys):
