@@ -119,7 +119,9 @@ def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, caps
     assert codec.record.spec == "bytes" and ids == list(PROMPT.encode())
     assert text == PROMPT + codec.decode(new) + "\n"
     out = export(bytes_ckpt, tmp_path / "hf")
-    assert "no Hugging Face form" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no Hugging Face form" in printed
+    assert re.findall(r"wrote (\S+)", printed) == [str(p) for p in sorted(out.iterdir())]  # config.json was left out
     assert not (out / "tokenizer.json").exists()
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
     assert hf_greedy(out, ids, 24) == new

@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             paths += tok_paths
             record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
             paths.append(write_json(out / PLAIT_FILE, record))
-        paths = [args.out / path.name for path in paths]
+            names = sorted(p.name for p in out.iterdir())  # every file: config.json too, which the writers above add
+        paths = [args.out / name for name in names]
     except PlaitError as e:
         exit_bad_input(e)
     for path in paths:
