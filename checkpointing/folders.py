@@ -188,8 +188,18 @@ def read_manifest(path: Path) -> integrity.Manifest:
         raise CheckpointError(f"checkpoint {path} does not exist")
     marker = path / COMMIT_MARKER
     if not marker.is_file():
-        raise CheckpointError(f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
+        raise CheckpointError(folder_of_checkpoints(path) or f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
     return integrity.read_manifest(marker)
+
+
+def folder_of_checkpoints(path: Path) -> str:
+    """The error for a folder of checkpoints, or a run's output folder, given where one checkpoint was
+    expected (the folder a user has at hand): it names the newest committed checkpoint in it; '' if none."""
+    for root, what in ((path, "a folder of checkpoints"), (path / "checkpoints", "a run's output folder")):
+        newest = next(committed_newest_first(root), None)
+        if newest is not None:
+            return f"{path} is {what}, not a checkpoint: give one checkpoint folder, e.g. its newest, {newest}"
+    return ""
 
 
 def verify(path: Path, shards: bool = True) -> dict[str, Any]:

@@ -159,7 +159,11 @@ def weights_kind(path: Path) -> str:
             return "safetensors"
         if (path / SAFETENSORS_FILE).is_file() or (path / HF_INDEX).is_file():
             return "hf"
-    raise CheckpointError(f"weights {path}: not a committed plait checkpoint, a plait safetensors export or a Hugging Face folder")
+    from checkpointing.folders import folder_of_checkpoints
+
+    raise CheckpointError(
+        folder_of_checkpoints(path) or f"weights {path}: not a committed plait checkpoint, a plait safetensors export or a Hugging Face folder"
+    )
 
 
 def _meta_tensors(file: str) -> dict[str, torch.Tensor]:

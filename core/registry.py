@@ -162,7 +162,9 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         try:
             module = ep.load()
         except (Exception, SystemExit) as e:  # any import failure (sys.exit, argparse at import too) is that plugin's problem
-            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}") from None
+            others = ",".join(sorted({o.name for o in eps if o.dist is None or o.dist.name != OWN_DISTRIBUTION} - {ep.name})) or "''"
+            out = f"; to run without it: {ALLOW_ENV}={others} (the other third-party plugins), or uninstall {dist}" if dist != OWN_DISTRIBUTION else ""
+            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}{out}") from None
         try:
             pm.register(module, name=ep.name)
         except pluggy.PluginValidationError as e:  # a hook implementation of the wrong shape

@@ -122,8 +122,10 @@ if [ -n "${MICRO_BATCH:-}" ] && ! [[ $MICRO_BATCH =~ $INT_RE || $MICRO_BATCH == 
     bad_env MICRO_BATCH "$MICRO_BATCH" "a non-negative decimal integer or auto"
 fi
 
-# 1. The installation, and what this node has.
-if ! info=$("$PY" - <<'PY'
+# 1. The installation, and what this node has. Its error (no torch, no plait, a plugin that fails to
+# import) goes to the log whole and, its last line, into the one line that says what to do.
+check_err=$(mktemp)
+if ! info=$("$PY" - 2>"$check_err" <<'PY'
 import importlib.metadata as md, torch
 cuda = torch.cuda.is_available()
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda if cuda else 'none'}")
@@ -141,9 +143,13 @@ print(f"gpus {torch.cuda.device_count()}")
 PY
 ); then
     stopped
-    log "installation check failed: is plait installed (pip install -e .)?"
+    cat "$check_err" >>"$LOG"
+    why=$(grep -v '^[[:space:]]*$' "$check_err" | tail -n 1 | cut -c 1-300)
+    rm -f "$check_err"
+    log "plait: error: remote.sh: installation check with PYTHON=$PY failed (${why:-no output}): install plait for that interpreter (pip install -e .), or set PYTHON to the one it is installed for, e.g. PYTHON=.venv/bin/python"
     exit 2
 fi
+rm -f "$check_err"
 echo "$info" | tee -a "$LOG"
 GPUS=$(echo "$info" | awk '/^gpus /{print $2}')
 [[ ${GPUS:-} =~ $INT_RE ]] || GPUS=0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,12 @@ def prepare(
     checkpoints to resume from."""
     raw = config_io.load(path, overrides)
     registry = registry_mod.load()
-    rc = resolve(raw, registry, source=str(path))
+    try:
+        rc = resolve(raw, registry, source=str(path))
+    except ConfigError as e:  # a value from the command line is not in the file the line names
+        named = r"\[{0}\]( \([^)]*\))?(\.{1}:|: unknown key '{1}')"  # [optimizer].lr: or [optimizer] (optimizer 'adamw').lr:
+        given = [k for k, _ in config_io.parse_overrides(overrides or []) if re.search(named.format(*map(re.escape, k.rsplit(".", 1))), str(e))]
+        raise ConfigError(f"{e} (given on the command line: --{given[0]})" if given else str(e)) from None
     components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
     for slot, component in components.items():  # what each factory returned, held to core/contract.py
         check_component(slot, rc.slots[slot].component.name, component)

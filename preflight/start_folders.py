@@ -24,7 +24,7 @@ from checkpointing.folders import STATE_FILE, check_fits, check_shapes, find_res
 from checkpointing.resume import check_stream_world
 from checkpointing.retention import after_divergence
 from core.contract import optional
-from core.errors import ConfigError
+from core.errors import CheckpointError, ConfigError
 from preflight.disk import check_room, checkpoint_bytes, kept_at_once
 from preflight.plugin_checks import call_plugin
 
@@ -100,7 +100,10 @@ def check_start(prep: Any, model_meta: torch.nn.Module, lock: bool, dry_run: boo
     rc = prep.rc
     ckpt = rc.sections["checkpoint"]
     if ckpt.resume not in ("auto", "none"):  # bad input found before anything is created
-        verify(Path(ckpt.resume), shards=False)
+        try:
+            verify(Path(ckpt.resume), shards=False)
+        except CheckpointError as e:  # the key that named it, first
+            raise CheckpointError(f"[checkpoint].resume: {e}") from None
         check_fits(ckpt, Path(ckpt.resume), model_meta, prep.architecture)
     created: list[Path] = []
     try:
@@ -140,7 +143,10 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     if initial and prep.resume_from is None:
         from checkpointing.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
 
-        kind = weights_kind(Path(initial))  # exists, known layout
+        try:
+            kind = weights_kind(Path(initial))  # exists, known layout
+        except CheckpointError as e:
+            raise CheckpointError(f"[checkpoint].initial_load: {e}") from None
         if kind == "hf" and (Path(initial) / HF_INDEX).is_file():
             hf_index_files(Path(initial) / HF_INDEX)  # shard names stay inside the folder
         if kind == "dcp":  # complete, undamaged and of this model's architecture and shape, as a resume's checkpoint is

@@ -600,3 +600,23 @@ def test_a_model_larger_than_this_machine_is_refused_before_the_run_on_cpu(tiny_
     prepare(  # plan: maybe for another machine's memory (its 1.4 TB checkpoint would not fit this disk: none asked for)
         str(tiny_config()), ["--model.name=recurrent_moe", "--model.vocab_size=1000000000", "--checkpoint.at_end=false"], validate_data=True, dry_run=True
     )
+
+
+def test_a_bad_value_from_the_command_line_is_named_as_such(tiny_config, tmp_path, capsys):
+    """The line named the config file for a value that is not in it: `--train.steps=abc` read
+    "run.toml: [train].steps: expected int, got str 'abc'". It still names the file (the run) and now
+    says where the value came from; a value that is in the file gets no such note."""
+    config = str(tiny_config())
+    for flag, said in [
+        ("--train.steps=abc", "[train].steps: expected int, got str 'abc'"),
+        ("--optimizer.lr=-1", "[optimizer] (optimizer 'adamw').lr: must be > 0, got -1"),
+        ("--train.stepz=5", "[train]: unknown key 'stepz' (did you mean 'steps'?)"),
+    ]:
+        msg = plan_error(capsys, "--config", config, flag, "--train.seed=1")
+        assert said in msg and msg.endswith(f" (given on the command line: {flag.split('=')[0]})"), msg
+    msg = plan_error(capsys, "--config", config, "--train.micro_batch=0")
+    assert "[train].micro_batch" in msg and msg.endswith("(given on the command line: --train.micro_batch)")
+    in_file = tmp_path / "bad.toml"
+    in_file.write_text(f'extends = "{config}"\n[optimizer]\nlr = -1\n')
+    msg = plan_error(capsys, "--config", str(in_file), "--train.steps=5")
+    assert msg.endswith("lr: must be > 0, got -1") and str(in_file) in msg  # from the file: no note

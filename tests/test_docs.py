@@ -269,3 +269,19 @@ def test_configuration_md_states_each_slot_default_plugin():
     said = dict(re.findall(r'`(\w+) = "(\w+)"`', sentence))
     assert said == {slot: name for slot, name in DEFAULT_PLUGIN.items() if name is not None}
     assert all(f"`[{slot}]`" in sentence for slot, name in DEFAULT_PLUGIN.items() if name is None)  # must name a plugin
+
+
+@pytest.mark.parametrize("command, doc", [("tools.generate", "docs/generate.md"), ("tools.export", "docs/export.md"), ("tools.report", "README.md")])
+def test_the_export_generate_and_report_docs_name_every_flag_and_its_default(command, doc, monkeypatch):
+    """generate.md's usage line gives the defaults (`[--max-new-tokens 200]`): they are the command's,
+    and `--help` says each one too (it said none of them)."""
+    import importlib
+
+    parser = parser_of(importlib.import_module(command).main, monkeypatch)
+    flags, said = flags_of(parser), text(doc)
+    assert [f for f in flags if f not in said] == []
+    for flag, value in re.findall(r"\[(--[a-z-]+) ([0-9.]+)\]", said):
+        assert float(value) == flags[flag], flag
+    for action in parser._actions:
+        if action.default not in (None, "", False, argparse.SUPPRESS) and action.option_strings[0] != "-h":
+            assert "%(default)s" in (action.help or ""), action.option_strings

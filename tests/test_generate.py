@@ -4,12 +4,15 @@ Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-li
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_module, write_tiny_config
+from conftest import REPO, env, run_module, write_tiny_config
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 PROMPT = "ROMEO: What"
@@ -116,12 +119,32 @@ def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, caps
     assert codec.record.spec == "bytes" and ids == list(PROMPT.encode())
     assert text == PROMPT + codec.decode(new) + "\n"
     out = export(bytes_ckpt, tmp_path / "hf")
-    assert "no Hugging Face form" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "no Hugging Face form" in printed
+    assert re.findall(r"wrote (\S+)", printed) == [str(p) for p in sorted(out.iterdir())]  # config.json was left out
     assert not (out / "tokenizer.json").exists()
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
     assert hf_greedy(out, ids, 24) == new
     # the export itself generates the same text (its plait.json names the tokenizer)
     assert cli(capsys, "--checkpoint", out, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0) == text
+
+
+def test_the_transformers_blocks_of_generate_md_run_offline_on_the_exports(bytes_ckpt, bpe_ckpt, tmp_path, capsys):
+    """docs/generate.md's Python, verbatim, in a folder holding export/hf, offline. Its one block used
+    AutoTokenizer, which fails on the export of the quick start's model (the bytes tokenizer has no
+    Hugging Face form): the bytes block must print what core.generate --temperature 0 prints."""
+    pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "generate.md").read_text(), re.S)
+    assert len(blocks) == 2 and "AutoTokenizer" in blocks[0] and ".encode()" in blocks[1]
+    runs = [(tmp_path / "bpe", blocks[0]), (tmp_path / "bytes", blocks[1])]  # each in a folder holding export/hf
+    for (here, _), ckpt in zip(runs, (bpe_ckpt, bytes_ckpt)):
+        export(ckpt, here / "export" / "hf")
+    driver = "import os, sys\nfor here, block in %r:\n    os.chdir(here)\n    exec(block, {})\n    print('<end>')\n" % [(str(h), b) for h, b in runs]
+    proc = subprocess.run([sys.executable, "-c", driver], env=env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bpe_text, bytes_text, _ = proc.stdout.split("<end>\n")
+    assert bpe_text.startswith("ROMEO:") and bytes_text.startswith("ROMEO:")
+    assert bytes_text == cli(capsys, "--checkpoint", bytes_ckpt, "--prompt", "ROMEO:", "--max-new-tokens", 50, "--temperature", 0)
 
 
 def test_greedy_bpe_checkpoint_matches_transformers_with_its_tokenizer(bpe_ckpt, tmp_path, capsys):
@@ -216,6 +239,27 @@ def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):
     # not weights at all
     (tmp_path / "empty").mkdir()
     assert "not a committed plait checkpoint" in one_line_error(capsys, "--checkpoint", tmp_path / "empty")
+
+
+def test_a_run_folder_or_its_checkpoints_folder_is_refused_naming_its_newest_checkpoint(bytes_ckpt, tmp_path, capsys):
+    """After a run the folder at hand is runs/x (or runs/x/checkpoints), not its step folder. Given
+    there, generate said "not a committed plait checkpoint ...", and export, a resume or an initial
+    load "checkpoint ... is incomplete: no COMMITTED marker (interrupted save?)": a damaged
+    checkpoint, it seemed. The one line now says what the folder is and names its newest checkpoint."""
+    from tools import plan
+
+    ckpts = bytes_ckpt.parent
+    config = write_tiny_config(tmp_path, steps=3, global_batch_tokens=512)
+    for folder, what in ((ckpts.parent, "a run's output folder"), (ckpts, "a folder of checkpoints")):
+        expected = f"{folder} is {what}, not a checkpoint: give one checkpoint folder, e.g. its newest, {bytes_ckpt}\n"
+        assert one_line_error(capsys, "--checkpoint", folder).endswith(expected)
+        proc = run_module("core.export", "--checkpoint", str(folder), "--format", "hf", "--out", str(tmp_path / "hf"))
+        assert proc.returncode == 2 and proc.stderr == f"plait: error: {expected}" and not (tmp_path / "hf").exists()
+        for key in ("resume", "initial_load"):
+            with pytest.raises(SystemExit) as e:
+                plan.main(["--config", str(config), f"--checkpoint.{key}={folder}"])
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and err == f"plait: error: [checkpoint].{key}: {expected}", err
 
 
 def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):

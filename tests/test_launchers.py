@@ -129,6 +129,22 @@ def test_remote_bad_config_is_not_retried(tmp_path):
     assert "attempt" not in proc.stderr
 
 
+def test_an_interpreter_without_plait_is_one_line_naming_it_and_the_way_out(tmp_path):
+    """The README installs into .venv without activating it; remote.sh's default PYTHON is `python` on
+    the PATH, which then lacks torch. That was a traceback and "is plait installed (pip install -e .)?",
+    which it is, in .venv: the line names the interpreter, its error and PYTHON=.venv/bin/python."""
+    bare = tmp_path / "bin" / "python"
+    bare.parent.mkdir()
+    bare.write_text(f'#!/bin/bash\nexec {sys.executable} -I -S "$@"\n')  # no site-packages: no torch, no plait
+    bare.chmod(0o755)
+    proc = subprocess.run(["bash", "launchers/remote.sh"], cwd=REPO, env=remote_env(tmp_path, PYTHON=str(bare)), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "attempt" not in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"PYTHON={bare} failed (ModuleNotFoundError: No module named 'torch')" in line and "PYTHON=.venv/bin/python" in line
+    assert "Traceback" in (tmp_path / "out" / "remote.log").read_text()  # the whole error stays in the log
+
+
 def test_k8s_entrypoint_passes_the_trainers_exit_code(tiny_config, tmp_path):
     """torchrun reports 1 for any failure; the pod must exit with the trainer's own code so the
     Job's podFailurePolicy can refuse to retry bad input and diverged runs."""

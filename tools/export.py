@@ -104,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
-    p.add_argument("--format", required=True, choices=["safetensors", "hf"])
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--format", required=True, choices=["safetensors", "hf"], help="plait's tensor names, or Hugging Face's Llama layout")
+    p.add_argument("--out", required=True, type=Path, help="folder to write (not inside a checkpoint folder)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating tensors (default: as saved, fp32)")
-    p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB")
+    p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB (default: %(default)s)")
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
     args = p.parse_args(argv)
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             paths += tok_paths
             record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
             paths.append(write_json(out / PLAIT_FILE, record))
-        paths = [args.out / path.name for path in paths]
+            names = sorted(p.name for p in out.iterdir())  # every file: config.json too, which the writers above add
+        paths = [args.out / name for name in names]
     except PlaitError as e:
         exit_bad_input(e)
     for path in paths:

@@ -187,7 +187,7 @@ def manifest(run: Path, rows: list[dict], ckpt: Path | None, resolved_text: str,
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m core.report", description=__doc__.split("\n\n")[0])
     p.add_argument("--run", required=True, type=Path, help="a run's output_dir")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="folder to write the report to")
     args = p.parse_args(argv)
     try:
         from preflight.start_folders import probe_folder
