@@ -15,7 +15,7 @@ said once, and the failure itself stops the run as any monitor's does (``monitor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -29,10 +29,14 @@ from core.protocols import DistInfo
 class Reduced:
     """A metric a monitor returns from ``plait_metrics`` for the core to reduce over the ranks:
     ``op`` is ``mean``, ``sum``, ``max`` or ``min``; ``value`` a number or a tensor (the same shape
-    on every rank). The step's metrics hold the reduced value (a float for one element)."""
+    on every rank). The step's metrics hold the reduced value (a float for one element), or
+    ``finish(reduced value)`` when a ``finish`` is given: a metric that is a function of sums over
+    the ranks (``update_ratio``'s sqrt(sum of squared changes / sum of squared weights), one tensor
+    of both summed). A ``finish`` that raises leaves the metric out, with a warning."""
 
     op: str
     value: Any
+    finish: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.op not in REDUCTIONS:
@@ -43,6 +47,7 @@ def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, 
     """``metrics`` with each :class:`Reduced` value reduced over the ranks (a collective on every rank
     of several: call it once per log step on each). Left out on every rank when the ranks disagree."""
     parts: dict[str, tuple[str, torch.Tensor]] = {}
+    finishes = {name: v.finish for name, v in metrics.items() if isinstance(v, Reduced) and v.finish is not None}
     not_numbers = []
     for name, v in metrics.items():
         if isinstance(v, Reduced):
@@ -69,4 +74,12 @@ def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, 
     if not parts:
         return plain
     reduced = reduce_parts({k: (op, t.to(dist.device)) for k, (op, t) in parts.items()}, dist)
-    return {**plain, **{k: float(v) if v.numel() == 1 else v for k, v in reduced.items()}}
+    out = {k: float(v) if v.numel() == 1 else v for k, v in reduced.items()}
+    for name, finish in finishes.items():
+        if name in out:
+            try:
+                out[name] = finish(out[name])
+            except Exception as e:  # noqa: BLE001 - a metric left out, never a rank that stops alone
+                del out[name]
+                log.warn(f"monitor metric {name!r}: its Reduced finish raised {type(e).__name__}: {e}; left out", once=f"finish-{name}")
+    return {**plain, **out}

@@ -285,3 +285,9 @@ def test_a_reduced_value_that_is_no_number_is_left_out_and_a_bad_op_is_the_monit
     assert "monitor metric 'c': Reduced('sum', str) holds no number or tensor: left out" in capsys.readouterr().err
     with pytest.raises(ValueError, match="Reduced: op 'median'; expected one of mean, sum, max, min"):
         Reduced("median", 1.0)
+    # a finish turns the reduced sums into the metric; one that raises leaves it out, said once
+    finished = reduce_monitor_values(
+        {"r": Reduced("sum", [9.0, 4.0], finish=lambda t: float(t[0] / t[1])), "bad": Reduced("sum", 1, finish=lambda t: 1 / 0)}, DistInfo()
+    )
+    assert finished == {"r": 2.25}
+    assert "monitor metric 'bad': its Reduced finish raised ZeroDivisionError: division by zero; left out" in capsys.readouterr().err

@@ -134,3 +134,29 @@ def test_update_ratio_with_sharded_parameters_on_two_ranks(tmp_path):
     rows = read_metrics(tmp_path / "out")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0 < r["update_ratio/matrix"] < 1 for r in rows), rows
+
+
+def test_update_ratio_under_fsdp2_and_hsdp_is_the_whole_models_ratio(tmp_path):
+    """Under fsdp2 each rank reported the ratio of its own shard (its own norm of its shard, not the
+    model's): rank 0's, whose rows are 50x larger here, was far from the whole model's. The ranks' sums
+    are reduced by the core now (``core.api.Reduced``): every rank reports the ratio a single process
+    reports on the same weights, and the one computed from the gathered weights (fsdp2, and HSDP whose
+    replicated shards count once)."""
+    import json
+    import subprocess
+
+    from conftest import REPO, env, torchrun_argv
+
+    out = tmp_path / "ratios.json"
+    script = REPO / "tests" / "workers" / "update_ratio_ranks.py"
+    r = subprocess.run(torchrun_argv(2, str(out), script=script), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        got = json.loads(Path(f"{out}.{rank}").read_text())
+        single = got["single"]
+        assert set(single) == {"update_ratio/matrix", "update_ratio/bias"}
+        for parallelism in ("fsdp2", "hsdp"):
+            for group in ("matrix", "bias"):
+                value = got[parallelism]["got"][f"update_ratio/{group}"]
+                assert value == pytest.approx(got[parallelism]["whole"][group], rel=1e-6), (rank, parallelism, group)
+                assert value == pytest.approx(single[f"update_ratio/{group}"], rel=1e-4), (rank, parallelism, group)

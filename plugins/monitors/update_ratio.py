@@ -5,23 +5,40 @@ Before the optimizer steps on a log step (a step pre-hook on
 the change to the old norm is reported per group, as
 ``update_ratio/<group>`` (the core's groups are ``matrix``, ``embedding``,
 ``norm`` and ``bias``). The copy costs one parameter-sized buffer on log
-steps only. Sharded (DTensor) parameters give the local shard's ratio,
-which tracks the global one closely for evenly sharded weights. A step
-whose update was skipped reports nothing.
+steps only (each rank its own shard). The ratio is the whole model's under
+every parallelism: each rank sums its shard's squared change and squared
+weights, and the core sums both over the ranks (``core.api.Reduced``) before
+the ratio is taken; a tensor held by several ranks (DDP's replicas, HSDP's
+replicated shards) counts once. A step whose update was skipped reports
+nothing.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
-from core.api import NoOptions, hookimpl
+from core.api import NoOptions, Reduced, hookimpl
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _copies(p: torch.Tensor, world_size: int) -> int:
+    """How many ranks hold this rank's part of ``p``: a plain tensor is on every rank (DDP's
+    replicas, or one process); a DTensor's part is repeated over the mesh dims it is replicated on."""
+    if not isinstance(p, DTensor):
+        return world_size
+    return math.prod(p.device_mesh.size(dim) for dim, placement in enumerate(p.placements) if placement.is_replicate())
+
+
+def _ratio(sums: torch.Tensor) -> float:
+    """sqrt(squared change / squared weights), both summed over the ranks."""
+    return float(sums[0].sqrt() / sums[1].sqrt().clamp(min=1e-12))
 
 
 class UpdateRatio:
@@ -42,19 +59,20 @@ class UpdateRatio:
             self.saved = [(g.get("name", str(i)), [_local(p).detach().clone() for p in g["params"]]) for i, g in enumerate(optimizer.param_groups)]
 
     @hookimpl
-    def plait_metrics(self, run: Any) -> dict[str, float]:
+    def plait_metrics(self, run: Any) -> dict[str, Reduced]:
         saved, self.saved = self.saved, None
         if saved is None:
             return {}
         out = {}
         with torch.no_grad():
             for (name, old), group in zip(saved, run.optimizer.param_groups):
-                new = [_local(p).detach() for p in group["params"]]
-                if not new:
+                if not group["params"]:
                     continue
-                change = torch.stack([((n.float() - o.float()) ** 2).sum() for n, o in zip(new, old)]).sum().sqrt()
-                norm = torch.stack([(o.float() ** 2).sum() for o in old]).sum().sqrt()
-                out[f"update_ratio/{name}"] = float(change / norm.clamp(min=1e-12))
+                weights = [1.0 / _copies(p, run.dist.world_size) for p in group["params"]]
+                new = [_local(p).detach() for p in group["params"]]
+                change = sum(w * ((n.double() - o.double()) ** 2).sum() for w, n, o in zip(weights, new, old))
+                norm = sum(w * (o.double() ** 2).sum() for w, o in zip(weights, old))
+                out[f"update_ratio/{name}"] = Reduced("sum", torch.stack([change, norm]), finish=_ratio)
         return out
 
     @hookimpl
