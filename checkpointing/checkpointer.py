@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from checkpointing import hyperparams, integrity, ownership, replicas, retention
+from checkpointing import hyperparams, integrity, ownership, replicas, retention, tokenizer_copy
 from checkpointing.durable_io import replace_durable, sync_dir, write_durable
 from checkpointing.folders import (
     BEST_FILE,
@@ -432,6 +432,7 @@ class Checkpointer:
         watchdog.progress(f"committing the checkpoint of step {step}")
         if self.dist.is_main:
             ownership.fence()  # a run folder another job took while this one was stopped: no commit there, exit 2 at once
+            json_state = dict(json_state, tokenizer=tokenizer_copy.record_for(path, json_state.get("tokenizer")))  # findable when moved
             write_durable(path / STATE_FILE, json.dumps(json_state, indent=1))
             sync_dir(path / "rng")
             sync_dir(path)

@@ -47,6 +47,7 @@ from checkpointing.folders import (
     verify,
 )
 from checkpointing.small_files import read_json
+from checkpointing.tokenizer_copy import COPY_NAMES
 from core import log
 from core.errors import CheckpointError, ConfigError
 
@@ -92,12 +93,13 @@ class LossTally:
 
 def written_by_a_save(rel: Path) -> bool:
     """A file a save writes, by its path in the step folder: DCP's shards and metadata, ``state.json``,
-    each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, and their
-    temporary files."""
+    each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, the tokenizer's
+    copy (:mod:`checkpointing.tokenizer_copy`), and their temporary files."""
     name = rel.name
     if len(rel.parts) == 2 and rel.parts[0] == "rng":
         return name.endswith((".json", ".tmp"))
-    return len(rel.parts) == 1 and (name in {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata"} or name.endswith((".distcp", ".tmp")))
+    saved = {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata", *COPY_NAMES.values()}
+    return len(rel.parts) == 1 and (name in saved or name.endswith((".distcp", ".tmp")))
 
 
 def _raise(error: OSError) -> None:

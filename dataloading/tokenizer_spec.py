@@ -4,8 +4,10 @@ A source that knows the tokenizer its token ids come from returns a :class:`Toke
 core resolves its file to an absolute path with the file's sha256 (:func:`declared_tokenizer`,
 before anything is built: a bad answer is one line, exit 2, ``core.plan`` too) and records it in
 every checkpoint's ``state.json`` (``tokenizer``), where ``core.export`` and ``core.generate``
-find it (:func:`tools.text_codec.recorded_tokenizer`). Without it they follow the ``[data]``
-section as the built-in sources write it (a ``tokenizer`` key, or the ``meta.json`` of its ``path``).
+find it (:func:`tools.text_codec.recorded_tokenizer`; the commit adds its path relative to the
+checkpoint and a copy of the file, :mod:`checkpointing.tokenizer_copy`). The built-in sources declare
+theirs the same way. For a checkpoint saved before the record they follow the ``[data]`` section
+as the built-in sources write it (a ``tokenizer`` key, or the ``meta.json`` of its ``path``).
 """
 
 from __future__ import annotations

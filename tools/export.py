@@ -42,10 +42,12 @@ def find_tokenizer(spec_arg: str | None, eos_arg: int | None, checkpoint: Path, 
     """The Codec of ``--tokenizer`` or of the one checkpoint ``checkpoint`` records (its data source's
     declared ``tokenizer()``, or what its ``[data]`` section names); None (said in one line) when none
     is recorded or the recorded one cannot be read: the weights export anyway."""
-    from tools.text_codec import Codec, TokenizerRecord, recorded_tokenizer, resolve
+    from tools.text_codec import Codec, TokenizerRecord, check_against_recorded, recorded_tokenizer, resolve
 
     if spec_arg is not None:  # asked for explicitly: a bad one is an error
-        return Codec(TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer"))
+        given = TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer")
+        check_against_recorded(given, checkpoint)
+        return Codec(given)
     try:
         record = recorded_tokenizer(checkpoint, config, f"checkpoint {checkpoint}")
         codec = Codec(record) if record is not None else None

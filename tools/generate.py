@@ -25,7 +25,7 @@ import torch
 
 from core.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, exit_bad_input
 from tools.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
-from tools.text_codec import Codec, TokenizerRecord, recorded_tokenizer, resolve
+from tools.text_codec import Codec, TokenizerRecord, check_against_recorded, recorded_tokenizer, resolve
 
 
 @dataclass
@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load(args.checkpoint)
         if args.tokenizer is None:
             record = loaded.tokenizer
+        elif record is not None and args.checkpoint.is_dir():
+            check_against_recorded(record, args.checkpoint)
         if record is None:
             raise DataError(f"{args.checkpoint}: no tokenizer recorded (not in state.json, nor in the data section or a meta.json); pass --tokenizer SPEC")
         codec = Codec(record)

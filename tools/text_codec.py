@@ -7,10 +7,11 @@ or ``tiktoken:FILE``, with ``eos_id`` and the file's sha256 as
 itself (``tokenizer``). :func:`find_in_config` follows a resolved config's
 ``[data]`` section (and a mixture's ``sources``) to that record, generically:
 a section's ``tokenizer`` key, or the ``meta.json`` in its ``path`` folder.
-Any data source, a third-party one too, may declare its tokenizer instead
-(its optional ``tokenizer()``, :mod:`dataloading.tokenizer_spec`): the run
-records it in each checkpoint's ``state.json``, and :func:`recorded_tokenizer`
-prefers that record.
+Every data source, the built-in ones and a third party's, declares its
+tokenizer (its optional ``tokenizer()``, :mod:`dataloading.tokenizer_spec`): the
+run records it in each checkpoint's ``state.json``, and :func:`recorded_tokenizer`
+reads that record (found again when moved: :mod:`checkpointing.tokenizer_copy`);
+the ``[data]`` reading is the fallback for checkpoints saved before the record.
 
 Encoding is :class:`plugins.data.prepare.Tokenizer`'s (one definition of
 what the data holds); decoding is added here. Nothing here runs code from a
@@ -132,13 +133,55 @@ def find_in_config(config: dict[str, Any], where: str) -> TokenizerRecord | None
 
 def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> TokenizerRecord | None:
     """The tokenizer checkpoint ``checkpoint`` recorded in its ``state.json`` (the data source's declared
-    ``tokenizer()``: absolute path, sha256, EOS), else :func:`find_in_config` of its resolved config."""
+    ``tokenizer()``), else :func:`find_in_config` of its resolved config (a checkpoint saved before
+    the record). The recorded file is looked for at its recorded path, then relative to the checkpoint
+    (a run folder moved with its tokenizer), then as the copy in the checkpoint folder
+    (:mod:`checkpointing.tokenizer_copy`); only a file with the recorded sha256 is taken."""
+    from checkpointing.tokenizer_copy import COPY_NAMES
+
     record = read_json(checkpoint / "state.json").get("tokenizer")
     if not isinstance(record, dict) or not isinstance(record.get("spec"), str):
         return find_in_config(config, where)
-    file = f"{checkpoint / 'state.json'} tokenizer"
-    want = record.get("fingerprint") if isinstance(record.get("fingerprint"), str) else None
-    return TokenizerRecord(resolve(record["spec"], [Path.cwd()], file, want), _eos(record.get("eos_id"), file), file)
+    where = f"{checkpoint / 'state.json'} tokenizer"
+    eos, want = _eos(record.get("eos_id"), where), record.get("fingerprint")
+    kind, _, path = record["spec"].partition(":")
+    if kind not in KINDS or (kind == "bytes") != (not path):
+        raise DataError(f"{where}: {record['spec']!r} is not bytes, hf:PATH or tiktoken:PATH with its sha256; pass --tokenizer SPEC")
+    if kind == "bytes":
+        return TokenizerRecord("bytes", eos, where)
+    if not isinstance(want, str):
+        raise DataError(f"{where}: {record['spec']!r} is recorded without its sha256; pass --tokenizer SPEC")
+    candidates = [Path(path)]
+    if isinstance(record.get("relative"), str):
+        candidates.append(checkpoint / record["relative"])
+    if record.get("copy") == COPY_NAMES[kind]:  # a name of its own, never a path from the file
+        candidates.append(checkpoint / COPY_NAMES[kind])
+    found = [c for c in candidates if c.is_file()]
+    for c in found:
+        if fingerprint(c) == want:
+            return TokenizerRecord(f"{kind}:{c.resolve()}", eos, where)
+    if found:
+        raise DataError(
+            f"{where}: {found[0]} has sha256 {fingerprint(found[0])[:12]}..., the run's tokenizer {record['spec']} had {want[:12]}...; "
+            f"pass --tokenizer {kind}:PATH of the run's file (or --tokenizer {kind}:{found[0]} to use this one anyway)"
+        )
+    raise DataError(
+        f"{where}: {record['spec']} not found (looked at {', '.join(map(str, candidates))}); pass --tokenizer {kind}:PATH, the file with sha256 {want[:12]}..."
+    )
+
+
+def check_against_recorded(given: TokenizerRecord, checkpoint: Path) -> None:
+    """``--tokenizer`` is used as given; a file other than the one the checkpoint recorded (sha256) is said in one line naming both."""
+    state = checkpoint / "state.json"
+    record = read_json(state).get("tokenizer") if state.is_file() else None
+    if not isinstance(record, dict) or given.file is None or not isinstance(record.get("fingerprint"), str):
+        return
+    if (got := fingerprint(given.file)) != record["fingerprint"]:
+        from core import log
+
+        log.warn(
+            f"--tokenizer {given.file} (sha256 {got[:12]}...) is not the tokenizer {checkpoint} was trained with ({record['spec']}, sha256 {record['fingerprint'][:12]}...): used as given"
+        )
 
 
 class Codec:

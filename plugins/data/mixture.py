@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, data_has_split, log, mix_seed, option
+from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, TokenizerSpec, data_has_split, log, mix_seed, option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -168,6 +168,37 @@ class Mixture(IndexedSource):
                 f"[data] mixture: sources {la!r} and {lb!r} were prepared with different tokenizers "
                 f"(meta.json tokenizer_fingerprint {a[:12]}... vs {b[:12]}...); prepare them with one tokenizer"
             )
+
+    def tokenizer(self) -> TokenizerSpec | None:
+        """The one tokenizer its sources declare (each source's own ``tokenizer()``, the seam any data
+        plugin uses); sources that declare none (``synthetic``) are left out. Sources whose tokenizers
+        (their files' sha256) or EOS ids differ would mix ids of different texts: one line names two."""
+        from dataloading.tokenizer_spec import declared_tokenizer
+
+        declared = {}
+        for label, source in zip(self.labels, self.sources):
+            record = declared_tokenizer(source, f"[data] mixture: source {label!r}")
+            if record is not None:
+                declared[label] = record
+        if not declared:
+            return None
+
+        def same(r: dict[str, Any]) -> tuple[str, str | None]:
+            return (r["spec"], None) if r["fingerprint"] is None else (r["spec"].partition(":")[0], r["fingerprint"])
+
+        (first, r0), *rest = declared.items()
+        for label, r in rest:
+            if same(r) != same(r0):
+                raise DataError(
+                    f"[data] mixture: sources {first!r} ({r0['spec']}) and {label!r} ({r['spec']}) declare different tokenizers "
+                    "(other files or sha256): their token ids mean different text; use one tokenizer for every source"
+                )
+        eos = {label: r["eos_id"] for label, r in declared.items() if r["eos_id"] is not None}
+        ids = sorted(set(eos.values()))
+        if len(ids) > 1:
+            a, b = (next(label for label, e in eos.items() if e == i) for i in ids[:2])
+            raise DataError(f"[data] mixture: sources {a!r} and {b!r} declare different EOS ids ({ids[0]} and {ids[1]}) for tokenizer {r0['spec']}")
+        return TokenizerSpec(r0["spec"], ids[0] if ids else None)
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
         """Stream sources keep per-rank positions: a resume needs a checkpoint of such a mixture (its

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 
-from core.api import DataError, ignore_stop_signals, log, mix_seed, option, shut_down_at_exit, worker_context
+from core.api import DataError, TokenizerSpec, ignore_stop_signals, log, mix_seed, option, shut_down_at_exit, worker_context
 
 PEEK_DOCUMENTS = 8  # documents of each file read before training: a bad format fails at once
 
@@ -241,6 +241,10 @@ class TextStream:
         tok = Tokenizer(self.options.tokenizer, None)
         if tok.vocab_size > vocab_size:
             raise DataError(f"[data] text_stream: tokenizer {self.options.tokenizer} has {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
+
+    def tokenizer(self) -> TokenizerSpec:
+        """The tokenizer it encodes with (``[data] tokenizer``, from the working directory), its own EOS."""
+        return TokenizerSpec(self.options.tokenizer)
 
     def peek(self, path: str) -> None:
         """Read the first documents of ``path``: a malformed line or an empty file is a DataError now."""

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from core.api import DataError, IndexedSource, mix_seed, option, permute
+from core.api import DataError, IndexedSource, TokenizerSpec, log, mix_seed, option, permute
 
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24
@@ -141,6 +141,35 @@ class TokenBin(IndexedSource):
                 f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
                 f'read as uint16; set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
             )
+
+    def tokenizer(self) -> TokenizerSpec | None:
+        """The tokenizer ``meta.json`` names (``prepare`` records it, with its sha256 and EOS), its file found
+        from the working directory or the data folder; None when it names none, or (said once) when its
+        file is not found with that sha256: training needs no tokenizer, ``core.export`` then asks for one."""
+        from dataloading.tokenizer_spec import KINDS, fingerprint
+
+        meta, where = self.meta(), self.root / "meta.json"
+        spec, eos, want = meta.get("tokenizer"), meta.get("eos_id"), meta.get("tokenizer_fingerprint")
+        if not isinstance(spec, str) or not spec:
+            return None
+        eos = eos if isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0 else None
+        kind, _, path = spec.partition(":")
+        if kind == "bytes" and not path:
+            return TokenizerSpec("bytes", eos)
+        if kind not in KINDS or not path:
+            log.warn(f"{where}: tokenizer {spec!r} is not bytes, hf:PATH or tiktoken:PATH; checkpoints record no tokenizer", once=f"token_bin tok {where}")
+            return None
+        file = Path(path).expanduser()
+        candidates = [file] if file.is_absolute() else [Path.cwd() / file, self.root / file]
+        for candidate in candidates:
+            if candidate.is_file() and (not isinstance(want, str) or fingerprint(candidate) == want):
+                return TokenizerSpec(f"{kind}:{candidate.resolve()}", eos)
+        log.warn(
+            f"{where}: tokenizer {spec!r} not found{' with its recorded sha256' if isinstance(want, str) else ''} (looked at "
+            f"{', '.join(map(str, candidates))}); checkpoints record no tokenizer: core.export and core.generate will need --tokenizer",
+            once=f"token_bin tok {where}",
+        )
+        return None
 
     # -- samples -------------------------------------------------------------
     def array(self, split: str) -> np.memmap:
