@@ -102,10 +102,10 @@ def test_a_checkpoint_saved_before_the_record_exports_through_its_data_section(t
     assert gen.returncode == 0 and gen.stdout.startswith("to be"), gen.stderr[-3000:]
 
 
-def test_a_recorded_tokenizer_not_found_or_changed_says_what_to_pass(tmp_path):
+def test_a_recorded_tokenizer_not_found_or_changed_says_what_to_pass(tmp_path, capsys):
     """Nothing with the recorded sha256 at the recorded path, relative to the checkpoint or as its
     copy: one line naming where it looked and the sha256 to pass; a file there that changed: one line
-    naming both files' sha256."""
+    naming both files' sha256; ``--tokenizer`` with another file: a warning naming both."""
     from tools.text_codec import recorded_tokenizer
 
     ckpt = tmp_path / "run" / "checkpoints" / "step_000000003"
@@ -131,6 +131,19 @@ def test_a_recorded_tokenizer_not_found_or_changed_says_what_to_pass(tmp_path):
         recorded_tokenizer(ckpt, {}, "ckpt")
     shutil.copyfile(tmp_path / "tok" / "moved.json", ckpt / "tokenizer.json")
     assert recorded_tokenizer(ckpt, {}, "ckpt").spec == f"hf:{ckpt / 'tokenizer.json'}"
+    # --tokenizer is used as given; another file than the recorded one is said in one line naming both
+    from tools.text_codec import TokenizerRecord, check_against_recorded
+
+    capsys.readouterr()
+    check_against_recorded(TokenizerRecord(f"hf:{ckpt / 'tokenizer.json'}", None, "--tokenizer"), ckpt)
+    assert capsys.readouterr().err == ""
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    check_against_recorded(TokenizerRecord(f"hf:{other}", None, "--tokenizer"), ckpt)
+    assert (
+        f"--tokenizer {other} (sha256 {hashlib.sha256(b'{}').hexdigest()[:12]}...) is not the tokenizer {ckpt} was trained with "
+        f"(hf:/gone/tok/tokenizer.json, sha256 {digest[:12]}...): used as given"
+    ) in capsys.readouterr().err
 
 
 def test_text_stream_and_mixture_declare_their_tokenizer_and_a_mixture_refuses_two(tmp_path, monkeypatch):
