@@ -56,9 +56,10 @@ def test_token_bin_records_its_tokenizer_and_a_moved_run_still_exports_and_gener
     pytest.importorskip("tokenizers", reason="the Hugging Face tokenizers library is a dependency of the 'dev' extra")
     proj = tmp_path / "proj"
     tok = prepared_project(proj, monkeypatch)
-    train = run_module("core.train", "--config", "run.toml", cwd=proj)
+    train = run_module("core.train", "--config", "run.toml", "--checkpoint.every=1", "--checkpoint.keep_latest=1", cwd=proj)
     assert train.returncode == 0, train.stderr[-3000:]
     ckpt = proj / CKPT
+    assert [p.name for p in ckpt.parent.glob("step_*")] == [ckpt.name] and "the folder stays" not in train.stderr  # the copy is the save's: pruned
     recorded = json.loads((ckpt / "state.json").read_text())["tokenizer"]
     digest = hashlib.sha256(tok.read_bytes()).hexdigest()
     assert recorded == {"spec": f"hf:{tok}", "eos_id": 0, "fingerprint": digest, "relative": "../../../tok/tokenizer.json", "copy": "tokenizer.json"}
