@@ -158,5 +158,5 @@ def test_update_ratio_under_fsdp2_and_hsdp_is_the_whole_models_ratio(tmp_path):
         for parallelism in ("fsdp2", "hsdp"):
             for group in ("matrix", "bias"):
                 value = got[parallelism]["got"][f"update_ratio/{group}"]
-                assert value == pytest.approx(got[parallelism]["whole"][group], rel=1e-6), (rank, parallelism, group)
+                assert value == pytest.approx(got[parallelism]["whole"][group], rel=1e-5), (rank, parallelism, group)
                 assert value == pytest.approx(single[f"update_ratio/{group}"], rel=1e-4), (rank, parallelism, group)

@@ -70,8 +70,8 @@ class UpdateRatio:
                     continue
                 weights = [1.0 / _copies(p, run.dist.world_size) for p in group["params"]]
                 new = [_local(p).detach() for p in group["params"]]
-                change = torch.stack([w * ((n.double() - o.double()) ** 2).sum() for w, n, o in zip(weights, new, old)]).sum()
-                norm = torch.stack([w * (o.double() ** 2).sum() for w, o in zip(weights, old)]).sum()
+                change = torch.stack([w * ((n.float() - o.float()) ** 2).sum() for w, n, o in zip(weights, new, old)]).sum()
+                norm = torch.stack([w * (o.float() ** 2).sum() for w, o in zip(weights, old)]).sum()
                 out[f"update_ratio/{name}"] = Reduced("sum", torch.stack([change, norm]), finish=_ratio)
         return out
 
