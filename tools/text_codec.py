@@ -12,7 +12,7 @@ Any data source, a third-party one too, may declare its tokenizer instead
 records it in each checkpoint's ``state.json``, and :func:`recorded_tokenizer`
 prefers that record.
 
-Encoding is :class:`plugins.data.prepare.Tokenizer`'s (one definition of
+Encoding is :class:`plugins.data.text_tokenizer.Tokenizer`'s (one definition of
 what the data holds); decoding is added here. Nothing here runs code from a
 checkpoint or an export: only JSON is read.
 """
@@ -145,7 +145,7 @@ class Codec:
     """Text <-> ids with the tokenizer of ``record``: ``encode``, ``decode``, ``eos_id``, ``vocab_size``."""
 
     def __init__(self, record: TokenizerRecord) -> None:
-        from plugins.data.prepare import Tokenizer
+        from plugins.data.text_tokenizer import Tokenizer
 
         self.record = record
         tok = Tokenizer(record.spec, record.eos_id)  # DataError for a bad spec or a missing file
