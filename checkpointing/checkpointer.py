@@ -100,6 +100,8 @@ class Checkpointer:
         except OSError as e:
             log.warn(f"could not update {self.root / SETTING_ASIDE_FILE} ({e}); a restart may skip checkpoints it names")
 
+    # A save's steps that tests/seams/sitecustomize.py (kill points, a paused or damaged commit) and tests
+    # replace on the class: save() and async_save.wait() call them through the Checkpointer for that.
     def _check_finite(self, step: int, state: dict[str, Any]) -> None:
         """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
         save_contents.check_finite(self, step, state)
@@ -109,6 +111,7 @@ class Checkpointer:
         return commit.claim(self, path)
 
     def _dcp_state(self) -> dict[str, Any]:
+        """The model's and optimizer's state dicts, as DCP saves them."""
         return save_contents.dcp_state(self)
 
     # ---- save ----
@@ -185,10 +188,12 @@ class Checkpointer:
             log.info(f"checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s")
 
     def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
+        """Commit a written save (rank 0), then prune (:func:`checkpointing.commit.commit`)."""
         commit.commit(self, step, path, json_state)
 
     # ---- async saves (checkpointing.async_save) ----
     def stager(self) -> Any:
+        """The run's :class:`checkpointing.staging.HostStager`, made at its first use."""
         return async_save.stager(self)
 
     def before_update(self) -> None:
@@ -219,6 +224,7 @@ class Checkpointer:
 
     # ---- rollback and load (checkpointing.rollback, checkpointing.loading) ----
     def rollback_target(self) -> Path | None:
+        """This run's newest checkpoint that every rank finds sound, or None."""
         return rollback.rollback_target(self)
 
     def roll_back(self) -> bool:
