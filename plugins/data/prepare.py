@@ -43,7 +43,7 @@ from plugins.data.prepare_tasks import CHUNK_BYTES, INFLIGHT_PER_WORKER, Task, e
 from plugins.data.text_inputs import check_parquet, documents, split_keys
 from plugins.data.text_tokenizer import Tokenizer
 
-__all__ = ["Tokenizer", "documents", "main", "prepare"]  # Tokenizer and documents: text_stream and tools.text_codec import them from here
+__all__ = ["Tokenizer", "documents", "main", "prepare"]  # Tokenizer and documents: text_stream imports them from here
 
 
 def sources_fingerprint(files: list[Path]) -> list[dict]:
