@@ -41,7 +41,7 @@ def sees(path: Path, token: str, within_s: float = SEEN_WITHIN_S) -> bool:
 
 def check_shared(where: Any, what: str) -> None:
     """End the run (exit code 2; one line from rank 0) unless every rank sees the file rank 0 wrote
-    into its checkpoint folder. ``where``: a :class:`checkpointing.checkpointer.CheckpointDir`
+    into its checkpoint folder. ``where``: a :class:`checkpointing.checkpoint_dir.CheckpointDir`
     (its root, its ranks, its gloo group); ``what``: how the config names the folder."""
     import torch.distributed as tdist
 

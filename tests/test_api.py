@@ -28,6 +28,9 @@ INTERNAL_IMPORTS = {
     ("plugins/data/prepare.py", "core.errors.exit_bad_input"): "a command-line tool: a bad input is one line and exit code 2",
     ("plugins/data/prepare.py", "core.errors.DataError"): "a command-line tool that starts without torch, which core.api imports",
     ("plugins/data/prepare.py", "core.errors.PlaitError"): "a command-line tool that starts without torch, which core.api imports",
+    ("plugins/data/prepare_tasks.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/text_inputs.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/text_tokenizer.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
 }
 
 # Files that print on purpose: the console monitor's step lines (no ``plait:`` prefix) and command-line tools.

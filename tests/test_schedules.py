@@ -108,7 +108,7 @@ def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
     from conftest import read_metrics, run_module
 
     from preflight.prepare import prepare
-    from tools.plan import lr_values
+    from tools.lr_plot import lr_values
 
     cfg = tiny_config(steps=6)
     args = ["--lr_schedule.warmup_steps=4", "--optimizer.lr=1e-3"]

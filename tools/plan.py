@@ -27,16 +27,18 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from core import log
 from core.contract import optional
-from core.errors import ArgumentParser, ConfigError, PlaitError, exit_bad_input
+from core.errors import ArgumentParser, PlaitError, exit_bad_input
 from preflight.disk import checkpoint_bytes
+from tools.lr_plot import check_plot_path, plot_lr
 from tools.measure import measure
+from tools.plan_eta import add_time_and_money
+from tools.plan_render import render
 
 GiB = 2**30
 
@@ -128,109 +130,6 @@ def resume_summary(prep) -> dict[str, Any] | None:
     }
 
 
-def checkpoint_line(c: dict[str, Any], world: int) -> str:
-    when = f"every {c['every']:,} steps" if c["every"] else "at the end and on a stop"
-    host = f"; async: {c['async_host_gib_per_rank']:.2f} GiB of host memory per rank for the run (pinned on CUDA)" if c["async"] else ""
-    line = f"  checkpoint  {c['size_gib']:.2f} GiB ({when}, weights + optimizer state){host}, in {c['dir']}"
-    if world > 1:  # this plan runs on one node and cannot look at the others
-        line += "\n              on several nodes: one folder every node mounts (shared storage); the trainer refuses a disk of each node's own at its start (exit 2)"
-    return line
-
-
-def human(n: float) -> str:
-    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f}{unit}"
-    return f"{n:g}"
-
-
-def render(plan: dict[str, Any]) -> str:
-    m = plan["memory_per_rank"]
-    lines = [
-        f"plan for {plan['config']}",
-        "  plugins     " + ", ".join(f"{k}={v}" for k, v in plan["plugins"].items()),
-        "  monitors    " + ", ".join(plan["monitors"]),
-        f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
-        f"  FLOPs/token {human(plan['flops_per_token'])} (the model spec's flops_per_token at seq {plan['seq_len']}; docs/metrics.md)",
-        f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
-        f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
-        f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
-        f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
-        f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate"
-        + (
-            f"; micro_batch = 'auto': the largest candidate; on CUDA the trainer probes {', '.join(map(str, plan['micro_batch_candidates']))} and keeps the first that fits)"
-            if len(plan["micro_batch_candidates"]) > 1
-            else ")"
-        ),
-        checkpoint_line(plan["checkpoint"], plan["world_size"]),
-    ]
-    st = plan["seq_len_stages"]
-    staged = len(st) > 1
-    for i, stage in enumerate(st):
-        label = "stages      " if i == 0 else "            "
-        lines.append(
-            f"  {label}{'from step ' + format(stage['first_step'], ',') + ': ' if staged else ''}seq {stage['seq_len']} "
-            f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
-            f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (one sequence length)")
-        )
-    resume = plan.get("resume")
-    if resume:
-        changes = resume["config_changes"]
-        lines.append(f"  resume      from {resume['from']} (step {resume['step']:,} of {plan['steps']:,})")
-        lines += [f"              config changed since: {c}" for c in changes]
-        if resume["sets_aside"]:
-            aside = resume["sets_aside"]
-            lines.append(f"              a new branch: the {len(aside)} later checkpoint(s), {aside[0]} to {aside[-1]}, move to abandoned/")
-    lines += render_time_and_money(plan)
-    return "\n".join(lines)
-
-
-def render_time_and_money(plan: dict[str, Any]) -> list[str]:
-    lines = []
-    measured = plan.get("measured")
-    if measured:
-        lines.append(
-            f"  measured    {measured['tokens_per_s_per_device']:,.0f} tokens/s on 1 process on this machine "
-            f"({measured['device']}): {measured['timed_steps']} steps of {measured['tokens_per_step']:,} tokens "
-            f"in {measured['seconds']:.3g} s after {measured['warmup_steps']} warm-up"
-        )
-        if plan["world_size"] > 1:
-            lines.append(
-                f"              x {plan['world_size']} ranks (the planned world size) = {plan['tokens_per_s']:,.0f} "
-                "tokens/s for the run, assuming perfect scaling across devices"
-            )
-    tps = plan["tokens_per_s"]
-    if tps is None:
-        lines.append("  ETA: give --tokens-per-s or --measure (or set [monitors.budget_guard] expected_tokens_per_s)")
-    else:
-        if not measured:
-            lines.append(f"  throughput  {tps:,.6g} tokens/s for the whole run ({plan['tokens_per_s_source']})")
-        scaled = " (later stages scaled by FLOPs/token)" if len(plan["seq_len_stages"]) > 1 else ""
-        lines.append(f"  ETA: {duration(plan['eta_s'])} for {human(plan['total_tokens'])} tokens at {tps:,.6g} tokens/s{scaled}")
-    rate = plan["usd_per_device_hr"]
-    if rate is None:
-        lines.append("  cost: give --usd-per-device-hr (or set [monitors.budget_guard] rate_usd_per_hr)")
-    elif tps is None:
-        lines.append(f"  cost: ${rate:,.6g}/device-hr x {plan['devices']} devices: needs the ETA (--tokens-per-s or --measure)")
-    else:
-        lines.append(
-            f"  cost: ${plan['cost_usd']:,.2f} = ${rate:,.6g}/device-hr x {plan['devices']} devices "
-            f"x {plan['eta_s'] / 3600:,.2f} h ({plan['usd_per_device_hr_source']})"
-        )
-    return lines
-
-
-def duration(seconds: float) -> str:
-    """``38.6 h (1 d 14.6 h)``, ``12.0 min``, ``41 s``."""
-    if seconds < 120:
-        return f"{seconds:.3g} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    hours = seconds / 3600
-    days = f" ({int(hours // 24)} d {hours % 24:.1f} h)" if hours >= 24 else ""
-    return f"{hours:,.1f} h{days}"
-
-
 def stages(prep) -> list[dict[str, Any]]:
     """The sequence lengths as the trainer runs them (``prep.seq_len_schedule``): a stage covers
     the 0-based steps from its first step to the next stage's; each keeps the tokens per
@@ -255,58 +154,6 @@ def stages(prep) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def eta_seconds(plan: dict[str, Any], tokens_per_s: float) -> float:
-    """Seconds to train every stage at ``tokens_per_s`` (the throughput at the first stage's
-    sequence length); a stage at another length runs at the same model FLOP/s."""
-    st = plan["seq_len_stages"]
-    fpt0, seq0 = st[0]["flops_per_token"], st[0]["seq_len"]
-    work = sum(s["tokens"] if s["seq_len"] == seq0 else s["tokens"] * s["flops_per_token"] / fpt0 for s in st)
-    return work / tokens_per_s
-
-
-def budget_guard_options(prep) -> Any:
-    for chosen in prep.rc.monitors:
-        if chosen.component.name == "budget_guard":
-            return chosen.options
-    return None
-
-
-def add_time_and_money(
-    plan: dict[str, Any], prep, tokens_per_s: float | None, usd_per_device_hr: float | None, measured: dict[str, Any] | None
-) -> dict[str, Any]:
-    """ETA and cost fields: from the flags, a measurement, or the budget guard's options."""
-    guard = budget_guard_options(prep)
-    source = None
-    if tokens_per_s is not None:
-        source = "--tokens-per-s"
-    elif measured is not None:
-        tokens_per_s = measured["tokens_per_s_per_device"] * plan["world_size"]
-        source = "measured" + (f" x {plan['world_size']} ranks (perfect scaling assumed)" if plan["world_size"] > 1 else "")
-    elif guard is not None and guard.expected_tokens_per_s > 0:
-        tokens_per_s, source = guard.expected_tokens_per_s, "[monitors.budget_guard] expected_tokens_per_s"
-    rate_source = None
-    if usd_per_device_hr is not None:
-        rate_source = "--usd-per-device-hr"
-    elif guard is not None and guard.rate_usd_per_hr > 0:
-        usd_per_device_hr, rate_source = guard.rate_usd_per_hr, "[monitors.budget_guard] rate_usd_per_hr"
-    devices = (guard.gpus if guard is not None and guard.gpus else 0) or plan["world_size"]
-    eta = eta_seconds(plan, tokens_per_s) if tokens_per_s else None
-    plan.update(
-        {
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_source": source,
-            "measured": measured,
-            "eta_s": eta,
-            "eta_hours": eta / 3600 if eta is not None else None,
-            "usd_per_device_hr": usd_per_device_hr,
-            "usd_per_device_hr_source": rate_source,
-            "devices": devices,
-            "cost_usd": usd_per_device_hr * devices * eta / 3600 if eta is not None and usd_per_device_hr is not None else None,
-        }
-    )
-    return plan
 
 
 def _number(kind: str, minimum: float, inclusive: bool, integer: bool = False):
@@ -389,47 +236,6 @@ def main(argv: list[str] | None = None) -> int:
         plot_lr(prep, args.plot_lr)
         log.info(f"wrote {args.plot_lr}")
     return 0
-
-
-def lr_values(prep) -> list[float]:
-    """The learning rate of every step of the run, as the trainer will set it."""
-    schedule = prep.components["lr_schedule"]
-    peak = prep.components["optimizer"].options.lr
-    total = prep.total_steps
-    return [peak * schedule.multiplier(s, total) for s in range(total)]
-
-
-def check_plot_path(path: str) -> None:
-    """``--plot-lr PATH`` can be drawn: matplotlib is installed, knows the suffix, and the folder takes a file."""
-    from preflight.start_folders import probe_folder
-
-    try:
-        from matplotlib.backend_bases import FigureCanvasBase
-    except ImportError as e:
-        raise ConfigError(f"--plot-lr needs matplotlib (pip install 'plait[report]'): {e}") from None
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if Path(path).suffix.lower().lstrip(".") not in formats:
-        raise ConfigError(f"--plot-lr {path}: expected a file name ending in one of .{', .'.join(sorted(formats))}")
-    if Path(path).is_dir():
-        raise ConfigError(f"--plot-lr {path}: is a folder, expected a file name")
-    probe_folder(Path(path).parent, "--plot-lr folder")
-
-
-def plot_lr(prep, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    values = lr_values(prep)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(range(1, len(values) + 1), values)
-    name = prep.rc.slots["lr_schedule"].component.name
-    ax.set(xlabel="step", ylabel="learning rate", title=f"{name}: {prep.source}")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

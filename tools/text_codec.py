@@ -13,7 +13,7 @@ run records it in each checkpoint's ``state.json``, and :func:`recorded_tokenize
 reads that record (found again when moved: :mod:`checkpointing.tokenizer_copy`);
 the ``[data]`` reading is the fallback for checkpoints saved before the record.
 
-Encoding is :class:`plugins.data.prepare.Tokenizer`'s (one definition of
+Encoding is :class:`plugins.data.text_tokenizer.Tokenizer`'s (one definition of
 what the data holds); decoding is added here. Nothing here runs code from a
 checkpoint or an export: only JSON is read.
 """
@@ -188,7 +188,7 @@ class Codec:
     """Text <-> ids with the tokenizer of ``record``: ``encode``, ``decode``, ``eos_id``, ``vocab_size``."""
 
     def __init__(self, record: TokenizerRecord) -> None:
-        from plugins.data.prepare import Tokenizer
+        from plugins.data.text_tokenizer import Tokenizer
 
         self.record = record
         tok = Tokenizer(record.spec, record.eos_id)  # DataError for a bad spec or a missing file

@@ -25,9 +25,7 @@ being read (docs/data.md).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -35,375 +33,17 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Iterator, cast
+from typing import Iterator
 
 import numpy as np
 
 from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
+from plugins.data.prepare_progress import Progress
+from plugins.data.prepare_tasks import CHUNK_BYTES, INFLIGHT_PER_WORKER, Task, encode_job, read_tasks, start_worker
+from plugins.data.text_inputs import check_parquet, documents, split_keys
+from plugins.data.text_tokenizer import Tokenizer
 
-
-def need(module: str, what: str) -> None:
-    """Import ``module`` (an optional dependency, the ``data`` extra) or say in one line that ``what`` needs it."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        raise DataError(f"{what} needs the {module.split('.')[0]} library (pip install 'plait[data]'): {e}") from None
-
-
-SUFFIXES = (".txt", ".jsonl", ".parquet")
-TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
-
-
-def list_inputs(paths: list[str]) -> list[Path]:
-    return list(split_keys(paths))
-
-
-def split_keys(paths: list[str]) -> dict[Path, str]:
-    """The input files, in order, each with the name its documents' split is hashed under: the path
-    from the folder that holds the ``--input`` argument (``corpus/sub/a.jsonl`` for a file found under
-    ``--input corpus``; ``sub/a.jsonl`` for ``--input corpus/sub/a.jsonl``), so the split does not
-    depend on the working directory or on how the path is spelled (relative, absolute, ``./``)."""
-    files: dict[Path, str] = {}
-    for p in map(Path, paths):
-        if p.is_dir():
-            top = Path(os.path.abspath(p))  # not resolve(): a symlinked folder keeps its own name
-            for f in sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES):
-                files.setdefault(f, f"{top.name}/{f.relative_to(p).as_posix()}")
-        elif p.is_file():
-            if p.suffix not in SUFFIXES:
-                raise DataError(f"{p}: unsupported file type {p.suffix!r}; expected {', '.join(SUFFIXES)}")
-            absolute = Path(os.path.abspath(p))
-            files.setdefault(p, f"{absolute.parent.name}/{absolute.name}")
-        else:
-            raise DataError(f"{p}: no such file or folder")
-    if not files:
-        raise DataError(f"no {', '.join(SUFFIXES)} files under {', '.join(paths)}")
-    return files
-
-
-def documents(path: Path, text_field: str) -> Iterator[str]:
-    try:
-        if path.suffix == ".txt":
-            yield path.read_text(encoding="utf-8")
-        elif path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        try:
-                            text = json.loads(line)[text_field]
-                        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
-                            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string ({type(e).__name__}: {e})") from None
-                        if not isinstance(text, str):
-                            raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
-                        yield text
-        else:
-            need("pyarrow.parquet", f"{path}: reading .parquet")
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            try:
-                pf = pq.ParquetFile(path)
-                if text_field not in pf.schema_arrow.names:
-                    raise DataError(f"{path}: no column {text_field!r}; columns: {', '.join(pf.schema_arrow.names)}")
-                batches = pf.iter_batches(columns=[text_field])
-                for batch in batches:
-                    for t in batch.column(0).to_pylist():
-                        if t and not isinstance(t, str):
-                            raise DataError(f"{path}: column {text_field!r} holds {type(t).__name__} values, expected strings")
-                        if t:
-                            yield t
-            except DataError:
-                raise
-            except (pa.ArrowException, OSError, ValueError) as e:  # not a parquet file, corrupt pages
-                raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-
-
-class Tokenizer:
-    """bytes, hf:tokenizer.json or tiktoken:FILE, with an EOS id and a fingerprint. A bad spec, file or
-    EOS id is a DataError naming ``where`` (the ``--tokenizer`` flag or the ``tokenizer`` key)."""
-
-    def __init__(self, spec: str, eos_id: int | None, where: str = "tokenizer") -> None:
-        self.spec = spec
-        kind, _, path = spec.partition(":")
-        if kind not in TOKENIZER_KINDS or (kind == "bytes") != (not path):
-            raise DataError(f"{where} {spec!r}: expected bytes, hf:PATH/tokenizer.json or tiktoken:PATH")
-        if kind == "bytes":
-            if eos_id not in (None, 256):
-                raise DataError(f"--eos-id {eos_id}: the bytes tokenizer's EOS is always 256")
-            self.vocab_size, self.eos_id, self.fingerprint = 257, 256, "bytes"
-            self._encode = lambda text: list(text.encode("utf-8"))
-            self._encode_many = lambda texts: [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-            return
-        file = Path(path)
-        if not file.is_file():
-            rel = "" if file.is_absolute() else f" (a relative path is taken from the working directory, {Path.cwd()})"
-            raise DataError(f"{where} {spec!r}: {file} not found{rel}")
-        try:
-            data = file.read_bytes()
-        except OSError as e:
-            raise DataError(f"{where} {spec!r}: {file} unreadable ({type(e).__name__}: {e.strerror or e})") from None
-        self.fingerprint = hashlib.sha256(data).hexdigest()
-        if kind == "hf":
-            need("tokenizers", f"{where} {spec!r}")
-            from tokenizers import Tokenizer as HFTokenizer
-
-            try:
-                tok = HFTokenizer.from_str(data.decode("utf-8"))
-            except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
-                raise DataError(f"{where} {spec!r}: {file} is not a tokenizers JSON file ({e})") from None
-            self.vocab_size = tok.get_vocab_size()
-            eos = eos_id
-            if eos is None:
-                for name in ("<|endoftext|>", "</s>", "<|end_of_text|>", "[EOS]", "<eos>"):
-                    eos = tok.token_to_id(name)
-                    if eos is not None:
-                        break
-            if eos is None:
-                raise DataError(f"{where} {spec!r}: no EOS token found; pass --eos-id")
-            if not 0 <= eos < self.vocab_size:
-                raise DataError(f"--eos-id {eos}: outside the ids of {where} {spec!r}, expected 0 to {self.vocab_size - 1}")
-            self.eos_id = eos
-            self._encode = lambda text: tok.encode(text, add_special_tokens=False).ids
-            self._encode_many = lambda texts: [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts, add_special_tokens=False)]
-        else:
-            import base64
-
-            need("tiktoken", f"{where} {spec!r}")
-            import tiktoken
-
-            try:
-                ranks = {
-                    base64.b64decode(token, validate=True): int(rank) for token, rank in (line.split() for line in data.decode("utf-8").splitlines() if line)
-                }
-            except ValueError as e:  # a line that is not "base64 rank" (binascii.Error and UnicodeDecodeError included)
-                raise DataError(f"{where} {spec!r}: {file} is not a tiktoken ranks file of 'base64 rank' lines ({e})") from None
-            if not ranks:
-                raise DataError(f"{where} {spec!r}: {file} holds no 'base64 rank' lines")
-            if eos_id is None:
-                eos_id = len(ranks)
-            elif not 0 <= eos_id < 2**32:  # tiktoken's ids are 32-bit
-                raise DataError(f"--eos-id {eos_id}: expected a token id from 0 to {2**32 - 1}")
-            elif eos_id in ranks.values():
-                raise DataError(f"--eos-id {eos_id}: already the id of a token of {where} {spec!r}; expected an id of its own (default {len(ranks)})")
-            enc = tiktoken.Encoding(
-                name=file.stem,
-                pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-                mergeable_ranks=ranks,
-                special_tokens={"<|endoftext|>": eos_id},
-            )
-            self.vocab_size, self.eos_id = max(len(ranks), eos_id + 1), eos_id
-            self._encode = lambda text: enc.encode_ordinary(text)
-            self._encode_many = lambda texts: [np.asarray(enc.encode_ordinary(t), dtype=np.int64) for t in texts]
-
-    def encode(self, text: str) -> list[int]:
-        return self._encode(text)
-
-    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
-        """The ids of each text (without EOS), as integer arrays: the preparation's fast path."""
-        return self._encode_many(texts)
-
-
-CHUNK_BYTES = 1 << 20  # input bytes per task handed to a worker
-INFLIGHT_PER_WORKER = 2  # tasks queued per worker: bounds the memory the pipeline holds
-
-# A task: (path, kind, first line, first document, items, input bytes it stands for).
-# kind "jsonl": items are raw lines; "txt": one item, the file's bytes; "text": strings (parquet rows).
-Task = tuple[str, str, int, int, list, float]
-
-
-def check_parquet(files: list[Path], text_field: str) -> None:
-    """Every parquet input is readable and has the text column: refused before any tokenization."""
-    parquets = [f for f in files if f.suffix == ".parquet"]
-    if not parquets:
-        return
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{parquets[0]}: reading .parquet needs pyarrow (pip install pyarrow, or plait[data])") from None
-    for f in parquets:
-        try:
-            names = pq.ParquetFile(f).schema_arrow.names
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise DataError(f"{f}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-        if text_field not in names:
-            raise DataError(f"{f}: no column {text_field!r} (--text-field); columns present: {', '.join(names) or 'none'}")
-
-
-def read_tasks(path: Path, text_field: str, chunk_bytes: int) -> Iterator[Task]:
-    """The file in tasks of about ``chunk_bytes`` input bytes, in document order. Only the task
-    being filled is held, so memory does not grow with the file (a .txt file is one document)."""
-    name = str(path)
-    try:
-        if path.suffix == ".txt":
-            data = path.read_bytes()
-            yield name, "txt", 1, 0, [data], float(len(data))
-        elif path.suffix == ".jsonl":
-            with path.open("rb") as f:
-                lines: list[bytes] = []
-                size, first_line, first_doc = 0, 1, 0
-                for n, line in enumerate(f, 1):
-                    if not lines:
-                        first_line = n
-                    lines.append(line)
-                    size += len(line)
-                    if size >= chunk_bytes:
-                        yield name, "jsonl", first_line, first_doc, lines, float(size)
-                        first_doc += sum(1 for line in lines if not line.isspace())
-                        lines, size = [], 0
-                if lines:
-                    yield name, "jsonl", first_line, first_doc, lines, float(size)
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            try:
-                pf = pq.ParquetFile(path)
-                rows_total, file_bytes = max(pf.metadata.num_rows, 1), path.stat().st_size
-                texts: list = []
-                size = rows = first_doc = 0
-                for batch in pf.iter_batches(batch_size=1024, columns=[text_field]):
-                    for t in batch.column(0).to_pylist():
-                        rows += 1
-                        if not t:
-                            continue  # null and empty rows are not documents
-                        texts.append(t)
-                        size += len(t) if isinstance(t, str) else 1
-                        if size >= chunk_bytes:
-                            yield name, "text", 0, first_doc, texts, file_bytes * rows / rows_total
-                            first_doc += len(texts)
-                            texts, size, rows = [], 0, 0
-                if texts or rows:
-                    yield name, "text", 0, first_doc, texts, file_bytes * rows / rows_total
-            except (pa.ArrowException, ValueError) as e:  # corrupt pages
-                raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    except OSError as e:
-        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-
-
-_TOKENIZER: Tokenizer | None = None
-
-
-def _init(spec: str, eos_id: int | None) -> None:
-    """A worker's tokenizer. One process is one core: the ``tokenizers`` library's own threads stay off."""
-    global _TOKENIZER
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _TOKENIZER = Tokenizer(spec, eos_id)
-
-
-def _texts(task: Task, text_field: str) -> tuple[list[int], list[str]]:
-    """(document numbers, texts) of a task; bad lines and values are one DataError naming file and line."""
-    path, kind, first_line, first_doc, items, _ = task
-    if kind == "txt":
-        try:
-            return [0], [items[0].decode("utf-8")]
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-    if kind == "text":
-        for t in items:
-            if not isinstance(t, str):
-                raise DataError(f"{path}: column {text_field!r} holds {type(t).__name__} values, expected strings")
-        return list(range(first_doc, first_doc + len(items))), items
-    numbers: list[int] = []
-    texts: list[str] = []
-    for n, line in enumerate(items, first_line):
-        if line.isspace():
-            continue
-        try:
-            text = json.loads(line)[text_field]
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{n}: unreadable ({type(e).__name__}: {e})") from None
-        except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
-            raise DataError(f"{path}:{n}: not a JSON object with a {text_field!r} string ({type(e).__name__}: {e})") from None
-        if not isinstance(text, str):
-            raise DataError(f"{path}:{n}: {text_field!r} is {type(text).__name__} {str(text)[:40]!r}, expected a string")
-        numbers.append(first_doc + len(numbers))
-        texts.append(text)
-    return numbers, texts
-
-
-def is_val(name: str, number: int, val_fraction: float) -> bool:
-    """Document ``number`` of the file named ``name`` (its :func:`split_keys` name) goes to
-    validation: a hash of both, so every run agrees."""
-    key = int.from_bytes(hashlib.blake2b(f"{name}#{number}".encode(), digest_size=8).digest(), "little") / 2**64
-    return key < val_fraction
-
-
-def encode_task(task: Task, text_field: str, val_fraction: float, dtype: str, name: str | None = None) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """(train tokens, val tokens) of one task in the on-disk dtype, its documents and input bytes;
-    ``name`` is the file's split key (default: its path). A pure function of the task: the output
-    does not depend on which worker ran it."""
-    tok = cast(Tokenizer, _TOKENIZER)  # set in every worker by _init()
-    numbers, texts = _texts(task, text_field)
-    keep = [(k, t) for k, t in zip(numbers, texts) if t.strip()]  # an empty document would only add an EOS
-    eos = np.asarray([tok.eos_id], dtype=np.int64)
-    parts: dict[bool, list[np.ndarray]] = {False: [], True: []}
-    for (k, _), ids in zip(keep, tok.encode_many([t for _, t in keep])):
-        parts[is_val(name or task[0], k, val_fraction)] += [ids, eos]
-    out = []
-    for split in (False, True):
-        ids = np.concatenate(parts[split]).astype(np.int64, copy=False) if parts[split] else np.zeros(0, dtype=np.int64)
-        if len(ids) and int(ids.max()) >= tok.vocab_size:
-            raise DataError(f"{task[0]}: the tokenizer produced id {int(ids.max())} >= its vocab size {tok.vocab_size}")
-        out.append(ids.astype(dtype))
-    return out[0], out[1], len(keep), task[5]
-
-
-def _encode_job(job: tuple[Task, str, float, str, str]) -> tuple[np.ndarray, np.ndarray, int, float]:
-    return encode_task(*job)
-
-
-def _clock(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "--:--:--"
-    s = int(round(seconds))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """The progress bar on stderr: bytes read of the input, documents, tokens, tokens/s and ETA.
-
-    On a terminal one line is redrawn every ``interval`` seconds (default 0.2); elsewhere (a log
-    file, a pipe) a full line is printed every ``interval`` seconds (default 10). The ETA is the
-    input bytes left at the rate the bytes so far were read."""
-
-    WIDTH = 20
-
-    def __init__(self, total_bytes: int, files: int, interval: float | None = None, stream=None) -> None:
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.interval = interval if interval is not None else (0.2 if self.tty else 10.0)
-        self.total, self.files = max(total_bytes, 1), files
-        self.t0 = time.perf_counter()
-        self.last = -math.inf
-        self.drawn = False
-
-    def update(self, done_bytes: float, docs: int, tokens: int, file_no: int, final: bool = False) -> None:
-        now = time.perf_counter()
-        if not final and now - self.last < self.interval:
-            return
-        self.last = now
-        elapsed = max(now - self.t0, 1e-9)
-        frac = min(done_bytes / self.total, 1.0)
-        filled = int(frac * self.WIDTH)
-        eta = elapsed * (1 - frac) / frac if frac > 0 else None
-        line = (
-            f"prepare [{'#' * filled}{'.' * (self.WIDTH - filled)}] {frac:6.1%} {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB"
-            f" | file {file_no}/{self.files} | {docs:,} docs | {tokens:,} tokens | {tokens / elapsed:,.0f} tokens/s"
-            f" | {_clock(elapsed)} elapsed, ETA {_clock(eta)}"
-        )
-        self.stream.write(f"\r{line}\x1b[K" if self.tty else f"{line}\n")
-        self.stream.flush()
-        self.drawn = True
-
-    def close(self) -> None:
-        if self.tty and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+__all__ = ["Tokenizer", "documents", "main", "prepare"]  # Tokenizer and documents: text_stream imports them from here
 
 
 def sources_fingerprint(files: list[Path]) -> list[dict]:
@@ -483,16 +123,16 @@ def prepare(args: argparse.Namespace) -> dict:
     pool = None
     try:
         if workers == 1:  # in this process: the same function, no pickling
-            _init(args.tokenizer, args.eos_id)
+            start_worker(args.tokenizer, args.eos_id)
             for n, job in jobs():
-                write(n, _encode_job(job))
+                write(n, encode_job(job))
         else:  # results are written in input order, whichever worker finishes first: deterministic
             pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init, initargs=(args.tokenizer, args.eos_id)
+                max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker, initargs=(args.tokenizer, args.eos_id)
             )
             pending: deque = deque()
             for n, job in jobs():
-                pending.append((n, pool.submit(_encode_job, job)))
+                pending.append((n, pool.submit(encode_job, job)))
                 if len(pending) >= INFLIGHT_PER_WORKER * workers:
                     n_done, future = pending.popleft()
                     write(n_done, future.result())

@@ -181,6 +181,7 @@ if _kill_at:
     import signal as _signal
 
     from checkpointing import checkpointer as _ckpt_module
+    from checkpointing import commit as _commit_module
     from checkpointing import retention as _retention
     from checkpointing import safe_dcp as _kill_dcp
 
@@ -224,15 +225,15 @@ if _kill_at:
         return _finish(self, metadata, results)
 
     _kill_dcp.HashingFileSystemWriter.finish = _killing_finish
-    _write_durable = _ckpt_module.write_durable
+    _write_durable = _commit_module.write_durable
 
     def _killing_write_durable(path, text):
         _write_durable(path, text)
         if path.name == "state.json":
             _kill_here("state")
 
-    _ckpt_module.write_durable = _killing_write_durable
-    _replace_durable = _ckpt_module.replace_durable
+    _commit_module.write_durable = _killing_write_durable
+    _replace_durable = _commit_module.replace_durable
 
     def _killing_replace_durable(path, text):
         if path.name == "COMMITTED":
@@ -242,7 +243,7 @@ if _kill_at:
         if path.name == "COMMITTED":
             _kill_here("committed")
 
-    _ckpt_module.replace_durable = _killing_replace_durable
+    _commit_module.replace_durable = _killing_replace_durable
     _remove = _retention.remove
 
     def _killing_remove(path):

@@ -1,0 +1,110 @@
+"""The plan of ``python -m core.plan`` as text: plugins, parameters, FLOPs per token, the batch
+layout, steps, memory per rank, the checkpoint, the sequence-length stages, the checkpoint a start
+resumes from, the measured throughput, ETA and cost (``--json`` prints the same plan unrendered)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def checkpoint_line(c: dict[str, Any], world: int) -> str:
+    when = f"every {c['every']:,} steps" if c["every"] else "at the end and on a stop"
+    host = f"; async: {c['async_host_gib_per_rank']:.2f} GiB of host memory per rank for the run (pinned on CUDA)" if c["async"] else ""
+    line = f"  checkpoint  {c['size_gib']:.2f} GiB ({when}, weights + optimizer state){host}, in {c['dir']}"
+    if world > 1:  # this plan runs on one node and cannot look at the others
+        line += "\n              on several nodes: one folder every node mounts (shared storage); the trainer refuses a disk of each node's own at its start (exit 2)"
+    return line
+
+
+def human(n: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{unit}"
+    return f"{n:g}"
+
+
+def render(plan: dict[str, Any]) -> str:
+    m = plan["memory_per_rank"]
+    lines = [
+        f"plan for {plan['config']}",
+        "  plugins     " + ", ".join(f"{k}={v}" for k, v in plan["plugins"].items()),
+        "  monitors    " + ", ".join(plan["monitors"]),
+        f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
+        f"  FLOPs/token {human(plan['flops_per_token'])} (the model spec's flops_per_token at seq {plan['seq_len']}; docs/metrics.md)",
+        f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
+        f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
+        f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
+        f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
+        f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate"
+        + (
+            f"; micro_batch = 'auto': the largest candidate; on CUDA the trainer probes {', '.join(map(str, plan['micro_batch_candidates']))} and keeps the first that fits)"
+            if len(plan["micro_batch_candidates"]) > 1
+            else ")"
+        ),
+        checkpoint_line(plan["checkpoint"], plan["world_size"]),
+    ]
+    st = plan["seq_len_stages"]
+    staged = len(st) > 1
+    for i, stage in enumerate(st):
+        label = "stages      " if i == 0 else "            "
+        lines.append(
+            f"  {label}{'from step ' + format(stage['first_step'], ',') + ': ' if staged else ''}seq {stage['seq_len']} "
+            f"x micro {stage['micro_batch']}, steps {stage['first_step']:,}-{stage['last_step']:,} "
+            f"({stage['steps']:,} steps, {human(stage['tokens'])} tokens)" + ("" if staged else " (one sequence length)")
+        )
+    resume = plan.get("resume")
+    if resume:
+        changes = resume["config_changes"]
+        lines.append(f"  resume      from {resume['from']} (step {resume['step']:,} of {plan['steps']:,})")
+        lines += [f"              config changed since: {c}" for c in changes]
+        if resume["sets_aside"]:
+            aside = resume["sets_aside"]
+            lines.append(f"              a new branch: the {len(aside)} later checkpoint(s), {aside[0]} to {aside[-1]}, move to abandoned/")
+    lines += render_time_and_money(plan)
+    return "\n".join(lines)
+
+
+def render_time_and_money(plan: dict[str, Any]) -> list[str]:
+    lines = []
+    measured = plan.get("measured")
+    if measured:
+        lines.append(
+            f"  measured    {measured['tokens_per_s_per_device']:,.0f} tokens/s on 1 process on this machine "
+            f"({measured['device']}): {measured['timed_steps']} steps of {measured['tokens_per_step']:,} tokens "
+            f"in {measured['seconds']:.3g} s after {measured['warmup_steps']} warm-up"
+        )
+        if plan["world_size"] > 1:
+            lines.append(
+                f"              x {plan['world_size']} ranks (the planned world size) = {plan['tokens_per_s']:,.0f} "
+                "tokens/s for the run, assuming perfect scaling across devices"
+            )
+    tps = plan["tokens_per_s"]
+    if tps is None:
+        lines.append("  ETA: give --tokens-per-s or --measure (or set [monitors.budget_guard] expected_tokens_per_s)")
+    else:
+        if not measured:
+            lines.append(f"  throughput  {tps:,.6g} tokens/s for the whole run ({plan['tokens_per_s_source']})")
+        scaled = " (later stages scaled by FLOPs/token)" if len(plan["seq_len_stages"]) > 1 else ""
+        lines.append(f"  ETA: {duration(plan['eta_s'])} for {human(plan['total_tokens'])} tokens at {tps:,.6g} tokens/s{scaled}")
+    rate = plan["usd_per_device_hr"]
+    if rate is None:
+        lines.append("  cost: give --usd-per-device-hr (or set [monitors.budget_guard] rate_usd_per_hr)")
+    elif tps is None:
+        lines.append(f"  cost: ${rate:,.6g}/device-hr x {plan['devices']} devices: needs the ETA (--tokens-per-s or --measure)")
+    else:
+        lines.append(
+            f"  cost: ${plan['cost_usd']:,.2f} = ${rate:,.6g}/device-hr x {plan['devices']} devices "
+            f"x {plan['eta_s'] / 3600:,.2f} h ({plan['usd_per_device_hr_source']})"
+        )
+    return lines
+
+
+def duration(seconds: float) -> str:
+    """``38.6 h (1 d 14.6 h)``, ``12.0 min``, ``41 s``."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    hours = seconds / 3600
+    days = f" ({int(hours // 24)} d {hours % 24:.1f} h)" if hours >= 24 else ""
+    return f"{hours:,.1f} h{days}"
