@@ -18,7 +18,7 @@ What this module holds, by group:
   reads from each slot's object, the optional ones with what the core does without them, and
   every component is checked against it before a run starts (``python -m core.plugins
   --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
-  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns; :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
+  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns (:func:`declared_tokenizer` reads it, for sources made of sources); :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
   :func:`data_has_split` and :func:`data_parts` read a spec's or a source's optional member with
   the core's default (for plugins that wrap other plugins).
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
@@ -73,7 +73,7 @@ from core.protocols import (
 from core.registry import Registry
 from core.run import Run
 from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
-from dataloading.tokenizer_spec import TokenizerSpec
+from dataloading.tokenizer_spec import TokenizerSpec, declared_tokenizer
 from dataloading.worker_start import worker_context
 from liveness.monitor_reductions import Reduced
 
@@ -101,6 +101,7 @@ __all__ = [
     "DistInfo",
     "LoaderSpec",
     "TokenizerSpec",
+    "declared_tokenizer",
     "Reduced",
     "high_precision_modules",
     "data_fingerprint",

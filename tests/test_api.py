@@ -31,6 +31,8 @@ INTERNAL_IMPORTS = {
     ("plugins/data/prepare_tasks.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
     ("plugins/data/text_inputs.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
     ("plugins/data/text_tokenizer.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.KINDS"): "meta.json's tokenizer spec held to the kinds a checkpoint records",
+    ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.fingerprint"): "the tokenizer file's sha256, computed as meta.json and state.json record it",
 }
 
 # Files that print on purpose: the console monitor's step lines (no ``plait:`` prefix) and command-line tools.

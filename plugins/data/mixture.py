@@ -173,7 +173,7 @@ class Mixture(IndexedSource):
         """The one tokenizer its sources declare (each source's own ``tokenizer()``, the seam any data
         plugin uses); sources that declare none (``synthetic``) are left out. Sources whose tokenizers
         (their files' sha256) or EOS ids differ would mix ids of different texts: one line names two."""
-        from dataloading.tokenizer_spec import declared_tokenizer
+        from core.api import declared_tokenizer
 
         declared = {}
         for label, source in zip(self.labels, self.sources):
