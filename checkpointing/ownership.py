@@ -63,27 +63,32 @@ class FolderInUse(PlaitError):
 
 
 def _holder(path: Path) -> str:
-    try:
-        h = json.loads(path.read_text())
-        return f"pid {h['pid']} on {h['host']} since {h['since']} ({h['command']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    h = _read_record(path)
+    if not h:
         return "another process (no holder recorded)"
+    return f"pid {h['pid']} on {h['host']} since {str(h.get('since'))[:40]} ({str(h.get('command'))[:300]})"
 
 
 def _read_record(path: Path) -> dict:
-    """The lock file's record, read through a fresh open (another host's writes show then); {} if none.
-    A record that does not parse is read again a few times first: a reader on another host may catch
-    a write of it half done (a record taken for none would let a start take a live holder's folder)."""
+    """The lock file's record, read through a fresh open (another host's writes show then); {} if none,
+    or if what is there names no holder (a tool's bytes: a FIFO, a value nested without end, a JSON
+    object without pid and host are read as untrusted, :mod:`checkpointing.small_files`, never a hang,
+    an exception or a fence). A record that does not parse is read again a few times first: a reader on
+    another host may catch a write of it half done (a record taken for none would let a start take a
+    live holder's folder)."""
+    from checkpointing import small_files
+
     for attempt in range(RECORD_READS):
         try:
-            text = path.read_text()
-            record = json.loads(text)
-            return record if isinstance(record, dict) else {}
+            record = small_files.read_json(path)
         except OSError:
             return {}
         except ValueError:
             if attempt + 1 < RECORD_READS:
                 time.sleep(0.05)
+            continue
+        holder = isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("host"), str) and len(record["host"]) < 256
+        return record if holder else {}
     return {}
 
 
@@ -218,8 +223,8 @@ def _taken_by(f: IO[str]) -> str:
     if not record or all(record.get(k) == _record.get(k) for k in ("pid", "host", "boot")):
         return ""
     return (
-        f"run folder {Path(f.name).parent} is in use by pid {record.get('pid')} on {record.get('host')} (since {record.get('since')}, "
-        f"{record.get('command')}), which took it over while this run held it: this process was stopped or cut off longer "
+        f"run folder {Path(f.name).parent} is in use by pid {record.get('pid')} on {record.get('host')} (since {str(record.get('since'))[:40]}, "
+        f"{str(record.get('command'))[:300]}), which took it over while this run held it: this process was stopped or cut off longer "
         f"than its lease ({2 * LEASE_S + 1:.0f} s) and the lock is not shared between the hosts; this run stops and writes "
         "nothing more there (one folder has one writer)"
     )

@@ -36,6 +36,8 @@ def read_bytes(path: Path, limit: int = MAX_BYTES) -> bytes:
             raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "is not a regular file (a pipe, a device or a socket)", str(path))
+        if os.fstat(fd).st_size > limit:  # refused before reading (a sparse file of terabytes reads as zeros)
+            raise OSError(errno.EFBIG, f"is larger than {limit} bytes", str(path))
     except BaseException:
         os.close(fd)
         raise

@@ -203,10 +203,15 @@ def _shut_down_workers() -> None:
             it._shutdown_workers()
         except (OSError, RuntimeError, AttributeError, ValueError) as e:  # best effort at exit
             log.warn(f"shutting down loader workers: {type(e).__name__}: {e}")
-    if _WORKER_ITERATORS:  # multiprocessing's own exit step, which os._exit skips: the named semaphores of the
-        from multiprocessing import util  # workers' queues (dataloading.worker_start) are unlinked, not reported leaked
+    from dataloading.worker_start import end_workers, server_pid
+
+    if _WORKER_ITERATORS or server_pid() is not None:  # multiprocessing's own exit steps, which os._exit skips: the
+        from multiprocessing import util  # named semaphores of the workers' queues (dataloading.worker_start) are unlinked,
+        # not reported leaked; then, its workers ended, the fork server's temporary folder is removed (every run left it in TMPDIR)
 
         util._run_finalizers(0)  # type: ignore[attr-defined]
+        end_workers()
+        util._run_finalizers()  # type: ignore[attr-defined]
 
 
 def shut_down_at_exit(iterator: Any) -> Any:

@@ -17,15 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.contract import optional, returned
 from core.errors import DataError, PluginError
 
 KINDS = ("bytes", "hf", "tiktoken")  # a tokenizer spec's kinds: "bytes", "hf:PATH", "tiktoken:PATH"
 
 
+MAX_TOKENIZER_BYTES = 2**30  # the largest tokenizer files are tens of megabytes
+
+
+def read_tokenizer_file(file: Path) -> bytes:
+    """The bytes of a tokenizer file, which a checkpoint's ``state.json`` may name: a regular file of at
+    most :data:`MAX_TOKENIZER_BYTES`, else OSError before anything is read (a record naming a sparse
+    file of terabytes, a disk image, a pipe or a device is never read into memory or waited on)."""
+    from checkpointing import small_files
+
+    return small_files.read_bytes(file, MAX_TOKENIZER_BYTES)
+
+
 def fingerprint(file: Path) -> str:
-    """The tokenizer file's sha256, as ``meta.json`` and ``state.json`` record it."""
-    return hashlib.sha256(file.read_bytes()).hexdigest()
+    """The tokenizer file's sha256, as ``meta.json`` and ``state.json`` record it. Raises OSError."""
+    return hashlib.sha256(read_tokenizer_file(file)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,8 @@ class TokenizerSpec:
 def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     """The data source's ``tokenizer()`` as ``state.json`` records it: ``{"spec", "eos_id", "fingerprint"}``
     with the file's absolute path; None when it declares none (or returns None)."""
+    from core.contract import optional, returned  # here: the data preparation CLI reads tokenizer files without torch
+
     fn = optional(data, "tokenizer")
     answer = fn() if fn is not None else None
     if answer is None:
@@ -56,4 +69,7 @@ def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     file = (Path.cwd() / Path(path).expanduser()).resolve()  # an absolute path stays as it is
     if not file.is_file():
         raise DataError(f"{who}: tokenizer() names {declared.spec!r}, and {file} is not a file")
-    return {"spec": f"{kind}:{file}", "eos_id": eos, "fingerprint": fingerprint(file)}
+    try:
+        return {"spec": f"{kind}:{file}", "eos_id": eos, "fingerprint": fingerprint(file)}
+    except OSError as e:
+        raise DataError(f"{who}: tokenizer() names {declared.spec!r}, and {file} cannot be read ({e.strerror or e})") from None

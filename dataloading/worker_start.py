@@ -31,6 +31,8 @@ import signal
 import threading
 from typing import Any
 
+from core.errors import DataError
+
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 _lock = threading.Lock()
 
@@ -47,10 +49,41 @@ def worker_context(*modules: str) -> Any:
         try:
             resource_tracker.ensure_running()  # the server's helper (it ignores SIGINT, SIGTERM), which unblocks those two when started
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            _socket_folder()
             forkserver.ensure_running()
+        except OSError as e:  # no temporary folder it can write (full, read-only, none): one line, never a traceback restarted
+            raise DataError(
+                f"data loader workers cannot start: their fork server's socket in a temporary folder (TMPDIR={os.environ.get('TMPDIR', 'unset')}) "
+                f"failed ({type(e).__name__}: {e}); "
+                "set TMPDIR to a short folder this user can write, or data.workers = 0"
+            ) from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a signal that came meanwhile is delivered now
     return ctx
+
+
+SOCKET_PATH_MAX = 107  # a Unix socket's path (Linux: 108 bytes with its NUL)
+
+
+def _socket_folder() -> None:
+    """The folder the fork server's socket goes in (``<tmp>/pymp-XXXXXXXX/listener-XXXXXXXX``, 32
+    characters more than ``TMPDIR``): under a ``TMPDIR`` too long for a socket's path (a scheduler's
+    job folder deep in a scratch file system) Python 3.11 failed with ``AF_UNIX path too long``, so
+    the first of /tmp, /var/tmp and /dev/shm that is short and writable is used instead (as Python 3.13
+    does). Made once per process; multiprocessing removes it at exit."""
+    import tempfile
+    from multiprocessing import util
+
+    if len(tempfile.gettempdir()) + 32 <= SOCKET_PATH_MAX:
+        return
+    for short in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            saved, tempfile.tempdir = tempfile.tempdir, short
+            try:
+                util.get_temp_dir()  # made now in `short`, kept for the process (a folder made before is kept as it was)
+            finally:
+                tempfile.tempdir = saved
+            return
 
 
 def let_go_of_server() -> None:
@@ -69,6 +102,37 @@ def let_go_of_server() -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def end_workers() -> None:
+    """At the rank's end, before multiprocessing's temporary folder is removed: the fork server's
+    workers still running are killed (they only read data; they ignore the stop signals) and waited
+    for, up to 2 s. A loader dropped without ending its workers (the iterator ``state_dict()`` starts)
+    left them to end seconds after the rank, with the fork server, and each one's exit then failed to
+    remove its socket from the folder the rank had removed: a traceback each on a clean run's stderr."""
+    import time
+
+    pid = server_pid()
+    try:
+        workers = [int(k) for k in open(f"/proc/{pid}/task/{pid}/children").read().split()] if pid else []
+    except OSError:  # the server gone, or no /proc
+        return
+    for worker in workers:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(_running(w) for w in workers):
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def server_pid() -> int | None:

@@ -24,15 +24,18 @@ from core import log
 from core.metrics import REDUCTIONS, reduce_parts
 from core.protocols import DistInfo
 
+MAX_ELEMENTS = 2**16  # a Reduced value's most elements: a metric, not a model's tensor (every rank gathers every rank's; metrics.jsonl writes them all)
+
 
 @dataclass(frozen=True)
 class Reduced:
     """A metric a monitor returns from ``plait_metrics`` for the core to reduce over the ranks:
     ``op`` is ``mean``, ``sum``, ``max`` or ``min``; ``value`` a number or a tensor (the same shape
-    on every rank). The step's metrics hold the reduced value (a float for one element), or
-    ``finish(reduced value)`` when a ``finish`` is given: a metric that is a function of sums over
-    the ranks (``update_ratio``'s sqrt(sum of squared changes / sum of squared weights), one tensor
-    of both summed). A ``finish`` that raises leaves the metric out, with a warning."""
+    on every rank, at most :data:`MAX_ELEMENTS` elements; a larger one is left out with a warning).
+    The step's metrics hold the reduced value (a float for one element), or ``finish(reduced value)``
+    when a ``finish`` is given: a metric that is a function of sums over the ranks (``update_ratio``'s
+    sqrt(sum of squared changes / sum of squared weights), one tensor of both summed). A ``finish``
+    that raises leaves the metric out, with a warning."""
 
     op: str
     value: Any
@@ -51,12 +54,16 @@ def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, 
     not_numbers = []
     for name, v in metrics.items():
         if isinstance(v, Reduced):
-            try:
-                parts[name] = (v.op, torch.as_tensor(v.value, dtype=torch.float64))
-            except (TypeError, ValueError, RuntimeError):  # never raised here: the other ranks would wait
+            try:  # whatever a monitor's value does, never raised here: the other ranks would wait
+                t = torch.as_tensor(v.value, dtype=torch.float64).detach().to_dense()  # a sparse tensor made dense
+                if t.is_meta or t.numel() > MAX_ELEMENTS:
+                    raise ValueError(f"{'a meta tensor' if t.is_meta else f'{t.numel()} values, more than {MAX_ELEMENTS}'}")
+                parts[name] = (v.op, t)
+            except Exception as e:  # TypeError, ValueError, RuntimeError; OverflowError for an int beyond a float
                 not_numbers.append(name)
                 log.warn(
-                    f"monitor metric {name!r}: Reduced({v.op!r}, {type(v.value).__name__}) holds no number or tensor: left out", once=f"not-reducible-{name}"
+                    f"monitor metric {name!r}: Reduced({v.op!r}, {type(v.value).__name__}) holds no number or tensor: left out ({type(e).__name__}: {e})",
+                    once=f"not-reducible-{name}",
                 )
     plain = {k: v for k, v in metrics.items() if not isinstance(v, Reduced)}
     if dist.world_size > 1 and torch_dist.is_initialized():

@@ -291,3 +291,80 @@ def test_a_reduced_value_that_is_no_number_is_left_out_and_a_bad_op_is_the_monit
     )
     assert finished == {"r": 2.25}
     assert "monitor metric 'bad': its Reduced finish raised ZeroDivisionError: division by zero; left out" in capsys.readouterr().err
+
+
+def test_a_reduced_value_no_reduction_can_take_is_left_out_never_an_exception(capsys):
+    """An int beyond a float raised OverflowError, and a sparse or a meta tensor a RuntimeError in the
+    reduction itself, out of the core on every rank (a traceback, exit 1, which launchers restart into
+    the same crash); a tensor of millions of values was gathered from every rank and written whole into
+    each metrics.jsonl line. A sparse tensor reduces as its dense one now, the others are left out with a
+    warning; NaN and infinities reduce as numbers."""
+    import torch
+
+    from core.api import Reduced
+    from core.protocols import DistInfo
+    from liveness.monitor_reductions import reduce_monitor_values
+
+    MAX_ELEMENTS = 2**16  # liveness.monitor_reductions.MAX_ELEMENTS
+
+    values = {
+        "huge_int": Reduced("sum", 10**400),
+        "sparse": Reduced("sum", torch.eye(3).to_sparse()),
+        "meta": Reduced("max", torch.ones(2, device="meta")),
+        "too_many": Reduced("mean", torch.zeros(MAX_ELEMENTS + 1)),
+        "nan": Reduced("max", float("nan")),
+        "inf": Reduced("min", float("-inf")),
+        "ok": Reduced("sum", torch.ones(MAX_ELEMENTS)),
+    }
+    out = reduce_monitor_values(values, DistInfo())
+    assert sorted(out) == ["inf", "nan", "ok", "sparse"] and out["nan"] != out["nan"] and out["inf"] == float("-inf"), out
+    assert out["sparse"].tolist() == torch.eye(3).tolist()  # reduced as the dense tensor it stands for
+    err = capsys.readouterr().err
+    for name in ("huge_int", "meta", "too_many"):
+        assert f"monitor metric {name!r}: Reduced(" in err and "left out" in err, err
+
+
+REDUCE_ON_TWO_RANKS = """
+import json, torch, torch.distributed as dist
+from core.api import Reduced
+from core.protocols import DistInfo
+from liveness.monitor_reductions import reduce_monitor_values
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+cases = [
+    {"a": Reduced("sum", 1.0)} if rank == 0 else {},  # a Reduced on one rank only
+    {"a": Reduced("sum", torch.ones(2 + rank))},  # other shapes on each rank
+    {"a": Reduced("max", float("nan") if rank else 1.0), "b": Reduced("sum", float("inf"))},
+    {"a": Reduced("sum", 10**400 if rank else 1.0)},  # no number on one rank
+    {"a": Reduced("sum", torch.zeros(2**17) if rank else torch.zeros(2))},
+]
+for metrics in cases:
+    out = reduce_monitor_values({"loss": 1.0, **metrics}, DistInfo(rank=rank, world_size=2))
+    print(json.dumps({k: float(v) for k, v in out.items()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # spawns a torchrun job
+def test_reduced_values_that_differ_between_two_ranks_are_left_out_on_both(tmp_path):
+    """Two real ranks (gloo): a Reduced on one rank only, other shapes, NaN on one rank, no number on
+    one rank, too many values on one: every case ends on both ranks with the same metrics, none hangs."""
+    import subprocess
+
+    from conftest import env as plait_env
+    from conftest import torchrun_argv
+
+    script = tmp_path / "reduce.py"
+    script.write_text(REDUCE_ON_TWO_RANKS)
+    argv = torchrun_argv(2, script=script)
+    proc = subprocess.run([*argv[:4], "--tee=3", *argv[4:]], cwd=REPO, env=plait_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = {}
+    for line in proc.stdout.splitlines():  # torchrun --tee prefixes each rank's lines with [default<rank>]
+        if ":{" in line:
+            rank, _, row = line.partition(":")
+            lines.setdefault(rank.strip("[]").removeprefix("default"), []).append(json.loads(row))
+    assert lines["0"] == lines["1"] and len(lines["0"]) == 5, proc.stdout
+    rows = lines["0"]
+    assert rows[0] == rows[1] == rows[3] == rows[4] == {"loss": 1.0}
+    assert rows[2]["a"] != rows[2]["a"] and rows[2]["b"] == float("inf"), rows[2]

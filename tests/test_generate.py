@@ -312,3 +312,61 @@ def test_tokenizer_lookup_through_data_sections(tmp_path):
     (tmp_path / "data" / "meta.json").write_text(json.dumps(dict(meta, tokenizer_fingerprint="0" * 64)))
     with pytest.raises(DataError, match="differs from the one the data was prepared with"):
         find_in_config({"data": data}, "ckpt")
+
+
+def with_tokenizer_record(ckpt, dest, record):
+    """A copy of ``ckpt`` whose state.json records ``record`` as its tokenizer, the manifest rewritten to
+    match (a crafted checkpoint: CRC-32 guards against damage, not an attacker)."""
+    import zlib
+
+    ckpt = shutil.copytree(ckpt, dest)
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "tokenizer": record}))
+    manifest = json.loads((ckpt / "COMMITTED").read_text())
+    data = (ckpt / "state.json").read_bytes()
+    manifest["files"]["state.json"], manifest["checksums"]["state.json"] = len(data), f"{zlib.crc32(data):08x}"
+    (ckpt / "COMMITTED").write_text(json.dumps(manifest))
+    return ckpt
+
+
+def test_a_tokenizer_record_naming_a_huge_file_a_pipe_or_a_device_is_one_line_never_read(bytes_ckpt, tmp_path):
+    """A checkpoint's state.json records the tokenizer its data source declared (a path and its sha256).
+    A record naming a file of 20 GB (a sparse file, a disk image) was read whole into memory to take its
+    sha256: generate ended with MemoryError (exit 1), export too, where on a machine with the memory it
+    would have read for minutes. Now a tokenizer file larger than 1 GiB is refused before it is read:
+    generate is one line, exit 2, and export writes the weights without a tokenizer, said in one line.
+    A pipe, /dev/zero and a link to it were already refused (not files), checked here too."""
+    import os
+    import resource
+
+    huge = tmp_path / "huge.tiktoken"
+    with huge.open("wb") as f:
+        f.truncate(20 * 2**30)  # sparse: no disk used
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+
+    def capped() -> None:  # without the fix the reads would take the machine's memory: MemoryError at 8 GB instead
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
+
+    for i, spec in enumerate([f"tiktoken:{huge}", f"hf:{fifo}", "hf:/dev/zero", f"hf:{tmp_path / 'zero.json'}"]):
+        ckpt = with_tokenizer_record(bytes_ckpt, tmp_path / f"c{i}" / "step_000000003", {"spec": spec, "eos_id": None, "fingerprint": "0" * 64})
+        for tool, args in (
+            ("core.generate", ["--prompt", "x", "--max-new-tokens", "1"]),
+            ("core.export", ["--format", "safetensors", "--out", str(tmp_path / f"e{i}")]),
+        ):
+            proc = subprocess.run(
+                [sys.executable, "-m", tool, "--checkpoint", str(ckpt), *args],
+                cwd=REPO,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                preexec_fn=capped,
+            )
+            lines = [line for line in proc.stderr.splitlines() if line.startswith("plait:")]
+            assert "Traceback" not in proc.stderr and "MemoryError" not in proc.stderr, (tool, spec, proc.stderr[-2000:])
+            if tool == "core.generate":
+                assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"plait: error: {ckpt / 'state.json'} tokenizer"), (spec, proc.stderr)
+            else:
+                assert proc.returncode == 0 and "no tokenizer exported" in proc.stderr, (spec, proc.stderr[-2000:])

@@ -537,3 +537,57 @@ def test_a_holder_on_another_machine_with_this_hosts_name_is_watched(tmp_path, m
         assert not ownership.alive_elsewhere(tmp_path / "mine" / "plait.lock", {**record, "pid": 1})  # same kernel: its flock says
     finally:
         ownership.release_run_folders(ended=True)
+
+
+# What a tool may leave in plait.lock: an editor's save of half a record, bytes that are no text, a
+# value nested without end, a JSON object that names no holder, a record of 10 MB.
+DAMAGED_RECORDS = {
+    "truncated": b'{"pid": 4242, "host": "node-b", "since": "2026-11-',
+    "garbage_bytes": bytes(range(256)) * 4,
+    "nested_without_end": b"[" * 100_000,
+    "names_no_holder": b'{"note": "edited by hand"}\n',
+    "ten_megabytes": json.dumps({"pad": "x" * 10_000_000}).encode(),
+}
+
+LOCAL_HOLDER = """
+import json, sys
+from checkpointing import ownership
+ownership.LEASE_S = 0.05
+ownership.lock_run_folders([sys.argv[1]])
+print("held", flush=True)
+sys.stdin.readline()  # the test damages the record meanwhile; the renewing thread looks at it
+import time; time.sleep(0.5)
+ownership.fence()  # what each save and commit does
+print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
+def test_a_lock_record_a_tool_damaged_is_no_holder_never_a_traceback_or_a_fence(tmp_path, damage):
+    """``plait.lock`` written by something other than plait. A value nested without end raised
+    RecursionError out of the record's reader: a start and ``core.plan`` were a traceback (exit 1,
+    which launchers restart into the same crash), and in a running holder the renewing thread died and
+    the next save's fence was a traceback. A JSON object naming no holder was taken for another job's
+    record: the running holder fenced itself, exit 2, "in use by pid None on None". Now the reader
+    reads the file as untrusted (``checkpointing.small_files``) and a record without pid and host is
+    none: a start takes the folder, and a holder renews its record over the damage and trains on."""
+    from checkpointing import ownership
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "plait.lock").write_bytes(DAMAGED_RECORDS[damage])
+    assert ownership._holder(folder / "plait.lock") == "another process (no holder recorded)"
+    ownership.check_run_folders([folder])  # what core.plan asks
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCAL_HOLDER, str(folder)], cwd=REPO, env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", holder.communicate(timeout=60)[1][-2000:]
+        (folder / "plait.lock").write_bytes(DAMAGED_RECORDS[damage])  # in place, as an editor writing through the file does
+        out, err = holder.communicate("go\n", timeout=60)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert holder.returncode == 0 and "Traceback" not in err and "error" not in err, err[-2000:]
+    assert int(out.split()[-1]) >= 5, out  # renewed over the damage all along

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, read_metrics, run_module
+from conftest import REPO, env, read_metrics, run_module
 
 from core.errors import DataError
 from core.protocols import LoaderSpec
@@ -378,3 +378,50 @@ if __name__ == "__main__":
     for p in left:  # do not leave them behind on a failure either
         os.kill(p, 9)
     assert not left, f"still running 30 s after their rank was killed: {left} (fork server first)"
+
+
+def test_workers_under_a_long_tmpdir_start_and_a_run_leaves_nothing_in_tmpdir(corpus, tmp_path):
+    """The fork server's socket lives in ``<TMPDIR>/pymp-XXXXXXXX/``: under a TMPDIR too long for a
+    socket's path (a scheduler's job folder deep in a scratch file system) the run was a traceback at
+    its loader's start, ``OSError: AF_UNIX path too long``, exit 1 (reason ``error``: launchers restart
+    it into the same crash); it starts now, its socket in a short temporary folder. And every run with
+    workers left its ``pymp-`` folder in TMPDIR (the rank ends with os._exit, which skips
+    multiprocessing's removal of it); a clean end removes it now. With no temporary folder at all the
+    fork server's failure is one line, exit 2."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(f'''
+extends = "{REPO / "train_configs" / "base.toml"}"
+[train]
+steps = 2
+global_batch_tokens = 128
+micro_batch = 2
+device = "cpu"
+[model]
+name = "llama3"
+flavor = "debug"
+dim = 64
+[data]
+name = "text_stream"
+seq_len = 32
+files = ["{corpus}"]
+workers = 1
+[monitors]
+enabled = []
+''')
+    short, long = tmp_path / "tmp", tmp_path / ("t" * 100)
+    for tmpdir in (short, long):
+        tmpdir.mkdir()
+        r = run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / ('out_' + tmpdir.name[:8])}", extra_env={"TMPDIR": str(tmpdir)})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert not list(tmpdir.glob("pymp-*")), list(tmpdir.iterdir())
+    no_short_folder = (  # the folder for the socket as it was chosen before: in the long TMPDIR itself
+        "import sys\nfrom dataloading import worker_start\nworker_start._socket_folder = lambda: None\n"
+        "try:\n    worker_start.worker_context()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", no_short_folder], cwd=REPO, env=env(TMPDIR=str(long)), capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("DataError data loader workers cannot start: their fork server's socket in a temporary folder (TMPDIR="), r.stdout + r.stderr
+    assert "AF_UNIX path too long" in r.stdout and "set TMPDIR to a short folder this user can write, or data.workers = 0" in r.stdout

@@ -62,7 +62,10 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
         looked = ", ".join(str(c) for c in candidates)
         raise DataError(f"{where}: tokenizer {spec!r} not found (looked at {looked}); pass --tokenizer SPEC")
     if want_fingerprint:
-        matching = [f for f in found if fingerprint(f) == want_fingerprint]
+        try:
+            matching = [f for f in found if fingerprint(f) == want_fingerprint]
+        except OSError as e:  # a file too large for a tokenizer's, or gone since
+            raise DataError(f"{where}: tokenizer {spec!r}: {e.filename} cannot be read ({e.strerror or e})") from None
         if not matching:
             raise DataError(
                 f"{where}: tokenizer file {found[0]} differs from the one the data was prepared with "

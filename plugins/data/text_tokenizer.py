@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import DataError
+from dataloading.tokenizer_spec import read_tokenizer_file
 from plugins.data.text_inputs import need
 
 TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
@@ -35,7 +36,7 @@ class Tokenizer:
             rel = "" if file.is_absolute() else f" (a relative path is taken from the working directory, {Path.cwd()})"
             raise DataError(f"{where} {spec!r}: {file} not found{rel}")
         try:
-            data = file.read_bytes()
+            data = read_tokenizer_file(file)  # a regular file of a tokenizer's size, never a device or a sparse image
         except OSError as e:
             raise DataError(f"{where} {spec!r}: {file} unreadable ({type(e).__name__}: {e.strerror or e})") from None
         self.fingerprint = hashlib.sha256(data).hexdigest()
