@@ -50,7 +50,6 @@ from core.errors import EXIT_BAD_INPUT, PlaitError
 
 LOCK_FILE = "plait.lock"
 LEASE_S = 10.0  # how often a holder renews its record in the lock file
-RECORD_BYTES = 1024  # every record written at this size (longer ones as they are): a rewrite never shrinks the file
 RECORD_READS = 5  # a record that does not parse is read this many times (50 ms apart) before it counts as none
 _held: list[IO[str]] = []  # open lock files: the locks live as long as these
 _record: dict = {}  # this process's record in them
@@ -93,12 +92,13 @@ def _read_record(path: Path) -> dict:
 
 
 def _write(f: IO[str], record: dict) -> None:
-    """Write ``record`` over the one before in one write, padded to RECORD_BYTES with spaces (JSON
-    allows them), and cut what is left of a longer one after it: a reader never finds the file empty."""
+    """Write ``record`` over the one before in one write, padded with spaces (JSON allows them) to the
+    file's length, so that no end of a longer record is left after it: a reader never finds the file
+    empty or half written (a rewrite never shrinks the file)."""
     text = json.dumps(record)
+    size = os.fstat(f.fileno()).st_size
     f.seek(0)
-    f.write(text.ljust(RECORD_BYTES - 1) + "\n")
-    f.truncate()
+    f.write(text.ljust(size - 1) + "\n")
     f.flush()
     os.fsync(f.fileno())  # seen by the other hosts of a network file system
 

@@ -31,6 +31,10 @@ INTERNAL_IMPORTS = {
     ("plugins/data/prepare_tasks.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
     ("plugins/data/text_inputs.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
     ("plugins/data/text_tokenizer.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    (
+        "plugins/data/text_tokenizer.py",
+        "dataloading.tokenizer_spec.read_tokenizer_file",
+    ): "a tokenizer file read with the size limit a checkpoint's record gets",
     ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.KINDS"): "meta.json's tokenizer spec held to the kinds a checkpoint records",
     ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.fingerprint"): "the tokenizer file's sha256, computed as meta.json and state.json record it",
 }

@@ -134,6 +134,14 @@ def find_in_config(config: dict[str, Any], where: str) -> TokenizerRecord | None
     return TokenizerRecord(specs[0], eos.pop() if eos else None, found[0].source)
 
 
+def _sha256(file: Path, where: str) -> str:
+    """The tokenizer file's sha256, or one line naming it when it cannot be one (too large, unreadable)."""
+    try:
+        return fingerprint(file)
+    except OSError as e:
+        raise DataError(f"{where}: {file} cannot be read as a tokenizer file ({e.strerror or e}); pass --tokenizer SPEC") from None
+
+
 def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> TokenizerRecord | None:
     """The tokenizer checkpoint ``checkpoint`` recorded in its ``state.json`` (the data source's declared
     ``tokenizer()``), else :func:`find_in_config` of its resolved config (a checkpoint saved before
@@ -161,11 +169,11 @@ def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> 
         candidates.append(checkpoint / COPY_NAMES[kind])
     found = [c for c in candidates if c.is_file()]
     for c in found:
-        if fingerprint(c) == want:
+        if _sha256(c, where) == want:
             return TokenizerRecord(f"{kind}:{c.resolve()}", eos, where)
     if found:
         raise DataError(
-            f"{where}: {found[0]} has sha256 {fingerprint(found[0])[:12]}..., the run's tokenizer {record['spec']} had {want[:12]}...; "
+            f"{where}: {found[0]} has sha256 {_sha256(found[0], where)[:12]}..., the run's tokenizer {record['spec']} had {want[:12]}...; "
             f"pass --tokenizer {kind}:PATH of the run's file (or --tokenizer {kind}:{found[0]} to use this one anyway)"
         )
     raise DataError(
@@ -179,7 +187,7 @@ def check_against_recorded(given: TokenizerRecord, checkpoint: Path) -> None:
     record = read_json(state).get("tokenizer") if state.is_file() else None
     if not isinstance(record, dict) or given.file is None or not isinstance(record.get("fingerprint"), str):
         return
-    if (got := fingerprint(given.file)) != record["fingerprint"]:
+    if (got := _sha256(given.file, "--tokenizer")) != record["fingerprint"]:
         from core import log
 
         log.warn(
