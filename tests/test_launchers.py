@@ -611,6 +611,7 @@ def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(t
     assert (proc.returncode, attempts) == (1, 2) and "MAX_RESTARTS=1 restarts are used up" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.bench  # two real attempts of remote.sh, about 90 s on 2 cores: the CI's 20 minutes
 def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tmp_path):
     """RESUME names another folder's checkpoint, and the first attempt crashes before its first save. The
     restart resumed with "auto", found nothing of the run's own, and started over at step 0: a run meant to
