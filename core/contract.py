@@ -193,7 +193,7 @@ def _check_model_values(where: str, spec: Any) -> None:
     """The model's cheap answers, asked once now rather than failing later."""
     if spec.vocab_size < 1:  # an int (checked above): no token id could be below it
         raise PluginError(f"{where}: vocab_size must be an int >= 1, got {spec.vocab_size!r}")
-    counts = getattr(spec, "param_counts", None)
+    counts = optional(spec, "param_counts")  # declared in CONTRACT["model"]; None is absent
     if counts is not None:
         got = counts()
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(n, int) and n >= 0 for n in got)):
