@@ -106,7 +106,7 @@ def usable(path: Path) -> str:
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from checkpointing.folders import verify
+    from core.checkpoint.folders import verify
 
     try:
         verify(path)

@@ -9,7 +9,7 @@ first), and four measurements:
   HashingFileSystemWriter, which checksums each shard while writing it
   (``--repeats`` saves each, interleaved; medians);
 * the commit's own added work: checksumming the small files (metadata, JSON);
-* verifying the whole checkpoint against its manifest (``checkpointing.folders.verify``:
+* verifying the whole checkpoint against its manifest (``core.checkpoint.folders.verify``:
   every file read once; the page cache is warm, as it is right after a save).
 
     python -m bench.checkpoint_hash --flavor 50m --repeats 3
@@ -78,9 +78,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from checkpointing import integrity
-    from checkpointing.folders import COMMIT_MARKER, verify
-    from checkpointing.safe_dcp import HashingFileSystemWriter
+    from core.checkpoint import integrity
+    from core.checkpoint.folders import COMMIT_MARKER, verify
+    from core.checkpoint.safe_dcp import HashingFileSystemWriter
 
     tmp = Path(tempfile.mkdtemp(prefix="plait-hash-bench-"))
     try:

@@ -31,9 +31,9 @@ from bench.common import append_section, synthetic_config, table
 def build(flavor: str, out: Path, device: str):
     import torch
 
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     prep = prepare(str(synthetic_config(flavor, 128, 1, device, str(out))))
     trainer = Trainer(prep, DistInfo(device=torch.device(device)))

@@ -91,7 +91,7 @@ def synthetic_config(flavor: str, seq_len: int, micro_batch: int, device: str, o
     """A temporary run config on synthetic random tokens (no data files), monitors and saves off."""
     import tempfile
 
-    from preflight.config import dumps
+    from core.config.files import dumps
 
     cfg = {
         "train": {

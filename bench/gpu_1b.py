@@ -133,9 +133,9 @@ def peak_tflops() -> float | None:
 def run_variant(name: str, extra: list[str], steps: int, warmup: int, profile: str = "") -> dict:
     import torch
 
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     mb = micro_batch_of(extra)
     overrides = BASE + extra + [f"--train.global_batch_tokens={mb * 2048}", f"--train.steps={steps + warmup}"]

@@ -1,4 +1,4 @@
-"""Cost of the per-step non-finite guard (core/nonfinite.py): plait's train_step with and without it.
+"""Cost of the per-step non-finite guard (core/loop/nonfinite.py): plait's train_step with and without it.
 
 One process, the same Trainer and batches; "without" replaces the guard's
 check with a constant and calls ``optimizer.step()`` directly. The two
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench.guard_cost: --device cuda asked, but torch sees no CUDA device", file=sys.stderr)
         return 2
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     extra = {"vocab_size": 512} if args.flavor == "debug" else {}
     cfg = synthetic_config(args.flavor, args.seq_len, args.micro_batch, args.device, "/tmp/plait-bench-guard", **extra)

@@ -18,7 +18,7 @@ CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
 
 def rate(source, seq_len: int, micro: int, batches: int) -> float:
-    from core.protocols import LoaderSpec
+    from core.contract.protocols import LoaderSpec
 
     source.validate(512, seq_len)
     it = iter(source.loader(LoaderSpec(seq_len, micro, 1, 0, 1, 42)))

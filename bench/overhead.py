@@ -25,9 +25,9 @@ CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
 
 def plait_trainer(args):
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     overrides = [
         f"--model.flavor={args.flavor}",

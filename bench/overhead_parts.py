@@ -18,23 +18,23 @@ import torch
 
 
 def no_thread(loader, accum, device, force_thread=False):
-    """Stands in for dataloading.prefetch.prefetching: the loop reads the loader itself."""
+    """Stands in for core.data.prefetch.prefetching: the loop reads the loader itself."""
     return loader
 
 
 def build(args, prefetch_thread: bool, guard: bool):
-    import core.assemble
-    import core.trainer
+    import core.loop.assemble
+    import core.loop.trainer
     from bench import overhead
     from bench.guard_cost import NoGuard
-    from dataloading import prefetch
+    from core.data import prefetch
 
     chosen = prefetch.prefetching if prefetch_thread else no_thread
-    core.assemble.prefetching = core.trainer.prefetching = chosen  # type: ignore[attr-defined]
+    core.loop.assemble.prefetching = core.loop.trainer.prefetching = chosen  # type: ignore[attr-defined]
     try:
         trainer = overhead.plait_trainer(args)
     finally:
-        core.assemble.prefetching = core.trainer.prefetching = prefetch.prefetching  # type: ignore[attr-defined]
+        core.loop.assemble.prefetching = core.loop.trainer.prefetching = prefetch.prefetching  # type: ignore[attr-defined]
     if not guard:
         trainer.stepper.guard = NoGuard(torch.zeros((), device=args.device))
     return trainer

@@ -231,9 +231,9 @@ def worker_bare(a, s):
 
 def plait_trainer(a, total_steps: int):
     """plait's Trainer, built for this file's shape, batch, precision and optimizer (see the module docstring)."""
-    from core import distributed
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
+    from core.runtime import distributed
 
     ws = world()[1]
     overrides = [
@@ -267,8 +267,8 @@ def plait_trainer(a, total_steps: int):
 
 
 def worker_plait(a, s):
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import register_monitor
+    from core.contract.hookspecs import hookimpl
+    from core.loop.monitor_hub import register_monitor
 
     trainer = plait_trainer(a, a.warmup + a.steps)
     ends: list[float] = []

@@ -216,8 +216,8 @@ class Sampler:
 def worker(args: argparse.Namespace, train_argv: list[str]) -> None:
     import tracemalloc
 
-    from liveness import watchdog
-    from tools import train
+    from core.cli import train
+    from core.runtime import watchdog
 
     if args.tracemalloc:
         tracemalloc.start(1)
@@ -236,7 +236,7 @@ def worker(args: argparse.Namespace, train_argv: list[str]) -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     sampler.finish(Path(args.samples_prefix + f"{rank}.top.txt"))
-    from dataloading.indexed import _shut_down_workers
+    from core.data.indexed import _shut_down_workers
 
     _shut_down_workers()
     sys.stdout.flush()
@@ -281,7 +281,7 @@ def run_scenario(name: str, root: Path, args: argparse.Namespace) -> list[list]:
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
     nproc, cfg = scenario(name, folder, args.steps)
-    from preflight.config import dumps
+    from core.config.files import dumps
 
     config = folder / "run.toml"
     config.write_text(dumps(cfg))

@@ -38,10 +38,10 @@ def child() -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401
 
-    from core import registry
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract import registry
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     t1 = time.perf_counter()
     registry.load()
@@ -62,8 +62,8 @@ def make_plugins(site: Path, n: int) -> None:
         mod.mkdir(parents=True, exist_ok=True)
         (mod / "__init__.py").write_text(
             "from dataclasses import dataclass\n"
-            "from core.hookspecs import hookimpl\n"
-            "from core.options import option\n"
+            "from core.contract.hookspecs import hookimpl\n"
+            "from core.contract.options import option\n"
             "@dataclass\nclass Opts:\n    level: int = option(0, 'a level')\n"
             "class Mon:\n    def __init__(self, options):\n        self.options = options\n"
             "@hookimpl\ndef plait_register(registry):\n"

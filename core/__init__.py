@@ -1,9 +1,19 @@
-"""plait core: the plugin contract (protocols, hooks, options, discovery) and the training loop.
+"""plait core: the plugin contract and the machinery that trains with plugins.
 
-The core knows no concrete plugin. Everything it trains with is found through
-the ``plait`` entry-point group (see :mod:`core.hookspecs`). Beside it: :mod:`preflight`
-(config file to checked components), :mod:`checkpointing` (the durable state),
-:mod:`dataloading` (the index-addressed loader) and :mod:`tools` (the commands).
+The core knows no concrete plugin: everything it trains with is found through the
+``plait`` entry-point group. Its packages, bottom to top (imports run one way, upward
+never; ``.importlinter`` states the layers and CI checks them):
+
+- :mod:`core.contract`: each slot's protocol and members, hooks, options, registry, errors, logger
+- :mod:`core.config`: TOML files, extends, overrides, the core's own sections
+- :mod:`core.runtime`: process group, run-folder lock, durable writes, stop signals, watchdog
+- :mod:`core.data`: the index-addressed loader and its read-ahead
+- :mod:`core.checkpoint`: the Checkpointer and what a checkpoint holds
+- :mod:`core.preflight`: the config resolved into checked components before any process group
+- :mod:`core.loop`: the trainer and its step
+- :mod:`core.cli`: the commands (``python -m core.<command>`` hands off to them)
+
+:mod:`core.api` is the one module plugins import.
 """
 
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ one component per slot (``examples/plait-example-plugin`` is the installable exa
 What this module holds, by group:
 
 * **Hooks**: :data:`hookimpl` marks ``plait_register`` and a monitor's run-event methods
-  (:data:`RUN_EVENT_HOOKS`; their reference docs are in ``core/hookspecs.py``). ``plait_register``
+  (:data:`RUN_EVENT_HOOKS`; their reference docs are in ``core/contract/hookspecs.py``). ``plait_register``
   receives a :class:`Registry`; run-event hooks receive a :class:`Run`.
 * **Options**: every component has an options dataclass; each field is declared with
   :func:`option` (default, one-line doc, bounds). :class:`NoOptions` is for components without.
@@ -34,7 +34,7 @@ What this module holds, by group:
 * **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
   :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
   prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
-* **Logging**: :mod:`log <core.log>` (``log.info``, ``log.note``, ``log.warn(..., once=key)``,
+* **Logging**: :mod:`log <core.contract.log>` (``log.info``, ``log.note``, ``log.warn(..., once=key)``,
   ``log.error``): rank 0 speaks unless ``all_ranks=True``, each line prefixed ``plait:``.
   Plugins do not ``print``.
 
@@ -43,16 +43,15 @@ Everything here is a re-export; the definitions stay in their modules.
 
 from __future__ import annotations
 
-from checkpointing.durable_io import replace_durable
-from core import log
-from core.contract import CONTRACT
-from core.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
-from core.hookspecs import RUN_EVENT_HOOKS, hookimpl
-from core.losses import chunked_cross_entropy, output_cross_entropy
-from core.metrics import reduce_parts
-from core.options import NoOptions, option
-from core.param_groups import OptimizerOptions
-from core.protocols import (
+from core.contract import log
+from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
+from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
+from core.contract.losses import chunked_cross_entropy, output_cross_entropy
+from core.contract.members import CONTRACT
+from core.contract.metrics import reduce_parts
+from core.contract.options import NoOptions, option
+from core.contract.param_groups import OptimizerOptions
+from core.contract.protocols import (
     SLOTS,
     DataLoaderLike,
     DataSource,
@@ -70,12 +69,13 @@ from core.protocols import (
     data_tokens_per_epoch,
     high_precision_modules,
 )
-from core.registry import Registry
-from core.run import Run
-from dataloading.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
-from dataloading.tokenizer_spec import TokenizerSpec, declared_tokenizer
-from dataloading.worker_start import worker_context
-from liveness.monitor_reductions import Reduced
+from core.contract.registry import Registry
+from core.contract.run import Run
+from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+from core.data.tokenizer_spec import TokenizerSpec, declared_tokenizer
+from core.data.worker_start import worker_context
+from core.runtime.durable_io import replace_durable
+from core.runtime.monitor_reductions import Reduced
 
 __all__ = [
     # hooks

@@ -1,6 +1,6 @@
-"""``python -m core.export``: the command lives in :mod:`tools.export`; this module only hands off to it."""
+"""``python -m core.export``: the command lives in :mod:`core.cli.export`; this module only hands off to it."""
 
 if __name__ == "__main__":
-    from tools.export import main
+    from core.cli.export import main
 
     raise SystemExit(main())

@@ -1,6 +1,6 @@
-"""``python -m core.plan``: the command lives in :mod:`tools.plan`; this module only hands off to it."""
+"""``python -m core.plan``: the command lives in :mod:`core.cli.plan`; this module only hands off to it."""
 
 if __name__ == "__main__":
-    from tools.plan import main
+    from core.cli.plan import main
 
     raise SystemExit(main())

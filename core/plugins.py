@@ -1,6 +1,6 @@
-"""``python -m core.plugins``: the command lives in :mod:`tools.plugins`; this module only hands off to it."""
+"""``python -m core.plugins``: the command lives in :mod:`core.cli.plugins`; this module only hands off to it."""
 
 if __name__ == "__main__":
-    from tools.plugins import main
+    from core.cli.plugins import main
 
     raise SystemExit(main())

@@ -1,6 +1,6 @@
-"""``python -m core.report``: the command lives in :mod:`tools.report`; this module only hands off to it."""
+"""``python -m core.report``: the command lives in :mod:`core.cli.report`; this module only hands off to it."""
 
 if __name__ == "__main__":
-    from tools.report import main
+    from core.cli.report import main
 
     raise SystemExit(main())

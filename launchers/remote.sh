@@ -137,8 +137,8 @@ for dist in ("plait", "torchao"):
         print(f"{dist} {md.version(dist)}")
     except md.PackageNotFoundError:
         print(f"{dist} not installed")
-import core.registry
-core.registry.load()
+import core.contract.registry
+core.contract.registry.load()
 print(f"gpus {torch.cuda.device_count()}")
 PY
 ); then

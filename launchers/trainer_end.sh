@@ -38,7 +38,7 @@ trainer_end() {
 }
 
 # newest_checkpoint RUN_INFO: the newest committed checkpoint (a step_<9 digits> folder holding COMMITTED, as
-# checkpointing/folders.py commits them) in the checkpoint folder that RUN_INFO (run_info.json, which rank 0 writes at
+# core/checkpoint/folders.py commits them) in the checkpoint folder that RUN_INFO (run_info.json, which rank 0 writes at
 # each start) names; -1: none yet, or a folder that did not answer within 60 s (a hung mount).
 newest_checkpoint() {
     immune timeout 60 "$PY" -c 'import json, os, re, sys

@@ -13,30 +13,30 @@ import pytest
 from conftest import REPO
 
 import core.api as api
-from core.contract import CONTRACT
+from core.contract.members import CONTRACT
 
 EXAMPLE = REPO / "examples" / "plait-example-plugin" / "plait_example_plugin"
 BUILTIN = [REPO / "plugins", REPO / "model_specs"]
 
 # Built-in plugins that import a core internal, by (file, imported name), with the reason.
 INTERNAL_IMPORTS = {
-    ("plugins/data/mixture.py", "core.registry"): "the mixture builds its sources' data plugins by name, as the core does",
-    ("plugins/data/mixture.py", "preflight.config.subtable"): "each source's table keeps where its values came from (relative paths)",
-    ("plugins/data/mixture.py", "preflight.option_values.build_options"): "each source's options are built and checked like a top-level plugin's",
-    ("plugins/data/__init__.py", "core.hookspecs.hookimpl"): "importing plugins.data.prepare runs it: that CLI starts without torch",
-    ("plugins/data/prepare.py", "core.errors.ArgumentParser"): "a command-line tool: plait's argparse (no abbreviations, exit code 2)",
-    ("plugins/data/prepare.py", "core.errors.exit_bad_input"): "a command-line tool: a bad input is one line and exit code 2",
-    ("plugins/data/prepare.py", "core.errors.DataError"): "a command-line tool that starts without torch, which core.api imports",
-    ("plugins/data/prepare.py", "core.errors.PlaitError"): "a command-line tool that starts without torch, which core.api imports",
-    ("plugins/data/prepare_tasks.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
-    ("plugins/data/text_inputs.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
-    ("plugins/data/text_tokenizer.py", "core.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/mixture.py", "core.contract.registry"): "the mixture builds its sources' data plugins by name, as the core does",
+    ("plugins/data/mixture.py", "core.config.files.subtable"): "each source's table keeps where its values came from (relative paths)",
+    ("plugins/data/mixture.py", "core.config.option_values.build_options"): "each source's options are built and checked like a top-level plugin's",
+    ("plugins/data/__init__.py", "core.contract.hookspecs.hookimpl"): "importing plugins.data.prepare runs it: that CLI starts without torch",
+    ("plugins/data/prepare.py", "core.contract.errors.ArgumentParser"): "a command-line tool: plait's argparse (no abbreviations, exit code 2)",
+    ("plugins/data/prepare.py", "core.contract.errors.exit_bad_input"): "a command-line tool: a bad input is one line and exit code 2",
+    ("plugins/data/prepare.py", "core.contract.errors.DataError"): "a command-line tool that starts without torch, which core.api imports",
+    ("plugins/data/prepare.py", "core.contract.errors.PlaitError"): "a command-line tool that starts without torch, which core.api imports",
+    ("plugins/data/prepare_tasks.py", "core.contract.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/text_inputs.py", "core.contract.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
+    ("plugins/data/text_tokenizer.py", "core.contract.errors.DataError"): "part of the data preparation CLI, which starts without torch (core.api imports it)",
     (
         "plugins/data/text_tokenizer.py",
-        "dataloading.tokenizer_spec.read_tokenizer_file",
+        "core.data.tokenizer_spec.read_tokenizer_file",
     ): "a tokenizer file read with the size limit a checkpoint's record gets",
-    ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.KINDS"): "meta.json's tokenizer spec held to the kinds a checkpoint records",
-    ("plugins/data/token_bin.py", "dataloading.tokenizer_spec.fingerprint"): "the tokenizer file's sha256, computed as meta.json and state.json record it",
+    ("plugins/data/token_bin.py", "core.data.tokenizer_spec.KINDS"): "meta.json's tokenizer spec held to the kinds a checkpoint records",
+    ("plugins/data/token_bin.py", "core.data.tokenizer_spec.fingerprint"): "the tokenizer file's sha256, computed as meta.json and state.json record it",
 }
 
 # Files that print on purpose: the console monitor's step lines (no ``plait:`` prefix) and command-line tools.
@@ -50,7 +50,7 @@ def sources(*roots: Path) -> list[Path]:
 
 
 # plait's internal packages: a plugin reaches them through core.api only.
-INTERNAL_PACKAGES = ("core", "checkpointing", "preflight", "dataloading", "liveness", "tools")
+INTERNAL_PACKAGES = ("core",)
 
 
 def internal(module: str) -> bool:
@@ -58,7 +58,7 @@ def internal(module: str) -> bool:
 
 
 def core_imports(path: Path) -> list[str]:
-    """Every name a file imports from plait's own packages (``core``, ``checkpointing``...), as
+    """Every name a file imports from plait's own packages (``core``), as
     ``package.module.name`` (``package.module`` for a module)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -121,7 +121,7 @@ def test_builtin_plugins_import_core_internals_only_where_listed():
 
 
 def test_the_data_preparation_cli_starts_without_torch():
-    """Why plugins/data/__init__.py and prepare.py import from core.hookspecs and core.errors: core.api imports torch."""
+    """Why plugins/data/__init__.py and prepare.py import from core.contract.hookspecs and core.contract.errors: core.api imports torch."""
     import subprocess
     import sys
 
@@ -182,8 +182,8 @@ def test_plugins_do_not_read_the_rank_from_the_environment():
 
 
 def spike(monitor):
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
 
     run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=100, tokens_per_step=1)
     for step in range(1, 12):
@@ -204,7 +204,7 @@ def test_a_monitor_warning_is_printed_by_rank_zero_only(monkeypatch, capsys, ran
 def test_a_shard_speaks_for_itself_on_every_rank(monkeypatch, capsys, tmp_path):
     import json
 
-    from core.protocols import LoaderSpec
+    from core.contract.protocols import LoaderSpec
     from plugins.data.text_stream import TextStream, TextStreamOptions
 
     corpus = tmp_path / "docs.jsonl"

@@ -1,9 +1,9 @@
 """A resume never loads a checkpoint into a model whose architecture changed with every shape kept.
 
-Before checkpointing/architecture.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
+Before core/checkpoint/architecture.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
 the same shapes), ``tie_embeddings`` or ``norm_eps`` loaded, named only in the "config differs"
 note, and trained another function from the saved weights. The model spec declares the options
-that define its function (``architecture_options``, core/contract.py); ``rope_theta`` is not one
+that define its function (``architecture_options``, core/contract/members.py); ``rope_theta`` is not one
 of them, so a context extension still resumes. Real runs, real DCP checkpoints, one process."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from conftest import run_module, write_tiny_config
 
-from checkpointing import resume
-from checkpointing.architecture import RESOLVED, differences, run_architecture, saved_model_section
-from checkpointing.checkpointer import CheckpointDir
-from checkpointing.folders import CheckpointOptions
-from core.contract import check_component
-from core.errors import ConfigError, PluginError
-from core.protocols import DistInfo
+from core.checkpoint import resume
+from core.checkpoint.architecture import RESOLVED, differences, run_architecture, saved_model_section
+from core.checkpoint.checkpointer import CheckpointDir
+from core.checkpoint.folders import CheckpointOptions
+from core.contract.errors import ConfigError, PluginError
+from core.contract.members import check_component
+from core.contract.protocols import DistInfo
 from model_specs.llama3.spec import Llama3Spec
 from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
 
@@ -88,7 +88,7 @@ def test_the_contract_declares_architecture_options_a_tuple_and_the_builtin_spec
 
 
 def test_core_plugins_shows_each_models_architecture_options():
-    from tools.plugins import render
+    from core.cli.plugins import render
 
     text = render("model")
     assert "architecture (a resume from a checkpoint saved with other values is refused): flavor, n_layers, dim, n_heads, n_kv_heads" in text
@@ -149,7 +149,7 @@ def test_a_resume_with_another_rope_theta_goes_on_and_names_it(saved, tmp_path):
 
 
 def in_process_prepare(cfg: Path, *overrides: str):
-    from preflight.prepare import prepare
+    from core.preflight.prepare import prepare
 
     return prepare(str(cfg), list(overrides), world_size=1, dry_run=True)
 

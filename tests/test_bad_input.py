@@ -98,7 +98,7 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
     pkg = site / "dup_plait_plugin"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
-        "from core.hookspecs import hookimpl\n"
+        "from core.contract.hookspecs import hookimpl\n"
         "from plugins.optim.adamw import AdamW, AdamWOptions\n"
         "@hookimpl\n"
         "def plait_register(registry):\n"
@@ -120,7 +120,7 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
 
 def plan_error(capsys, *args: str) -> str:
     """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line."""
-    from tools import plan
+    from core.cli import plan
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
@@ -218,8 +218,8 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
-    from preflight.start_folders import probe_folder
-    from tools import plan
+    from core.cli import plan
+    from core.preflight.start_folders import probe_folder
 
     (tmp_path / "keep").mkdir()
     out = tmp_path / "keep" / "a" / "b"
@@ -235,9 +235,9 @@ def test_bad_resume_or_initial_load_leaves_no_run_folder_behind(tiny_config, tmp
     and two plait.lock files behind; it is now found before anything is created. initial_load
     can only be checked once no checkpoint is found to resume from (after the folders exist):
     its failure removes the folders this start made, and nothing that was there before."""
-    from checkpointing.ownership import release_run_folders
-    from core.errors import PlaitError
-    from preflight.prepare import prepare
+    from core.contract.errors import PlaitError
+    from core.preflight.prepare import prepare
+    from core.runtime.ownership import release_run_folders
 
     out = tmp_path / "runs" / "a" / "out"
     msg = one_error_line(train("--config", str(tiny_config()), f"--train.output_dir={out}", f"--checkpoint.resume={tmp_path / 'nope'}"))
@@ -282,13 +282,13 @@ def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_
 
 def test_an_unbounded_float_must_still_be_finite():
     """Once said "must be , got inf" (the case was llama3's norm_eps, whose bound is declared now)."""
-    from preflight.option_values import check_value
+    from core.config.option_values import check_value
 
     assert check_value("x", float("inf"), {}) == "x: must be a finite number, got inf"
 
 
 def test_bounds_are_listed_by_core_plugins():
-    from core.options import describe
+    from core.contract.options import describe
     from plugins.optim.adamw import AdamWOptions
 
     docs = {name: doc for name, _tp, _default, doc in describe(AdamWOptions)}
@@ -299,8 +299,8 @@ def test_bounds_are_listed_by_core_plugins():
 
 
 def test_config_nested_thousands_deep_is_one_error(tmp_path):
-    from core.errors import ConfigError
-    from preflight import config as config_io
+    from core.config import files as config_io
+    from core.contract.errors import ConfigError
 
     (tmp_path / "arrays.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nested more than 64 levels deep"):
@@ -314,8 +314,8 @@ def test_config_nested_thousands_deep_is_one_error(tmp_path):
 
 
 def test_extends_chain_of_a_thousand_files(tmp_path):
-    from core.errors import ConfigError
-    from preflight import config as config_io
+    from core.config import files as config_io
+    from core.contract.errors import ConfigError
 
     for i in range(1000):
         (tmp_path / f"c{i}.toml").write_text(f'extends = "c{i + 1}.toml"\n' if i < 999 else "[train]\nsteps = 1\n")
@@ -325,7 +325,7 @@ def test_extends_chain_of_a_thousand_files(tmp_path):
 
 
 def test_train_argparse_errors_are_one_line(capsys):
-    from tools import train
+    from core.cli import train
 
     with pytest.raises(SystemExit) as exc:
         train.main(["--config"])
@@ -336,7 +336,7 @@ def test_train_argparse_errors_are_one_line(capsys):
 
 def test_plugins_argparse_errors_are_one_line(capsys):
     """core.plugins printed argparse's usage block and its own prefix, unlike every other command."""
-    from tools import plugins
+    from core.cli import plugins
 
     with pytest.raises(SystemExit) as exc:
         plugins.main(["--slot", "modle"])
@@ -351,7 +351,7 @@ def test_train_records_bad_input_for_launchers(tiny_config, tmp_path, capsys, mo
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from tools import train
+    from core.cli import train
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
@@ -390,7 +390,7 @@ def token_bin_source(d, **opts):
 
 
 def test_token_bin_uint32_read_as_uint16_is_refused(tmp_path):
-    from core.errors import DataError
+    from core.contract.errors import DataError
 
     d = tmp_path / "data"
     d.mkdir()
@@ -408,7 +408,7 @@ def test_token_bin_uint32_read_as_uint16_is_refused(tmp_path):
 
 @pytest.mark.parametrize("meta", ["[1, 2]", '"uint16"', "{oops"])
 def test_token_bin_malformed_meta_is_one_error(tmp_path, meta):
-    from core.errors import DataError
+    from core.contract.errors import DataError
 
     d = tmp_path / "data"
     d.mkdir()
@@ -421,7 +421,7 @@ def test_token_bin_malformed_meta_is_one_error(tmp_path, meta):
 def test_token_bin_file_shorter_than_meta_json_says_is_refused(tmp_path):
     """A train.bin cut short at a whole token (an interrupted copy) still fits the dtype: the token
     counts prepare writes in meta.json catch it, for either split, before training."""
-    from core.errors import DataError
+    from core.contract.errors import DataError
 
     d = tmp_path / "data"
     d.mkdir()
@@ -461,7 +461,7 @@ def test_unknown_split_is_no_split(tmp_path):
     ],
 )
 def test_text_stream_checks_first_records_before_training(tmp_path, content, expected):
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.text_stream import TextStream, TextStreamOptions
 
     (tmp_path / "a.jsonl").write_text(content)
@@ -473,7 +473,7 @@ def test_text_stream_parquet_column_checked(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.text_stream import TextStream, TextStreamOptions
 
     pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
@@ -495,16 +495,16 @@ def test_text_stream_parquet_column_checked(tmp_path):
     ],
 )
 def test_text_stream_negative_counts(table, expected):
-    from core.errors import ConfigError
+    from core.config.option_values import build_options
+    from core.contract.errors import ConfigError
     from plugins.data.text_stream import TextStreamOptions
-    from preflight.option_values import build_options
 
     with pytest.raises(ConfigError, match=expected):
         build_options(TextStreamOptions, table, "[data]")
 
 
 def test_text_stream_resume_with_other_workers_is_refused():
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.text_stream import TextStream, TextStreamOptions
 
     saved = {"world_size": 2, "config": {"data": {"name": "text_stream", "workers": 2}}}
@@ -522,8 +522,8 @@ def test_text_stream_resume_with_other_workers_is_refused():
 def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
     import json
 
-    from checkpointing.weights import HF_INDEX, hf_index_files
-    from core.errors import CheckpointError
+    from core.checkpoint.weights import HF_INDEX, hf_index_files
+    from core.contract.errors import CheckpointError
 
     (tmp_path / HF_INDEX).write_text(json.dumps({"weight_map": {"a.weight": "model-1.safetensors", "b.weight": name}}))
     with pytest.raises(CheckpointError, match="weight_map names .* expected a file inside"):
@@ -539,7 +539,7 @@ def test_initial_load_export_of_another_shape_is_refused_by_plan(tiny_config, tm
     checkpoint folder's are; they used to be found only after the process group and model existed."""
     import torch
 
-    from checkpointing.weights import empty_model, save_hf, save_safetensors, spec_from_config
+    from core.checkpoint.weights import empty_model, save_hf, save_safetensors, spec_from_config
 
     section = {"name": "llama3", "flavor": "debug", "dim": 32, "n_layers": 2}  # the tiny config's model has dim 64
     spec = spec_from_config({"model": section}, "test")
@@ -582,7 +582,7 @@ def test_remote_refuses_non_numeric_environment(tmp_path, var, value):
 
 
 def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
-    from tools import plan
+    from core.cli import plan
 
     args = ["--config", str(tiny_config()), f"--data.path={tmp_path / 'elsewhere'}"]
     assert "does not exist" in plan_error(capsys, *args)
@@ -592,8 +592,8 @@ def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
 def test_a_model_larger_than_this_machine_is_refused_before_the_run_on_cpu(tiny_config):
     """vocab_size typed a thousand times too large: 128 billion parameters on a CPU machine was an
     allocation traceback (exit 1, so a launcher restarted into it) after the process group was up."""
-    from core.errors import ConfigError
-    from preflight.prepare import prepare
+    from core.contract.errors import ConfigError
+    from core.preflight.prepare import prepare
 
     with pytest.raises(ConfigError, match=r"the model's 128,000,332,992 parameters need 953.7 GiB per rank .* this machine has"):
         prepare(str(tiny_config()), ["--model.name=recurrent_moe", "--model.vocab_size=1000000000"], validate_data=True)

@@ -108,8 +108,8 @@ def test_two_ranks_follow_rank_zero(guarded):
 
 def guard(tmp_path, **opts):
     """A BudgetGuard driven directly, with a real Run object and the fake clock."""
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
     from plugins.monitors.budget_guard import BudgetGuard, BudgetGuardOptions
 
     defaults = dict(budget_file=str(tmp_path / "budget.json"), warn_usd=30.0, cap_usd=35.0, check_every_s=0.0)
@@ -175,7 +175,7 @@ def test_computed_spend_is_cumulative_wall_time(tmp_path, clock):
 
 
 def test_only_rank_zero_decides(tmp_path, clock):
-    from core.protocols import DistInfo
+    from core.contract.protocols import DistInfo
 
     budget_file(tmp_path / "budget.json", spent=36, projected=40)
     g, run = guard(tmp_path)

@@ -186,7 +186,7 @@ def test_async_save_matches_sync(cfg, tmp_path, parallelism):
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from checkpointing.folders import verify
+    from core.checkpoint.folders import verify
 
     outs = {}
     for mode in ("false", "true"):

@@ -59,7 +59,7 @@ def loss_inputs(n=72, d=32, vocab=100, seed=0):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_chunked_cross_entropy_has_no_graph_breaks(precision):
-    from core.losses import _checkpointed_chunk, chunked_cross_entropy, output_cross_entropy
+    from core.contract.losses import _checkpointed_chunk, chunked_cross_entropy, output_cross_entropy
 
     hidden, weight, labels = loss_inputs()
     dynamo.reset()
@@ -79,7 +79,7 @@ def test_chunked_cross_entropy_has_no_graph_breaks(precision):
 def test_compiled_loss_matches_eager(chunk):
     """Loss and gradients of the compiled loss (inductor on CPU) equal eager's within fp32 rounding,
     for chunks that do not divide the tokens (a shorter last chunk) and for the unchunked form."""
-    from core.losses import chunked_cross_entropy, output_cross_entropy
+    from core.contract.losses import chunked_cross_entropy, output_cross_entropy
 
     def run(compile):
         hidden, weight, labels = loss_inputs()
@@ -100,7 +100,7 @@ def test_compiled_loss_matches_eager(chunk):
 def test_train_compile_compiles_the_loss():
     """apply_compile (train.compile) turns the llama3 model's loss into the compiled one, and the
     model's loss and gradients stay those of the eager model."""
-    from core.parallelize import apply_compile
+    from core.loop.parallelize import apply_compile
 
     spec = Llama3Spec.from_flavor("debug", dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=128, loss_chunk_tokens=24)
     ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))

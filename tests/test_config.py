@@ -9,10 +9,10 @@ from typing import Literal
 
 import pytest
 
-from core.errors import ConfigError
-from core.options import describe, option
-from preflight import config
-from preflight.option_values import build_options
+from core.config import files as config
+from core.config.option_values import build_options
+from core.contract.errors import ConfigError
+from core.contract.options import describe, option
 
 
 def write(path, text):
@@ -141,8 +141,8 @@ def test_describe_uses_toml_keys_and_docs():
 def test_path_options_resolve_against_the_file_that_set_them(tmp_path):
     """A relative path in a config is relative to that config's folder (through extends too); one
     given on the command line is relative to the working directory."""
+    from core.config.files import load, subtable
     from plugins.data.token_bin import TokenBinOptions
-    from preflight.config import load, subtable
 
     (tmp_path / "parent").mkdir()
     (tmp_path / "child").mkdir()
@@ -204,7 +204,7 @@ def test_resolved_config_reruns_the_run(tmp_path, monkeypatch, capsys):
     from its resolved config inside its own folder trained afresh in ``out/out``, silently, instead of resuming."""
     from conftest import read_metrics, run_module, write_tiny_config
 
-    from tools.plan import main
+    from core.cli.plan import main
 
     cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512)
     first = tmp_path / "out"
@@ -224,15 +224,15 @@ def test_output_folders_starting_with_a_tilde_are_in_the_home_folder(tiny_config
     """Path options (data.path, ...) took ``~`` for the home folder, the output folders did not: ``output_dir
     = "~/runs/x"`` (no shell expands it in a TOML file, nor after ``--key=``) made a folder named ``~`` in the
     working directory, and a rented machine's checkpoints went to its scratch disk instead of the home volume."""
-    from tools.plan import main
+    from core.cli.plan import main
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     assert main(["--config", str(tiny_config()), "--train.output_dir=~/runs/x", "--checkpoint.dir=~/ckpts", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["output_dir"] == str(tmp_path / "home" / "runs" / "x")
-    from checkpointing.folders import CheckpointOptions
-    from preflight.option_values import build_options
+    from core.checkpoint.folders import CheckpointOptions
+    from core.config.option_values import build_options
 
     assert build_options(CheckpointOptions, {"dir": "~/ckpts"}, "[checkpoint]").dir == str(tmp_path / "home" / "ckpts")
     assert not (tmp_path / "~").exists()

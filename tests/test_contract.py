@@ -1,13 +1,13 @@
-"""What a factory returns is held to core/contract.py before anything is built: one line naming
+"""What a factory returns is held to core/contract/members.py before anything is built: one line naming
 the plugin and the member, for a missing member, a wrong arity or a malformed optional one."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.contract import CONTRACT, check_component, describe_contract
-from core.errors import PluginError
-from core.registry import load
+from core.contract.errors import PluginError
+from core.contract.members import CONTRACT, check_component, describe_contract
+from core.contract.registry import load
 
 
 class Spec:
@@ -63,7 +63,7 @@ NEEDS = {  # components whose defaults need input
 
 
 def test_every_builtin_component_meets_the_contract():
-    from preflight.option_values import build_options
+    from core.config.option_values import build_options
 
     registry = load()
     checked = 0
@@ -120,8 +120,8 @@ def test_a_data_source_off_by_one_is_refused():
     """sample() must return seq_len + 1 ids (inputs and shifted labels); seq_len ids is one line."""
     import numpy as np
 
-    from core.errors import DataError
-    from dataloading.indexed import IndexedSource, checked_sample
+    from core.contract.errors import DataError
+    from core.data.indexed import IndexedSource, checked_sample
 
     class OffByOne(IndexedSource):
         def sample(self, index, seq_len, split):
@@ -135,7 +135,7 @@ def test_a_data_source_off_by_one_is_refused():
     with pytest.raises(DataError, match=r"OffByOne: sample\(0, seq_len=16, 'train'\) returned ndarray of shape \(16,\)"):
         checked_sample(OffByOne(), 0, 16, "train")
     loader = OffByOne().loader(
-        __import__("core.protocols", fromlist=["LoaderSpec"]).LoaderSpec(
+        __import__("core.contract.protocols", fromlist=["LoaderSpec"]).LoaderSpec(
             seq_len=16, micro_batch=2, grad_accum=1, dp_rank=0, dp_size=1, seed=0, total_samples=10
         )
     )
@@ -148,9 +148,9 @@ def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
     against the vocabulary the core hands in (LoaderSpec.vocab_size) (the last id, a label only, may be -100)."""
     import numpy as np
 
-    from core.errors import DataError
-    from core.protocols import LoaderSpec
-    from dataloading.indexed import IndexedSource
+    from core.contract.errors import DataError
+    from core.contract.protocols import LoaderSpec
+    from core.data.indexed import IndexedSource
 
     class LateBadId(IndexedSource):
         def sample(self, index, seq_len, split):
@@ -167,7 +167,7 @@ def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
 
 
 def test_plugins_listing_names_the_optional_members_each_component_provides():
-    from tools.plugins import render
+    from core.cli.plugins import render
 
     def block(text: str, name: str) -> str:
         start = text.index(f"  {name}  -- ")

@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, run_module, torchrun, write_tiny_config
 from test_plugin_author import error_lines, install
 
-from core.contract import check_component, describe_contract
-from core.errors import DataError, PluginError
+from core.contract.errors import DataError, PluginError
+from core.contract.members import check_component, describe_contract
 
 # Every optional member of every slot the plugins fill, set to None: what a plugin author writes
 # for "I have none" (``hf_config = None``, ``tokens_per_epoch = None``).
@@ -93,7 +93,7 @@ def test_an_optional_member_set_to_none_is_absent_to_every_reader(tmp_path):
     hf = run_module("core.export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf"), extra_env=env)
     assert hf.returncode == 2 and "Traceback" not in hf.stderr, hf.stderr[-3000:]
     assert error_lines(hf) == [
-        "plait: error: model 'nones' does not support hf export: its spec lacks to_hf_state_dict and hf_config (core/contract.py); use --format safetensors"
+        "plait: error: model 'nones' does not support hf export: its spec lacks to_hf_state_dict and hf_config (core/contract/members.py); use --format safetensors"
     ]
     st = run_module("core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st"), extra_env=env)
     assert st.returncode == 0 and (tmp_path / "st" / "model.safetensors").is_file(), st.stderr[-3000:]
@@ -207,7 +207,7 @@ def test_a_third_party_sources_declared_tokenizer_reaches_export_and_generate(tm
 
 @pytest.mark.slow  # spawns plait's commands
 def test_a_declared_tokenizer_that_is_wrong_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
-    from dataloading.tokenizer_spec import TokenizerSpec, declared_tokenizer
+    from core.data.tokenizer_spec import TokenizerSpec, declared_tokenizer
 
     def source(answer):
         return type("Source", (), {"tokenizer": lambda self: answer})()
@@ -277,8 +277,8 @@ def test_a_reduced_value_that_is_no_number_is_left_out_and_a_bad_op_is_the_monit
     """One process: the values reduce to themselves; one that is no number is left out with a warning
     (never an exception in the core's reduction, which the other ranks would wait for)."""
     from core.api import Reduced
-    from core.protocols import DistInfo
-    from liveness.monitor_reductions import reduce_monitor_values
+    from core.contract.protocols import DistInfo
+    from core.runtime.monitor_reductions import reduce_monitor_values
 
     out = reduce_monitor_values({"loss": 1.5, "a": Reduced("mean", 2), "b": Reduced("max", [1.0, 3.0]), "c": Reduced("sum", "x")}, DistInfo())
     assert out["loss"] == 1.5 and out["a"] == 2.0 and out["b"].tolist() == [1.0, 3.0] and "c" not in out
@@ -302,10 +302,10 @@ def test_a_reduced_value_no_reduction_can_take_is_left_out_never_an_exception(ca
     import torch
 
     from core.api import Reduced
-    from core.protocols import DistInfo
-    from liveness.monitor_reductions import reduce_monitor_values
+    from core.contract.protocols import DistInfo
+    from core.runtime.monitor_reductions import reduce_monitor_values
 
-    MAX_ELEMENTS = 2**16  # liveness.monitor_reductions.MAX_ELEMENTS
+    MAX_ELEMENTS = 2**16  # core.runtime.monitor_reductions.MAX_ELEMENTS
 
     values = {
         "huge_int": Reduced("sum", 10**400),
@@ -327,8 +327,8 @@ def test_a_reduced_value_no_reduction_can_take_is_left_out_never_an_exception(ca
 REDUCE_ON_TWO_RANKS = """
 import json, torch, torch.distributed as dist
 from core.api import Reduced
-from core.protocols import DistInfo
-from liveness.monitor_reductions import reduce_monitor_values
+from core.contract.protocols import DistInfo
+from core.runtime.monitor_reductions import reduce_monitor_values
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 cases = [

@@ -71,11 +71,11 @@ def test_fp8_tracks_bf16_on_cuda(bf16_rows, tmp_path, recipe):
 
 
 def test_prefetch_on_cuda_matches_the_synchronous_loader():
-    """dataloading.prefetch on CUDA: pinned host copies, device copies on a side stream; the consumer's
+    """core.data.prefetch on CUDA: pinned host copies, device copies on a side stream; the consumer's
     stream waits for them, and batches and positions equal the synchronous loader's."""
-    from core.protocols import LoaderSpec
-    from dataloading.indexed import IndexedSource
-    from dataloading.prefetch import PrefetchingLoader, prefetching
+    from core.contract.protocols import LoaderSpec
+    from core.data.indexed import IndexedSource
+    from core.data.prefetch import PrefetchingLoader, prefetching
 
     class Counting(IndexedSource):
         def sample(self, index, seq_len, split):

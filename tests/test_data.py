@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import REPO, read_metrics, run_module
 
-from core.errors import ConfigError, DataError
-from core.protocols import LoaderSpec
+from core.contract.errors import ConfigError, DataError
+from core.contract.protocols import LoaderSpec
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
@@ -181,9 +181,9 @@ def test_seq_len_stages_keep_tokens_per_step(tiny_config, tmp_path):
 def test_a_third_party_seq_len_schedule_is_checked():
     """Any monitor may state the schedule; the core holds what it returns to the hook's contract."""
     from core.api import PluginError, hookimpl
-    from core.monitor_hub import register_monitor
-    from core.registry import plugin_manager
-    from preflight.prepare import seq_len_schedule
+    from core.contract.registry import plugin_manager
+    from core.loop.monitor_hub import register_monitor
+    from core.preflight.prepare import seq_len_schedule
 
     class Schedule:
         def __init__(self, result):
@@ -318,10 +318,10 @@ def test_mixture_with_a_stream_refuses_a_resume_at_another_world_size(tmp_path):
 PER_SOURCE_SCRIPT = """
 import json, sys
 import numpy as np, torch
-from core import distributed
-from preflight.prepare import prepare
-from core.trainer import Trainer
-from core.validation import evaluate
+from core.runtime import distributed
+from core.preflight.prepare import prepare
+from core.loop.trainer import Trainer
+from core.loop.validation import evaluate
 
 prep = prepare(sys.argv[1], [])
 info = distributed.init(prep.rc.train.device)
@@ -407,9 +407,9 @@ enabled = []
 
 
 def test_validation_parts_are_declared_and_checked():
-    from core.contract import CONTRACT
-    from core.errors import PluginError
-    from core.protocols import validation_parts
+    from core.contract.errors import PluginError
+    from core.contract.members import CONTRACT
+    from core.contract.protocols import validation_parts
 
     member = {m.name: m for m in CONTRACT["data"]}["validation_loaders"]
     assert member.kind == "method" and member.params == 1 and not member.required
@@ -428,7 +428,7 @@ def test_validation_loss_is_a_plain_float_to_checkpoints_and_monitors():
     import math
     import pickle
 
-    from core.validation import ValidationLoss
+    from core.loop.validation import ValidationLoss
 
     loss = ValidationLoss(1.25, {"val_loss/web": 1.5})
     best = min(math.inf, loss)  # what the trainer keeps in the train state

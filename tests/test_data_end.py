@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import REPO, read_metrics, torchrun
 
-from core.protocols import LoaderSpec
-from dataloading.indexed import DataExhausted
+from core.contract.protocols import LoaderSpec
+from core.data.indexed import DataExhausted
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
@@ -174,7 +174,7 @@ def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path
     step: the run used to end at step 0 with exit code 0 (reason data_end), having trained
     nothing. ``check_first_step`` (run by preflight, so by core.train and core.plan) refuses it
     with one line naming the source, its file, what it holds and what the first step takes."""
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.text_stream import TextStream, TextStreamOptions
 
     d = write_bin(tmp_path / "d", np.arange(16 * 10 + 1) % 500)  # 10 windows of 16
@@ -269,7 +269,7 @@ def test_a_mixture_with_stages_starts(tiny_config, tmp_path, capsys):
     the first sample before any loader asked which source serves it, which with stages depends on
     the run's length that only a loader's spec brings. Such a mixture says so
     (``samples_before_loader``) and its first step is checked with the run's length."""
-    from tools.plan import main
+    from core.cli.plan import main
 
     sources = f'[{{name = "token_bin", weight = 1.0, path = "{CORPUS}"}}, {{name = "synthetic", weight = 1.0}}]'
     staged = ["--data.name=mixture", f"--data.sources={sources}", "--data.stages=[[0.0, [1.0, 0.0]], [0.5, [0.0, 1.0]]]"]

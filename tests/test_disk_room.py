@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
+from core.cli.plan import main
 from tests.conftest import PY, in_a_small_disk
-from tools.plan import main
 
 
 def test_a_checkpoint_folder_without_room_for_one_checkpoint_is_refused_at_the_start(tiny_config, tmp_path, capsys):
@@ -38,7 +38,7 @@ def test_a_disk_that_fills_before_the_run_ends_is_a_warning(tiny_config, capsys)
 VERIFY = """
 import json, sys
 from pathlib import Path
-from checkpointing.folders import committed, step_dirs, verify
+from core.checkpoint.folders import committed, step_dirs, verify
 root = Path(sys.argv[1])
 print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify(p)["step"] for p in committed(root)]}))
 """

@@ -52,7 +52,7 @@ def toml_value(cell: str) -> Any:
 
 
 def defaults_of(cls: type) -> dict[str, Any]:
-    from core.options import describe
+    from core.contract.options import describe
 
     return {name: default for name, _tp, default, _doc in describe(cls)}
 
@@ -78,7 +78,7 @@ def flags_of(parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def test_configuration_md_names_every_core_section():
-    from preflight.run_config import CORE_SECTION_OPTIONS
+    from core.config.sections import CORE_SECTION_OPTIONS
 
     listed = {n for row in table_rows(text("docs/configuration.md"), "| section |") if row[1] == "core" for n in names_in(row[0])}
     assert listed == {f"[{s}]" for s in CORE_SECTION_OPTIONS}
@@ -86,8 +86,8 @@ def test_configuration_md_names_every_core_section():
 
 def test_every_core_option_has_a_type_a_default_and_a_doc():
     """What ``python -m core.plugins`` prints for the core sections (the plugins' own: test_registry)."""
-    from core.options import describe
-    from preflight.run_config import CORE_SECTION_OPTIONS
+    from core.config.sections import CORE_SECTION_OPTIONS
+    from core.contract.options import describe
 
     for section, cls in CORE_SECTION_OPTIONS.items():
         for name, tp, default, doc in describe(cls):
@@ -95,7 +95,7 @@ def test_every_core_option_has_a_type_a_default_and_a_doc():
 
 
 def test_checkpoints_md_table_is_the_checkpoint_options():
-    from checkpointing.folders import CheckpointOptions
+    from core.checkpoint.folders import CheckpointOptions
 
     defaults, seen = defaults_of(CheckpointOptions), set()
     for row in table_rows(text("docs/checkpoints.md"), "| key | default |"):
@@ -119,7 +119,7 @@ def test_operations_md_recurrent_moe_table_is_the_monitor_options():
 
 
 def test_the_plan_flag_table_lists_every_flag(monkeypatch):
-    from tools.plan import main
+    from core.cli.plan import main
 
     flags = flags_of(parser_of(main, monkeypatch))
     listed = {names_in(row[0])[0] for row in table_rows(text("docs/configuration.md"), "| flag | meaning |")}
@@ -145,7 +145,7 @@ def test_the_prepare_flag_table_is_the_command(monkeypatch):
 def test_writing_plugins_names_every_required_member_of_each_slot():
     """A required member the walk-through leaves out is a plugin written from it that is refused
     (the optimizer's ``options`` was)."""
-    from core.contract import CONTRACT
+    from core.contract.members import CONTRACT
 
     rows = {row[0]: row[1] for row in table_rows(text("docs/writing_plugins.md"), "| slot | the factory's result provides |")}
     for slot, members in CONTRACT.items():
@@ -155,7 +155,7 @@ def test_writing_plugins_names_every_required_member_of_each_slot():
 
 
 def test_writing_plugins_names_every_hook_and_every_end_reason():
-    import core.hookspecs as hookspecs
+    import core.contract.hookspecs as hookspecs
 
     doc = text("docs/writing_plugins.md")
     for hook in hookspecs.RUN_EVENT_HOOKS:
@@ -165,8 +165,8 @@ def test_writing_plugins_names_every_hook_and_every_end_reason():
 
 
 def test_the_members_of_prep_a_monitor_may_read_exist():
-    import core.hookspecs as hookspecs
-    from preflight.prepare import Prepared
+    import core.contract.hookspecs as hookspecs
+    from core.preflight.prepare import Prepared
 
     doc = " ".join((hookspecs.plait_preflight.__doc__ or "").split())
     declared = re.findall(r"``(\w+)``", doc.split("may read its")[1].split("the rest is")[0])
@@ -176,15 +176,14 @@ def test_the_members_of_prep_a_monitor_may_read_exist():
 
 def test_architecture_md_lists_every_module():
     doc = text("docs/architecture.md")
-    for package in ("core", "preflight", "checkpointing", "dataloading", "liveness", "tools"):
-        for path in sorted((REPO / package).glob("*.py")):
-            if path.stem != "__init__":
-                assert re.search(rf"\b{path.stem}\.py\b", doc), f"docs/architecture.md does not list {package}/{path.name}"
+    for path in sorted((REPO / "core").rglob("*.py")):
+        if path.stem != "__init__":
+            assert re.search(rf"\b{path.stem}\.py\b", doc), f"docs/architecture.md does not list {path.relative_to(REPO)}"
 
 
 def test_readme_lists_every_built_in_plugin():
-    from core import registry as registry_mod
-    from core.protocols import SLOTS
+    from core.contract import registry as registry_mod
+    from core.contract.protocols import SLOTS
 
     rows = {row[0]: row[1] for row in table_rows(text("README.md"), "| slot | plugins |")}
     reg = registry_mod.load()
@@ -201,9 +200,9 @@ def test_every_section_key_the_docs_name_is_an_option():
     """``train.steps``, ``checkpoint.keep_best``, ``data.path``, ``monitors.spikes.window``... anywhere in
     README.md and docs/*.md: each is an option of that core section, of some plugin of that slot, or of
     that monitor (the example plugin's components count: the docs walk through them)."""
-    from core import registry as registry_mod
-    from core.options import describe
-    from preflight.run_config import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+    from core.config.sections import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
+    from core.contract import registry as registry_mod
+    from core.contract.options import describe
 
     reg = registry_mod.load()
     keys = {section: {n for n, *_ in describe(cls)} for section, cls in CORE_SECTION_OPTIONS.items()}
@@ -229,7 +228,7 @@ def test_every_section_key_the_docs_name_is_an_option():
 
 
 def test_every_file_and_test_the_docs_name_exists():
-    """``checkpointing/staging.py``, ``tests/test_retention.py::test_...``, ``train_configs/1b_h100.toml``:
+    """``core/checkpoint/staging.py``, ``tests/test_retention.py::test_...``, ``train_configs/1b_h100.toml``:
     each path under one of the repository's folders, and each test named, is there."""
     tops = {p.name for p in REPO.iterdir() if (p / "__init__.py").exists()} | {"train_configs", "launchers", "examples", "docs", "tests"}  # not runs/
     tests = "\n".join(p.read_text() for p in (REPO / "tests").rglob("*.py"))
@@ -248,9 +247,9 @@ def test_every_file_and_test_the_docs_name_exists():
 def test_configuration_md_lists_the_path_options():
     """The options resolved against their config file's folder (``option(..., path=True)``) are the ones
     configuration.md's "Paths" names."""
-    from core import registry as registry_mod
-    from core.protocols import SLOTS
-    from preflight.run_config import CORE_SECTION_OPTIONS, SLOT_SECTIONS
+    from core.config.sections import CORE_SECTION_OPTIONS, SLOT_SECTIONS
+    from core.contract import registry as registry_mod
+    from core.contract.protocols import SLOTS
 
     paths = {f"{s}.{f.name}" for s, cls in CORE_SECTION_OPTIONS.items() for f in dataclasses.fields(cls) if f.metadata.get("path")}
     for slot in SLOTS:
@@ -263,7 +262,7 @@ def test_configuration_md_lists_the_path_options():
 
 
 def test_configuration_md_states_each_slot_default_plugin():
-    from preflight.run_config import DEFAULT_PLUGIN
+    from core.config.sections import DEFAULT_PLUGIN
 
     sentence = text("docs/configuration.md").split("Defaults when a slot section is absent:")[1].split("\n\n")[0]
     said = dict(re.findall(r'`(\w+) = "(\w+)"`', sentence))
@@ -271,7 +270,7 @@ def test_configuration_md_states_each_slot_default_plugin():
     assert all(f"`[{slot}]`" in sentence for slot, name in DEFAULT_PLUGIN.items() if name is None)  # must name a plugin
 
 
-@pytest.mark.parametrize("command, doc", [("tools.generate", "docs/generate.md"), ("tools.export", "docs/export.md"), ("tools.report", "README.md")])
+@pytest.mark.parametrize("command, doc", [("core.cli.generate", "docs/generate.md"), ("core.cli.export", "docs/export.md"), ("core.cli.report", "README.md")])
 def test_the_export_generate_and_report_docs_name_every_flag_and_its_default(command, doc, monkeypatch):
     """generate.md's usage line gives the defaults (`[--max-new-tokens 200]`): they are the command's,
     and `--help` says each one too (it said none of them)."""

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def trainer_for(cfg: Path, *overrides: str):
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
     t.build()
@@ -128,7 +128,7 @@ def test_huge_learning_rate_never_writes_a_poisoned_checkpoint(tmp_path):
 
 
 def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
-    from core.errors import CheckpointError
+    from core.contract.errors import CheckpointError
 
     cfg = write_tiny_config(tmp_path, steps=2)
     t = trainer_for(cfg)
@@ -170,7 +170,7 @@ def test_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(tmp_path):
 
 
 def test_pruning_keeps_verified_own_best_and_foreign_checkpoints(tmp_path):
-    from checkpointing.folders import LINEAGE_FILE
+    from core.checkpoint.folders import LINEAGE_FILE
 
     cfg = write_tiny_config(tmp_path, steps=8)
     t = trainer_for(cfg, "--checkpoint.keep_latest=0")
@@ -288,7 +288,7 @@ def test_setting_a_branch_aside_reaches_the_disk_before_the_marker_goes(tmp_path
 
 HOLDER = """
 import sys, time
-from checkpointing.ownership import lock_run_folders
+from core.runtime.ownership import lock_run_folders
 lock_run_folders([sys.argv[1]])
 print("locked", flush=True)
 time.sleep(600)
@@ -361,8 +361,8 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     buffers serve every save."""
     import threading
 
-    from checkpointing import staging
-    from checkpointing.checkpointer import Checkpointer
+    from core.checkpoint import staging
+    from core.checkpoint.checkpointer import Checkpointer
 
     real, real_wait = staging.HostStager._copy, Checkpointer.wait_for_staging
     waiting = threading.Event()  # the training loop has reached the wait for a copy in flight
@@ -383,7 +383,7 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
 
     monkeypatch.setattr(staging.HostStager, "_copy", slow)
     monkeypatch.setattr(Checkpointer, "wait_for_staging", marking_wait)
-    from core import log
+    from core.contract import log
 
     said: list[str] = []  # log's lines, read where they are made (capsys lost a whole run's output in long sequences)
     info = log.info
@@ -429,7 +429,7 @@ def test_async_host_buffers_are_allocated_before_the_first_save(tmp_path):
 
 def no_host_memory_for_staging(monkeypatch) -> None:
     """Every host buffer the async-save stager asks for fails as torch's CPU allocator fails."""
-    from checkpointing import staging
+    from core.checkpoint import staging
 
     real_empty = torch.empty
 
@@ -445,12 +445,12 @@ def test_no_host_memory_for_the_async_copy_fails_the_save_cleanly(tmp_path, monk
     """Host memory can run out while an async save copies the state (the buffers are as large as
     the state). That save fails like a full disk: SaveFailed with one line naming the tensor and
     what to do, its folder removed, the older checkpoint kept and loadable."""
-    from checkpointing.folders import SaveFailed, verify
+    from core.checkpoint.folders import SaveFailed, verify
 
     cfg = write_tiny_config(tmp_path, steps=4)
     assert trainer_for(cfg, "--checkpoint.every=4").fit() == 0  # a good checkpoint at step 4
     no_host_memory_for_staging(monkeypatch)
-    from checkpointing.checkpointer import Checkpointer
+    from core.checkpoint.checkpointer import Checkpointer
 
     # no buffers allocated ahead (as for an optimizer without state): the save's own copy fails
     monkeypatch.setattr(Checkpointer, "before_update", Checkpointer.wait_for_staging)
@@ -495,8 +495,8 @@ def reference_counters(flags: list[int], in_a_row: int) -> tuple[int, int, int]:
 def test_guard_counters_equal_counting_step_by_step_across_folds():
     """The guard folds its per-step flags on the device when its buffer fills and at each read;
     random runs of NaN, inf and finite steps, read at random points, count as one by one."""
-    from core.nonfinite import NonFiniteGuard
-    from core.protocols import DistInfo
+    from core.contract.protocols import DistInfo
+    from core.loop.nonfinite import NonFiniteGuard
 
     rng = torch.Generator().manual_seed(0)
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
@@ -519,7 +519,7 @@ def test_guard_counters_equal_counting_step_by_step_across_folds():
 
 
 def test_loss_tally_mean_counts_finite_losses_across_folds():
-    from checkpointing.retention import LossTally
+    from core.checkpoint.retention import LossTally
 
     tally = LossTally(torch.device("cpu"), None, history=2)
     for x in [1.0, float("nan"), 3.0, float("inf"), 5.0]:
@@ -551,7 +551,7 @@ def test_a_full_disk_while_writing_exit_status_leaves_the_old_file_whole(tmp_pat
     old = {"exit_code": 0, "reason": "completed", "step": 8, "detail": ""}
     (tmp_path / "exit_status.json").write_text(json.dumps(old) + "\n")
     code = (
-        "import sys; from pathlib import Path; from checkpointing.run_files import write_exit_status; "
+        "import sys; from pathlib import Path; from core.checkpoint.run_files import write_exit_status; "
         f"write_exit_status(Path({str(tmp_path)!r}), 74, 'save_failed', 9, 'x' * 4096, strict=False)"
     )
 

@@ -80,7 +80,7 @@ def bpe_ckpt(tmp_path_factory):
 
 
 def export(ckpt, out, fmt="hf"):
-    from tools.export import main
+    from core.cli.export import main
 
     assert main(["--checkpoint", str(ckpt), "--format", fmt, "--out", str(out)]) == 0
     return out
@@ -88,7 +88,7 @@ def export(ckpt, out, fmt="hf"):
 
 def cli(capsys, *args):
     """``python -m core.generate`` in this process (the real command line is run in test_errors_one_line_exit_2)."""
-    from tools.generate import main
+    from core.cli.generate import main
 
     capsys.readouterr()  # drop what came before (export's lines)
     assert main(list(map(str, args))) == 0
@@ -96,8 +96,8 @@ def cli(capsys, *args):
 
 
 def ours_greedy(path, prompt, n):
-    from tools.generate import generate, load
-    from tools.text_codec import Codec
+    from core.cli.generate import generate, load
+    from core.cli.text_codec import Codec
 
     loaded = load(path)
     codec = Codec(loaded.tokenizer)
@@ -168,7 +168,7 @@ def test_greedy_bpe_checkpoint_matches_transformers_with_its_tokenizer(bpe_ckpt,
 
 
 def test_sampling_is_seeded(bytes_ckpt, tmp_path, capsys):
-    from tools.generate import generate, load
+    from core.cli.generate import generate, load
 
     def sample(seed, path=bytes_ckpt):
         return cli(capsys, "--checkpoint", path, "--prompt", PROMPT, "--max-new-tokens", 40, "--temperature", 1.0, "--top-k", 20, "--seed", seed)
@@ -200,7 +200,7 @@ class Recorder(torch.nn.Module):
 
 
 def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
-    from tools.generate import generate
+    from core.cli.generate import generate
 
     model = Recorder()
     out = generate(model, [1, 2, 3], 20, max_seq_len=8, vocab_limit=257)
@@ -210,7 +210,7 @@ def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
 
 
 def one_line_error(capsys, *args):
-    from tools.generate import main
+    from core.cli.generate import main
 
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -246,7 +246,7 @@ def test_a_run_folder_or_its_checkpoints_folder_is_refused_naming_its_newest_che
     there, generate said "not a committed plait checkpoint ...", and export, a resume or an initial
     load "checkpoint ... is incomplete: no COMMITTED marker (interrupted save?)": a damaged
     checkpoint, it seemed. The one line now says what the folder is and names its newest checkpoint."""
-    from tools import plan
+    from core.cli import plan
 
     ckpts = bytes_ckpt.parent
     config = write_tiny_config(tmp_path, steps=3, global_batch_tokens=512)
@@ -288,8 +288,8 @@ def test_tokenizer_lookup_through_data_sections(tmp_path):
     import base64
     import hashlib
 
-    from core.errors import DataError
-    from tools.text_codec import Codec, find_in_config
+    from core.cli.text_codec import Codec, find_in_config
+    from core.contract.errors import DataError
 
     ranks = tmp_path / "data" / "bytes.tiktoken"
     ranks.parent.mkdir()

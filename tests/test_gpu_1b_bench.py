@@ -7,7 +7,7 @@ import tomllib
 
 from bench.common import REPO, synthetic_config
 from bench.gpu_1b import BASE, OPT_IN, VARIANTS, micro_batch_of
-from preflight.prepare import prepare
+from core.preflight.prepare import prepare
 from tests.conftest import run_module
 
 

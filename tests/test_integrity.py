@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
 
-from checkpointing.integrity import checksum_file, manifest_files
+from core.checkpoint.integrity import checksum_file, manifest_files
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def craft_bytes_item(folder: Path, marker: Path) -> str:
     """Point a non-tensor item (an optimizer hyperparameter) at a torch.save of a shell command."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from checkpointing.safe_dcp import load_metadata
+    from core.checkpoint.safe_dcp import load_metadata
 
     meta = load_metadata(folder)
     index = next(i for i in meta.storage_data if i.fqn == "optimizer.param_groups.0.lr")
@@ -99,7 +99,7 @@ def craft_bytes_item(folder: Path, marker: Path) -> str:
 
 def train_here(cfg: Path, run: Path, *extra: str) -> tuple[int, str, str]:
     """core.train in this process (one rank: no process group to isolate): (exit code, stdout, stderr)."""
-    from tools.train import main
+    from core.cli.train import main
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
@@ -189,7 +189,7 @@ def test_explicit_damaged_path_exits_2_with_one_line(shared, run, tmp_path):
 
 
 def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run, monkeypatch):
-    monkeypatch.setattr("checkpointing.integrity._warned_size_only", False)  # once per process: this test's process
+    monkeypatch.setattr("core.checkpoint.integrity._warned_size_only", False)  # once per process: this test's process
     for step in (6, 8):  # written by an older plait: sizes only
         marker = ckpt(run, step) / "COMMITTED"
         manifest = json.loads(marker.read_text())
@@ -214,8 +214,8 @@ def exits_2_with_one_line(main, args: list[str]) -> str:
 
 
 def test_crafted_metadata_runs_nothing(shared, run, tmp_path):
-    from tools.export import main as export_main
-    from tools.report import main as report_main
+    from core.cli.export import main as export_main
+    from core.cli.report import main as report_main
 
     marker = tmp_path / "pwned"
     newest = ckpt(run, 8)
@@ -255,8 +255,8 @@ def test_crafted_bytes_item_runs_nothing(shared, run, tmp_path):
 def test_metadata_naming_a_shard_outside_its_folder_is_refused(shared, run, tmp_path):
     """A .metadata whose shard names lead out of the checkpoint folder (here to a copy of a good shard
     one level up, which would load) is refused before anything is read, wherever it is loaded."""
-    from checkpointing.safe_dcp import load_metadata
-    from tools.export import main as export_main
+    from core.checkpoint.safe_dcp import load_metadata
+    from core.cli.export import main as export_main
 
     newest = ckpt(run, 8)
     meta = load_metadata(newest)
@@ -327,7 +327,7 @@ def test_the_fsync_dcp_asks_for_covers_the_whole_shard(tmp_path):
     """DCP fsyncs ``stream.fileno()`` before closing the stream; the checksumming stream hands over
     its file descriptor only once everything written through it is in the file, so the fsync covers
     the shard's tail too (a crash after the commit never finds a short shard)."""
-    from checkpointing.safe_dcp import _ChecksummingFileSystem
+    from core.checkpoint.safe_dcp import _ChecksummingFileSystem
 
     fs = _ChecksummingFileSystem()
     path = tmp_path / "__0_0.distcp"

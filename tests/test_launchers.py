@@ -367,7 +367,7 @@ def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        from checkpointing.ownership import held_elsewhere
+        from core.runtime.ownership import held_elsewhere
 
         while time.time() < deadline and not held_elsewhere(out / "checkpoints"):
             assert other.poll() is None, "the other job ended early"
@@ -422,7 +422,7 @@ def test_the_back_off_doubles_up_to_300_s_and_never_overflows():
 
 
 # A stand-in trainer (torchrun) for the launchers' restart logic: each attempt does what FAKE_ATTEMPTS says, in turn,
-# and dies (exit 1): "progress" commits a newer checkpoint (a step_ folder with COMMITTED, as checkpointing/folders.py
+# and dies (exit 1): "progress" commits a newer checkpoint (a step_ folder with COMMITTED, as core/checkpoint/folders.py
 # commits them), "uncommitted" leaves one without COMMITTED (a save killed before its commit), "stalled" writes
 # the watchdog's exit_status.json, "diverged" the one of a run stopped as diverged (exit code 3), "disk_full" only
 # prints rank 0's line of a save that failed (exit_status.json did not fit either), "outlived" has a rank that ends
@@ -564,9 +564,9 @@ def test_the_k8s_entrypoint_ends_a_torchrun_left_in_its_exit_barrier_once_the_ru
 def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart():
     """The Job retried a pod that exited 3 (diverged) or 4 (a monitor failed), so a diverged run was started again up
     to backoffLimit times, where remote.sh stops; now its podFailurePolicy fails the Job on every exit code of the
-    trainer that no launcher restarts (core.errors, checkpointing.folders, the budget guard)."""
-    from checkpointing.folders import EXIT_SAVE_FAILED
-    from core.errors import EXIT_BAD_INPUT
+    trainer that no launcher restarts (core.contract.errors, core.checkpoint.folders, the budget guard)."""
+    from core.checkpoint.folders import EXIT_SAVE_FAILED
+    from core.contract.errors import EXIT_BAD_INPUT
     from plugins.monitors.budget_guard import EXIT_PROJECTED_OVER_CAP, EXIT_SPENT_OVER_CAP
 
     job = (REPO / "launchers" / "k8s" / "job.yaml").read_text()

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import ConfigError
-from core.protocols import ModelSpec
-from core.registry import Registry
+from core.config.option_values import build_options
+from core.contract.errors import ConfigError
+from core.contract.protocols import ModelSpec
+from core.contract.registry import Registry
 from model_specs.llama3 import FLAVORS, Llama3Options, Llama3Spec, plait_register
 from model_specs.llama3.model import Transformer, rope_tables
-from preflight.option_values import build_options
 
 
 def meta_model(spec: Llama3Spec) -> nn.Module:

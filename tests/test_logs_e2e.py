@@ -1,6 +1,6 @@
 """End to end through core.train: the guide's console line with the epoch, the MoE parts reduced over
 2 gloo ranks, and fp8 forward/backward scales in metrics.jsonl. These need the trainer to call
-core.metrics.epoch, core.metrics.model_metrics and core.protocols.precision_log_step (see the
+core.contract.metrics.epoch, core.contract.metrics.model_metrics and core.contract.protocols.precision_log_step (see the
 feature's notes)."""
 
 from __future__ import annotations

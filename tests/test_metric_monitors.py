@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
 
-from core.hookspecs import hookimpl
-from core.monitor_hub import MonitorHub
-from core.options import NoOptions
-from core.protocols import DistInfo
-from core.run import Run
+from core.contract.hookspecs import hookimpl
+from core.contract.options import NoOptions
+from core.contract.protocols import DistInfo
+from core.contract.run import Run
+from core.loop.monitor_hub import MonitorHub
 from plugins.monitors import mfu as mfu_mod
 from plugins.monitors.memory import Memory
 from plugins.monitors.update_ratio import UpdateRatio

@@ -1,5 +1,5 @@
 """The recurrent MoE's logged loss parts and health are the step's values over every rank and micro-batch
-(2 real gloo processes), reduced by core.metrics.reduce_parts in one collective."""
+(2 real gloo processes), reduced by core.contract.metrics.reduce_parts in one collective."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, env, torchrun_argv
 
-from core.metrics import reduce_parts
-from core.protocols import DistInfo
+from core.contract.metrics import reduce_parts
+from core.contract.protocols import DistInfo
 
 sys.path.insert(0, str(REPO / "tests" / "workers"))
 import moe_parts  # noqa: E402

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.protocols import DistInfo
-from core.registry import Registry, plugin_manager
-from core.run import Run
+from core.contract.protocols import DistInfo
+from core.contract.registry import Registry, plugin_manager
+from core.contract.run import Run
 from plugins.monitors.console import Console, ConsoleOptions
 from plugins.monitors.jsonl import Jsonl, JsonlOptions, restore_not_finite
 
@@ -113,7 +113,7 @@ def test_jsonl_rows_and_resume_appends(tmp_path):
 def test_jsonl_resume_after_a_cut_line_keeps_the_resume_line_whole(tmp_path):
     """A machine crash or a full disk can leave the last line cut short; the resumed run's
     ``"resume"`` line must not be glued to it (the report would lose it and splice histories)."""
-    from tools.report import read_rows
+    from core.cli.report import read_rows
 
     out = tmp_path / "out"
     drive(manager(Jsonl(JsonlOptions())), make_run(out, total=40), range(1, 31))
@@ -300,8 +300,8 @@ def test_console_user_template(tmp_path, capsys):
     ],
 )
 def test_console_bad_template_is_one_line(template, expected):
-    from core.errors import ConfigError
-    from preflight.option_values import build_options
+    from core.config.option_values import build_options
+    from core.contract.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         build_options(ConsoleOptions, {"format": template}, "[monitors.console]")

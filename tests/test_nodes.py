@@ -126,7 +126,7 @@ def test_a_lost_node_ends_the_survivor_with_one_line_and_both_nodes_resume_from_
     says in one line that another rank is gone, what it was doing and which checkpoint a restart
     resumes from; every committed checkpoint stays sound, and both nodes started again resume from
     the newest one, rank 0's choice being rank 1's."""
-    from checkpointing.folders import committed, verify
+    from core.checkpoint.folders import committed, verify
 
     cfg = write_tiny_config(tmp_path, steps=100, global_batch_tokens=512)  # one micro-batch per rank and step
     out = tmp_path / "out"
@@ -172,7 +172,7 @@ def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):
     its own traceback and exit_status.json detail."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from liveness.lost_peer import PeerLost, explain
+    from core.runtime.lost_peer import PeerLost, explain
 
     (tmp_path / "step_000000004").mkdir()
     (tmp_path / "step_000000004" / "COMMITTED").write_text("{}")
@@ -258,7 +258,7 @@ def test_sigterm_to_one_node_stops_both_at_one_step_with_a_checkpoint(tmp_path, 
     same step boundary and save it, every shard of it; rank 0 writes exit_status.json (reason signal)
     and both ranks exit 0. torchrun's agent of the other node may then wait in its exit barrier for the
     signalled one, which never comes, up to 300 s (torch's own): not waited for here."""
-    from checkpointing.folders import committed, verify
+    from core.checkpoint.folders import committed, verify
 
     cfg = write_tiny_config(tmp_path, steps=1000, global_batch_tokens=512)
     out = tmp_path / "out"
@@ -288,7 +288,7 @@ def test_a_frozen_node_that_served_the_store_ends_the_survivor_through_its_watch
     watchdog ends it after train.stall_timeout_s, and its line says that the rendezvous store, served
     from the frozen node, did not answer. (Its torchrun agent, whose rendezvous store the frozen node
     serves too, may not end by itself: launchers/k8s/entrypoint.sh ends it after AGENT_GRACE_S.)"""
-    from checkpointing.folders import committed, verify
+    from core.checkpoint.folders import committed, verify
 
     cfg = write_tiny_config(tmp_path, steps=1000, global_batch_tokens=512)
     out = tmp_path / "out"

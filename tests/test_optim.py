@@ -16,11 +16,11 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     import torch
     from conftest import REPO
 
-    from core import registry
-    from core.param_groups import param_groups
+    from core.config.option_values import build_options
+    from core.contract import registry
+    from core.contract.param_groups import param_groups
     from model_specs.llama3.spec import Llama3Spec
     from plugins.data.token_bin import TokenBin, TokenBinOptions
-    from preflight.option_values import build_options
 
     torch.manual_seed(0)
     spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
@@ -104,7 +104,7 @@ def test_unknown_optimizer_option(tiny_config):
 
 
 def test_param_groups_and_multipliers():
-    from core.param_groups import OptimizerOptions, param_groups
+    from core.contract.param_groups import OptimizerOptions, param_groups
     from model_specs.llama3.spec import Llama3Spec
 
     spec = Llama3Spec.from_flavor("debug", dim=64, tie_embeddings="true")
@@ -149,7 +149,7 @@ def test_plot_lr_writes_png(tmp_path):
 
 
 def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
-    from preflight import config
+    from core.config import files as config
 
     cfg = tiny_config(steps=1, global_batch_tokens=3072)  # 24 sequences of 128
     proc = run_module("core.train", "--config", str(cfg), '--train.micro_batch="auto"', "--train.micro_batch_max=10")
@@ -184,6 +184,6 @@ def test_adamw_auto_picks_the_fused_kernel_where_torch_has_one():
     a, b = fused.param_groups[0]["params"][0], foreach.param_groups[0]["params"][0]
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-6) and not torch.equal(a, build("auto").param_groups[0]["params"][0])
     before = a.detach().clone()
-    fused.grad_scale, fused.found_inf = None, torch.ones(())  # what core.nonfinite sets on a non-finite step
+    fused.grad_scale, fused.found_inf = None, torch.ones(())  # what core.loop.nonfinite sets on a non-finite step
     fused.step()
     assert torch.equal(a, before)

@@ -75,7 +75,7 @@ def test_single_refuses_many_ranks(tiny_config):
 
 
 def test_activation_checkpointing_same_losses_same_names(tiny_config, tmp_path):
-    from core.parallelize import apply_activation_checkpointing
+    from core.loop.parallelize import apply_activation_checkpointing
     from model_specs.llama3.spec import Llama3Spec
 
     cfg = tiny_config(steps=3)

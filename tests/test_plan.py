@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import REPO
 
-from tools.plan import main
+from core.cli.plan import main
 
 GUARD = '["console", "jsonl", "budget_guard"]'
 
@@ -190,9 +190,9 @@ def test_the_checkpoint_size_is_what_a_save_writes_and_async_saves_name_their_ho
     each rank keeps for the copy (its share of the state: under ddp the replicated tensors it writes, under fsdp2 its shard)."""
     import torch
 
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     cfg = str(tiny_config(steps=2))
     t = Trainer(prepare(cfg, ["--checkpoint.every=2", f"--train.output_dir={tmp_path / 'run'}"]), DistInfo(device=torch.device("cpu")))

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core import registry as registry_mod
-from core.errors import ConfigError, DataError, PlaitError, PluginError
-from core.options import option
-from core.protocols import LoaderSpec
-from dataloading.indexed import IndexedSource
-from preflight.option_values import build_options
-from preflight.prepare import prepare
+from core.config.option_values import build_options
+from core.contract import registry as registry_mod
+from core.contract.errors import ConfigError, DataError, PlaitError, PluginError
+from core.contract.options import option
+from core.contract.protocols import LoaderSpec
+from core.data.indexed import IndexedSource
+from core.preflight.prepare import prepare
 
 
 @dataclass
@@ -250,8 +250,8 @@ class Loader(IndexedSource):
 def test_what_a_plugin_builds_for_the_run_is_held_to_the_contract(tiny_config, overrides, words):
     """optimizer.build() and data.loader() run once the process group exists: a wrong answer was an
     AttributeError traceback from deep in the loop or the checkpointer; now one line naming the plugin."""
-    from core import distributed
-    from core.assemble import assemble
+    from core.loop.assemble import assemble
+    from core.runtime import distributed
 
     reg = registry_mod.load()
     added = [("optimizer", "atk_opt", Optimizer), ("data", "atk_loader", Loader)]
@@ -326,7 +326,7 @@ def test_the_meta_model_is_built_once_and_a_precision_check_only_reads_it(tmp_pa
 
 
 class OwnLoader:
-    """A loader written from ``core.protocols.DataLoaderLike`` alone: its state has no
+    """A loader written from ``core.contract.protocols.DataLoaderLike`` alone: its state has no
     ``consumed_samples``, and it ends after ``n`` micro-batches (a small validation split)."""
 
     def __init__(self, n: int) -> None:
@@ -352,7 +352,7 @@ def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
     "per-rank stream positions". The key is declared now (``loader_consumed_samples``)."""
     from types import SimpleNamespace
 
-    from checkpointing.hyperparams import say_restored
+    from core.checkpoint.hyperparams import say_restored
 
     state = SimpleNamespace(run=SimpleNamespace(step=3, tokens_seen=12), optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]), loader=OwnLoader(5))
     say_restored("ckpt", {"world_size": 2}, set(), state, 2)
@@ -372,8 +372,8 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
 
     import torch
 
-    from core.protocols import DistInfo
-    from core.validation import ValidationOptions, evaluate
+    from core.contract.protocols import DistInfo
+    from core.loop.validation import ValidationOptions, evaluate
 
     class Loss(torch.nn.Module):
         def forward(self, ids, labels):
@@ -425,7 +425,7 @@ def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
 
     import torch
 
-    from dataloading.step_batches import StepBatches
+    from core.data.step_batches import StepBatches
 
     ids = torch.zeros(1, 4, dtype=torch.long)
     yielded = {

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import run_module, torchrun, write_tiny_config
 
-from core import registry as registry_mod
-from core.errors import PluginError
-from core.options import option
+from core.contract import registry as registry_mod
+from core.contract.errors import PluginError
+from core.contract.options import option
 
 
 def install(site: Path, code: str, package: str = "author_plugin") -> dict[str, str]:
@@ -264,10 +264,10 @@ def test_a_monitors_run_state_value_that_is_not_json_stops_the_run_naming_the_ke
 
 def test_a_monitor_that_fails_in_train_end_is_not_said_to_stop_the_run(capsys):
     """At ``plait_train_end`` the run is over; the line said "stopping the run" all the same."""
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import MonitorHub
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.hookspecs import hookimpl
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
+    from core.loop.monitor_hub import MonitorHub
 
     class Late:
         @hookimpl

@@ -65,7 +65,7 @@ def test_low_precision_tracks_bf16(bf16_rows, tmp_path, extra):
 
 
 def test_fallback_chain_skips_unsupported_and_records_reasons(tiny_config, tmp_path):
-    from preflight import config
+    from core.config import files as config
 
     cfg = tiny_config(steps=1)
     proc = run_module("core.train", "--config", str(cfg), '--precision.fallback=["te_fp8", "mxfp8", "fp8", "bf16"]')
@@ -81,7 +81,7 @@ def test_fallback_chain_skips_unsupported_and_records_reasons(tiny_config, tmp_p
 
 def test_fallback_chain_takes_first_supported_with_options(tiny_config, tmp_path):
     """A plugin made supported by its own option ([precision.fp8] allow_cpu) is picked before bf16."""
-    from preflight import config
+    from core.config import files as config
 
     cfg = tiny_config(steps=1, body='[precision]\nfallback = ["te_fp8", "fp8", "bf16"]\n[precision.fp8]\nallow_cpu = true\n')
     text = cfg.read_text().replace('[precision]\nname = "fp32"\n', "")

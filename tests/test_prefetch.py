@@ -1,4 +1,4 @@
-"""dataloading.prefetch: the threaded loader hands over the same batches, positions and errors, at the same
+"""core.data.prefetch: the threaded loader hands over the same batches, positions and errors, at the same
 steps, as the loader read synchronously; on CPU the loop gets the loader itself (no thread).
 
 The threaded path is forced on CPU (no pinned memory); its CUDA parts are in tests/test_cuda.py."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import DataError
-from core.protocols import LoaderSpec, loader_may_end
-from dataloading.indexed import DataExhausted, IndexedSource
-from dataloading.prefetch import PrefetchingLoader, prefetching
+from core.contract.errors import DataError
+from core.contract.protocols import LoaderSpec, loader_may_end
+from core.data.indexed import DataExhausted, IndexedSource
+from core.data.prefetch import PrefetchingLoader, prefetching
 
 SEQ, MICRO, ACCUM = 8, 2, 3
 
@@ -59,7 +59,7 @@ def spec(dp_rank=0, dp_size=1):
 
 
 def run_steps(loader, steps):
-    """What the trainer's fetch of a step's batches (dataloading.step_batches) does, step by step: (first ids of each micro-batch,
+    """What the trainer's fetch of a step's batches (core.data.step_batches) does, step by step: (first ids of each micro-batch,
     the loader position after the step, the error that ended it) per step."""
     it = iter(loader)
     out = []

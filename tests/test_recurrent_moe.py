@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import read_metrics, run_module
 
-from core.protocols import DistInfo
-from core.run import Run
+from core.contract.protocols import DistInfo
+from core.contract.run import Run
 from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
 from plugins.monitors.recurrent_moe import RecurrentMoEMonitor, RecurrentMoEMonitorOptions
 
@@ -148,8 +148,8 @@ def test_stop_actions_are_never_held_back():
 
 
 def test_monitor_options_are_bounded():
-    from core.errors import ConfigError
-    from preflight.option_values import build_options
+    from core.config.option_values import build_options
+    from core.contract.errors import ConfigError
 
     for key, bad, expected in (
         ("router_entropy", -0.1, "must be >= 0"),

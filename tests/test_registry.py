@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from core import registry as registry_mod
-from core.errors import ConfigError, PluginError
-from core.options import option
-from core.protocols import SLOTS
+from core.contract import registry as registry_mod
+from core.contract.errors import ConfigError, PluginError
+from core.contract.options import option
+from core.contract.protocols import SLOTS
 
 
 def test_builtins_come_through_entry_points():
@@ -65,7 +65,7 @@ def test_undocumented_option_and_bad_slot_rejected():
 
 def test_every_builtin_option_is_documented():
     reg = registry_mod.load()
-    from core.options import describe
+    from core.contract.options import describe
 
     for slot in SLOTS:
         for comp in reg.components(slot):

@@ -1,10 +1,10 @@
-"""checkpointing.replicas: each rank's share of a replicated state (what an async save copies)."""
+"""core.checkpoint.replicas: each rank's share of a replicated state (what an async save copies)."""
 
 from __future__ import annotations
 
 import torch
 
-from checkpointing.replicas import fingerprint, owners, share
+from core.checkpoint.replicas import fingerprint, owners, share
 
 
 def state() -> dict:

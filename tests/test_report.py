@@ -31,7 +31,7 @@ def test_report_writes_every_artifact(tiny_config, tmp_path):
     assert any(r["name"] == "val_loss" for r in rows)
     from safetensors.torch import load_file
 
-    from checkpointing.weights import checkpoint_model
+    from core.checkpoint.weights import checkpoint_model
 
     _, _, model = checkpoint_model(tmp_path / "out" / "checkpoints" / "step_000000004")
     final = load_file(str(out / "final.safetensors"))
@@ -76,7 +76,7 @@ def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoin
     state = json.loads((final / "state.json").read_text())
     state["train"] = []  # a writer's bug, committed as it is
     (final / "state.json").write_text(json.dumps(state))
-    from checkpointing.integrity import manifest_files
+    from core.checkpoint.integrity import manifest_files
 
     manifest = json.loads((final / "COMMITTED").read_text())
     manifest.update(manifest_files(final, exclude="COMMITTED", known={}))
@@ -94,7 +94,7 @@ def test_report_finds_the_final_checkpoint_of_a_relative_checkpoint_dir_from_any
     """``checkpoint.dir = "ck"`` is relative to where the run started; the report looked for it relative to
     where the report ran, found nothing and wrote a manifest with ``"final_checkpoint": null`` and no
     final.safetensors, exit 0. run_info.json names the folder, absolute."""
-    from tools.report import main
+    from core.cli.report import main
 
     (tmp_path / "start").mkdir()
     proc = run_module("core.train", "--config", str(tiny_config(steps=2)), "--checkpoint.dir=ck", cwd=tmp_path / "start")

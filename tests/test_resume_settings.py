@@ -1,6 +1,6 @@
 """A resumed run trains with its own config's optimizer settings, not the checkpoint's, and says which changed.
 
-Before checkpointing/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
+Before core/checkpoint/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
 ``--optimizer.lr=...`` on a resumed run was silently ignored, and a checkpoint saved with
 ``impl = "foreach"`` crashed a resume under the fused default (``found_inf`` reached the foreach kernel).
 """
@@ -161,7 +161,7 @@ def test_an_indexed_source_cannot_continue_the_positions_of_a_stream(tmp_path):
 def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_positions(tmp_path):
     """The mixture's own word before training (core.train and core.plan), where its load said it only
     after the model was built (and that error, too, was taken for damage)."""
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.mixture import Mixture, MixtureOptions
 
     corpus = str(REPO / "plugins" / "data" / "corpus" / "shakespeare")
@@ -179,7 +179,7 @@ def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_p
 def test_the_config_line_names_config_not_what_plait_derived_from_it():
     """A resume on another world size listed ``derived.world_size`` and ``derived.grad_accum`` as
     config that "differs": plait writes them into config.resolved.toml for the reader, nobody sets them."""
-    from checkpointing.hyperparams import config_differences
+    from core.checkpoint.hyperparams import config_differences
 
     saved = {"train": {"steps": 4, "seed": 1}, "derived": {"world_size": 2, "grad_accum": 2}}
     now = {"train": {"steps": 6, "seed": 2}, "derived": {"world_size": 1, "grad_accum": 4}}

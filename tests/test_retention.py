@@ -120,8 +120,8 @@ def test_a_step_count_started_over_needs_a_checkpoint_folder_of_its_own(tmp_path
 
 
 def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
-    from checkpointing.folders import lineage_of
-    from checkpointing.retention import set_aside_later
+    from core.checkpoint.folders import lineage_of
+    from core.checkpoint.retention import set_aside_later
 
     body = "[checkpoint]\nevery = 2\nkeep_latest = 0\nkeep_best = 2\n[validation]\nevery = 2\nbatches = 1\n"
     cfg = write_tiny_config(tmp_path, steps=6, body=body)
@@ -197,7 +197,7 @@ def test_a_kill_while_pruning_leaves_nothing_that_outlives_the_next_prune(tmp_pa
 def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
     """A user's symlink named like a checkpoint (step_000000004 -> a backup elsewhere): pruning it
     must delete nothing it points to (shutil.rmtree refuses links; a removal file by file would not)."""
-    from checkpointing.retention import remove
+    from core.checkpoint.retention import remove
 
     backup = tmp_path / "backup" / "step_000000004"
     (backup / "rng").mkdir(parents=True)
@@ -219,7 +219,7 @@ def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go
     exact --checkpoint.resume that goes back to it (which core.plan then accepts)."""
     import shlex
 
-    from tools import plan
+    from core.cli import plan
 
     cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 0\n')
     out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
@@ -251,7 +251,7 @@ def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go
 def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
     """A user's notes, or an export made inside a checkpoint folder, were deleted with it when
     pruning removed the folder: plait never deletes what it did not write."""
-    from checkpointing.retention import remove
+    from core.checkpoint.retention import remove
 
     plaits = ["COMMITTED", "LINEAGE", "state.json", ".metadata", "__0_0.distcp", "__1_0.distcp", "rng/rank_0.json", "rng/data_rank_1.json"]
     users = ["notes.txt", "hf/model.safetensors", "rng/my_seed.txt"]
@@ -279,7 +279,7 @@ def test_a_removal_that_fails_part_way_leaves_what_it_had_not_looked_at(tmp_path
     (folder / "rng").mkdir(parents=True)
     for name in ("COMMITTED", "LINEAGE", "state.json", "__0_0.distcp", "notes.txt"):
         (folder / name).write_text("x")
-    remove = f"{PY} -c 'from pathlib import Path; from checkpointing.retention import remove; remove(Path(\"{folder}\"))'"
+    remove = f"{PY} -c 'from pathlib import Path; from core.checkpoint.retention import remove; remove(Path(\"{folder}\"))'"
     done = in_a_small_disk("1m", folder / "rng", f"touch '{folder}/rng/rank_0.json' && {remove} && ls -A '{folder}'")
     if done is None:
         pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")

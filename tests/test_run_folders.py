@@ -68,7 +68,7 @@ def test_a_checkpoint_folder_inside_a_running_jobs_output_folder_is_locked_and_i
         [
             sys.executable,
             "-c",
-            f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}, {str(out / 'checkpoints')!r}]); print('held', flush=True); input()",
+            f"from core.runtime import ownership; ownership.lock_run_folders([{str(out)!r}, {str(out / 'checkpoints')!r}]); print('held', flush=True); input()",
         ],
         cwd=REPO,
         env=env(),
@@ -148,7 +148,7 @@ def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp
     cfg = write_tiny_config(tmp_path, steps=2)
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from checkpointing import ownership; ownership.lock_run_folders([{str(out)!r}]); print('held', flush=True); input()"],
+        [sys.executable, "-c", f"from core.runtime import ownership; ownership.lock_run_folders([{str(out)!r}]); print('held', flush=True); input()"],
         cwd=REPO,
         env=env(),
         stdin=subprocess.PIPE,
@@ -213,7 +213,7 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
 
 
 # A holder on another host whose file system does not share flock: it holds no lock this host can see,
-# and renews its record in plait.lock every 0.2 s, as checkpointing.ownership's holders do every LEASE_S.
+# and renews its record in plait.lock every 0.2 s, as core.runtime.ownership's holders do every LEASE_S.
 OTHER_HOST_HOLDER = """
 import json, os, sys, time
 path, n = sys.argv[1], 0
@@ -259,7 +259,7 @@ def test_a_job_on_another_host_whose_lock_this_host_cannot_see_keeps_the_folder(
 def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch):
     import time
 
-    from checkpointing import ownership
+    from core.runtime import ownership
 
     monkeypatch.setattr(ownership, "LEASE_S", 0.05)
     monkeypatch.setattr(ownership, "_record", {})
@@ -282,7 +282,7 @@ def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkey
     written over the one before in one write, padded, and never leaves the file empty."""
     import time
 
-    from checkpointing import ownership
+    from core.runtime import ownership
 
     monkeypatch.setattr(ownership, "LEASE_S", 0.0005)
     monkeypatch.setattr(ownership, "_record", {})
@@ -496,7 +496,7 @@ def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, l
 def test_a_record_whose_lease_is_not_a_number_is_watched_for_the_default_lease(tmp_path, monkeypatch):
     """A record with ``lease_s`` NaN (a damaged or foreign record: JSON as Python reads it) made the
     watch zero seconds long, so a start took a folder whose holder on another host was renewing it."""
-    from checkpointing import ownership
+    from core.runtime import ownership
 
     monkeypatch.setattr(ownership, "LEASE_S", 0.2)  # the default lease stands in for NaN: a 1.4 s watch
     path = tmp_path / "plait.lock"
@@ -518,7 +518,7 @@ def test_a_holder_on_another_machine_with_this_hosts_name_is_watched(tmp_path, m
     at once while that job renewed it. The record now names the kernel's boot id too."""
     import socket
 
-    from checkpointing import ownership
+    from core.runtime import ownership
 
     path = tmp_path / "plait.lock"
     renewer = OTHER_HOST_HOLDER.replace('"host": "node-b"', f'"host": {socket.gethostname()!r}, "boot": "another-machine"')
@@ -551,7 +551,7 @@ DAMAGED_RECORDS = {
 
 LOCAL_HOLDER = """
 import json, sys
-from checkpointing import ownership
+from core.runtime import ownership
 ownership.LEASE_S = 0.05
 ownership.lock_run_folders([sys.argv[1]])
 print("held", flush=True)
@@ -569,9 +569,9 @@ def test_a_lock_record_a_tool_damaged_is_no_holder_never_a_traceback_or_a_fence(
     which launchers restart into the same crash), and in a running holder the renewing thread died and
     the next save's fence was a traceback. A JSON object naming no holder was taken for another job's
     record: the running holder fenced itself, exit 2, "in use by pid None on None". Now the reader
-    reads the file as untrusted (``checkpointing.small_files``) and a record without pid and host is
+    reads the file as untrusted (``core.runtime.small_files``) and a record without pid and host is
     none: a start takes the folder, and a holder renews its record over the damage and trains on."""
-    from checkpointing import ownership
+    from core.runtime import ownership
 
     folder = tmp_path / "out"
     folder.mkdir()

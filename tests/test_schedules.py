@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from core.errors import ConfigError
+from core.config.option_values import build_options
+from core.contract.errors import ConfigError
 from plugins.schedules.schedules import (
     Constant,
     ConstantOptions,
@@ -16,7 +17,6 @@ from plugins.schedules.schedules import (
     warmup,
     warmup_steps_of,
 )
-from preflight.option_values import build_options
 
 
 def test_warmup_cosine_exact_points():
@@ -94,7 +94,7 @@ def test_options_from_toml_and_constant_check():
 
 def test_registered():
     import plugins.schedules as mod
-    from core.registry import Registry
+    from core.contract.registry import Registry
 
     registry = Registry()
     mod.plait_register(registry=registry)
@@ -107,8 +107,8 @@ def test_registered():
 def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
     from conftest import read_metrics, run_module
 
-    from preflight.prepare import prepare
-    from tools.lr_plot import lr_values
+    from core.cli.lr_plot import lr_values
+    from core.preflight.prepare import prepare
 
     cfg = tiny_config(steps=6)
     args = ["--lr_schedule.warmup_steps=4", "--optimizer.lr=1e-3"]

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 
 def trainer_for(cfg: Path, *overrides: str):
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
     t.build()
@@ -28,7 +28,7 @@ def test_keeping_every_checkpoint_does_not_make_each_save_verify_them_all(tmp_pa
     """checkpoint.keep_latest = 0 keeps every checkpoint: the prune after each commit used to verify
     all of them (manifest, sizes, small files' checksums, DCP metadata), so each save took longer
     than the one before, without end."""
-    from checkpointing import retention
+    from core.checkpoint import retention
 
     cfg = write_tiny_config(tmp_path, steps=100, body="[checkpoint]\nkeep_latest = 0\nat_end = false\n")
     t = trainer_for(cfg)

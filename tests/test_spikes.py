@@ -77,8 +77,8 @@ def test_a_lasting_change_of_level_stops_the_run_instead_of_skipping_forever(tin
 
 
 def test_spikes_in_a_row_count_through_rollbacks_and_only_for_skip_and_rollback():
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
     from plugins.monitors.spikes import Spikes, SpikesOptions
 
     def feed(action: str, limit: int, restore: bool) -> tuple[list, Run]:
@@ -108,9 +108,9 @@ def test_spikes_in_a_row_count_through_rollbacks_and_only_for_skip_and_rollback(
 def test_rehearsal_replaces_each_step_once_and_stops_after_its_steps():
     import torch
 
-    from core.monitor_hub import MonitorHub
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
+    from core.loop.monitor_hub import MonitorHub
     from plugins.monitors.spike_rehearsal import SpikeRehearsal, SpikeRehearsalOptions
 
     class Spec:
@@ -142,10 +142,10 @@ def test_rehearsal_replaces_each_step_once_and_stops_after_its_steps():
 def test_a_replacement_of_the_wrong_shape_is_a_monitor_failure(capsys):
     import torch
 
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import MonitorHub
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.hookspecs import hookimpl
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
+    from core.loop.monitor_hub import MonitorHub
 
     class Wrong:
         @hookimpl
@@ -170,11 +170,11 @@ def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
     import torch
     from conftest import write_tiny_config
 
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import register_monitor
-    from core.protocols import DistInfo
-    from core.trainer import Trainer
-    from preflight.prepare import prepare
+    from core.contract.hookspecs import hookimpl
+    from core.contract.protocols import DistInfo
+    from core.loop.monitor_hub import register_monitor
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
 
     cfg = write_tiny_config(tmp_path, steps=20)
     trainer = Trainer(prepare(str(cfg), ["--checkpoint.every=4"]), DistInfo(device=torch.device("cpu")))
@@ -211,10 +211,10 @@ def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_m
     "rollback" (anything else was ignored)."""
     import torch
 
-    from core.hookspecs import hookimpl
-    from core.monitor_hub import MonitorHub
-    from core.protocols import DistInfo
-    from core.run import Run
+    from core.contract.hookspecs import hookimpl
+    from core.contract.protocols import DistInfo
+    from core.contract.run import Run
+    from core.loop.monitor_hub import MonitorHub
 
     class Far:
         @hookimpl

@@ -1,4 +1,4 @@
-"""The stall watchdog (``liveness/watchdog.py``, ``train.stall_timeout_s``) on real 2-rank gloo runs:
+"""The stall watchdog (``core/runtime/watchdog.py``, ``train.stall_timeout_s``) on real 2-rank gloo runs:
 a run with a rank that hangs outside a collective is ended for a restart, every rank naming the one
 that holds the others up; a slow run that keeps making progress is left alone; a hang in teardown,
 after the run's end is recorded, ends the process but keeps that record."""
@@ -25,7 +25,7 @@ def test_a_rank_that_hangs_in_a_data_read_is_named_by_every_rank_and_the_run_is_
     data read. Every thread's stack follows, rank 0 writes exit_status.json (reason ``stalled``, which
     launchers restart) and the job ends; the checkpoint of step 2 stays usable. (Before, rank 0 said
     only "in step 3", and each rank's line was all there was to go on.)"""
-    from checkpointing.folders import verify
+    from core.checkpoint.folders import verify
 
     cfg = write_tiny_config(tmp_path, steps=100, global_batch_tokens=512)  # one micro-batch per step
     out = tmp_path / "out"
@@ -89,9 +89,9 @@ def test_a_slow_run_that_keeps_making_progress_is_not_ended(tmp_path):
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
 def test_a_stall_timeout_that_is_not_a_finite_non_negative_number_is_bad_input(value):
-    from core.errors import ConfigError
-    from preflight.option_values import build_options
-    from preflight.run_config import TrainOptions
+    from core.config.option_values import build_options
+    from core.config.sections import TrainOptions
+    from core.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"\[train\]\.stall_timeout_s"):
         build_options(TrainOptions, {"steps": 1, "stall_timeout_s": value}, "run.toml: [train]")

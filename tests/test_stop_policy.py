@@ -1,4 +1,4 @@
-"""The stop and save policy (core/stop_policy.py) over its whole truth table, in-process."""
+"""The stop and save policy (core/loop/stop_policy.py) over its whole truth table, in-process."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from core.stop_policy import (
+from core.loop.stop_policy import (
     COMPLETED,
     DATA_END,
     DIVERGED,

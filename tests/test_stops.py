@@ -45,7 +45,7 @@ def children(pid: int) -> list[int]:
 
 
 def loader_workers(pid: int) -> list[int]:
-    """The loader worker processes of rank ``pid``: the children of its fork server (dataloading.worker_start)."""
+    """The loader worker processes of rank ``pid``: the children of its fork server (core.data.worker_start)."""
     servers = [c for c in children(pid) if b"multiprocessing.forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
     return [w for server in servers for w in children(server)]
 
@@ -268,7 +268,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from checkpointing.folders import verify
+    from core.checkpoint.folders import verify
 
     cfg, first, _ = ctrl_c_run
     out = tmp_path / "out"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import REPO, env, read_metrics, run_module
 
-from core.errors import DataError
-from core.protocols import LoaderSpec
+from core.contract.errors import DataError
+from core.contract.protocols import LoaderSpec
 from plugins.data.bytes_tokenizer import decode
 from plugins.data.text_stream import TextStream, TextStreamOptions
 
@@ -94,7 +94,7 @@ def test_workers_start_from_a_fork_server_not_from_the_rank(corpus):
     import os
     import signal
 
-    from dataloading.worker_start import server_pid
+    from core.data.worker_start import server_pid
 
     forks: list[int] = []
     os.register_at_fork(before=lambda: forks.append(os.getpid()))
@@ -284,7 +284,7 @@ def test_a_bad_line_on_one_rank_stops_both_ranks_together(tiny_config, tmp_path)
 def test_a_stream_with_a_shard_without_documents_is_refused_before_training(tmp_path):
     """Fewer documents than shards (ranks x workers): the shards without one failed at their first read,
     after the model was built (and, on one rank of two, while the other went on into the step)."""
-    from core.errors import DataError
+    from core.contract.errors import DataError
     from plugins.data.mixture import Mixture, MixtureOptions
 
     path = tmp_path / "one.jsonl"
@@ -319,7 +319,7 @@ def test_fingerprint_follows_the_files(corpus):
 
 
 def test_a_position_is_a_snapshot_that_reading_on_leaves_as_it_is(corpus):
-    """The trainer keeps a may_end loader's state_dict() from before each step (dataloading.step_batches) and
+    """The trainer keeps a may_end loader's state_dict() from before each step (core.data.step_batches) and
     saves it if every rank stops there. A state that later reads changed would resume past the step's windows;
     a deep copy, which text_stream made, cost ~8 ms a step with a 64-window buffer (now lists are copied and
     windows, never changed once cut, shared)."""
@@ -353,8 +353,8 @@ def test_a_killed_rank_leaves_no_worker_or_fork_server_behind(corpus, tmp_path):
 import os, signal, sys
 sys.path.insert(0, {str(REPO)!r})
 if __name__ == "__main__":
-    from core.protocols import LoaderSpec
-    from dataloading.worker_start import server_pid
+    from core.contract.protocols import LoaderSpec
+    from core.data.worker_start import server_pid
     from plugins.data.text_stream import TextStream, TextStreamOptions
     s = TextStream(TextStreamOptions(files=[{str(corpus)!r}], workers=2))
     s.validate(512, 32)
@@ -419,7 +419,7 @@ enabled = []
         assert "Traceback" not in r.stderr, r.stderr[-2000:]
         assert not list(tmpdir.glob("pymp-*")), list(tmpdir.iterdir())
     no_short_folder = (  # the folder for the socket as it was chosen before: in the long TMPDIR itself
-        "import sys\nfrom dataloading import worker_start\nworker_start._socket_folder = lambda: None\n"
+        "import sys\nfrom core.data import worker_start\nworker_start._socket_folder = lambda: None\n"
         "try:\n    worker_start.worker_context()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
     )
     r = subprocess.run([sys.executable, "-c", no_short_folder], cwd=REPO, env=env(TMPDIR=str(long)), capture_output=True, text=True, timeout=120)

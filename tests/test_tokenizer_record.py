@@ -17,7 +17,7 @@ from conftest import REPO, run_module, write_tiny_config
 from test_contract_author import bpe
 from test_plugin_author import error_lines
 
-from core.errors import DataError
+from core.contract.errors import DataError
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 CKPT = Path("out") / "checkpoints" / "step_000000003"
@@ -40,7 +40,7 @@ def prepared_project(proj: Path, monkeypatch) -> Path:
 
 def rewrite_state(ckpt: Path, state: dict) -> None:
     """``state.json`` replaced, and the COMMITTED manifest made to list it (a checkpoint as an older plait wrote it)."""
-    from checkpointing import integrity
+    from core.checkpoint import integrity
 
     (ckpt / "state.json").write_text(json.dumps(state, indent=1))
     manifest = json.loads((ckpt / "COMMITTED").read_text())
@@ -107,7 +107,7 @@ def test_a_recorded_tokenizer_not_found_or_changed_says_what_to_pass(tmp_path, c
     """Nothing with the recorded sha256 at the recorded path, relative to the checkpoint or as its
     copy: one line naming where it looked and the sha256 to pass; a file there that changed: one line
     naming both files' sha256; ``--tokenizer`` with another file: a warning naming both."""
-    from tools.text_codec import recorded_tokenizer
+    from core.cli.text_codec import recorded_tokenizer
 
     ckpt = tmp_path / "run" / "checkpoints" / "step_000000003"
     ckpt.mkdir(parents=True)
@@ -133,7 +133,7 @@ def test_a_recorded_tokenizer_not_found_or_changed_says_what_to_pass(tmp_path, c
     shutil.copyfile(tmp_path / "tok" / "moved.json", ckpt / "tokenizer.json")
     assert recorded_tokenizer(ckpt, {}, "ckpt").spec == f"hf:{ckpt / 'tokenizer.json'}"
     # --tokenizer is used as given; another file than the recorded one is said in one line naming both
-    from tools.text_codec import TokenizerRecord, check_against_recorded
+    from core.cli.text_codec import TokenizerRecord, check_against_recorded
 
     capsys.readouterr()
     check_against_recorded(TokenizerRecord(f"hf:{ckpt / 'tokenizer.json'}", None, "--tokenizer"), ckpt)
@@ -151,7 +151,7 @@ def test_text_stream_and_mixture_declare_their_tokenizer_and_a_mixture_refuses_t
     """text_stream declares its [data] tokenizer; a mixture the one its sources agree on (through each
     source's own tokenizer()), and sources of different tokenizers are one line naming both, in core.plan too."""
     pytest.importorskip("tokenizers", reason="the Hugging Face tokenizers library is a dependency of the 'dev' extra")
-    from dataloading.tokenizer_spec import declared_tokenizer
+    from core.data.tokenizer_spec import declared_tokenizer
     from plugins.data.mixture import Mixture, MixtureOptions
     from plugins.data.text_stream import TextStream, TextStreamOptions
 

@@ -134,7 +134,7 @@ def test_output_folder_that_cannot_be_written(tmp_path, corpus, checkpoint, run_
 def test_an_export_or_report_into_a_checkpoint_folder_is_refused(run_dir, checkpoint, capsys):
     """Pruning deletes a checkpoint folder whole: an export written into it (``--out <step folder>/hf``,
     to keep it beside its weights) was deleted without a word when the run pruned that step."""
-    from tools import export, report
+    from core.cli import export, report
 
     for main, args in [
         (export.main, ["--checkpoint", str(checkpoint), "--format", "hf", "--out", str(checkpoint / "hf")]),
@@ -150,7 +150,7 @@ def test_an_export_or_report_into_a_checkpoint_folder_is_refused(run_dir, checkp
 
 def test_export_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
     """--eos-id belongs to --tokenizer (as in core.generate); alone, core.export ignored it without a word."""
-    from tools.export import main
+    from core.cli.export import main
 
     with pytest.raises(SystemExit) as e:
         main(["--checkpoint", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "hf"), "--eos-id", "5"])
@@ -219,7 +219,12 @@ def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
             "--tokenizer 'hf:{d}/tok.json' needs the tokenizers library (pip install 'plait[data]')",
         ),
         ("tiktoken", "plugins.data.prepare", ["--tokenizer", "tiktoken:{d}/tok.json"], "needs the tiktoken library (pip install 'plait[data]')"),
-        ("matplotlib", "tools.report", ["--run", "{d}", "--out", "{d}/report"], "core.report draws its curves with matplotlib (pip install 'plait[report]')"),
+        (
+            "matplotlib",
+            "core.cli.report",
+            ["--run", "{d}", "--out", "{d}/report"],
+            "core.report draws its curves with matplotlib (pip install 'plait[report]')",
+        ),
     ],
 )
 def test_a_missing_optional_library_is_one_line(tmp_path, corpus, monkeypatch, capsys, module, command, args, expected):

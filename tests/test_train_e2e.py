@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import read_metrics, run_module, torchrun
 
-from preflight import config
+from core.config import files as config
 
 
 @pytest.mark.slow
@@ -47,7 +47,7 @@ def test_same_seed_same_losses_and_world_size_independent(tiny_config, tmp_path)
 def test_plan_runs_on_every_shipped_config(capsys, monkeypatch):
     from conftest import REPO
 
-    from tools.plan import main
+    from core.cli.plan import main
 
     monkeypatch.chdir(REPO)  # in this process (one import of torch for the four plans), as `python -m core.plan` from the repository
     for name, nproc in [("debug_cpu", 2), ("50m_a100", 1), ("1b_h100", 8), ("xlarge_8xa100", 8)]:
@@ -87,7 +87,7 @@ def _failing_monitor_site(tmp_path, hook: str):
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(
         "from dataclasses import dataclass\n"
-        "from core.hookspecs import hookimpl\n"
+        "from core.contract.hookspecs import hookimpl\n"
         "@dataclass\nclass Opts:\n    pass\n"
         "class Boom:\n    def __init__(self, options):\n        pass\n"
         f"    @hookimpl\n    def {hook}(self, run, step, metrics):\n        raise ValueError('sensor on fire')\n"

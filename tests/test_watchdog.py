@@ -16,9 +16,9 @@ import pytest
 import torch.distributed as dist
 from conftest import free_port
 
-from liveness.marks import Marks
-from liveness.peers import PeerView
-from liveness.watchdog import EXIT_STALLED, Watchdog
+from core.runtime.marks import Marks
+from core.runtime.peers import PeerView
+from core.runtime.watchdog import EXIT_STALLED, Watchdog
 
 TIMEOUT_S = 0.3
 
@@ -92,7 +92,7 @@ def test_a_hang_after_the_runs_end_is_recorded_ends_the_process_and_keeps_that_r
     process is ended with the line and the stacks, but the record is not turned into a ``stalled``
     that launchers would restart."""
     marks = steady_marks()
-    marks.recorded = "completed"  # liveness.watchdog.end_recorded, as checkpointing.run_files calls it
+    marks.recorded = "completed"  # core.runtime.watchdog.end_recorded, as core.checkpoint.run_files calls it
     marks.progress("after the run's end: destroying the process groups (destroy_process_group)")
     dog, ending = watch(marks)
     assert ending.done.wait(5 * TIMEOUT_S)

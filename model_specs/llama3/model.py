@@ -177,7 +177,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
         self._attention_logged = False
-        self.compile_loss = False  # set by Llama3Spec.compile_loss (train.compile): core.losses compiles the loss
+        self.compile_loss = False  # set by Llama3Spec.compile_loss (train.compile): core.contract.losses compiles the loss
         # Derived from the shapes, not learned: left out of state_dict, and
         # recomputed by init_buffers() after to_empty() leaves them garbage.
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)

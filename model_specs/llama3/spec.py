@@ -236,7 +236,7 @@ def _unwrap(model: nn.Module) -> Transformer:
 
 @dataclass
 class Llama3Spec:
-    """One llama3 flavor with its overrides applied: implements ``core.protocols.ModelSpec``."""
+    """One llama3 flavor with its overrides applied: implements ``core.contract.protocols.ModelSpec``."""
 
     args: ModelArgs
     flavor: str = "debug"
@@ -257,7 +257,7 @@ class Llama3Spec:
 
     def resolved_architecture(self) -> dict[str, Any]:
         """The architecture options as built: the flavor's values where the config left 0 or "flavor"
-        (a resume compares these, ``checkpointing.architecture``). The flavor itself is no function."""
+        (a resume compares these, ``core.checkpoint.architecture``). The flavor itself is no function."""
         return {name: getattr(self.args, name) for name in self.architecture_options if name != "flavor"}
 
     @classmethod
@@ -292,7 +292,7 @@ class Llama3Spec:
 
     def compile_loss(self, model: nn.Module) -> None:
         """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as
-        a ``torch.compile`` graph (:mod:`core.losses`)."""
+        a ``torch.compile`` graph (:mod:`core.contract.losses`)."""
         _unwrap(model).compile_loss = True
 
     # -- numbers ------------------------------------------------------------

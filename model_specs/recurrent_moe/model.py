@@ -100,7 +100,7 @@ def loop_cosines(states: list[torch.Tensor]) -> torch.Tensor:
 
 
 # How each accumulated value is reduced over the micro-batches of a step and then over the ranks
-# (core.metrics.reduce_parts): loss parts and entropy are means, the health minima are minima,
+# (core.contract.metrics.reduce_parts): loss parts and entropy are means, the health minima are minima,
 # tokens per expert are summed (over the whole log window: the dead-expert check counts windows).
 PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy": "mean", "loop_cos": "min", "spread": "min", "counts": "sum"}
 
@@ -213,7 +213,7 @@ class RecurrentMoE(nn.Module):
     def step_metrics(self, reduce) -> dict[str, float | list[int]]:
         """Loss parts and health of the last training step, reduced over its micro-batches here and over
         the ranks by ``reduce`` ({name: (op, tensor)} -> {name: tensor}, one collective; the core's
-        :func:`core.metrics.reduce_parts`); tokens per expert since the last call. Empty before any
+        :func:`core.contract.metrics.reduce_parts`); tokens per expert since the last call. Empty before any
         training step."""
         if not self._parts or self._counts is None:
             return {}

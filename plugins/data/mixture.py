@@ -83,9 +83,9 @@ def edges(weights: np.ndarray) -> np.ndarray:
 
 class Mixture(IndexedSource):
     def __init__(self, options: MixtureOptions) -> None:
-        from core import registry as registry_mod
-        from preflight.config import subtable
-        from preflight.option_values import build_options
+        from core.config.files import subtable
+        from core.config.option_values import build_options
+        from core.contract import registry as registry_mod
 
         if not options.sources:
             raise ConfigError("[data] mixture: sources is empty; give at least one {name, weight, ...} table")

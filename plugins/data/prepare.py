@@ -37,7 +37,7 @@ from typing import Iterator
 
 import numpy as np
 
-from core.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
+from core.contract.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
 from plugins.data.prepare_progress import Progress
 from plugins.data.prepare_tasks import CHUNK_BYTES, INFLIGHT_PER_WORKER, Task, encode_job, read_tasks, start_worker
 from plugins.data.text_inputs import check_parquet, documents, split_keys

@@ -13,7 +13,7 @@ from typing import Iterator, cast
 
 import numpy as np
 
-from core.errors import DataError
+from core.contract.errors import DataError
 from plugins.data.text_tokenizer import Tokenizer
 
 CHUNK_BYTES = 1 << 20  # input bytes per task handed to a worker

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from core.errors import DataError
+from core.contract.errors import DataError
 
 
 def need(module: str, what: str) -> None:

@@ -76,7 +76,7 @@ class _Shard(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         # a copy: the worker pickles it later, and the trainer keeps the one from before each step
-        # (dataloading.step_batches), while iteration goes on extending the carry-over and moving
+        # (core.data.step_batches), while iteration goes on extending the carry-over and moving
         # windows in and out of the buffer. A window is never changed once cut, so the two lists
         # are copied and the windows shared (a deep copy took ~8 ms a step with a 64-window buffer).
         if not self.state:
@@ -168,7 +168,7 @@ def worker_message(text: str) -> str:
     process N. Original Traceback ..." text torch re-raises it with; ``text`` itself otherwise."""
     if not text.startswith("Caught DataError in DataLoader worker"):
         return text
-    last = text.rstrip().splitlines()[-1]  # "core.errors.DataError: <the message>"
+    last = text.rstrip().splitlines()[-1]  # "core.contract.errors.DataError: <the message>"
     return last.split(": ", 1)[1] if last.split(": ", 1)[0].endswith("DataError") else last
 
 
@@ -190,7 +190,7 @@ class StreamLoader:
             num_workers=workers,
             drop_last=source.options.on_end == "stop",
             worker_init_fn=ignore_stop_signals if workers else None,
-            multiprocessing_context=worker_context(__name__) if workers else None,  # never forked from the rank (dataloading.worker_start)
+            multiprocessing_context=worker_context(__name__) if workers else None,  # never forked from the rank (core.data.worker_start)
         )
         self._it = None
 

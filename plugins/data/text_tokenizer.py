@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import DataError
-from dataloading.tokenizer_spec import read_tokenizer_file
+from core.contract.errors import DataError
+from core.data.tokenizer_spec import read_tokenizer_file
 from plugins.data.text_inputs import need
 
 TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")

@@ -146,7 +146,7 @@ class TokenBin(IndexedSource):
         """The tokenizer ``meta.json`` names (``prepare`` records it, with its sha256 and EOS), its file found
         from the working directory or the data folder; None when it names none, or (said once) when its
         file is not found with that sha256: training needs no tokenizer, ``core.export`` then asks for one."""
-        from dataloading.tokenizer_spec import KINDS, fingerprint
+        from core.data.tokenizer_spec import KINDS, fingerprint
 
         meta, where = self.meta(), self.root / "meta.json"
         spec, eos, want = meta.get("tokenizer"), meta.get("eos_id"), meta.get("tokenizer_fingerprint")

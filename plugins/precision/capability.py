@@ -34,7 +34,7 @@ def linear_filter(skip: list[str], multiple: int = 16):
 
 
 def kept_high(spec, model: torch.nn.Module, skip_head: bool) -> list[str]:
-    """What the model spec declares high precision (:func:`core.protocols.high_precision_modules`),
+    """What the model spec declares high precision (:func:`core.contract.protocols.high_precision_modules`),
     when the plugin's ``skip_head`` is on."""
     from core.api import high_precision_modules
 

@@ -27,7 +27,7 @@ place, before the folder's fsync and pruning, rank 0), ``pruning`` (the first fi
 ``PLAIT_TEST_SLOW_WRITE_S=SECONDS``: a save's writes take that long on every rank (a slow file system):
 each block written takes 5 ms until they have.
 ``PLAIT_TEST_BAD_DATA_AT_STEP=N:R``: rank R's first training sample of step N is a bad record.
-``PLAIT_TEST_LEASE_S=SECONDS``: the run folder lock's lease (``checkpointing.ownership.LEASE_S``, 10 s).
+``PLAIT_TEST_LEASE_S=SECONDS``: the run folder lock's lease (``core.runtime.ownership.LEASE_S``, 10 s).
 """
 
 import os
@@ -36,7 +36,7 @@ _pause = os.environ.get("PLAIT_TEST_PAUSE_BEFORE_COMMIT", "")
 if _pause:
     import time
 
-    from checkpointing.checkpointer import Checkpointer
+    from core.checkpoint.checkpointer import Checkpointer
 
     _step, _seconds = int(_pause.split(":")[0]), float(_pause.split(":")[1])
     _commit = Checkpointer._commit
@@ -51,7 +51,7 @@ if _pause:
 # ``PLAIT_TEST_CRASH_AT_STEP=N`` raises inside the training step that would make step N.
 _crash = os.environ.get("PLAIT_TEST_CRASH_AT_STEP", "")
 if _crash:
-    from core.trainer import Trainer
+    from core.loop.trainer import Trainer
 
     _train_step = Trainer.train_step
 
@@ -90,7 +90,7 @@ if _kill_after:
 # ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP``: one byte flipped in a shard of that checkpoint after its commit.
 _damage = os.environ.get("PLAIT_TEST_DAMAGE_AFTER_COMMIT", "")
 if _damage:
-    from checkpointing.checkpointer import Checkpointer as _Checkpointer
+    from core.checkpoint.checkpointer import Checkpointer as _Checkpointer
 
     _commit_then = _Checkpointer._commit
 
@@ -115,7 +115,7 @@ def _wait_for(path):
 
 _wait_commit = os.environ.get("PLAIT_TEST_WAIT_BEFORE_COMMIT", "")
 if _wait_commit:
-    from checkpointing.checkpointer import Checkpointer as _Waiting
+    from core.checkpoint.checkpointer import Checkpointer as _Waiting
 
     _wait_step, _wait_path = _wait_commit.split(":", 1)
     _commit_later = _Waiting._commit
@@ -129,7 +129,7 @@ if _wait_commit:
 
 _wait_lock = os.environ.get("PLAIT_TEST_WAIT_BEFORE_LOCK", "")
 if _wait_lock:
-    from checkpointing import ownership as _ownership
+    from core.runtime import ownership as _ownership
 
     _lock = _ownership.lock_run_folders
 
@@ -145,7 +145,7 @@ _hang = os.environ.get("PLAIT_TEST_HANG_DATA_AT_STEP", "")
 if _hang:
     import time as _time
 
-    from dataloading.indexed import IndexedSource
+    from core.data.indexed import IndexedSource
 
     _check_step = IndexedSource.check_step
 
@@ -162,7 +162,7 @@ if _hang:
 # ``PLAIT_TEST_WAIT_BEFORE_STEP=N:PATH[,N:PATH...]``: the data read of step N waits until PATH exists.
 _wait_steps = dict(item.split(":", 1) for item in os.environ.get("PLAIT_TEST_WAIT_BEFORE_STEP", "").split(",") if item)
 if _wait_steps:
-    from dataloading.indexed import IndexedSource as _WaitingSource
+    from core.data.indexed import IndexedSource as _WaitingSource
 
     _check_step_then = _WaitingSource.check_step
 
@@ -180,10 +180,10 @@ _kill_at = os.environ.get("PLAIT_TEST_KILL_AT", "")
 if _kill_at:
     import signal as _signal
 
-    from checkpointing import checkpointer as _ckpt_module
-    from checkpointing import commit as _commit_module
-    from checkpointing import retention as _retention
-    from checkpointing import safe_dcp as _kill_dcp
+    from core.checkpoint import checkpointer as _ckpt_module
+    from core.checkpoint import commit as _commit_module
+    from core.checkpoint import retention as _retention
+    from core.checkpoint import safe_dcp as _kill_dcp
 
     _kill_point, _kill_step, _kill_rank, _kill_who = _kill_at.split(":")
     _in_save = [False]  # in the save of that step: from its own work (after the wait for the save before it) to the next save's
@@ -261,7 +261,7 @@ if _kill_at:
 if os.environ.get("PLAIT_TEST_HANG_AT_EXIT"):
     import time as _exit_time
 
-    from core import distributed as _distributed
+    from core.runtime import distributed as _distributed
 
     def _hanging_shutdown():
         while True:  # a destroy_process_group that waits for a peer that is gone
@@ -274,7 +274,7 @@ _slow = os.environ.get("PLAIT_TEST_SLOW_READ_S", "")
 if _slow:
     import time as _slow_time
 
-    from dataloading.indexed import IndexedLoader
+    from core.data.indexed import IndexedLoader
 
     _indices = IndexedLoader.indices
 
@@ -290,7 +290,7 @@ _slow_write = os.environ.get("PLAIT_TEST_SLOW_WRITE_S", "")
 if _slow_write:
     import time as _write_time
 
-    from checkpointing import safe_dcp as _safe_dcp
+    from core.checkpoint import safe_dcp as _safe_dcp
 
     _write = _safe_dcp._ChecksummingStream.write
     _writes = [0.0, 0.0]  # (first, last) write of the save in hand
@@ -310,8 +310,8 @@ if _slow_write:
 # loader is a bad record (DataError), as a corrupt region of a file only that rank reads.
 _bad = os.environ.get("PLAIT_TEST_BAD_DATA_AT_STEP", "")
 if _bad:
-    from core.errors import DataError
-    from dataloading.indexed import IndexedLoader
+    from core.contract.errors import DataError
+    from core.data.indexed import IndexedLoader
 
     _bad_step, _bad_rank = (int(x) for x in _bad.split(":"))
     _row = IndexedLoader.row
@@ -327,6 +327,6 @@ if _bad:
 # ``PLAIT_TEST_LEASE_S=SECONDS``: holders renew their lock record that often (a takeover in seconds).
 _lease = os.environ.get("PLAIT_TEST_LEASE_S", "")
 if _lease:
-    from checkpointing import ownership as _ownership
+    from core.runtime import ownership as _ownership
 
     _ownership.LEASE_S = float(_lease)

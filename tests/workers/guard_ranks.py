@@ -1,5 +1,5 @@
 """Run under torchrun (gloo, 2 ranks): a small DDP model trained by fused AdamW through
-core.nonfinite.NonFiniteGuard, where only rank 1's loss is NaN at steps 2 and 3 (its gradients
+core.loop.nonfinite.NonFiniteGuard, where only rank 1's loss is NaN at steps 2 and 3 (its gradients
 stay finite, so only the guard's all-reduce can make rank 0 skip too). A two-step flag buffer
 makes the guard fold its counters mid-run. Rank 0 writes what it saw as JSON to argv[1]."""
 
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
-from core import distributed
-from core.nonfinite import NonFiniteGuard
+from core.loop.nonfinite import NonFiniteGuard
+from core.runtime import distributed
 
 STEPS, NAN_STEPS = 6, (2, 3)
 
@@ -53,4 +53,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (tools/train.py)
+    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (core/cli/train.py)

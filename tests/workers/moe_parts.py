@@ -1,5 +1,5 @@
 """Run under torchrun (gloo): two training steps of the debug recurrent MoE on rank-specific data, then the
-log-step metrics through core.metrics.model_metrics; rank 0 writes them as JSON to argv[1]."""
+log-step metrics through core.contract.metrics.model_metrics; rank 0 writes them as JSON to argv[1]."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from core import distributed
-from core.metrics import model_metrics
+from core.contract.metrics import model_metrics
+from core.runtime import distributed
 from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
 
 MICRO, STEPS = 3, 2

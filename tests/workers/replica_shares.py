@@ -1,4 +1,4 @@
-"""Run under torchrun (gloo, 2 ranks): checkpointing.replicas.agreed_share with a real all-reduce, on the
+"""Run under torchrun (gloo, 2 ranks): core.checkpoint.replicas.agreed_share with a real all-reduce, on the
 same replicated state, then on states that differ (rank 1 holds one tensor more), then on DTensors: HSDP's
 (replicate 2 x shard 1: both ranks hold the same shards) beside fsdp2's (sharded over both ranks). Rank 0
 writes what each rank got as JSON to argv[1]."""
@@ -12,8 +12,8 @@ import sys
 import torch
 import torch.distributed as tdist
 
-from checkpointing.replicas import agreed_share
-from core import distributed
+from core.checkpoint.replicas import agreed_share
+from core.runtime import distributed
 
 
 def agree(value: int, op: str) -> int:
@@ -54,4 +54,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (tools/train.py)
+    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (core/cli/train.py)

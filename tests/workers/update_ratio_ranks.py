@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from core import distributed
-from core.monitor_hub import MonitorHub
-from core.options import NoOptions
-from core.protocols import DistInfo
-from core.run import Run
+from core.contract.options import NoOptions
+from core.contract.protocols import DistInfo
+from core.contract.run import Run
+from core.loop.monitor_hub import MonitorHub
+from core.runtime import distributed
 from plugins.monitors.update_ratio import UpdateRatio
 from plugins.parallelism.fsdp2 import FSDP2, FSDP2Options
 
@@ -78,4 +78,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (tools/train.py)
+    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (core/cli/train.py)

@@ -3,7 +3,7 @@
 Half the bytes on the wire for the same update: DDP's ``fp16_compress_hook``
 casts each gradient bucket to float16, all-reduces it and casts back. A
 parallelism plugin implements ``wrap``, ``sync_context`` and ``clip_grad_norm``
-(:class:`core.protocols.Parallelism`); ``shards_parameters`` and
+(:class:`core.contract.protocols.Parallelism`); ``shards_parameters`` and
 ``wraps_before_compile`` are optional facts (``python -m core.plugins --contract``).
 """
 

@@ -4,7 +4,7 @@ A precision plugin says whether it can run here (``supported``), may swap
 modules before the model is wrapped (``convert``), gives the context of each
 forward pass (``autocast``), the dtype sharded parallelisms compute in
 (``param_dtype``) and its own log metrics (``metrics``); see
-:class:`core.protocols.Precision`.
+:class:`core.contract.protocols.Precision`.
 """
 
 from __future__ import annotations

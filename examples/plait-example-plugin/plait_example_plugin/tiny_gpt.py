@@ -71,7 +71,7 @@ class GPT(nn.Module):
 
 
 class TinyGPT:
-    """The model spec: what plait asks of a model plugin (core.protocols.ModelSpec)."""
+    """The model spec: what plait asks of a model plugin (core.contract.protocols.ModelSpec)."""
 
     def __init__(self, options: TinyGPTOptions) -> None:
         self.o = options

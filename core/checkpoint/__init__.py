@@ -1,0 +1,1 @@
+"""Checkpoints: the Checkpointer, DCP without code execution, folders and integrity, retention, resume, weights."""

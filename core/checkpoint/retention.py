@@ -1,0 +1,369 @@
+"""Which checkpoints stay: pruning after each commit, and the branch an older resume leaves.
+
+Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
+
+* After each commit, of this run's verified checkpoints the newest ``keep_latest``
+  stay, and so do the newest one, the ``keep_best`` ones (validation, ``BEST.json``)
+  and, with ``keep_lowest_loss``, the one with the lowest training loss: a loss that
+  rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
+  every checkpoint from before it. This run's interrupted saves older than its
+  newest verified checkpoint go too.
+* A resume from a checkpoint that is not this run's newest starts a branch: the
+  later (verified) checkpoints of the run are moved, never deleted, to
+  ``<dir>/abandoned/<time>_after_step_<n>/``, where neither pruning nor
+  ``resume = "auto"`` looks. Left in place they would outrank the new branch:
+  pruning by step would delete each of its saves as soon as it is committed,
+  and an automatic restart would continue the abandoned branch.
+* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) still takes the
+  newest checkpoint, which may already be past where the divergence began; the start says so
+  and names the lowest-loss checkpoint with the ``--checkpoint.resume`` that goes back to it
+  (:func:`after_divergence`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.checkpoint.folders import (
+    BEST_FILE,
+    COMMIT_MARKER,
+    LINEAGE_FILE,
+    SETTING_ASIDE_FILE,
+    STATE_FILE,
+    CheckpointOptions,
+    committed,
+    committed_newest_first,
+    lineage_of,
+    step_dir,
+    step_dirs,
+    verify,
+)
+from core.checkpoint.tokenizer_copy import COPY_NAMES
+from core.contract import log
+from core.contract.errors import CheckpointError, ConfigError
+from core.runtime.durable_io import replace_durable, sync_dir, write_durable
+from core.runtime.small_files import read_json
+
+ABANDONED_DIR = "abandoned"
+
+
+class LossTally:
+    """The mean training loss over the steps since the last save, which the save records as
+    ``train_loss``: each step's loss is copied into a device buffer (one small kernel, no host
+    sync), which is summed on the device when it is full and at the save."""
+
+    def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
+        self.group = group  # the checkpoint's gloo group (None on one process)
+        self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
+        self.losses = torch.zeros(history, dtype=torch.float32, device=device)  # since the last fold
+        self.written = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        """A step's loss (this rank's); a non-finite one does not count."""
+        if self.written == len(self.losses):
+            self.fold()
+        self.losses[self.written].copy_(loss.detach())
+        self.written += 1
+
+    def fold(self) -> None:
+        n, self.written = self.written, 0
+        if n:
+            seen = self.losses[:n].double()
+            finite = torch.isfinite(seen)
+            self.total += torch.stack([torch.where(finite, seen, 0.0).sum(), finite.sum(dtype=torch.float64)])
+
+    def mean_and_reset(self) -> float | None:
+        """The mean over every rank (a collective: every rank calls it); None if no step counted."""
+        self.fold()
+        both = self.total.to("cpu", copy=True)
+        self.total.zero_()
+        if self.group is not None:
+            import torch.distributed as tdist
+
+            tdist.all_reduce(both, group=self.group)
+        return float(both[0] / both[1]) if both[1] > 0 else None
+
+
+def written_by_a_save(rel: Path) -> bool:
+    """A file a save writes, by its path in the step folder: DCP's shards and metadata, ``state.json``,
+    each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, the tokenizer's
+    copy (:mod:`core.checkpoint.tokenizer_copy`), and their temporary files."""
+    name = rel.name
+    if len(rel.parts) == 2 and rel.parts[0] == "rng":
+        return name.endswith((".json", ".tmp"))
+    saved = {COMMIT_MARKER, LINEAGE_FILE, STATE_FILE, ".metadata", *COPY_NAMES.values()}
+    return len(rel.parts) == 1 and (name in saved or name.endswith((".distcp", ".tmp")))
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def remove(path: Path) -> None:
+    """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
+    unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
+    checkpoint never looks complete with files gone), ``LINEAGE`` last. A folder that is a symbolic
+    link is left alone: what it points to is not plait's to delete. Only what a save writes is
+    deleted: a folder that also holds anything else (a user's notes, an export made there) keeps it,
+    loses its ``LINEAGE`` (so it is no longer this run's, and never touched again) and is named in one
+    warning. An error (a file that cannot be deleted or a folder that cannot be read: an I/O error, a
+    busy mount) stops the removal there, with the folder left uncommitted for the next prune to try
+    again: the folder is never removed whole before every file in it was seen to be the save's."""
+    if path.is_symlink():
+        return
+    kept: list[str] = []
+    try:
+        (path / COMMIT_MARKER).unlink(missing_ok=True)
+        sync_dir(path)
+        for folder, dirs, files in os.walk(path, topdown=False, onerror=_raise):  # files before their folders; links not followed
+            here = Path(folder)
+            for name in files + [d for d in dirs if (here / d).is_symlink()]:
+                rel = (here / name).relative_to(path)
+                if not written_by_a_save(rel) or (here / name).is_symlink():
+                    kept.append(str(rel))
+                elif name != LINEAGE_FILE:
+                    (here / name).unlink()
+            if here != path and not any(here.iterdir()):
+                here.rmdir()
+    except OSError:
+        return  # unseen files may be another's: the folder stays, without its marker, for the next prune
+    if not kept:
+        try:
+            (path / LINEAGE_FILE).unlink(missing_ok=True)
+            path.rmdir()
+        except OSError:
+            pass
+        return
+    (path / LINEAGE_FILE).unlink(missing_ok=True)
+    shown = ", ".join(sorted(kept)[:3]) + (f" and {len(kept) - 3} more" if len(kept) > 3 else "")
+    log.warn(f"{path}: its checkpoint files are deleted, but not what plait did not write there ({shown}): the folder stays")
+
+
+def own_verified(root: Path, lineage: str) -> dict[Path, dict[str, Any]]:
+    """This run's committed checkpoints that verify (without the shards' checksums), oldest
+    first, each with its state.json."""
+    found = {}
+    for path in committed(root):
+        if lineage_of(path) != lineage:
+            continue
+        try:
+            found[path] = verify(path, shards=False)
+        except (CheckpointError, ConfigError):
+            pass  # damaged, or a newer plait's: not ours to judge, never deleted
+    return found
+
+
+def newest_verified(root: Path, lineage: str) -> Path | None:
+    """This run's newest committed checkpoint that verifies (as :func:`own_verified` judges), reading
+    no older one than it must."""
+    for path in committed_newest_first(root):
+        if lineage_of(path) != lineage:
+            continue
+        try:
+            verify(path, shards=False)
+            return path
+        except (CheckpointError, ConfigError):
+            pass
+    return None
+
+
+def train_loss(state: dict[str, Any]) -> float | None:
+    """The checkpoint's training loss (state.json ``train_loss``), if it has a finite one."""
+    loss = state.get("train_loss")
+    return float(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None
+
+
+class Retention:
+    """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
+
+    def __init__(self, root: Path, opts: CheckpointOptions) -> None:
+        self.root, self.opts = root, opts
+        self.said_lowest: Path | None = None
+
+    def prune(self, lineage: str, in_flight: Path | None) -> None:
+        """Apply the retention rules after a commit (rank 0). With ``keep_latest = 0`` every
+        checkpoint stays and only the newest sound one is looked for: verifying them all after each
+        commit made every save slower than the one before (soak: 2 ms more per checkpoint kept)."""
+        if not self.opts.keep_latest:
+            if (newest := newest_verified(self.root, lineage)) is not None:
+                self.remove_interrupted(lineage, newest, in_flight)
+            return
+        good = own_verified(self.root, lineage)
+        if not good:
+            return
+        paths = list(good)
+        keep = best_paths(self.root) | {paths[-1]}
+        if self.opts.keep_lowest_loss:
+            keep |= self.lowest_loss(good)
+        for old in paths[: -self.opts.keep_latest]:
+            if old not in keep:
+                remove(old)
+        self.remove_interrupted(lineage, paths[-1], in_flight)
+
+    def remove_interrupted(self, lineage: str, newest: Path, in_flight: Path | None) -> None:
+        """This run's interrupted saves older than its newest verified checkpoint ``newest``."""
+        for p in step_dirs(self.root):
+            if p.name < newest.name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
+                remove(p)
+
+    def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:
+        """Of this run's verified checkpoints ``good`` (oldest first), those the prune after one more
+        commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.room`
+        removes them early when the disk lacks room for the save). Never the newest: it is the last
+        complete one until the next commits."""
+        if not self.opts.keep_latest:
+            return []
+        paths = list(good)
+        keep = best_paths(self.root) | {paths[-1]}
+        if self.opts.keep_lowest_loss:
+            keep |= self.lowest_loss(good, say=False)
+        return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
+
+    def lowest_loss(self, good: dict[Path, dict[str, Any]], say: bool = True) -> set[Path]:
+        """The checkpoint with the lowest training loss (none if none has one); one line when it
+        is kept beyond ``keep_latest`` (``say``)."""
+        losses = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}
+        if not losses:
+            return set()
+        lowest = min(reversed(list(losses)), key=losses.__getitem__)  # ties: the newest
+        newest = list(good)[-1]
+        beyond = self.opts.keep_latest and lowest not in list(good)[-self.opts.keep_latest :]
+        if say and beyond and lowest != self.said_lowest and newest in losses:
+            log.warn(
+                f"checkpoint {lowest.name} has this run's lowest training loss ({losses[lowest]:.4g}; the newest, "
+                f"{newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "
+                f'resume from it with --checkpoint.resume="{lowest}"'
+            )
+            self.said_lowest = lowest
+        return {lowest}
+
+
+def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
+    """The warning for a ``resume = "auto"`` start from ``candidates`` (newest first) after an attempt
+    whose ``exit_status.json`` says exit code 3 (non-finite steps, a lasting change of level the
+    ``spikes`` monitor stopped on): where it diverged, the checkpoint taken, and the lowest-loss one
+    with the ``--checkpoint.resume`` that goes back to it. None after any other end."""
+    try:
+        status = read_json(output_dir / "exit_status.json")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status, dict) or status.get("exit_code") != 3 or not candidates:
+        return None
+    losses: dict[Path, float] = {}
+    for path in candidates:
+        try:
+            if (loss := train_loss(read_json(path / STATE_FILE))) is not None:
+                losses[path] = loss
+        except (OSError, ValueError, AttributeError):
+            continue
+    newest = candidates[0]
+    said = f" ({losses[newest]:.4g})" if newest in losses else ""
+    line = (
+        f"the previous attempt stopped as diverged at step {status.get('step')} ({str(status.get('detail', ''))[:200]}); "
+        f'resume = "auto" takes the newest checkpoint, {newest.name}{said}, which may already be past where it began'
+    )
+    if not losses:
+        return line + "; no checkpoint records a training loss to compare"
+    lowest = min(losses, key=losses.__getitem__)  # ties: the newest
+    if lowest == newest:
+        return line + "; it also has this run's lowest training loss"
+    return line + f'; the lowest training loss is {lowest.name}\'s ({losses[lowest]:.4g}): to go back to it, --checkpoint.resume="{lowest}"'
+
+
+def best_paths(root: Path) -> set[Path]:
+    """The checkpoints ``BEST.json`` lists (``keep_best``)."""
+    try:
+        return {root / b["path"] for b in read_json(root / BEST_FILE)["best"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def write_best(root: Path, ranking: list[list[Any]]) -> None:
+    """``BEST.json`` from ``[[val_loss, step], ...]``, best first, replaced atomically."""
+    best = [{"step": int(s), "path": step_dir(root, int(s)).name, "val_loss": loss} for loss, s in ranking]
+    replace_durable(root / BEST_FILE, json.dumps({"best": best}, indent=1))
+
+
+def step_of(path: Path) -> int:
+    """The step of a folder named by :func:`core.checkpoint.folders.step_dir`."""
+    return int(path.name.removeprefix("step_"))
+
+
+def later_than(root: Path, lineage: str | None, resumed: Path, step: int) -> list[Path]:
+    """This run's verified checkpoints in ``root`` that a resume from ``resumed`` (at ``step``) leaves
+    behind: those of a later step, and another folder of the same step (the resumed one is a copy, or
+    lies in ``abandoned/``: the one here is of another branch). Wherever ``resumed`` lies, the lineage
+    says whose they are. Damaged ones stay out (a save of their step replaces them)."""
+    if lineage is None:
+        return []
+    here = resumed.resolve()
+    return [p for p in own_verified(root, lineage) if step_of(p) > step or (step_of(p) == step and p.resolve() != here)]
+
+
+def set_aside(root: Path, paths: list[Path], label: str) -> Path:
+    """Move ``paths`` (folders in ``root``) to ``root/abandoned/<utc>_<label>/``, durably, and return
+    that folder. While the moves run, ``SETTING_ASIDE.json`` names them (resume = "auto" skips them).
+    Raises OSError if a move fails."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = root / ABANDONED_DIR / f"{stamp}_{label}"
+    dest.mkdir(parents=True, exist_ok=True)
+    marker = root / SETTING_ASIDE_FILE  # a kill inside the loop: resume = "auto" still skips the rest
+    write_durable(marker, json.dumps([p.name for p in paths]))
+    sync_dir(root)
+    for p in paths:
+        os.replace(p, dest / p.name)
+    sync_dir(dest)
+    sync_dir(dest.parent)  # the new folder's own name in abandoned/
+    sync_dir(root)
+    marker.unlink()
+    return dest
+
+
+def settle_set_aside(root: Path) -> None:
+    """Drop from ``SETTING_ASIDE.json`` the folders no longer in ``root`` (moved before the kill that
+    left the marker), and the marker once it names none (rank 0, before the first step). Left naming a
+    moved step, it would hide this run's next save of that step from ``resume = "auto"``."""
+    marker = root / SETTING_ASIDE_FILE
+    try:
+        named = read_json(marker)
+    except (OSError, ValueError):
+        return
+    left = [n for n in named if isinstance(n, str) and (root / n).is_dir()] if isinstance(named, list) else []
+    if left:
+        replace_durable(marker, json.dumps(left))
+    else:
+        marker.unlink()
+        sync_dir(root)
+
+
+def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool) -> Path | None:
+    """Move the checkpoints of this run in ``root`` that a resume from ``resumed`` (at ``step``)
+    leaves behind (:func:`later_than`) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder,
+    or None if there were none. ``chosen``: ``resumed`` was named (``checkpoint.resume``), rather than reached by
+    ``resume = "auto"`` skipping the newer ones as damaged or unloadable. Raises OSError if a move fails (the caller stops the run: a new branch beside
+    them would lose its saves)."""
+    later = later_than(root, lineage, resumed, step)
+    if not later:
+        return None
+    dest = set_aside(root, later, f"after_step_{step:09d}")
+    try:  # BEST.json lists only what is still here
+        best = read_json(root / BEST_FILE)["best"]
+        write_best(root, [[b["val_loss"], b["step"]] for b in best if (root / b["path"]).is_dir()])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none, or not ours to mend
+    span = f"{later[0].name} to {later[-1].name}"
+    if chosen:
+        log.warn(
+            f"resumed from {resumed} (step {step}), which is not this run's newest checkpoint: the {len(later)} later one(s) "
+            f"({span}) are a branch this run leaves; moved to {dest} (kept, never pruned or resumed from automatically)"
+        )
+    else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either
+        log.note(f"the {len(later)} newer checkpoint(s) that could not be resumed ({span}) are moved to {dest}")
+    return dest

@@ -1,0 +1,1 @@
+"""The commands: train, plan, plugins, export, generate, report."""

@@ -1,0 +1,159 @@
+"""``python -m core.export --checkpoint DIR --format safetensors|hf --out DIR [--dtype bf16]``
+
+Writes a committed plait checkpoint's model weights as plait's own
+safetensors file (plait names, tied weights once, the model section in the
+metadata) or in Hugging Face's Llama layout (``config.json`` plus safetensors
+shards) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+Both carry ``plait.json`` (the model section and the tokenizer the data was
+prepared with, its file copied next to the weights) for ``core.generate``;
+the Hugging Face layout also carries ``generation_config.json`` (EOS, and the
+padded vocabulary's ids suppressed) and, for an ``hf:`` tokenizer,
+``tokenizer.json`` with a minimal ``tokenizer_config.json``, so
+``transformers`` can generate from it. Needs no process group and no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.contract import log
+from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
+from core.contract.members import optional
+
+PLAIT_FILE = "plait.json"
+GENERATION_CONFIG = "generation_config.json"
+
+
+def refuse_inside_checkpoint(out: Path, flag: str) -> None:
+    """An export or report written into a checkpoint folder is deleted with it when the run prunes it
+    (or sets it aside with its branch): refused, before anything is read or written."""
+    from core.checkpoint.folders import checkpoint_holding
+
+    if (ckpt := checkpoint_holding(out)) is not None:
+        raise ConfigError(f"{flag} {out} lies in the checkpoint folder {ckpt}, which pruning deletes whole, with whatever else it holds; write it elsewhere")
+
+
+def find_tokenizer(spec_arg: str | None, eos_arg: int | None, checkpoint: Path, config: dict[str, Any]):
+    """The Codec of ``--tokenizer`` or of the one checkpoint ``checkpoint`` records (its data source's
+    declared ``tokenizer()``, or what its ``[data]`` section names); None (said in one line) when none
+    is recorded or the recorded one cannot be read: the weights export anyway."""
+    from core.cli.text_codec import Codec, TokenizerRecord, check_against_recorded, recorded_tokenizer, resolve
+
+    if spec_arg is not None:  # asked for explicitly: a bad one is an error
+        given = TokenizerRecord(resolve(spec_arg, [Path.cwd()], "--tokenizer"), eos_arg, "--tokenizer")
+        check_against_recorded(given, checkpoint)
+        return Codec(given)
+    try:
+        record = recorded_tokenizer(checkpoint, config, f"checkpoint {checkpoint}")
+        codec = Codec(record) if record is not None else None
+    except PlaitError as e:
+        log.warn(f"no tokenizer exported: {e}")
+        return None
+    if codec is None:
+        log.warn("no tokenizer exported: the checkpoint records none, nor does its data section (pass --tokenizer SPEC)")
+    return codec
+
+
+def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int | None) -> tuple[list[Path], str | None]:
+    """Copy the tokenizer's file into ``out`` (plus tokenizer_config.json for hf); return (paths, spec relative to out)."""
+    if codec is None:
+        return [], None
+    kind = codec.record.kind
+    if kind == "bytes":
+        if fmt == "hf":
+            log.info("tokenizer 'bytes' has no Hugging Face form: no tokenizer files written (core.generate reads it from plait.json)")
+        return [], "bytes"
+    name = "tokenizer.json" if kind == "hf" else "tokenizer.tiktoken"
+    shutil.copyfile(codec.record.file, out / name)
+    paths = [out / name]
+    if fmt == "hf" and kind == "hf":
+        eos = codec.token_text(codec.eos_id)
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "pad_token": eos,
+            "clean_up_tokenization_spaces": False,
+        }
+        if max_seq_len is not None:  # optional for a model spec (core/contract/members.py)
+            tok_config["model_max_length"] = max_seq_len
+        paths.append(write_json(out / "tokenizer_config.json", tok_config))
+    elif fmt == "hf":
+        log.info(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
+    return paths, f"{kind}:{name}"
+
+
+def generation_config(codec: Any, model_vocab: int) -> dict[str, Any]:
+    """transformers' generation defaults: stop at EOS, pad with it, never produce the ids
+    past the tokenizer's vocabulary (a padded embedding), as core.generate does."""
+    config: dict[str, Any] = {"eos_token_id": codec.eos_id, "pad_token_id": codec.eos_id}
+    if codec.vocab_size < model_vocab:
+        config["suppress_tokens"] = list(range(codec.vocab_size, model_vocab))
+    return config
+
+
+def write_json(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from core.checkpoint.weights import DTYPES
+
+    p = ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
+    p.add_argument("--format", required=True, choices=["safetensors", "hf"], help="plait's tensor names, or Hugging Face's Llama layout")
+    p.add_argument("--out", required=True, type=Path, help="folder to write (not inside a checkpoint folder)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast floating tensors (default: as saved, fp32)")
+    p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB (default: %(default)s)")
+    p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
+    p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
+    args = p.parse_args(argv)
+    if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
+        p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")
+    if args.eos_id is not None and args.tokenizer is None:  # ignored without a word, as core.generate once did
+        p.error(f"argument --eos-id: {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
+    try:
+        from core.checkpoint.weights import checkpoint_model, save_hf, save_safetensors
+        from core.cli.staged_output import staged
+        from core.preflight.start_folders import probe_folder
+
+        refuse_inside_checkpoint(args.out, "--out")
+        probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
+        spec, config, model = checkpoint_model(args.checkpoint)
+        codec = find_tokenizer(args.tokenizer, args.eos_id, args.checkpoint, config)
+        sd = model.state_dict()
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        if args.format == "hf":
+            lacking = [m for m in ("to_hf_state_dict", "hf_config") if optional(spec, m) is None]
+            if lacking:  # optional members of the model spec (core/contract/members.py); hf export needs both
+                raise CheckpointError(
+                    f"model {config['model']['name']!r} does not support hf export: its spec lacks {' and '.join(lacking)} (core/contract/members.py); use --format safetensors"
+                )
+        with staged(args.out, "export") as out:  # every file whole, or none (a full disk: one line, exit 74)
+            if args.format == "safetensors":
+                paths = [save_safetensors(sd, out, config["model"], dtype)]
+            else:
+                ids = {"bos_token_id": None, "eos_token_id": codec.eos_id} if codec is not None else None
+                paths = save_hf(spec, sd, out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
+                if codec is not None:
+                    paths.append(write_json(out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
+            tok_paths, tok_spec = write_tokenizer_files(codec, out, args.format, getattr(spec, "max_seq_len", None))
+            paths += tok_paths
+            record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
+            paths.append(write_json(out / PLAIT_FILE, record))
+            names = sorted(p.name for p in out.iterdir())  # every file: config.json too, which the writers above add
+        paths = [args.out / name for name in names]
+    except PlaitError as e:
+        exit_bad_input(e)
+    for path in paths:
+        log.info(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

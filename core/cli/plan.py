@@ -1,0 +1,242 @@
+"""``python -m core.plan --config F [--nproc N] [--json] [--tokens-per-s X | --measure] [--usd-per-device-hr X] [--section.key=value ...]``
+
+A dry run that needs no process group and allocates no weights: the model is
+built on the meta device. It runs every check ``core.train`` runs before
+building (options, data files, the checkpoint to resume from, writable output
+and checkpoint folders), so bad input exits 2 here too; ``--config-only``
+skips the data, checkpoint and folder checks, to plan a run for another
+machine. Prints the resolved plugins, parameter counts,
+FLOPs per token, the batch layout, the number of steps, the sequence-length
+stages, an estimate of memory per rank, and the run's ETA and cost.
+
+The ETA needs a throughput (tokens per second of the whole run, all devices
+together, as the logged ``tokens_per_s``): ``--tokens-per-s``, else
+``--measure`` (a few real training steps of this config timed on this
+machine, one process; multiplied by ``--nproc`` when that is above 1, which
+assumes perfect scaling), else ``[monitors.budget_guard]
+expected_tokens_per_s`` when that monitor is enabled. The throughput is taken
+as the one at the first stage's sequence length; later stages (a monitor's
+``plait_seq_len_schedule``, such as ``seq_len_stages``) are scaled by their
+FLOPs per token (the same model FLOP/s). Cost = USD per device-hour (``--usd-per-device-hr``, else the budget
+guard's ``rate_usd_per_hr``) x devices (the budget guard's ``gpus``, else the
+world size) x hours.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from torch import nn
+
+from core.cli.lr_plot import check_plot_path, plot_lr
+from core.cli.measure import measure
+from core.cli.plan_eta import add_time_and_money
+from core.cli.plan_render import render
+from core.contract import log
+from core.contract.errors import ArgumentParser, PlaitError, exit_bad_input
+from core.contract.members import optional
+from core.runtime.disk import checkpoint_bytes
+
+GiB = 2**30
+
+
+def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
+    """(total, non-embedding) parameters of ``model`` (on the meta device); tied weights count once."""
+    counts = getattr(spec, "param_counts", None)
+    if counts is not None:
+        return tuple(counts())  # type: ignore[return-value]
+    unique = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() for p in unique.values())
+    emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    return total, total - sum(unique[i].numel() for i in emb if i in unique)
+
+
+def make_plan(prep) -> dict[str, Any]:
+    rc, c = prep.rc, prep.components
+    spec = c["model"]
+    meta = prep.model_meta
+    assert meta is not None  # prepare() builds it for its checks
+    total, non_emb = count_params(spec, meta)
+    world = prep.world_size
+    shards = getattr(c["parallelism"], "shards_parameters", False)
+    shard = world if shards else 1
+    act_bytes_per_el = 4 if c["precision"].param_dtype is None else 2
+    opt_bytes = optional(c["optimizer"], "state_bytes_per_param", 8)
+    mem = {
+        "weights_gib": total * 4 / shard / GiB,
+        "grads_gib": total * 4 / shard / GiB,
+        "optimizer_gib": total * opt_bytes / shard / GiB,
+        "activations_gib": spec.activation_bytes(rc.train.micro_batch, rc.seq_len, act_bytes_per_el) / GiB,
+    }
+    mem["total_gib"] = sum(mem.values())
+    ckpt_opts = rc.sections["checkpoint"]
+    ckpt_gib = checkpoint_bytes(meta, opt_bytes) / GiB  # fp32 weights and the optimizer state, all ranks
+    checkpoint = {
+        "size_gib": ckpt_gib,
+        "every": ckpt_opts.every,
+        "async": ckpt_opts.async_save,
+        # async saves copy the state each rank writes into host buffers kept for the run (core/checkpoint/staging.py):
+        # its shard under fsdp2, its share of the replicas under ddp and of the repeated shards under HSDP
+        # (core/checkpoint/replicas.py)
+        "async_host_gib_per_rank": ckpt_gib / world if ckpt_opts.async_save else 0.0,
+        "dir": str(prep.checkpoint_root),  # every rank writes its shards there: on several nodes, one folder they all see
+    }
+    fpt = spec.flops_per_token(rc.seq_len)
+    return {
+        "config": prep.source,
+        "output_dir": str(rc.train.output_dir),
+        "plugins": {chosen.section: chosen.component.name for chosen in rc.slots.values()},
+        "monitors": [m.component.name for m in rc.monitors],
+        "params_total": total,
+        "params_non_embedding": non_emb,
+        "flops_per_token": fpt,
+        "seq_len": rc.seq_len,
+        "world_size": world,
+        "micro_batch": rc.train.micro_batch,
+        "micro_batch_candidates": prep.micro_batch_candidates,  # micro_batch = "auto": the trainer probes down these on CUDA
+        "grad_accum": prep.grad_accum,
+        "tokens_per_step": prep.tokens_per_step,
+        "sequences_per_step": prep.tokens_per_step // rc.seq_len,
+        "steps": prep.total_steps,
+        "total_tokens": prep.total_steps * prep.tokens_per_step,
+        "total_flops": fpt * prep.total_steps * prep.tokens_per_step,
+        "memory_per_rank": mem,
+        "checkpoint": checkpoint,
+        "seq_len_stages": stages(prep),
+        "resume": resume_summary(prep),
+    }
+
+
+def resume_summary(prep) -> dict[str, Any] | None:
+    """The checkpoint a start would resume from, its step, and the config values that differ from its own."""
+    from core.checkpoint.folders import STATE_FILE, lineage_of
+    from core.checkpoint.hyperparams import config_differences
+    from core.checkpoint.retention import later_than
+
+    path = prep.resume_from
+    if path is None:
+        return None
+    meta = json.loads((path / STATE_FILE).read_text())
+    excluded = "train" in prep.rc.sections["checkpoint"].exclude_from_loading  # a new lineage: nothing is left behind
+    later = [] if excluded else later_than(prep.checkpoint_root, lineage_of(path), path, int(meta["step"]))
+    return {
+        "from": str(path),
+        "step": int(meta["step"]),
+        "config_changes": config_differences(meta.get("config") or {}, prep.resolved),
+        "sets_aside": [p.name for p in later],  # a new branch: moved to <dir>/abandoned/ at the start
+    }
+
+
+def stages(prep) -> list[dict[str, Any]]:
+    """The sequence lengths as the trainer runs them (``prep.seq_len_schedule``): a stage covers
+    the 0-based steps from its first step to the next stage's; each keeps the tokens per
+    micro-batch, so its micro-batch is ``train.micro_batch x data.seq_len / seq_len``. Without a
+    schedule, one stage at ``data.seq_len``."""
+    rc, spec, total = prep.rc, prep.components["model"], prep.total_steps
+    table = [(0, rc.seq_len), *prep.seq_len_schedule]
+    table = [entry for i, entry in enumerate(table) if i + 1 == len(table) or table[i + 1][0] > entry[0]]  # drop empty ones
+    firsts = [first for first, _ in table] + [total]
+    out = []
+    for i, (first, seq) in enumerate(table):
+        steps = max(0, firsts[i + 1] - first)
+        out.append(
+            {
+                "seq_len": int(seq),
+                "micro_batch": rc.train.micro_batch * rc.seq_len // seq,
+                "first_step": first + 1,  # 1-based, as logged
+                "last_step": first + steps,
+                "steps": steps,
+                "tokens": steps * prep.tokens_per_step,
+                "flops_per_token": spec.flops_per_token(seq),
+            }
+        )
+    return out
+
+
+def _number(kind: str, minimum: float, inclusive: bool, integer: bool = False):
+    """An argparse type: a finite number above (or at) ``minimum``; anything else is one error line."""
+
+    def parse(text: str):
+        import argparse
+
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}")
+        return value
+
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m core.plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone: skip the data files, the checkpoint to resume from and the output folders (to plan a run for another machine)",
+    )
+    parser.add_argument("--plot-lr", metavar="PNG", help="draw the run's learning-rate schedule to this file (matplotlib)")
+    speed = parser.add_mutually_exclusive_group()
+    speed.add_argument(
+        "--tokens-per-s",
+        type=_number("a finite number > 0", 0, False),
+        metavar="X",
+        help="throughput of the whole run, all devices together, at data.seq_len, for the ETA "
+        "(default: [monitors.budget_guard] expected_tokens_per_s when that monitor is enabled)",
+    )
+    speed.add_argument(
+        "--measure",
+        action="store_true",
+        help="time a few real training steps of this config on this machine (one process) for the ETA; "
+        "with --nproc N > 1 the result is multiplied by N (perfect scaling assumed)",
+    )
+    parser.add_argument(
+        "--measure-steps", type=_number("an integer >= 1", 1, True, integer=True), default=3, metavar="N", help="with --measure: timed steps (default 3)"
+    )
+    parser.add_argument(
+        "--measure-warmup",
+        type=_number("an integer >= 0", 0, True, integer=True),
+        default=2,
+        metavar="N",
+        help="with --measure: untimed warm-up steps first (default 2)",
+    )
+    parser.add_argument(
+        "--usd-per-device-hr",
+        type=_number("a finite number >= 0", 0, True),
+        metavar="X",
+        help="price of one device-hour for the cost (default: [monitors.budget_guard] rate_usd_per_hr)",
+    )
+    args, overrides = parser.parse_known_args(argv)
+    if args.nproc is not None and args.nproc < 1:
+        parser.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
+    try:
+        from core.preflight.prepare import prepare
+
+        if args.plot_lr:
+            check_plot_path(args.plot_lr)
+        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
+        plan = make_plan(prep)
+        from core.runtime.ownership import check_run_folders
+
+        check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # is a job writing there now?
+        measured = measure(args.config, overrides, args.measure_warmup, args.measure_steps) if args.measure else None
+        add_time_and_money(plan, prep, args.tokens_per_s, args.usd_per_device_hr, measured)
+    except PlaitError as e:
+        exit_bad_input(e)
+    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    if args.plot_lr:
+        plot_lr(prep, args.plot_lr)
+        log.info(f"wrote {args.plot_lr}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Parameter groups shared by every optimizer plugin.
+
+Each parameter gets a *kind*: ``embedding`` (owned by an ``nn.Embedding``,
+tied output heads included), ``norm`` (owned by a module whose class name ends
+in ``Norm``), ``bias`` (named ``*bias``) or ``matrix`` (everything else). By
+default norms, biases and embeddings get no weight decay. Each kind may take a
+learning-rate multiplier; LR schedules scale every group's LR together, so
+multipliers hold for the whole run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from core.contract.options import option
+
+KINDS = ("matrix", "embedding", "norm", "bias")
+
+
+@dataclass
+class OptimizerOptions:
+    """Options every optimizer plugin shares; subclass it for your own."""
+
+    lr: float = option(3e-4, "peak learning rate (the schedule multiplies it)", gt=0)
+    weight_decay: float = option(0.1, "decoupled weight decay for the kinds not in no_decay", ge=0)
+    no_decay: list[str] = option(["embedding", "norm", "bias"], "parameter kinds without weight decay")
+    lr_multipliers: dict[str, float] = option({}, "LR multiplier per parameter kind (matrix, embedding, norm, bias)", ge=0)
+
+    def check(self) -> None:
+        for kind in list(self.no_decay) + list(self.lr_multipliers):
+            if kind not in KINDS:
+                raise ValueError(f"unknown parameter kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+
+def classify(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    """Unique trainable parameters by kind (a tied weight appears once, as embedding)."""
+    kinds: dict[int, str] = {}
+    params: dict[int, nn.Parameter] = {}
+    for mod_name, module in model.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            if isinstance(module, nn.Embedding):
+                kind = "embedding"
+            elif type(module).__name__.endswith("Norm"):
+                kind = "norm"
+            elif p_name.endswith("bias"):
+                kind = "bias"
+            else:
+                kind = "matrix"
+            key = id(p)
+            if kinds.get(key) != "embedding":  # a tied weight stays an embedding
+                kinds[key] = kind
+            params[key] = p
+    out: dict[str, list[nn.Parameter]] = {k: [] for k in KINDS}
+    for key, p in params.items():
+        out[kinds[key]].append(p)
+    return out
+
+
+def param_groups(model: nn.Module, opts: OptimizerOptions) -> list[dict[str, Any]]:
+    groups = []
+    for kind, params in classify(model).items():
+        if not params:
+            continue
+        mult = float(opts.lr_multipliers.get(kind, 1.0))
+        groups.append(
+            {
+                "params": params,
+                "name": kind,
+                "lr": opts.lr * mult,
+                "lr_mult": mult,
+                "weight_decay": 0.0 if kind in opts.no_decay else opts.weight_decay,
+            }
+        )
+    return groups

@@ -1,0 +1,1 @@
+"""The index-addressed loader, its read-ahead and worker start, per-step batches and tokenizer records."""

@@ -1,0 +1,1 @@
+"""The training loop: assembly, parallelization, the trainer, the step, metrics, validation, monitors."""

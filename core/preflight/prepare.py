@@ -1,0 +1,300 @@
+"""From a config file to checked, instantiated components: everything before a process group.
+
+``prepare`` is shared by ``core.train`` and ``core.plan``: it reads the TOML,
+loads the plugins, validates every option, derives the batch layout and runs
+each plugin's pre-flight checks, checks the data and the checkpoint to resume
+from, and probes that the output and checkpoint folders can be created and
+written (:mod:`core.preflight.start_folders`: bad input leaves no folder behind). Any
+problem is a :class:`PlaitError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.checkpoint.architecture import run_architecture
+from core.config import files as config_io
+from core.config.sections import RunConfig, batch_layout, resolve, total_steps
+from core.contract import log
+from core.contract import registry as registry_mod
+from core.contract.errors import ConfigError, PlaitError, PluginError
+from core.contract.members import check_component
+from core.contract.protocols import LoaderSpec
+from core.contract.registry import plugin_manager
+from core.data.tokenizer_spec import declared_tokenizer
+from core.loop.monitor_hub import register_monitor
+from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
+from core.preflight.start_folders import check_start
+from core.runtime.distributed import env_world, pick_device
+
+
+@dataclass
+class Prepared:
+    """A run ready to start: config, components, and the numbers derived from them."""
+
+    source: str
+    raw: dict[str, Any]
+    rc: RunConfig
+    components: dict[str, Any]  # slot -> instance
+    world_size: int
+    device: torch.device
+    grad_accum: int
+    tokens_per_step: int
+    total_steps: int
+    resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.checkpoint.resume)
+    micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
+    seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
+    model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
+    architecture: dict[str, Any] | None = None  # model name and declared architecture options (core.checkpoint.architecture)
+    tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (core.data.tokenizer_spec)
+
+    @property
+    def saved_facts(self) -> dict[str, Any]:
+        """What every checkpoint's state.json records beside the state: read by export, generate and resume."""
+        return {"architecture": self.architecture, "tokenizer": self.tokenizer}
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return checkpoint_root(self.rc)
+
+    @property
+    def resume_from(self) -> Path | None:
+        """The checkpoint a resume tries first."""
+        return self.resume_candidates[0] if self.resume_candidates else None
+
+    @property
+    def spec(self):
+        return self.components["model"]
+
+    @property
+    def resolved(self) -> dict[str, Any]:
+        out = self.rc.to_dict()
+        out["derived"] = {"grad_accum": self.grad_accum, "world_size": self.world_size}  # for the reader; ignored when read
+        # The output folders as absolute paths, as path options are: config.resolved.toml re-runs the same
+        # run from any working directory (its own folder included), never a fresh one in a folder beside it.
+        out["train"]["output_dir"] = os.path.abspath(out["train"]["output_dir"])
+        if out.get("checkpoint", {}).get("dir"):
+            out["checkpoint"]["dir"] = os.path.abspath(out["checkpoint"]["dir"])
+        return out
+
+
+def prepare(
+    path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True, dry_run: bool = False, lock: bool = False
+) -> Prepared:
+    """``validate_data``: check the data, the resume checkpoint and the output folders (what
+    ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
+    the folders it created instead of leaving them for the run. ``lock`` (``core.train``'s rank 0):
+    own the run folders (:func:`core.runtime.ownership.lock_run_folders`) before listing the
+    checkpoints to resume from."""
+    raw = config_io.load(path, overrides)
+    registry = registry_mod.load()
+    try:
+        rc = resolve(raw, registry, source=str(path))
+    except ConfigError as e:  # a value from the command line is not in the file the line names
+        named = r"\[{0}\]( \([^)]*\))?(\.{1}:|: unknown key '{1}')"  # [optimizer].lr: or [optimizer] (optimizer 'adamw').lr:
+        given = [k for k, _ in config_io.parse_overrides(overrides or []) if re.search(named.format(*map(re.escape, k.rsplit(".", 1))), str(e))]
+        raise ConfigError(f"{e} (given on the command line: --{given[0]})" if given else str(e)) from None
+    components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
+    for slot, component in components.items():  # what each factory returned, held to core/contract/members.py
+        check_component(slot, rc.slots[slot].component.name, component)
+    _, env_world_size, local_rank = env_world()
+    world = world_size or env_world_size
+    device = pick_device(rc.train.device, local_rank)
+    if rc.train.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f'{path}: [train].device = "cuda" but torch sees no CUDA device')
+
+    check_world = getattr(components["parallelism"], "check_world", None)
+    if check_world is not None:
+        call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
+    monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
+    pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
+    for name, monitor in monitors:
+        register_monitor(pm, name, monitor)
+    steps = total_steps(rc.train, rc.train.global_batch_tokens)
+    schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, steps, str(path))
+    micro_auto: list[int] = []
+    if rc.train.micro_batch == "auto":
+        from core.loop.micro_batch import candidates
+
+        micro_auto = candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
+        rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
+    accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
+    warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
+
+    precision = choose_precision(rc, components, device, str(path))
+    spec, model_name = components["model"], rc.slots["model"].component.name
+    architecture = call_plugin(f"model {model_name!r}: resolved_architecture", run_architecture, spec, model_name, rc.to_dict()["model"])  # another is refused
+    check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
+    model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
+    check_model = getattr(precision, "check_model", None)
+    if check_model is not None:
+        check_unchanged(f"precision {rc.slots['precision'].component.name!r}: check_model", check_model, model_meta)
+
+    max_seq = getattr(spec, "max_seq_len", None)
+    longest = max([rc.seq_len] + [seq for _, seq in schedule])
+    if max_seq is not None and longest > max_seq:
+        what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
+        raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
+    if validate_data and not dry_run and device.type == "cpu":
+        check_host_memory(model_meta, world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
+    if validate_data:
+        val = rc.sections["validation"]
+        check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
+        seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)
+        tokens = rc.train.micro_batch * rc.seq_len
+        first = LoaderSpec(seq, tokens // seq, accum, 0, world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
+        check_first_step(components["data"], rc.slots["data"].component.name, first)
+    prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
+    prep.micro_batch_candidates = micro_auto
+    prep.model_meta = model_meta
+    prep.architecture = architecture
+    data_name = f"data {rc.slots['data'].component.name!r}"
+    prep.tokenizer = call_plugin(f"{data_name}: tokenizer", declared_tokenizer, components["data"], data_name)  # recorded in checkpoints
+    prep.seq_len_schedule = schedule
+    args = {"prep": prep, "force": rc.sections["budget"].force}
+    for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
+        call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
+    if validate_data:  # a training start: the folders, the checkpoint to resume from (core.preflight.start_folders)
+        check_start(prep, model_meta, lock, dry_run)
+        if (resumed := steps_to_target(prep)) != prep.total_steps:
+            prep.total_steps = resumed
+            prep.seq_len_schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, resumed, str(path))
+    return prep
+
+
+def steps_to_target(prep: Prepared) -> int:
+    """The run's length in steps. ``train.target_tokens`` counts tokens: a resume whose tokens per step
+    changed (``train.global_batch_tokens``) ends at the checkpoint's step plus the steps the tokens
+    still to go take at this batch. (``target_tokens`` over the new batch alone ended a run resumed at
+    4x the batch halfway, "nothing to train", and overshot one resumed at a smaller batch.)"""
+    import json
+
+    from core.checkpoint.folders import STATE_FILE
+
+    train, opts = prep.rc.train, prep.rc.sections["checkpoint"]
+    if train.steps or prep.resume_from is None or "train" in opts.exclude_from_loading:
+        return prep.total_steps
+    state = json.loads((prep.resume_from / STATE_FILE).read_text())  # checked by find_resume
+    step, seen = int(state["step"]), int(state["tokens_seen"])
+    return max(step, step + -(-(train.target_tokens - seen) // prep.tokens_per_step))
+
+
+def check_host_memory(model_meta: torch.nn.Module, shards: int, path: str) -> None:
+    """On CPU: refuse a model whose fp32 weights and gradients alone exceed this machine's memory
+    (a vocab_size or width typed a thousand times too large), which would otherwise fail with an
+    allocation traceback after the process group is up, and again at every restart."""
+    numel = sum(p.numel() for p in {id(p): p for p in model_meta.parameters()}.values())
+    need = 8 * numel / shards
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX machine that says
+        return
+    if need > have:
+        raise ConfigError(
+            f"{path}: the model's {numel:,} parameters need {need / 2**30:,.1f} GiB per rank for fp32 weights and gradients alone; "
+            f"this machine has {have / 2**30:,.1f} GiB of memory"
+        )
+
+
+def warn_if_lr_never_peaks(schedule: Any, steps: int, name: str) -> None:
+    """A schedule whose multiplier never reaches 1 in this run (warmup at or beyond the run's end)."""
+    stride = max(1, steps // 2000)
+    values = []
+    for s in [*range(0, steps - 1, stride), steps - 1]:
+        m = call_plugin(f"lr_schedule {name!r}: multiplier", schedule.multiplier, s, steps)
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 <= m < math.inf:
+            raise PluginError(f"[lr_schedule] {name!r}: multiplier({s}, {steps}) returned {m!r}; expected a finite number >= 0")
+        values.append(m)
+    peak = max(values, default=1.0)
+    still_rising = bool(values) and values[-1] >= peak and len(values) > 1 and values[-1] > values[0]
+    if peak < 0.999 and still_rising and env_world()[0] == 0:  # the warmup outlasts the run
+        log.warn(
+            f"[lr_schedule] {name}: the learning rate never reaches its peak in this run's {steps} "
+            f"steps (highest multiplier {peak:.3g}): is the warmup at or beyond the run's end?"
+        )
+
+
+def supported(precision: Any, name: str, device: torch.device) -> tuple[bool, str]:
+    """The precision plugin's ``supported(device)``, held to its declared shape ``(ok, reason)``."""
+    answer = call_plugin(f"precision {name!r}: supported", precision.supported, device)
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], bool) and isinstance(answer[1], str)):
+        raise PluginError(f"precision {name!r}: supported({device.type!r}) returned {answer!r}; expected (ok: bool, reason: str)")
+    return answer
+
+
+def choose_precision(rc: RunConfig, components: dict[str, Any], device: torch.device, path: str) -> Any:
+    """The precision to use: the configured one, or the first supported entry of ``precision.fallback``.
+
+    Every rank asks the same question of the same kind of device, so every
+    rank gets the same answer; the trainer checks that they agree.
+    """
+    if not rc.precision_chain:
+        precision = components["precision"]
+        ok, why = supported(precision, rc.slots["precision"].component.name, device)
+        if not ok:
+            raise ConfigError(f"{path}: [precision] {precision.name!r} is not supported here: {why}")
+        return precision
+    reasons: dict[str, str] = {}
+    for chosen in rc.precision_chain:
+        precision = chosen.instantiate()
+        check_component("precision", chosen.component.name, precision)
+        ok, why = supported(precision, chosen.component.name, device)
+        if ok:
+            rc.slots["precision"] = chosen
+            rc.precision_reasons = reasons
+            components["precision"] = precision
+            skipped = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "nothing skipped"
+            log.note(f"precision fallback chose {chosen.component.name!r} ({skipped})")
+            return precision
+        reasons[chosen.component.name] = why
+    raise ConfigError(
+        f"{path}: [precision] nothing in fallback = {[c.component.name for c in rc.precision_chain]} is supported here: "
+        + "; ".join(f"{k}: {v}" for k, v in reasons.items())
+    )
+
+
+def seq_len_schedule(pm: Any, order: list[str], rc: RunConfig, steps: int, path: str) -> list[tuple[int, int]]:
+    """The run's sequence-length schedule from the first monitor (in config order) whose
+    ``plait_seq_len_schedule`` returns one, checked: rising steps, lengths that divide the
+    micro-batch's tokens. ``[]``: ``data.seq_len`` throughout."""
+    impls = {impl.plugin_name: impl for impl in pm.hook.plait_seq_len_schedule.get_hookimpls()}
+    args = {"seq_len": rc.seq_len, "total_steps": steps}
+    for name in [n for n in order if n in impls]:
+        try:
+            schedule = impls[name].function(**{k: args[k] for k in impls[name].argnames})
+        except PlaitError:
+            raise
+        except Exception as e:
+            raise PluginError(f"monitor {name!r}: plait_seq_len_schedule failed: {type(e).__name__}: {e}") from None
+        if schedule is None:
+            continue
+        where = f"{path}: monitor {name!r}: sequence-length schedule"
+        pairs = [tuple(p) for p in schedule] if isinstance(schedule, list) else None
+        if pairs is None or any(len(p) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in p) for p in pairs):
+            raise PluginError(f"{where}: expected a list of (first_step, seq_len) integer pairs, got {schedule!r}")
+        firsts = [first for first, _ in pairs]
+        if firsts != sorted(set(firsts)) or (firsts and (firsts[0] < 0 or firsts[-1] > steps)):
+            raise PluginError(f"{where}: first steps must rise within 0..{steps}; got {firsts}")
+        if pairs and rc.train.micro_batch == "auto":
+            raise ConfigError(f'{where} needs a fixed train.micro_batch, not "auto"')
+        tokens = rc.train.micro_batch * rc.seq_len
+        for _, seq in pairs:
+            if seq <= 0 or tokens % seq:
+                raise ConfigError(
+                    f"{where}: sequence length {seq} does not divide the micro-batch's {tokens} tokens "
+                    f"(train.micro_batch {rc.train.micro_batch} x data.seq_len {rc.seq_len})"
+                )
+        return [(int(first), int(seq)) for first, seq in pairs]
+    return []
+
+
+def checkpoint_root(rc: RunConfig) -> Path:
+    opts = rc.sections["checkpoint"]
+    return Path(opts.dir) if opts.dir else Path(rc.train.output_dir) / "checkpoints"

@@ -1,0 +1,1 @@
+"""The running job: process group, run-folder lock, durable file writes, stop signals, stall watchdog, lost peers."""
