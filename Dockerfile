@@ -21,11 +21,6 @@ WORKDIR /opt/plait
 # The package (what pyproject.toml installs), then the dependencies and plait itself.
 COPY pyproject.toml README.md ./
 COPY core ./core
-COPY checkpointing ./checkpointing
-COPY preflight ./preflight
-COPY dataloading ./dataloading
-COPY liveness ./liveness
-COPY tools ./tools
 COPY plugins ./plugins
 COPY model_specs ./model_specs
 RUN python -m pip install ".${EXTRAS:+[${EXTRAS}]}" \
