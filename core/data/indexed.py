@@ -63,7 +63,17 @@ class IndexedSource:
         return IndexedLoader(self, spec)
 
     def epoch_samples(self, seq_len: int, split: str) -> int | None:
-        """Distinct samples in one pass over the data, or None when the source never runs out."""
+        """Distinct samples in one pass over ``split`` at ``seq_len``, or None when the source never
+        runs out (the default).
+
+        The loader does nothing at an epoch's end: it keeps asking :meth:`sample` for the next global
+        indices, so index ``epoch_samples`` is the first sample of the second pass, and the source
+        maps indices past one epoch itself (``token_bin`` with ``order = "epochs"`` takes
+        ``divmod(index, epoch_samples)`` and shuffles each epoch anew). To end the run instead,
+        raise :class:`DataExhausted` from :meth:`check_step`. A ``mixture`` reads this number to
+        serve each of its sources without repeats and to wrap or stop it (its ``on_exhausted``); the
+        logged ``epoch`` comes from the source's ``tokens_per_epoch()``, not from here.
+        """
         return None
 
     def check_step(self, first: int, end: int) -> None:
