@@ -295,9 +295,16 @@ def test_the_docs_stay_within_their_size_and_line_limits():
     """Reference a newcomer can hold: docs/*.md but benchmarks.md at most 113,000 bytes together,
     docs/reliability.md under 20,000, and no line of the docs or README.md over 400 characters."""
     sizes = {p.name: len(p.read_bytes()) for p in DOCS.glob("*.md") if p.name != "benchmarks.md"}
-    assert sum(sizes.values()) <= DOCS_BUDGET_BYTES, f"docs/ without benchmarks.md is {sum(sizes.values())} bytes: {sorted(sizes.items(), key=lambda kv: -kv[1])}"
+    assert sum(sizes.values()) <= DOCS_BUDGET_BYTES, (
+        f"docs/ without benchmarks.md is {sum(sizes.values())} bytes: {sorted(sizes.items(), key=lambda kv: -kv[1])}"
+    )
     assert sizes["reliability.md"] < RELIABILITY_BUDGET_BYTES
-    long = [f"{p.name}:{i}: {len(line)}" for p in [REPO / "README.md", *sorted(DOCS.glob("*.md"))] for i, line in enumerate(p.read_text().splitlines(), 1) if len(line) > LONGEST_LINE]
+    long = [
+        f"{p.name}:{i}: {len(line)}"
+        for p in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > LONGEST_LINE
+    ]
     assert not long, f"lines over {LONGEST_LINE} characters:\n" + "\n".join(long)
 
 
