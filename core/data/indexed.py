@@ -84,7 +84,7 @@ class IndexedSource:
 def check_batch(batch: Any, spec: LoaderSpec, name: str) -> None:
     """A loader's micro-batch as :class:`core.contract.protocols.DataLoaderLike` declares it: ``(inputs, labels)``,
     two integer tensors of shape ``[micro_batch, seq_len]`` of the loader's spec; else one line naming
-    the data plugin (a loader of its own once trained on whatever it yielded). No device sync."""
+    the data plugin, so a loader of the plugin's own never trains on whatever it yields. No device sync."""
     shape = (spec.micro_batch, spec.seq_len)
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if pair and all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and not (t.dtype.is_floating_point or t.dtype == torch.bool) for t in batch):
