@@ -171,7 +171,7 @@ def test_validation_loader_never_stops_on_exhaustion(tmp_path):
 
 def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path):
     """A source that stops the run when it runs out, with data for a window but not for the first
-    step: the run used to end at step 0 with exit code 0 (reason data_end), having trained
+    step: not a run that ends at step 0 with exit code 0 (reason data_end), having trained
     nothing. ``check_first_step`` (run by preflight, so by core.train and core.plan) refuses it
     with one line naming the source, its file, what it holds and what the first step takes."""
     from core.contract.errors import DataError
@@ -279,10 +279,9 @@ def test_a_mixture_with_stages_starts(tiny_config, tmp_path, capsys):
 
 def test_a_bad_record_met_by_one_rank_of_an_index_source_stops_every_rank_at_once(tiny_config, tmp_path):
     """A DataError on one rank of a source whose ranks do not agree on each step's data (an index
-    source: no all-reduce before the step). Before, that rank went to save while the other was in the
-    step's gradient all-reduce: mismatched collectives, which here failed in gloo (exit 1, reason
-    'error', which launchers restart onto the same record) and can as well hang until a timeout. Now
-    the rank joins the step with a NaN loss, every rank skips its update and all stop without a
+    source: no all-reduce before the step). Were that rank to go and save while the other is in the
+    step's gradient all-reduce, the collectives would not match (a gloo failure or a hang until a
+    timeout, restarted onto the same record). So the rank joins the step with a NaN loss, every rank skips its update and all stop without a
     checkpoint (exit 2, not restarted); the last complete one stays."""
     import subprocess
 

@@ -266,7 +266,7 @@ def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
     """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
     err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)
     assert "--eos-id 5 is the EOS of --tokenizer, and no --tokenizer is given" in err
-    # a seed torch's generator cannot take was a traceback (ValueError: Overflow when unpacking long long)
+    # a seed torch's generator cannot take (it would raise ValueError: Overflow when unpacking long long)
     assert "--seed must be an integer from -2**63 to 2**64 - 1, got 18446744073709551616" in one_line_error(
         capsys, "--checkpoint", tmp_path / "missing", "--seed", 2**64
     )

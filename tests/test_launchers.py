@@ -131,8 +131,8 @@ def test_remote_bad_config_is_not_retried(tmp_path):
 
 def test_an_interpreter_without_plait_is_one_line_naming_it_and_the_way_out(tmp_path):
     """The README installs into .venv without activating it; remote.sh's default PYTHON is `python` on
-    the PATH, which then lacks torch. That was a traceback and "is plait installed (pip install -e .)?",
-    which it is, in .venv: the line names the interpreter, its error and PYTHON=.venv/bin/python."""
+    the PATH, which then lacks torch. Not a traceback nor "is plait installed?" (it is, in .venv): the
+    line names the interpreter, its error and PYTHON=.venv/bin/python."""
     bare = tmp_path / "bin" / "python"
     bare.parent.mkdir()
     bare.write_text(f'#!/bin/bash\nexec {sys.executable} -I -S "$@"\n')  # no site-packages: no torch, no plait
@@ -269,7 +269,7 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
 @pytest.mark.bench  # a save held for seconds on purpose, then two Ctrl-Cs: `pytest -m bench`
 def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
     """torchrun runs in a process group of its own under the launcher, so the terminal's Ctrl-C
-    no longer reaches it or the ranks: the launcher forwards the first, and sends a deliberate
+    does not reach it or the ranks: the launcher forwards the first, and sends a deliberate
     second one (after the 3 s window) to the ranks themselves, which stop at once, as they do
     under torchrun in a terminal. Here the first lands while the save of step 4 hangs before its
     commit; the second ends the run without that checkpoint and without a restart."""
@@ -290,10 +290,7 @@ def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
 
 def test_k8s_entrypoint_forwards_sigterm_and_never_reports_a_stop_as_done(tiny_config, tmp_path):
     """The kubelet's SIGTERM (eviction, pre-emption) reaches the entrypoint alone, PID 1 of the
-    container. Before, bash died of it (as PID 1 it ignored it) and torchrun trained on until the
-    SIGKILL; a pod whose run stopped cleanly exited 0, which marks its index of the Job done; and
-    the next pod, killed without a word (the OOM killer), read the stopped pod's exit_status.json
-    and exited 0 as well. Now the signal is forwarded to torchrun (a checkpoint of the step it
+    container, where bash would ignore it. The signal is forwarded to torchrun (a checkpoint of the step it
     stopped at), the stopped pod exits 143, and a pod never reports an earlier pod's status."""
     from conftest import free_port
 
@@ -614,11 +611,10 @@ def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(t
 @pytest.mark.bench  # two real attempts of remote.sh, about 90 s on 2 cores: the CI's 20 minutes
 def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tmp_path):
     """RESUME names another folder's checkpoint, and the first attempt crashes before its first save. The
-    restart resumed with "auto", found nothing of the run's own, and started over at step 0: a run meant to
-    continue a checkpoint trained from random weights, silently. Now a restart starts as the first attempt
-    did until an attempt has committed a checkpoint. And an attempt that committed one is progress even when
-    its step is older than the newest before it (a resume from an older checkpoint sets the later ones aside):
-    before, MAX_RESTARTS counted it as an attempt without progress."""
+    restart starts as the first attempt did (with "auto" it would find nothing of the run's own and train
+    from random weights, silently) until an attempt has committed a checkpoint. And an attempt that
+    committed one is progress even when its step is older than the newest before it (a resume from an
+    older checkpoint sets the later ones aside): MAX_RESTARTS does not count it."""
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
     source = tmp_path / "source"
     proc = subprocess.run(

@@ -199,9 +199,8 @@ def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):
 
 def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_the_start(tmp_path):
     """Each node names a checkpoint folder the other does not see (node-local disks where a shared
-    file system was meant). Before, the job trained until its first save, which failed on rank 1
-    (its folder lacked the step folder rank 0 had made) as exit 74, a full disk's code, and a restart
-    skipped rank 0's checkpoints one by one and started afresh. Now every rank looks for a file rank
+    file system was meant), which would otherwise train until its first save failed on rank 1 and a
+    restart skipped rank 0's checkpoints one by one. Every rank looks for a file rank
     0 wrote into its folder when the process group starts: one line naming the folder and the rank
     that cannot see it, exit_status.json reason bad_input (exit code 2, never restarted), no step
     trained, nothing written in rank 0's folder and the other node's, made by its start, removed again."""

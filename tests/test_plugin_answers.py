@@ -1,7 +1,7 @@
 """What the core asks a third-party plugin before a run (validate, the first sample, has_split, the
 model's build and cheap answers, the options' check) is asked through the contract only, and a plugin
-that raises or answers in the wrong shape is one line naming the plugin and the member: each of these
-was a traceback from ``core.plan``/``core.train``, or passed silently. The core reads no undeclared
+that raises or answers in the wrong shape is one line naming the plugin and the member, never a
+traceback from ``core.plan``/``core.train`` nor a silent pass. The core reads no undeclared
 name off a data source (``streams``, ``labels``, ``sources``) and sets none on it (``model_vocab_size``).
 Real components, registered in the real registry for the test; ``prepare`` as the commands run it."""
 
@@ -418,9 +418,9 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
     ],
 )
 def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
-    """A plugin's own loader that yielded [micro_batch, seq_len + 1] rows, or labels equal to the inputs,
-    trained silently on them, and float ids were a traceback from the embedding (exit 1, restarted by
-    launchers). Each step's micro-batches are held to DataLoaderLike's shape: one line, exit 2."""
+    """A plugin's own loader that yields [micro_batch, seq_len + 1] rows, labels equal to the inputs or
+    float ids is never trained on: each step's micro-batches are held to DataLoaderLike's shape, one
+    line, exit 2."""
     from types import SimpleNamespace
 
     import torch

@@ -1,7 +1,7 @@
 """A third-party plugin's own faults, each reported in one line that names the plugin (exit 2)
 before anything is built: a hook of the wrong shape, a hook without its marker, a name that is not a
 string, options whose annotations or defaults are broken, and plugin code that raises or returns
-the wrong thing during the checks before a run. Each used to end in a traceback or pass silently.
+the wrong thing during the checks before a run: never a traceback, never a silent pass.
 Real entry points (a distribution on PYTHONPATH), real ``core.plan`` processes."""
 
 from __future__ import annotations

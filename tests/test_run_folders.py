@@ -169,10 +169,9 @@ def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp
 
 
 def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path):
-    """Job B used to list the checkpoints to resume from before it took the folder's lock. Started
-    while job A was in its last save, it listed step 4; A then committed step 6, pruned step 4 and
-    ended; B got the lock, found step 4 gone and started fresh: a new run from step 0, whose save of
-    step 6 was skipped as another run's. B now lists them once it holds the lock."""
+    """Job B lists the checkpoints to resume from only once it holds the folder's lock. Started while
+    job A is in its last save, a list made earlier would name step 4, which A prunes after committing
+    step 6: B would find it gone and start a new run from step 0."""
     import os
     import time
 
@@ -564,12 +563,9 @@ print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flus
 
 @pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
 def test_a_lock_record_a_tool_damaged_is_no_holder_never_a_traceback_or_a_fence(tmp_path, damage):
-    """``plait.lock`` written by something other than plait. A value nested without end raised
-    RecursionError out of the record's reader: a start and ``core.plan`` were a traceback (exit 1,
-    which launchers restart into the same crash), and in a running holder the renewing thread died and
-    the next save's fence was a traceback. A JSON object naming no holder was taken for another job's
-    record: the running holder fenced itself, exit 2, "in use by pid None on None". Now the reader
-    reads the file as untrusted (``core.runtime.small_files``) and a record without pid and host is
+    """``plait.lock`` written by something other than plait: a value nested without end, or a JSON
+    object naming no holder, is neither a traceback (at a start, in ``core.plan`` or in a running
+    holder's renewing thread) nor another job's record. The reader reads the file as untrusted (``core.runtime.small_files``) and a record without pid and host is
     none: a start takes the folder, and a holder renews its record over the damage and trains on."""
     from core.runtime import ownership
 

@@ -89,7 +89,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
         sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
-    with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
+    with a checkpoint (never 'DataLoader worker ... exited unexpectedly' without a
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
     (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
     gone), then the server's resource tracker."""
@@ -450,6 +450,6 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path, every):
     assert proc.returncode != 0 and "Timed out waiting 5000ms" in output, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "error" and status["exit_code"] == 1, status
-    # one line says what the timeout means (before: the gloo traceback alone), and exit_status.json records it
+    # one line says what the timeout means (not the gloo traceback alone), and exit_status.json records it
     said = "rank 0: another rank did not answer within train.collective_timeout_s = 5 s (Timed out waiting 5000ms"
     assert f"plait: error: {said}" in output and status["detail"].startswith(f"PeerLost: {said}"), (status, output[-3000:])
