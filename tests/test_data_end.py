@@ -216,11 +216,9 @@ def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path
 
 @pytest.mark.parametrize("first_total, then_total", [(64, 128), (128, 64)], ids=["longer", "shorter"])
 def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consumed(tmp_path, capsys, first_total, then_total):
-    """Stage boundaries were fractions of the run's length, recomputed on every start: a resume
-    with another train.steps moved them over samples already consumed, so the per-source counts
-    (and with them which local samples come next) changed: windows of a finite source were
-    served twice or never. Now the boundaries are fixed in samples and saved in the loader's
-    state: one reached stays, one ahead moves to its fraction of the new length but never before
+    """Stage boundaries recomputed from the run's length on every start would move, on a resume with
+    another train.steps, over samples already consumed, and a finite source's windows would be served
+    twice or never. The boundaries are fixed in samples and saved in the loader's state: one reached stays, one ahead moves to its fraction of the new length but never before
     the resume point, and a warning names the move."""
     from plugins.data.mixture import Mixture, MixtureOptions
 

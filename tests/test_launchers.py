@@ -245,11 +245,9 @@ def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to
 
 def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once(tmp_path):
     """While a launcher waits to restart a crashed trainer, no trainer holds the run folder's lock:
-    a second launcher on the same OUTPUT_DIR passed its checks and took the folder over (deleting
-    the first one's exit_status.json at each of its attempts); now the first launcher holds a lock
-    of its own for its whole life and the second exits 2 naming it. A stop asked during the
-    back-off sat in ``sleep`` (the signal killed bash, or a trap would have waited it out and
-    restarted); now the launcher leaves at once with 128 + the signal's number, starting nothing."""
+    the first launcher holds a lock of its own for its whole life, so a second launcher on the same
+    OUTPUT_DIR exits 2 naming it. A stop asked during the back-off does not wait out the ``sleep``:
+    the launcher leaves at once with 128 + the signal's number, starting nothing."""
     out = tmp_path / "out"
     seams = str(REPO / "tests" / "seams")
     with running_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams) as proc:
@@ -342,8 +340,8 @@ def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_
     """Another job (a hand-started torchrun) takes this run's checkpoint folder after the
     launcher's checks and before its trainer locks it (as it can between two attempts): the
     trainer's rank 0 finds the folder in use and exits 2 without an exit_status.json (that folder's
-    is the other job's). The launcher took that for a crash and restarted into the same refusal,
-    up to MAX_RESTARTS times; now it recognises the trainer's line and ends with exit 2."""
+    is the other job's). The launcher recognises the trainer's line and ends with exit 2, rather
+    than restart into the same refusal as after a crash."""
     out = tmp_path / "out"
     go = tmp_path / "go"
     seams = str(REPO / "tests" / "seams")
@@ -491,8 +489,8 @@ def test_max_restarts_counts_attempts_in_a_row_that_made_no_progress(tmp_path):
 
 def test_a_run_that_ends_on_a_disk_too_full_for_exit_status_json_is_not_restarted(tmp_path):
     """The disk holding the output folder fills during the run (the checkpoints live elsewhere). The
-    run completed, but its exit_status.json did not fit: a traceback and exit 1, which remote.sh took
-    for a crash and restarted. Now one line names the file and how the run ended, exit 74, no restart."""
+    run completed, but its exit_status.json did not fit: one line names the file and how the run
+    ended, exit 74, and remote.sh does not take it for a crash: no restart."""
     out, log = tmp_path / "out", tmp_path / "remote.log"
     out.mkdir()
     fill = f'for i in $(seq 1200); do grep -q \'"step": 2\' "{out}/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done; dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null'
@@ -525,11 +523,10 @@ def fake_python(tmp_path, attempts: str, **extra) -> dict[str, str]:
 
 
 def test_the_k8s_entrypoint_reads_the_trainers_last_words_and_ends_a_torchrun_that_outlives_its_ranks(tmp_path):
-    """Without exit_status.json (rank 0 could not write it on a full disk) the pod exited with torchrun's 1, and the
-    Job restarted the run onto the full disk; remote.sh, which reads the trainer's line in its log, stopped with 74.
-    Now the entrypoint reads torchrun's output the same way (trainer_end.sh, shared) and exits 74, which the Job's
-    podFailurePolicy does not retry. And a torchrun whose ranks have all ended but which never ends itself (waiting on
-    the rendezvous store of a lost node) held the pod for good: now it is ended after AGENT_GRACE_S, exit 1 (a restart)."""
+    """Without exit_status.json (rank 0 could not write it on a full disk) the entrypoint reads torchrun's output as
+    remote.sh reads its log (trainer_end.sh, shared) and exits 74, which the Job's podFailurePolicy does not retry,
+    rather than torchrun's 1, a restart onto the full disk. And a torchrun whose ranks have all ended but which never
+    ends itself (waiting on the rendezvous store of a lost node) is ended after AGENT_GRACE_S, exit 1 (a restart)."""
     script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
     e = fake_python(tmp_path, "disk_full,outlived,diverged", NNODES="2", NPROC_PER_NODE="1", AGENT_GRACE_S="2")
     full = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
@@ -580,9 +577,8 @@ def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart(
 
 
 def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(tmp_path):
-    """slurm.sbatch ran srun once: a stall, a crash or a lost node ended the job as FAILED (SLURM requeues only its
-    own pre-emptions and node failures), where remote.sh restarts from the last complete checkpoint. Now it restarts
-    the same way, in its allocation, and stops on what remote.sh stops on: an exit_status.json of any other reason
+    """SLURM requeues only its own pre-emptions and node failures; slurm.sbatch restarts a stall, a crash or a lost
+    node from the last complete checkpoint as remote.sh does, in its allocation, and stops on what remote.sh stops on: an exit_status.json of any other reason
     (3: diverged) or the trainer's line of a failed save. srun and scontrol are stand-ins (srun runs its command here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

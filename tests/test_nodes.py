@@ -122,8 +122,7 @@ def wait_for_step(out: Path, step: int, nodes: Nodes, timeout: float = 120) -> N
 def test_a_lost_node_ends_the_survivor_with_one_line_and_both_nodes_resume_from_the_last_checkpoint(tmp_path):
     """The node of rank 0, which also serves the store that the stall watchdog publishes to, is lost
     mid-run (its agent and its rank SIGKILLed together). The survivor's collective fails at once; it
-    ended with a gloo traceback alone, and with rank 0 gone nobody wrote exit_status.json. Now it
-    says in one line that another rank is gone, what it was doing and which checkpoint a restart
+    says in one line (not a gloo traceback alone) that another rank is gone, what it was doing and which checkpoint a restart
     resumes from; every committed checkpoint stays sound, and both nodes started again resume from
     the newest one, rank 0's choice being rank 1's."""
     from core.checkpoint.folders import committed, verify

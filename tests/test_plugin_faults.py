@@ -113,8 +113,8 @@ def test_a_faulty_plugin_is_one_line_naming_it(tmp_path, case):
 
 
 def test_a_precision_whose_metrics_are_not_a_dict_is_one_line_naming_it_mid_run(tmp_path):
-    """The precision's ``metrics(model)`` is asked at log steps only; a list there was a TypeError
-    traceback from the core's metrics merge, after the first step. Now one line naming the plugin."""
+    """The precision's ``metrics(model)`` is asked at log steps only; a list there is one line naming
+    the plugin, not a TypeError from the core's metrics merge after the first step."""
     code = CASES["supported_returns_a_bool"][0].replace("return True", "return True, ''").replace("return {}", "return [('amax', 1.0)]")
     env = install(tmp_path / "site", code)
     proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path, steps=2)), "--precision.name=evil", extra_env=env)

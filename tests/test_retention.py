@@ -270,9 +270,8 @@ def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
 
 def test_a_removal_that_fails_part_way_leaves_what_it_had_not_looked_at(tmp_path):
     """A file or folder of a checkpoint that cannot be deleted (an I/O error; here its ``rng`` folder is
-    a mount point, so removing it fails with EBUSY) ended the file-by-file removal, and the folder was
-    then deleted whole: the user's notes beside the shards, not yet looked at, with it. Now the removal
-    stops there, the folder stays (without its marker, for the next prune) and nothing unseen goes."""
+    a mount point, so removing it fails with EBUSY) must not make the folder be deleted whole, the
+    user's notes beside the shards with it: the file-by-file removal stops there, the folder stays (without its marker, for the next prune) and nothing unseen goes."""
     from conftest import PY, in_a_small_disk
 
     folder = tmp_path / "step_000000004"

@@ -63,8 +63,8 @@ def alive(pid: int) -> bool:
 def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     """SIGHUP: the terminal of a foreground ``python -m core.train`` or ``torchrun ...`` closed (a dropped
     ssh session), which the shell sends to the job's process group and torchrun forwards to its ranks
-    ("Sending process N closing signal SIGHUP"). Every rank died of it at once: no checkpoint, no
-    exit_status.json, the steps since the last save lost. Now it stops the run as SIGTERM does; the
+    ("Sending process N closing signal SIGHUP"). It stops the run as SIGTERM does (a checkpoint,
+    exit_status.json, no step lost), never killing every rank at once; the
     loader's worker processes (text_stream, ``workers = 1``), which get it too, ignore it."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
@@ -306,8 +306,8 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
 
 def test_a_full_disk_for_the_run_files_at_start_stops_every_rank_with_code_74(tiny_config, tmp_path):
     """config.resolved.toml does not fit (a file-size limit of 1000 bytes, EFBIG, as a full disk
-    gives ENOSPC): before the fix rank 0 crashed with a traceback and exit_status.json said
-    "error", which launchers restart. Now every rank stops before the first step: one line naming
+    gives ENOSPC): not a traceback with exit_status.json saying "error", which launchers would
+    restart, but every rank stopping before the first step: one line naming
     the file and the OS error, exit_status.json with 74, no rank traceback, no summary."""
     out = tmp_path / "out"
 
