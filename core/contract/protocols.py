@@ -401,6 +401,6 @@ class LRSchedule(Protocol):
 
 
 class Monitor(Protocol):
-    """A monitor is an object with pluggy ``hookimpl`` methods from
-    :mod:`core.contract.hookspecs` (``plait_train_start``, ``plait_step_end``...).
-    It may call ``run.request_stop(reason, checkpoint=...)``."""
+    """A monitor is an object with pluggy ``hookimpl`` methods named after the run-event hooks
+    (``core.api.RUN_EVENT_HOOKS``; each hook's reference: ``help(core.api.hookspecs)``).
+    It may call ``run.request_stop(reason, checkpoint=True, source="", exit_code=0)``."""

@@ -43,10 +43,10 @@ class IndexedSource:
 
     A subclass implements :meth:`sample`; its constructor takes the plugin's options
     dataclass (the factory registered with ``registry.add``). The core calls
-    :meth:`loader` with the run's :class:`core.contract.protocols.LoaderSpec`, which sets
+    :meth:`loader` with the run's :class:`core.api.LoaderSpec`, which sets
     :attr:`seed` from ``train.seed`` before any sample is drawn: read ``self.seed`` in
     ``sample``, never a global RNG; the spec's ``vocab_size`` (the model's) bounds every sample's
-    ids. Raise :class:`core.contract.errors.DataError` (one line naming the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
+    ids. Raise :class:`core.api.DataError` (one line naming the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
     end the run through :meth:`check_step`.
     """
 
