@@ -69,10 +69,26 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def wrap_prose(text: str, width: int = 100) -> str:
+    """Prose lines of a section wrapped at ``width`` (tests/test_docs.py holds docs/ to 400 characters a
+    line); table rows and code blocks are left as they are."""
+    import textwrap
+
+    out, code = [], False
+    for line in text.split("\n"):
+        code ^= line.startswith("```")
+        if code or line.startswith(("|", "```")) or len(line) <= width:
+            out.append(line)
+        else:
+            indent = "  " if line.startswith("- ") else ""
+            out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
+
+
 def append_section(title: str, body: str, device: str = "cpu", note: str = "") -> str:
     import torch
 
-    section = (
+    section = wrap_prose(
         f"\n## {title}\n\n"
         f"- command: `{command_line()}`\n"
         f"- device: {device_name(device)}\n"

@@ -3,11 +3,12 @@
 A plugin is a module named by an entry point in the group ``plait`` that implements
 ``plait_register(registry)`` with :data:`hookimpl`; ``docs/writing_plugins.md`` walks through
 one component per slot (``examples/plait-example-plugin`` is the installable example).
+These docstrings are the reference: ``help(core.api.<name>)`` answers what a plugin author asks.
 What this module holds, by group:
 
 * **Hooks**: :data:`hookimpl` marks ``plait_register`` and a monitor's run-event methods
-  (:data:`RUN_EVENT_HOOKS`; their reference docs are in ``core/contract/hookspecs.py``). ``plait_register``
-  receives a :class:`Registry`; run-event hooks receive a :class:`Run`.
+  (:data:`RUN_EVENT_HOOKS`; each hook's arguments, return value and timing: ``help(core.api.hookspecs)``).
+  ``plait_register`` receives a :class:`Registry`; run-event hooks receive a :class:`Run`.
 * **Options**: every component has an options dataclass; each field is declared with
   :func:`option` (default, one-line doc, bounds). :class:`NoOptions` is for components without.
 * **Slot protocols and run types**: the object a factory returns satisfies its slot's protocol
@@ -38,12 +39,29 @@ What this module holds, by group:
   ``log.error``): rank 0 speaks unless ``all_ranks=True``, each line prefixed ``plait:``.
   Plugins do not ``print``.
 
+Where the answers are:
+
+* the fields of a :class:`Run` and the signature of ``run.request_stop(reason, checkpoint=True,
+  source="", exit_code=0)``: ``help(core.api.Run)``;
+* whether ``multiplier(step, total_steps)`` is 0- or 1-based (0-based: the first update uses step
+  0): ``help(core.api.LRSchedule)``;
+* how parameters are sorted into kinds (a tied head stays ``embedding``; learned positions are
+  ``embedding`` as an ``nn.Embedding``, ``matrix`` as a bare parameter), and whether a tied
+  ``lm_head.weight`` reaches ``to_hf_state_dict`` (it does, under its own name):
+  ``help(core.api.ModelSpec)``;
+* the keys of a parameter group (``params``, ``name``, ``lr``, ``lr_mult``, ``weight_decay``):
+  ``help(core.api.OptimizerOptions)``;
+* what ``epoch_samples`` returns and what the loader does at an epoch's end (nothing: the source
+  maps indices past one epoch): ``help(core.api.IndexedSource.epoch_samples)``;
+* every member the core reads from each slot's object, with the default when an optional one is
+  absent: :data:`CONTRACT` (``python -m core.plugins --contract``).
+
 Everything here is a re-export; the definitions stay in their modules.
 """
 
 from __future__ import annotations
 
-from core.contract import log
+from core.contract import hookspecs, log
 from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
 from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
 from core.contract.losses import chunked_cross_entropy, output_cross_entropy
@@ -80,6 +98,7 @@ from core.runtime.monitor_reductions import Reduced
 __all__ = [
     # hooks
     "hookimpl",
+    "hookspecs",
     "RUN_EVENT_HOOKS",
     "Registry",
     "Run",

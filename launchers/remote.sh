@@ -97,7 +97,7 @@ stopped() {  # a signal came: leave now, with 128 + its number
 TEE_P=()
 if tee -p /dev/null </dev/null >/dev/null 2>&1; then TEE_P=(-p); fi
 keep_log() { immune tee ${TEE_P[@]+"${TEE_P[@]}"} -a "$LOG"; }
-# torchrun in a group of its own no longer dies with the launcher's group: it asks the kernel (Linux
+# torchrun, in a group of its own, does not die with the launcher's group: it asks the kernel (Linux
 # PR_SET_PDEATHSIG, kept across exec) for SIGTERM when this script dies, however it dies (SIGKILL too),
 # so the ranks stop with a checkpoint instead of training on unsupervised.
 WITH_LAUNCHER='import ctypes, os, signal, sys

@@ -236,7 +236,7 @@ def test_a_malformed_resolved_architecture_is_the_plugins_one_line_error(answer,
 
 def test_a_resume_that_writes_out_the_flavors_value_goes_on_and_another_value_is_refused(saved, tmp_path):
     """The checkpoint recorded n_heads 4 (the debug flavor's, written ``n_heads = 0``): a resume that
-    writes ``n_heads = 4`` was refused as another architecture; now it goes on."""
+    writes ``n_heads = 4`` is the same architecture and goes on."""
     cfg = copy_run(saved, tmp_path)
     step4 = tmp_path / "out" / "checkpoints" / "step_000000004"
     recorded = json.loads((step4 / "state.json").read_text())["architecture"]

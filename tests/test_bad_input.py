@@ -115,7 +115,7 @@ def test_duplicate_component_across_distributions(tmp_path, tiny_config):
     assert "optimizer 'adamw' is claimed twice" in msg and "distribution plait" in msg and "distribution dup-plait-plugin" in msg
 
 
-# --- checks that used to let bad input through (issue #10), in-process and cheap -------------
+# --- bad input found before anything is built, in-process and cheap ---------------------------
 
 
 def plan_error(capsys, *args: str) -> str:
@@ -231,8 +231,8 @@ def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
 
 
 def test_bad_resume_or_initial_load_leaves_no_run_folder_behind(tiny_config, tmp_path):
-    """A checkpoint.resume that does not exist used to leave output_dir, its checkpoints folder
-    and two plait.lock files behind; it is now found before anything is created. initial_load
+    """A checkpoint.resume that does not exist is found before anything is created: no output_dir,
+    checkpoints folder or plait.lock is left behind. initial_load
     can only be checked once no checkpoint is found to resume from (after the folders exist):
     its failure removes the folders this start made, and nothing that was there before."""
     from core.contract.errors import PlaitError
@@ -271,8 +271,8 @@ def test_data_checked_by_plan(tiny_config, tmp_path, capsys):
 
 
 def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_config, tmp_path, capsys):
-    """on_end = "stop" and a file of one window, with a micro-batch of 2: core.train used to end at
-    step 0 with exit 0 (data_end); preflight refuses it, so core.plan (and launchers) do too."""
+    """on_end = "stop" and a file of one window, with a micro-batch of 2: not a run that ends at step 0
+    with exit 0 (data_end); preflight refuses it, so core.plan (and launchers) do too."""
     (tmp_path / "one.jsonl").write_text(json.dumps({"text": "x" * 200}) + "\n")  # 201 tokens: one window of 129
     files = f'--data.files=["{tmp_path / "one.jsonl"}"]'
     msg = plan_error(capsys, "--config", str(tiny_config()), "--data.name=text_stream", files, '--data.on_end="stop"')
@@ -536,7 +536,7 @@ def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
 @pytest.mark.parametrize("fmt", ["safetensors", "hf"])
 def test_initial_load_export_of_another_shape_is_refused_by_plan(tiny_config, tmp_path, capsys, fmt):
     """An export's keys and shapes are checked from its headers before training (core.plan too), as a
-    checkpoint folder's are; they used to be found only after the process group and model existed."""
+    checkpoint folder's are, before the process group and model exist."""
     import torch
 
     from core.checkpoint.weights import empty_model, save_hf, save_safetensors, spec_from_config

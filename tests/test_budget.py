@@ -52,10 +52,9 @@ def test_warn_alerts_once_and_runs_on(guarded):
 
 
 def test_a_hanging_alert_command_holds_neither_the_run_nor_its_output(guarded):
-    """alert_command inherited the rank's stdout and stderr: one that hung (a webhook that never
-    answers), or a child it left behind, kept the pipe into remote.sh's ``tee`` (here this test's
-    pipes) open after the run had ended, so the launcher waited on it. Now the command runs in a
-    session of its own with its output read by the guard, and is ended, with what it started, after
+    """An alert_command that hangs (a webhook that never answers), or a child it leaves behind, never
+    keeps the pipe into remote.sh's ``tee`` (here this test's pipes) open after the run ended: the
+    command runs in a session of its own with its output read by the guard, and is ended, with what it started, after
     alert_timeout_s (or a few seconds after the run's end), with one warning."""
     args, env, tmp = guarded
     budget_file(tmp / "budget.json", spent=31, projected=33)

@@ -171,7 +171,7 @@ def test_validation_loader_never_stops_on_exhaustion(tmp_path):
 
 def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path):
     """A source that stops the run when it runs out, with data for a window but not for the first
-    step: the run used to end at step 0 with exit code 0 (reason data_end), having trained
+    step: not a run that ends at step 0 with exit code 0 (reason data_end), having trained
     nothing. ``check_first_step`` (run by preflight, so by core.train and core.plan) refuses it
     with one line naming the source, its file, what it holds and what the first step takes."""
     from core.contract.errors import DataError
@@ -216,11 +216,9 @@ def test_a_stopping_source_without_data_for_the_first_step_is_bad_input(tmp_path
 
 @pytest.mark.parametrize("first_total, then_total", [(64, 128), (128, 64)], ids=["longer", "shorter"])
 def test_mixture_stages_resumed_with_another_run_length_keep_the_samples_consumed(tmp_path, capsys, first_total, then_total):
-    """Stage boundaries were fractions of the run's length, recomputed on every start: a resume
-    with another train.steps moved them over samples already consumed, so the per-source counts
-    (and with them which local samples come next) changed: windows of a finite source were
-    served twice or never. Now the boundaries are fixed in samples and saved in the loader's
-    state: one reached stays, one ahead moves to its fraction of the new length but never before
+    """Stage boundaries recomputed from the run's length on every start would move, on a resume with
+    another train.steps, over samples already consumed, and a finite source's windows would be served
+    twice or never. The boundaries are fixed in samples and saved in the loader's state: one reached stays, one ahead moves to its fraction of the new length but never before
     the resume point, and a warning names the move."""
     from plugins.data.mixture import Mixture, MixtureOptions
 
@@ -279,10 +277,9 @@ def test_a_mixture_with_stages_starts(tiny_config, tmp_path, capsys):
 
 def test_a_bad_record_met_by_one_rank_of_an_index_source_stops_every_rank_at_once(tiny_config, tmp_path):
     """A DataError on one rank of a source whose ranks do not agree on each step's data (an index
-    source: no all-reduce before the step). Before, that rank went to save while the other was in the
-    step's gradient all-reduce: mismatched collectives, which here failed in gloo (exit 1, reason
-    'error', which launchers restart onto the same record) and can as well hang until a timeout. Now
-    the rank joins the step with a NaN loss, every rank skips its update and all stop without a
+    source: no all-reduce before the step). Were that rank to go and save while the other is in the
+    step's gradient all-reduce, the collectives would not match (a gloo failure or a hang until a
+    timeout, restarted onto the same record). So the rank joins the step with a NaN loss, every rank skips its update and all stop without a
     checkpoint (exit 2, not restarted); the last complete one stays."""
     import subprocess
 

@@ -1,7 +1,7 @@
 """Room on the disk for the checkpoints, checked at the start (``core.train`` and ``core.plan``): a
 checkpoint folder that cannot hold one checkpoint is bad input, before any training; one that
-cannot hold what the run keeps at once is a warning. Before, a disk too small was found at the first
-save, hours in (exit 74, the steps since the start lost). The real filesystem's free space."""
+cannot hold what the run keeps at once is a warning, rather than a disk found too small at the first
+save, hours in. The real filesystem's free space."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify
 
 def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_every_time(tiny_config, tmp_path):
     """A checkpoint of this model takes about 3.1 MB; the disk holds two. keep_latest = 2 needs a third
-    while each save is written (pruning follows the commit): before, the third save filled the disk and
-    stopped the run (exit 74). Now the oldest, which that prune would remove, goes first."""
+    while each save is written (pruning follows the commit), so the oldest, which that prune would
+    remove, goes first and the third save fits."""
     disk = tmp_path / "disk"
     disk.mkdir()
     body = f'[checkpoint]\ndir = "{disk}"\nevery = 1\nkeep_latest = 2\nkeep_lowest_loss = false\n'

@@ -284,3 +284,35 @@ def test_the_export_generate_and_report_docs_name_every_flag_and_its_default(com
     for action in parser._actions:
         if action.default not in (None, "", False, argparse.SUPPRESS) and action.option_strings[0] != "-h":
             assert "%(default)s" in (action.help or ""), action.option_strings
+
+
+DOCS_BUDGET_BYTES = 113_000  # docs/ other than benchmarks.md: reference, not history (git log holds that)
+RELIABILITY_BUDGET_BYTES = 20_000
+LONGEST_LINE = 400
+
+
+def test_the_docs_stay_within_their_size_and_line_limits():
+    """Reference a newcomer can hold: docs/*.md but benchmarks.md at most 113,000 bytes together,
+    docs/reliability.md under 20,000, and no line of the docs or README.md over 400 characters."""
+    sizes = {p.name: len(p.read_bytes()) for p in DOCS.glob("*.md") if p.name != "benchmarks.md"}
+    assert sum(sizes.values()) <= DOCS_BUDGET_BYTES, (
+        f"docs/ without benchmarks.md is {sum(sizes.values())} bytes: {sorted(sizes.items(), key=lambda kv: -kv[1])}"
+    )
+    assert sizes["reliability.md"] < RELIABILITY_BUDGET_BYTES
+    long = [
+        f"{p.name}:{i}: {len(line)}"
+        for p in [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > LONGEST_LINE
+    ]
+    assert not long, f"lines over {LONGEST_LINE} characters:\n" + "\n".join(long)
+
+
+def test_benchmarks_md_opens_with_the_latest_figures_each_linked_to_its_section():
+    doc = text("docs/benchmarks.md")
+    rows = table_rows(doc, "| measurement | latest figure |")
+    assert len(rows) >= 10 and doc.index("| measurement | latest figure |") < doc.index("\n## ", doc.index("## Latest figures") + 1)
+    anchors = set(re.findall(r'<a id="([\w-]+)"></a>\n## ', doc))
+    for row in rows:
+        links = re.findall(r"\]\(#([\w-]+)\)", row[-1])
+        assert links and set(links) <= anchors, row

@@ -124,9 +124,9 @@ def test_bad_paths_exit_2(trained, tmp_path):
 
 def test_a_full_disk_is_one_line_exit_74_and_keeps_an_earlier_export_whole(trained, tmp_path):
     """``--out`` on a disk with room for one export and not two, holding an earlier export of the same
-    files: the second export's write fails. Before: a traceback (safetensors' I/O error), exit 1, and its
-    ``config.json`` written over the earlier export's. Now one line and exit 74, nothing of it left, the
-    earlier export as it was; likewise ``core.report`` (before: curves left without ``manifest.json``)."""
+    files: the second export's write fails: one line and exit 74, nothing of it left, the earlier export
+    as it was (never its ``config.json`` over the earlier one's); likewise ``core.report`` (never curves
+    without ``manifest.json``)."""
     from conftest import PY, in_a_small_disk
 
     _, ckpt = trained

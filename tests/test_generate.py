@@ -266,7 +266,7 @@ def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
     """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
     err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)
     assert "--eos-id 5 is the EOS of --tokenizer, and no --tokenizer is given" in err
-    # a seed torch's generator cannot take was a traceback (ValueError: Overflow when unpacking long long)
+    # a seed torch's generator cannot take (it would raise ValueError: Overflow when unpacking long long)
     assert "--seed must be an integer from -2**63 to 2**64 - 1, got 18446744073709551616" in one_line_error(
         capsys, "--checkpoint", tmp_path / "missing", "--seed", 2**64
     )
@@ -331,11 +331,10 @@ def with_tokenizer_record(ckpt, dest, record):
 
 def test_a_tokenizer_record_naming_a_huge_file_a_pipe_or_a_device_is_one_line_never_read(bytes_ckpt, tmp_path):
     """A checkpoint's state.json records the tokenizer its data source declared (a path and its sha256).
-    A record naming a file of 20 GB (a sparse file, a disk image) was read whole into memory to take its
-    sha256: generate ended with MemoryError (exit 1), export too, where on a machine with the memory it
-    would have read for minutes. Now a tokenizer file larger than 1 GiB is refused before it is read:
+    A record naming a file of 20 GB (a sparse file, a disk image) is not read whole into memory to take
+    its sha256: a tokenizer file larger than 1 GiB is refused before it is read:
     generate is one line, exit 2, and export writes the weights without a tokenizer, said in one line.
-    A pipe, /dev/zero and a link to it were already refused (not files), checked here too."""
+    A pipe, /dev/zero and a link to it are refused too (not files)."""
     import os
     import resource
 

@@ -400,9 +400,8 @@ def test_damaged_or_crafted_small_files_are_skipped_with_one_line_never_a_traceb
     """The small files of the newest checkpoint damaged or crafted past what a checksum catches: a bit
     flipped in LINEAGE (read to pick the run's checkpoints before any checksum), a huge number in the
     manifest, a state.json nested without end or whose train state holds a lineage that is not text,
-    a FIFO in place of state.json. Before, each one ended every start in a traceback (the lineage one
-    only after the resume, at the first save) or, for the FIFO, blocked the start for good: a launcher
-    restarted into the same end, and the checkpoint before it was never used."""
+    a FIFO in place of state.json. Each is damage like any other: one line and the checkpoint before
+    it, never a traceback a launcher restarts into, nor a start blocked on the FIFO."""
     damage(ckpt(run, 8))
     proc = run_module("core.train", "--config", str(shared[0]), f"--train.output_dir={run}", "--train.steps=7", "--checkpoint.at_end=false", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -131,8 +131,8 @@ def test_remote_bad_config_is_not_retried(tmp_path):
 
 def test_an_interpreter_without_plait_is_one_line_naming_it_and_the_way_out(tmp_path):
     """The README installs into .venv without activating it; remote.sh's default PYTHON is `python` on
-    the PATH, which then lacks torch. That was a traceback and "is plait installed (pip install -e .)?",
-    which it is, in .venv: the line names the interpreter, its error and PYTHON=.venv/bin/python."""
+    the PATH, which then lacks torch. Not a traceback nor "is plait installed?" (it is, in .venv): the
+    line names the interpreter, its error and PYTHON=.venv/bin/python."""
     bare = tmp_path / "bin" / "python"
     bare.parent.mkdir()
     bare.write_text(f'#!/bin/bash\nexec {sys.executable} -I -S "$@"\n')  # no site-packages: no torch, no plait
@@ -245,11 +245,9 @@ def test_a_signal_to_remote_sh_stops_the_run_once_with_a_checkpoint(tmp_path, to
 
 def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once(tmp_path):
     """While a launcher waits to restart a crashed trainer, no trainer holds the run folder's lock:
-    a second launcher on the same OUTPUT_DIR passed its checks and took the folder over (deleting
-    the first one's exit_status.json at each of its attempts); now the first launcher holds a lock
-    of its own for its whole life and the second exits 2 naming it. A stop asked during the
-    back-off sat in ``sleep`` (the signal killed bash, or a trap would have waited it out and
-    restarted); now the launcher leaves at once with 128 + the signal's number, starting nothing."""
+    the first launcher holds a lock of its own for its whole life, so a second launcher on the same
+    OUTPUT_DIR exits 2 naming it. A stop asked during the back-off does not wait out the ``sleep``:
+    the launcher leaves at once with 128 + the signal's number, starting nothing."""
     out = tmp_path / "out"
     seams = str(REPO / "tests" / "seams")
     with running_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams) as proc:
@@ -269,7 +267,7 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
 @pytest.mark.bench  # a save held for seconds on purpose, then two Ctrl-Cs: `pytest -m bench`
 def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
     """torchrun runs in a process group of its own under the launcher, so the terminal's Ctrl-C
-    no longer reaches it or the ranks: the launcher forwards the first, and sends a deliberate
+    does not reach it or the ranks: the launcher forwards the first, and sends a deliberate
     second one (after the 3 s window) to the ranks themselves, which stop at once, as they do
     under torchrun in a terminal. Here the first lands while the save of step 4 hangs before its
     commit; the second ends the run without that checkpoint and without a restart."""
@@ -290,10 +288,7 @@ def test_a_second_ctrl_c_to_remote_sh_still_stops_at_once(tmp_path):
 
 def test_k8s_entrypoint_forwards_sigterm_and_never_reports_a_stop_as_done(tiny_config, tmp_path):
     """The kubelet's SIGTERM (eviction, pre-emption) reaches the entrypoint alone, PID 1 of the
-    container. Before, bash died of it (as PID 1 it ignored it) and torchrun trained on until the
-    SIGKILL; a pod whose run stopped cleanly exited 0, which marks its index of the Job done; and
-    the next pod, killed without a word (the OOM killer), read the stopped pod's exit_status.json
-    and exited 0 as well. Now the signal is forwarded to torchrun (a checkpoint of the step it
+    container, where bash would ignore it. The signal is forwarded to torchrun (a checkpoint of the step it
     stopped at), the stopped pod exits 143, and a pod never reports an earlier pod's status."""
     from conftest import free_port
 
@@ -345,8 +340,8 @@ def test_a_run_folder_taken_between_two_attempts_ends_remote_sh_with_exit_2(tmp_
     """Another job (a hand-started torchrun) takes this run's checkpoint folder after the
     launcher's checks and before its trainer locks it (as it can between two attempts): the
     trainer's rank 0 finds the folder in use and exits 2 without an exit_status.json (that folder's
-    is the other job's). The launcher took that for a crash and restarted into the same refusal,
-    up to MAX_RESTARTS times; now it recognises the trainer's line and ends with exit 2."""
+    is the other job's). The launcher recognises the trainer's line and ends with exit 2, rather
+    than restart into the same refusal as after a crash."""
     out = tmp_path / "out"
     go = tmp_path / "go"
     seams = str(REPO / "tests" / "seams")
@@ -494,8 +489,8 @@ def test_max_restarts_counts_attempts_in_a_row_that_made_no_progress(tmp_path):
 
 def test_a_run_that_ends_on_a_disk_too_full_for_exit_status_json_is_not_restarted(tmp_path):
     """The disk holding the output folder fills during the run (the checkpoints live elsewhere). The
-    run completed, but its exit_status.json did not fit: a traceback and exit 1, which remote.sh took
-    for a crash and restarted. Now one line names the file and how the run ended, exit 74, no restart."""
+    run completed, but its exit_status.json did not fit: one line names the file and how the run
+    ended, exit 74, and remote.sh does not take it for a crash: no restart."""
     out, log = tmp_path / "out", tmp_path / "remote.log"
     out.mkdir()
     fill = f'for i in $(seq 1200); do grep -q \'"step": 2\' "{out}/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done; dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null'
@@ -528,11 +523,10 @@ def fake_python(tmp_path, attempts: str, **extra) -> dict[str, str]:
 
 
 def test_the_k8s_entrypoint_reads_the_trainers_last_words_and_ends_a_torchrun_that_outlives_its_ranks(tmp_path):
-    """Without exit_status.json (rank 0 could not write it on a full disk) the pod exited with torchrun's 1, and the
-    Job restarted the run onto the full disk; remote.sh, which reads the trainer's line in its log, stopped with 74.
-    Now the entrypoint reads torchrun's output the same way (trainer_end.sh, shared) and exits 74, which the Job's
-    podFailurePolicy does not retry. And a torchrun whose ranks have all ended but which never ends itself (waiting on
-    the rendezvous store of a lost node) held the pod for good: now it is ended after AGENT_GRACE_S, exit 1 (a restart)."""
+    """Without exit_status.json (rank 0 could not write it on a full disk) the entrypoint reads torchrun's output as
+    remote.sh reads its log (trainer_end.sh, shared) and exits 74, which the Job's podFailurePolicy does not retry,
+    rather than torchrun's 1, a restart onto the full disk. And a torchrun whose ranks have all ended but which never
+    ends itself (waiting on the rendezvous store of a lost node) is ended after AGENT_GRACE_S, exit 1 (a restart)."""
     script = str(REPO / "launchers" / "k8s" / "entrypoint.sh")
     e = fake_python(tmp_path, "disk_full,outlived,diverged", NNODES="2", NPROC_PER_NODE="1", AGENT_GRACE_S="2")
     full = subprocess.run(["bash", script, "run.toml"], cwd=REPO, env=e, capture_output=True, text=True, timeout=60)
@@ -583,9 +577,8 @@ def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart(
 
 
 def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(tmp_path):
-    """slurm.sbatch ran srun once: a stall, a crash or a lost node ended the job as FAILED (SLURM requeues only its
-    own pre-emptions and node failures), where remote.sh restarts from the last complete checkpoint. Now it restarts
-    the same way, in its allocation, and stops on what remote.sh stops on: an exit_status.json of any other reason
+    """SLURM requeues only its own pre-emptions and node failures; slurm.sbatch restarts a stall, a crash or a lost
+    node from the last complete checkpoint as remote.sh does, in its allocation, and stops on what remote.sh stops on: an exit_status.json of any other reason
     (3: diverged) or the trainer's line of a failed save. srun and scontrol are stand-ins (srun runs its command here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -614,11 +607,10 @@ def test_slurm_restarts_a_crash_or_a_stall_in_its_allocation_and_nothing_final(t
 @pytest.mark.bench  # two real attempts of remote.sh, about 90 s on 2 cores: the CI's 20 minutes
 def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tmp_path):
     """RESUME names another folder's checkpoint, and the first attempt crashes before its first save. The
-    restart resumed with "auto", found nothing of the run's own, and started over at step 0: a run meant to
-    continue a checkpoint trained from random weights, silently. Now a restart starts as the first attempt
-    did until an attempt has committed a checkpoint. And an attempt that committed one is progress even when
-    its step is older than the newest before it (a resume from an older checkpoint sets the later ones aside):
-    before, MAX_RESTARTS counted it as an attempt without progress."""
+    restart starts as the first attempt did (with "auto" it would find nothing of the run's own and train
+    from random weights, silently) until an attempt has committed a checkpoint. And an attempt that
+    committed one is progress even when its step is older than the newest before it (a resume from an
+    older checkpoint sets the later ones aside): MAX_RESTARTS does not count it."""
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
     source = tmp_path / "source"
     proc = subprocess.run(

@@ -148,9 +148,8 @@ def test_jsonl_converts_values_and_keeps_lines_of_a_killed_run(tmp_path):
 
 
 def test_jsonl_lines_are_strict_json_and_say_which_values_were_not_finite(tmp_path):
-    """NaN and infinity used to be written as JSON's NaN / Infinity, which is not JSON (jq and most
-    parsers reject the line). They are null now, named with what they were in the line's
-    not_finite object; restore_not_finite (and so core.report) puts them back."""
+    """NaN and infinity are written as null (JSON's NaN / Infinity are not JSON: jq and most parsers
+    reject the line), named with what they were in the line's not_finite object; restore_not_finite (and so core.report) puts them back."""
     out = tmp_path / "out"
     run = make_run(out)
     pm = manager(Jsonl(JsonlOptions()))

@@ -122,8 +122,7 @@ def wait_for_step(out: Path, step: int, nodes: Nodes, timeout: float = 120) -> N
 def test_a_lost_node_ends_the_survivor_with_one_line_and_both_nodes_resume_from_the_last_checkpoint(tmp_path):
     """The node of rank 0, which also serves the store that the stall watchdog publishes to, is lost
     mid-run (its agent and its rank SIGKILLed together). The survivor's collective fails at once; it
-    ended with a gloo traceback alone, and with rank 0 gone nobody wrote exit_status.json. Now it
-    says in one line that another rank is gone, what it was doing and which checkpoint a restart
+    says in one line (not a gloo traceback alone) that another rank is gone, what it was doing and which checkpoint a restart
     resumes from; every committed checkpoint stays sound, and both nodes started again resume from
     the newest one, rank 0's choice being rank 1's."""
     from core.checkpoint.folders import committed, verify
@@ -199,9 +198,8 @@ def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):
 
 def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_the_start(tmp_path):
     """Each node names a checkpoint folder the other does not see (node-local disks where a shared
-    file system was meant). Before, the job trained until its first save, which failed on rank 1
-    (its folder lacked the step folder rank 0 had made) as exit 74, a full disk's code, and a restart
-    skipped rank 0's checkpoints one by one and started afresh. Now every rank looks for a file rank
+    file system was meant), which would otherwise train until its first save failed on rank 1 and a
+    restart skipped rank 0's checkpoints one by one. Every rank looks for a file rank
     0 wrote into its folder when the process group starts: one line naming the folder and the rank
     that cannot see it, exit_status.json reason bad_input (exit code 2, never restarted), no step
     trained, nothing written in rank 0's folder and the other node's, made by its start, removed again."""

@@ -1,7 +1,7 @@
 """What the core asks a third-party plugin before a run (validate, the first sample, has_split, the
 model's build and cheap answers, the options' check) is asked through the contract only, and a plugin
-that raises or answers in the wrong shape is one line naming the plugin and the member: each of these
-was a traceback from ``core.plan``/``core.train``, or passed silently. The core reads no undeclared
+that raises or answers in the wrong shape is one line naming the plugin and the member, never a
+traceback from ``core.plan``/``core.train`` nor a silent pass. The core reads no undeclared
 name off a data source (``streams``, ``labels``, ``sources``) and sets none on it (``model_vocab_size``).
 Real components, registered in the real registry for the test; ``prepare`` as the commands run it."""
 
@@ -248,8 +248,8 @@ class Loader(IndexedSource):
     ],
 )
 def test_what_a_plugin_builds_for_the_run_is_held_to_the_contract(tiny_config, overrides, words):
-    """optimizer.build() and data.loader() run once the process group exists: a wrong answer was an
-    AttributeError traceback from deep in the loop or the checkpointer; now one line naming the plugin."""
+    """optimizer.build() and data.loader() run once the process group exists: a wrong answer is one line
+    naming the plugin, not an AttributeError from deep in the loop or the checkpointer."""
     from core.loop.assemble import assemble
     from core.runtime import distributed
 
@@ -298,9 +298,9 @@ class Resizing:
 
 @pytest.mark.parametrize("fault", ["none", "mutate"])
 def test_the_meta_model_is_built_once_and_a_precision_check_only_reads_it(tmp_path, tiny_config, fault):
-    """The precision's check_model, the host-memory check and the resume candidates each built the meta
-    model (three builds of a large model at every start); now one build is shared, so a check that
-    changed it would change what the later checks see: that is refused, naming the plugin."""
+    """The precision's check_model, the host-memory check and the resume candidates share one build of
+    the meta model, so a check that changed it would change what the later checks see: that is
+    refused, naming the plugin."""
     reg = registry_mod.load()
     added = [("model", "atk_builds", Builds), ("precision", "atk_precision", Resizing)]
     reg._plugin, reg._distribution = "atk", "atk-plugin"
@@ -364,9 +364,8 @@ def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
 
 
 def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
-    """A plugin's validation split smaller than ``validation.batches`` micro-batches crashed the run
-    with a bare StopIteration (exit 1, which launchers restart into the same crash). Now the ranks
-    agree to average the batches every rank served, with one warning; none served is one line."""
+    """A plugin's validation split smaller than ``validation.batches`` micro-batches is no bare
+    StopIteration: the ranks agree to average the batches every rank served, with one warning; none served is one line."""
     import contextlib
     from types import SimpleNamespace
 
@@ -418,9 +417,9 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
     ],
 )
 def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
-    """A plugin's own loader that yielded [micro_batch, seq_len + 1] rows, or labels equal to the inputs,
-    trained silently on them, and float ids were a traceback from the embedding (exit 1, restarted by
-    launchers). Each step's micro-batches are held to DataLoaderLike's shape: one line, exit 2."""
+    """A plugin's own loader that yields [micro_batch, seq_len + 1] rows, labels equal to the inputs or
+    float ids is never trained on: each step's micro-batches are held to DataLoaderLike's shape, one
+    line, exit 2."""
     from types import SimpleNamespace
 
     import torch

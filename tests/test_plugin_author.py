@@ -67,11 +67,9 @@ def plait_register(registry):
 
 
 def test_every_rank_follows_any_ranks_verdict_and_a_failure_on_rank_1_is_named(tmp_path):
-    """A ``"skip"`` returned on rank 1 alone was followed by rank 1 alone: rank 0 applied the update,
-    and the replicas' weights differed from then on (a rollback on one rank hung until the collective
-    timeout). And a monitor that failed on rank 1 only stopped the run with exit 4 saying nothing
-    but "requested by another rank", in the log and in exit_status.json. Now the ranks agree on the
-    strongest verdict, the failing rank says so, and rank 0's stop line names the monitor."""
+    """A ``"skip"`` returned on rank 1 alone is followed by every rank, so the replicas' weights never
+    part (nor does a rollback on one rank hang the others). And a monitor that fails on rank 1 only is
+    named, not "requested by another rank": the ranks agree on the strongest verdict, the failing rank says so, and rank 0's stop line names the monitor."""
     env = install(tmp_path / "site", SPLIT)
     cfg = write_tiny_config(tmp_path, steps=6)
     proc = torchrun(2, "--config", str(cfg), '--monitors.enabled=["console", "split"]', extra_env=env)
@@ -243,9 +241,8 @@ def plait_register(registry):
 
 
 def test_a_monitors_run_state_value_that_is_not_json_stops_the_run_naming_the_key(tmp_path):
-    """A set in ``run.state`` was a TypeError traceback in the middle of the first save (exit 1,
-    which launchers restart into the same crash); at the top level it was left out of every
-    checkpoint without a word. Now the run stops before the save writes anything: one line naming
+    """A set in ``run.state`` is neither a TypeError in the middle of the first save nor left out of
+    every checkpoint without a word: the run stops before the save writes anything: one line naming
     the key, exit 2 (``bad_input`` in exit_status.json), and the monitors hear ``plait_train_end``."""
     env = install(tmp_path / "site", KEEPS_A_SET)
     cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\n")
@@ -325,9 +322,8 @@ def plait_register(registry):
 
 
 def test_a_model_whose_forward_returns_a_tuple_is_one_line_naming_it(tmp_path):
-    """``forward(ids, labels)`` returning ``(loss, logits)`` was a TypeError traceback at the first
-    step (``unsupported operand type(s) for /: 'tuple' and 'int'``), exit code 1, which launchers
-    restart into the same crash. Now one line naming the model plugin, exit 2, nothing trained."""
+    """``forward(ids, labels)`` returning ``(loss, logits)`` is one line naming the model plugin, exit 2,
+    nothing trained: not a TypeError at the first step that launchers would restart into."""
     env = install(tmp_path / "site", HF_HABIT)
     cfg = write_tiny_config(tmp_path, steps=2).read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "hf_habit"\n')
     (tmp_path / "run.toml").write_text(cfg)

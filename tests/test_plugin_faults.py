@@ -1,7 +1,7 @@
 """A third-party plugin's own faults, each reported in one line that names the plugin (exit 2)
 before anything is built: a hook of the wrong shape, a hook without its marker, a name that is not a
 string, options whose annotations or defaults are broken, and plugin code that raises or returns
-the wrong thing during the checks before a run. Each used to end in a traceback or pass silently.
+the wrong thing during the checks before a run: never a traceback, never a silent pass.
 Real entry points (a distribution on PYTHONPATH), real ``core.plan`` processes."""
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ def test_a_faulty_plugin_is_one_line_naming_it(tmp_path, case):
 
 
 def test_a_precision_whose_metrics_are_not_a_dict_is_one_line_naming_it_mid_run(tmp_path):
-    """The precision's ``metrics(model)`` is asked at log steps only; a list there was a TypeError
-    traceback from the core's metrics merge, after the first step. Now one line naming the plugin."""
+    """The precision's ``metrics(model)`` is asked at log steps only; a list there is one line naming
+    the plugin, not a TypeError from the core's metrics merge after the first step."""
     code = CASES["supported_returns_a_bool"][0].replace("return True", "return True, ''").replace("return {}", "return [('amax', 1.0)]")
     env = install(tmp_path / "site", code)
     proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path, steps=2)), "--precision.name=evil", extra_env=env)

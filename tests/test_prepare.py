@@ -88,7 +88,7 @@ def test_val_fraction_splits_by_document(tmp_path):
 def test_val_split_does_not_depend_on_how_the_input_path_is_spelled(tmp_path):
     """The split hashes each file's name from its input folder, not the path as typed: preparing the
     same folder by a relative path, an absolute one and from another working directory gives the
-    same train.bin and val.bin (it used to hash the path as given, so each spelling split differently)."""
+    same train.bin and val.bin (the split hashes the path from the input folder, not as given)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 3}) + "\n" for i in range(200)))
@@ -236,8 +236,8 @@ sys.exit(prepare.main(sys.argv[1:]))
 
 def test_a_run_killed_while_renaming_is_redone_not_taken_as_complete(tmp_path):
     """A meta.json is the mark of a complete preparation: a run killed after its new train.bin is in
-    place leaves no meta.json describing other files (it used to leave the old one, so a re-run with
-    the old inputs said "nothing to do" over the new train.bin), and a meta.json cut short or not
+    place leaves no meta.json describing other files (a re-run with the old inputs would say "nothing
+    to do" over the new train.bin), and a meta.json cut short or not
     matching the files' sizes makes the next run prepare again instead of crashing or skipping."""
     import subprocess
     import sys

@@ -60,8 +60,8 @@ def test_report_follows_the_branch_a_resume_from_an_older_checkpoint_keeps(tiny_
 
 def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoint(tiny_config, tmp_path):
     """A byte of metrics.jsonl damaged on disk (not UTF-8) spoils its own line, never the report; a final
-    checkpoint whose state.json holds a train state of the wrong type is one line and exit 2 (before,
-    each was a traceback: UnicodeDecodeError, AttributeError)."""
+    checkpoint whose state.json holds a train state of the wrong type is one line and exit 2, never a
+    traceback (UnicodeDecodeError, AttributeError)."""
     cfg = tiny_config(steps=3)
     assert run_module("core.train", "--config", str(cfg)).returncode == 0
     metrics = tmp_path / "out" / "metrics.jsonl"

@@ -129,10 +129,9 @@ def stream_docs(tmp_path: Path) -> Path:
 
 
 def test_a_stream_cannot_continue_the_global_position_of_an_indexed_source(saved, tmp_path):
-    """A resume that switched token_bin for text_stream skipped every checkpoint of the run as if damaged
-    ("the streaming data position was saved on 1 ranks and cannot resume on 1"), started afresh under a
-    new lineage (CURRENT_RUN now named it, so no restart would continue the old run) and skipped its own
-    saves of steps 2 and 4 as "another run's". Now it is refused before training, in one line."""
+    """A resume that switches token_bin for text_stream is refused before training, in one line: taking
+    every checkpoint of the run for damaged would start afresh under a new lineage, which no restart
+    would undo."""
     src = saved["fused"].parent
     shutil.copytree(src / "out", tmp_path / "out")
     before = untouched(tmp_path / "out" / "checkpoints")

@@ -1,10 +1,10 @@
 """Retention under a diverging loss and after a resume from an older checkpoint.
 
-Two ways the newest checkpoints stopped being the good ones used to lose data:
-a loss that rose without reaching NaN pruned every checkpoint from before it, and a
-resume from an older checkpoint left the abandoned branch's later checkpoints in
-place, where pruning by step deleted each of the new branch's saves as soon as it
-was committed and an automatic restart continued the abandoned branch. Real runs,
+Two ways the newest checkpoints stop being the good ones, neither of which loses data:
+a loss that rises without reaching NaN (the lowest-loss checkpoint is kept), and a
+resume from an older checkpoint (the abandoned branch's later checkpoints are set aside,
+so pruning by step never deletes the new branch's saves and an automatic restart
+continues the new branch). Real runs,
 real DCP checkpoints; the branch resume runs on two gloo ranks.
 """
 
@@ -136,8 +136,8 @@ def test_setting_a_branch_aside_keeps_best_json_true(tmp_path):
 
 
 def test_a_start_killed_while_setting_a_branch_aside_never_resumes_the_branch(tmp_path):
-    """The set-aside is one rename per folder; a kill between two of them used to leave the rest in
-    place for resume = "auto" to pick. The marker written first names them: auto skips them and the
+    """The set-aside is one rename per folder; a kill between two of them leaves the rest in place,
+    where resume = "auto" must not pick them. The marker written first names them: auto skips them and the
     next start moves them."""
     cfg = write_tiny_config(tmp_path, steps=12, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
     root = tmp_path / "out" / "checkpoints"
@@ -270,9 +270,8 @@ def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
 
 def test_a_removal_that_fails_part_way_leaves_what_it_had_not_looked_at(tmp_path):
     """A file or folder of a checkpoint that cannot be deleted (an I/O error; here its ``rng`` folder is
-    a mount point, so removing it fails with EBUSY) ended the file-by-file removal, and the folder was
-    then deleted whole: the user's notes beside the shards, not yet looked at, with it. Now the removal
-    stops there, the folder stays (without its marker, for the next prune) and nothing unseen goes."""
+    a mount point, so removing it fails with EBUSY) must not make the folder be deleted whole, the
+    user's notes beside the shards with it: the file-by-file removal stops there, the folder stays (without its marker, for the next prune) and nothing unseen goes."""
     from conftest import PY, in_a_small_disk
 
     folder = tmp_path / "step_000000004"

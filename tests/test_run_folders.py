@@ -142,9 +142,8 @@ def test_initial_weights_are_checked_before_anything_is_built(tmp_path):
 
 def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp_path):
     """Under torchrun, bad input found before the folder lock is taken is recorded in exit_status.json
-    (exit code 2) for launchers. A second job with bad input wrote it into the folder of a job still
-    running there: killed later (the OOM killer), that job looked like bad input to its launcher, which
-    never retries it. Now it is written only when no other process holds the folder."""
+    (exit code 2) for launchers, only when no other process holds the folder: a running job killed
+    later (the OOM killer) must not look like bad input to its launcher, which never retries that."""
     cfg = write_tiny_config(tmp_path, steps=2)
     out = tmp_path / "out"
     holder = subprocess.Popen(
@@ -169,10 +168,9 @@ def test_bad_input_of_a_second_job_leaves_the_running_jobs_exit_status_alone(tmp
 
 
 def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path):
-    """Job B used to list the checkpoints to resume from before it took the folder's lock. Started
-    while job A was in its last save, it listed step 4; A then committed step 6, pruned step 4 and
-    ended; B got the lock, found step 4 gone and started fresh: a new run from step 0, whose save of
-    step 6 was skipped as another run's. B now lists them once it holds the lock."""
+    """Job B lists the checkpoints to resume from only once it holds the folder's lock. Started while
+    job A is in its last save, a list made earlier would name step 4, which A prunes after committing
+    step 6: B would find it gone and start a new run from step 0."""
     import os
     import time
 
@@ -229,8 +227,7 @@ while True:
 
 def test_a_job_on_another_host_whose_lock_this_host_cannot_see_keeps_the_folder(tmp_path):
     """On NFS mounted with nolock, or a FUSE mount of an object store, flock is not shared between hosts:
-    a second job on another host took the run folder as if it were free, and both wrote into it. Now the
-    holder renews its record in plait.lock, and a job that finds another host's record never released
+    so the holder renews its record in plait.lock, and a job that finds another host's record never released
     watches it for two lease periods first: renewed, it is refused as for a held lock (exit 2)."""
     cfg = write_tiny_config(tmp_path, steps=2)
     out = tmp_path / "out"
@@ -276,10 +273,9 @@ def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch)
 
 
 def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkeypatch):
-    """Each renewal emptied the lock file before writing the record again: a start on another host that
-    read it in between found no record, took the folder for one never held, and did not watch the live
-    holder (at a renewal every 0.5 ms, 16% of reads found it empty or half written). Now a record is
-    written over the one before in one write, padded, and never leaves the file empty."""
+    """A renewal writes the record over the one before in one write, padded, and never leaves the file
+    empty: a start on another host that read an empty record would take the folder for one never
+    held (renewing every 0.5 ms here, to read it mid-renewal often)."""
     import time
 
     from core.runtime import ownership
@@ -396,9 +392,8 @@ THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "comma
 @pytest.mark.parametrize("woken_in", ["its_lease", "its_save", "its_commit"])
 def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(tmp_path, woken_in):
     """A holder stopped longer than its lease (SIGSTOP, a paused VM, a stall on a network mount) on a file
-    system whose flock is not shared between hosts: a job on another host watched its record, saw no
-    renewal, and took the folder. Woken up, the holder's renewing thread wrote its record over the new
-    holder's, and it went on training and saving there: two writers. Now it reads the record before each
+    system whose flock is not shared between hosts, while a job on another host takes the folder. Woken
+    up, it must not write over the new holder's record or train on there: it reads the record before each
     renewal (``its_lease``: two ranks, short leases), each save (``its_save``) and each commit
     (``its_commit``: the save's shards written while it slept), and ends at once with exit code 2 and one
     line naming that job, having written nothing more there: no record, no checkpoint, no exit_status.json.
@@ -564,12 +559,9 @@ print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flus
 
 @pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
 def test_a_lock_record_a_tool_damaged_is_no_holder_never_a_traceback_or_a_fence(tmp_path, damage):
-    """``plait.lock`` written by something other than plait. A value nested without end raised
-    RecursionError out of the record's reader: a start and ``core.plan`` were a traceback (exit 1,
-    which launchers restart into the same crash), and in a running holder the renewing thread died and
-    the next save's fence was a traceback. A JSON object naming no holder was taken for another job's
-    record: the running holder fenced itself, exit 2, "in use by pid None on None". Now the reader
-    reads the file as untrusted (``core.runtime.small_files``) and a record without pid and host is
+    """``plait.lock`` written by something other than plait: a value nested without end, or a JSON
+    object naming no holder, is neither a traceback (at a start, in ``core.plan`` or in a running
+    holder's renewing thread) nor another job's record. The reader reads the file as untrusted (``core.runtime.small_files``) and a record without pid and host is
     none: a start takes the folder, and a holder renews its record over the damage and trains on."""
     from core.runtime import ownership
 

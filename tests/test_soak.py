@@ -25,9 +25,9 @@ def trainer_for(cfg: Path, *overrides: str):
 
 
 def test_keeping_every_checkpoint_does_not_make_each_save_verify_them_all(tmp_path, monkeypatch):
-    """checkpoint.keep_latest = 0 keeps every checkpoint: the prune after each commit used to verify
-    all of them (manifest, sizes, small files' checksums, DCP metadata), so each save took longer
-    than the one before, without end."""
+    """checkpoint.keep_latest = 0 keeps every checkpoint: the prune after each commit must not verify
+    all of them (manifest, sizes, small files' checksums, DCP metadata), or each save would take
+    longer than the one before, without end."""
     from core.checkpoint import retention
 
     cfg = write_tiny_config(tmp_path, steps=100, body="[checkpoint]\nkeep_latest = 0\nat_end = false\n")

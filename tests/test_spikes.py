@@ -62,8 +62,8 @@ def test_rollback_restores_and_skips_the_data(tiny_config, tmp_path):
 
 
 def test_a_lasting_change_of_level_stops_the_run_instead_of_skipping_forever(tiny_config, tmp_path):
-    """Thirty steps of rare tokens: not a spike but a new level. Before, every one of those updates
-    was skipped (and with a lasting change, every update of the run); now the tenth in a row stops
+    """Thirty steps of rare tokens: not a spike but a new level. Rather than skip every one of those
+    updates (with a lasting change, every update of the run), the tenth in a row stops
     the run with exit code 3 and a checkpoint of the weights no spike reached."""
     proc = spike_run(tiny_config, "skip", steps=40, spike_steps=30)
     assert proc.returncode == 3, proc.stderr[-3000:]
@@ -164,7 +164,7 @@ def test_a_replacement_of_the_wrong_shape_is_a_monitor_failure(capsys):
 def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
     """A monitor that rolls back at every step (as a spike detector facing a new level does):
     a SIGTERM then must stop the run with a checkpoint, not wait for an ordinary step that never
-    comes (the loop used to go straight on after a rollback, past the stop check)."""
+    comes (the loop checks for a stop after a rollback too)."""
     import signal
 
     import torch

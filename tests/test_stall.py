@@ -23,8 +23,7 @@ def test_a_rank_that_hangs_in_a_data_read_is_named_by_every_rank_and_the_run_is_
     the step's gradient all-reduce. Each rank's watchdog names its own phase and, from every rank's
     phase in the rendezvous store, the rank holding the others up: both lines say rank 1 and its
     data read. Every thread's stack follows, rank 0 writes exit_status.json (reason ``stalled``, which
-    launchers restart) and the job ends; the checkpoint of step 2 stays usable. (Before, rank 0 said
-    only "in step 3", and each rank's line was all there was to go on.)"""
+    launchers restart) and the job ends; the checkpoint of step 2 stays usable."""
     from core.checkpoint.folders import verify
 
     cfg = write_tiny_config(tmp_path, steps=100, global_batch_tokens=512)  # one micro-batch per step
@@ -99,8 +98,7 @@ def test_a_stall_timeout_that_is_not_a_finite_non_negative_number_is_bad_input(v
 
 def test_a_hang_in_teardown_after_a_completed_run_ends_the_process_and_keeps_completed(tmp_path):
     """The run completed (exit_status.json says so, its last checkpoint is committed), then destroying
-    the process groups never returns. Before, the watchdog was stopped at the run's end and the job
-    sat there for good; now it watches until the process exits: one line naming the teardown phase,
+    the process groups never returns. The watchdog watches until the process exits: one line naming the teardown phase,
     the stacks, and the end of the process, while exit_status.json keeps ``completed`` (a launcher
     does not restart a finished run). One process: the teardown is the same on every rank."""
     cfg = write_tiny_config(tmp_path, steps=2, global_batch_tokens=256)

@@ -63,8 +63,8 @@ def alive(pid: int) -> bool:
 def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     """SIGHUP: the terminal of a foreground ``python -m core.train`` or ``torchrun ...`` closed (a dropped
     ssh session), which the shell sends to the job's process group and torchrun forwards to its ranks
-    ("Sending process N closing signal SIGHUP"). Every rank died of it at once: no checkpoint, no
-    exit_status.json, the steps since the last save lost. Now it stops the run as SIGTERM does; the
+    ("Sending process N closing signal SIGHUP"). It stops the run as SIGTERM does (a checkpoint,
+    exit_status.json, no step lost), never killing every rank at once; the
     loader's worker processes (text_stream, ``workers = 1``), which get it too, ignore it."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
@@ -89,7 +89,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     """``workers = 2``: a SIGTERM to the whole process group (as a scheduler or a terminal
         sends it) reaches the workers too; they ignore it and the rank stops at a step boundary
-    with a checkpoint (before the fix: 'DataLoader worker ... exited unexpectedly', no
+    with a checkpoint (never 'DataLoader worker ... exited unexpectedly' without a
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
     (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
     gone), then the server's resource tracker."""
@@ -306,8 +306,8 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
 
 def test_a_full_disk_for_the_run_files_at_start_stops_every_rank_with_code_74(tiny_config, tmp_path):
     """config.resolved.toml does not fit (a file-size limit of 1000 bytes, EFBIG, as a full disk
-    gives ENOSPC): before the fix rank 0 crashed with a traceback and exit_status.json said
-    "error", which launchers restart. Now every rank stops before the first step: one line naming
+    gives ENOSPC): not a traceback with exit_status.json saying "error", which launchers would
+    restart, but every rank stopping before the first step: one line naming
     the file and the OS error, exit_status.json with 74, no rank traceback, no summary."""
     out = tmp_path / "out"
 
@@ -450,6 +450,6 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path, every):
     assert proc.returncode != 0 and "Timed out waiting 5000ms" in output, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "error" and status["exit_code"] == 1, status
-    # one line says what the timeout means (before: the gloo traceback alone), and exit_status.json records it
+    # one line says what the timeout means (not the gloo traceback alone), and exit_status.json records it
     said = "rank 0: another rank did not answer within train.collective_timeout_s = 5 s (Timed out waiting 5000ms"
     assert f"plait: error: {said}" in output and status["detail"].startswith(f"PeerLost: {said}"), (status, output[-3000:])

@@ -166,8 +166,8 @@ def test_a_position_saved_at_another_seq_len_or_buffer_resumes_without_loss(corp
 
 
 def test_a_stopping_shard_too_small_for_one_window_is_bad_input(tmp_path):
-    """on_end = "stop" with files that cannot fill one window: the run used to end at step 0 with
-    exit code 0 and reason data_end, having trained nothing; it is a DataError (exit 2 from the
+    """on_end = "stop" with files that cannot fill one window: not a run that ends at step 0 with
+    exit code 0 and reason data_end, having trained nothing, but a DataError (exit 2 from the
     trainer, as for a bad line found mid-run) naming the shard, its tokens and the window."""
     path = tmp_path / "tiny.jsonl"
     path.write_text("".join(json.dumps({"text": f"d{i}"}) + "\n" for i in range(4)))  # 4 x 3 tokens
@@ -382,11 +382,9 @@ if __name__ == "__main__":
 
 def test_workers_under_a_long_tmpdir_start_and_a_run_leaves_nothing_in_tmpdir(corpus, tmp_path):
     """The fork server's socket lives in ``<TMPDIR>/pymp-XXXXXXXX/``: under a TMPDIR too long for a
-    socket's path (a scheduler's job folder deep in a scratch file system) the run was a traceback at
-    its loader's start, ``OSError: AF_UNIX path too long``, exit 1 (reason ``error``: launchers restart
-    it into the same crash); it starts now, its socket in a short temporary folder. And every run with
-    workers left its ``pymp-`` folder in TMPDIR (the rank ends with os._exit, which skips
-    multiprocessing's removal of it); a clean end removes it now. With no temporary folder at all the
+    socket's path (a scheduler's job folder deep in a scratch file system; ``OSError: AF_UNIX path
+    too long``) the run starts, its socket in a short temporary folder. The rank ends with os._exit,
+    which skips multiprocessing's removal of the ``pymp-`` folder: a clean end removes it. With no temporary folder at all the
     fork server's failure is one line, exit 2."""
     import subprocess
     import sys
@@ -418,7 +416,7 @@ enabled = []
         assert r.returncode == 0, r.stderr[-2000:]
         assert "Traceback" not in r.stderr, r.stderr[-2000:]
         assert not list(tmpdir.glob("pymp-*")), list(tmpdir.iterdir())
-    no_short_folder = (  # the folder for the socket as it was chosen before: in the long TMPDIR itself
+    no_short_folder = (  # no short folder to be found: the socket would go in the long TMPDIR itself
         "import sys\nfrom core.data import worker_start\nworker_start._socket_folder = lambda: None\n"
         "try:\n    worker_start.worker_context()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
     )

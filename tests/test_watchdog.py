@@ -68,8 +68,8 @@ def background_writer(marks: Marks, stop: threading.Event) -> threading.Thread:
 
 def test_an_async_saves_writes_keep_alive_only_the_phase_that_waits_for_them(capfd):
     """While an async save's writer writes (blocks marked from its thread), a main thread that hangs
-    in the data read is a stall after the timeout all the same; before, every block counted for
-    any phase, and the hang went unseen until the writes ended. Waiting for that save to be written
+    in the data read is a stall after the timeout all the same: a block counts only for the phases
+    that wait for it, so the hang is not hidden until the writes end. Waiting for that save to be written
     is kept alive by the same blocks."""
     marks = steady_marks()
     marks.progress("waiting for the async save of step 1 to be written", waits=True)
@@ -170,7 +170,7 @@ def test_a_store_that_stops_answering_is_named_in_the_stall_line(capfd):
     """On several nodes the store is served from rank 0's node. When that node is lost without a word
     (frozen here: the process serving the store is stopped), every read of it times out. The stall
     is ended all the same, and its line now says why it lacks the other ranks' phases: the store at
-    host:port did not answer (before, that part of the line was missing without a word)."""
+    host:port did not answer (that part of the line is never missing without a word)."""
     port = free_port()
     serve = f"import time, torch.distributed as d; s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); print('up', flush=True); time.sleep(300)"
     server = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)

@@ -16,10 +16,10 @@ the checkpoint and each option with its saved and its new value.
 A spec that also declares ``resolved_architecture()`` (``{name: value}`` as built: ``n_heads = 0``
 resolved to the flavor's value) has those values saved in each checkpoint's ``state.json``
 (``architecture``) and compared, so ``n_heads = 0`` and the flavor's own value written out are the
-same architecture. A checkpoint that recorded none (saved before, or by a spec without it) is
+same architecture. A checkpoint that recorded none (saved by a spec without it, or by a plait without the record) is
 compared as written in the resolved config. A value the saved side lacks (added to the plugin since)
 is not compared. A spec that declares no ``architecture_options`` has its checkpoints checked by
-shape only, as before.
+shape only.
 """
 
 from __future__ import annotations

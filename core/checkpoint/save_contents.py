@@ -66,9 +66,9 @@ def json_state(ck: Checkpointer, train_loss: float | None) -> dict[str, Any]:
 
 def check_run_state(ck: Checkpointer) -> None:
     """Rank 0's ``run.state`` (the one a checkpoint saves) must be JSON: a monitor's set or tensor
-    there was a TypeError traceback mid-save (exit 1, which launchers restart into the same crash),
-    or, at the top level, silently left out of the checkpoint. Now every rank stops, exit 2, and
-    rank 0 names the key, before anything of this save is written."""
+    there would be a TypeError mid-save (restarted by launchers into the same crash) or, at the top
+    level, left out of the checkpoint. So every rank stops, exit 2, and rank 0 names the key, before
+    anything of this save is written."""
     why = None
     for key, value in ck.state.run.state.items() if ck.dist.is_main else ():
         try:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
         p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")
-    if args.eos_id is not None and args.tokenizer is None:  # ignored without a word, as core.generate once did
+    if args.eos_id is not None and args.tokenizer is None:  # an --eos-id nothing would use: refused, not ignored
         p.error(f"argument --eos-id: {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
     try:
         from core.checkpoint.weights import checkpoint_model, save_hf, save_safetensors

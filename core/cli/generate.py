@@ -151,7 +151,7 @@ def check_numbers(args: Any) -> None:
         raise ConfigError(f"--top-k must be >= 0 (0: the whole vocabulary), got {args.top_k}")
     if not -(2**63) <= args.seed < 2**64:  # torch.Generator.manual_seed's range: beyond it, a traceback
         raise ConfigError(f"--seed must be an integer from -2**63 to 2**64 - 1, got {args.seed}")
-    if args.eos_id is not None and args.tokenizer is None:  # it used to be ignored without a word
+    if args.eos_id is not None and args.tokenizer is None:  # an --eos-id nothing would use: refused, not ignored
         raise ConfigError(f"--eos-id {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
 
 

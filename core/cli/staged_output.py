@@ -5,9 +5,8 @@ is moved into ``--out`` only once all of them are written. A write that fails (a
 an I/O error; safetensors reports it as its own error) is one line naming ``--out`` and the error,
 exit code 74 (as a checkpoint that could not be written), no traceback; what the command wrote is
 removed with the staging folder, the folders it made for ``--out`` too, and whatever ``--out`` held
-before (an earlier export of the same name) is left as it was. Before, a full disk was a traceback
-and exit 1, and left what was written: a ``config.json`` without weights, or over an earlier export's
-weights (a ``--dtype bf16`` export's config beside fp32 weights), or curves without ``manifest.json``.
+before (an earlier export of the same name) is left as it was: never a ``config.json`` without its
+weights, nor curves without ``manifest.json``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The docstrings in this module are the reference. A plugin is a Python module
 
 and implements hooks with :data:`hookimpl`::
 
-    from core.contract.hookspecs import hookimpl
+    from core.api import hookimpl
 
     @hookimpl
     def plait_register(registry):

@@ -22,7 +22,17 @@ KINDS = ("matrix", "embedding", "norm", "bias")
 
 @dataclass
 class OptimizerOptions:
-    """Options every optimizer plugin shares; subclass it for your own."""
+    """Options every optimizer plugin shares; subclass it for your own and keep it as ``self.options``.
+
+    The core makes the parameter groups from it and hands them to the optimizer's
+    ``build(param_groups)``: one group per parameter kind that has parameters, in the order
+    ``matrix``, ``embedding``, ``norm``, ``bias`` (kinds: ``help(core.api.ModelSpec)``), each a dict
+    with the keys ``params`` (the kind's unique trainable parameters; a tied weight once),
+    ``name`` (the kind), ``lr`` (``lr`` x ``lr_mult``), ``lr_mult`` (``lr_multipliers[kind]``, 1.0
+    when not given) and ``weight_decay`` (0.0 for the kinds in ``no_decay``, else
+    ``weight_decay``). Pass them to the torch optimizer as they are: the LR schedule scales every
+    group's ``lr`` together, so the multipliers hold for the whole run.
+    """
 
     lr: float = option(3e-4, "peak learning rate (the schedule multiplies it)", gt=0)
     weight_decay: float = option(0.1, "decoupled weight decay for the kinds not in no_decay", ge=0)

@@ -86,7 +86,25 @@ class ModelSpec(Protocol):
     names of its ``[model]`` options that define the function its weights compute (``n_heads``,
     ``norm_eps``; not ``rope_theta`` or ``max_seq_len``, which a run may change on purpose). A
     resume, or ``initial_load`` of a plait checkpoint, whose saved values of them (or model name)
-    differ is refused (exit 2; :mod:`core.checkpoint.architecture`); without it only shapes are checked.
+    differ is refused (exit 2); without it only shapes are checked. ``resolved_architecture()``
+    returns ``{option: value}`` as the spec was built (a flavor's defaults filled in); each
+    checkpoint records it, and a resume compares those values.
+
+    **Tied weights.** Tie inside ``build()`` (``self.lm_head.weight = self.wte.weight``): the core
+    records shared parameters before giving the module storage and shares them again after, so a
+    tied weight is trained, counted, saved and loaded once. ``to_hf_state_dict(sd)`` receives the
+    module's ``state_dict()`` with plait's names, in which a tied head *does* appear under its own
+    name (``lm_head.weight``, the same tensor as the embedding's): drop it there when the Hugging
+    Face config ties the embeddings, keep it otherwise. ``from_hf_state_dict(sd)`` must return every
+    name of the module's ``state_dict()``, a tied head included (give it the embedding's tensor):
+    missing or extra names are refused in one line.
+
+    **Parameter kinds** (what the optimizer's ``no_decay`` and ``lr_multipliers`` name): a parameter
+    owned by an ``nn.Embedding`` is ``embedding``, and stays ``embedding`` when a tied head shares
+    it; one owned by a module whose class name ends in ``Norm`` is ``norm``; one named ``*bias`` is
+    ``bias``; everything else is ``matrix``. So learned positions made as an ``nn.Embedding`` are
+    ``embedding`` (no weight decay by default), while a bare ``nn.Parameter`` of positions on another
+    module is ``matrix`` (decayed). Parameters with ``requires_grad = False`` are not trained.
     """
 
     vocab_size: int
@@ -367,12 +385,22 @@ class OptimizerBuilder(Protocol):
 
 @runtime_checkable
 class LRSchedule(Protocol):
-    """Learning-rate multiplier of the peak LR at a step (0-based)."""
+    """The learning rate as a multiple of the peak LR, a pure function of the step.
+
+    ``multiplier(step, total_steps)`` is 0-based: the first optimizer update of a run uses
+    ``multiplier(0, total_steps)`` and the last ``multiplier(total_steps - 1, total_steps)``
+    (``total_steps`` is the run's length, ``train.steps`` or what ``train.target_tokens`` gives).
+    The core wraps it in ``torch.optim.lr_scheduler.LambdaLR``, so every parameter group's ``lr``
+    (the peak times the kind's ``lr_mult``) is scaled by it; a skipped update still moves the
+    schedule on. It must return a finite number >= 0 (checked before training, with a warning when
+    it is still rising below 1 at the run's end: a warmup longer than the run). After a resume the step is the
+    restored one, and the multiplier is asked again with this run's ``total_steps``.
+    """
 
     def multiplier(self, step: int, total_steps: int) -> float: ...
 
 
 class Monitor(Protocol):
-    """A monitor is an object with pluggy ``hookimpl`` methods from
-    :mod:`core.contract.hookspecs` (``plait_train_start``, ``plait_step_end``...).
-    It may call ``run.request_stop(reason, checkpoint=...)``."""
+    """A monitor is an object with pluggy ``hookimpl`` methods named after the run-event hooks
+    (``core.api.RUN_EVENT_HOOKS``; each hook's reference: ``help(core.api.hookspecs)``).
+    It may call ``run.request_stop(reason, checkpoint=True, source="", exit_code=0)``."""

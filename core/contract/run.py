@@ -19,9 +19,26 @@ class StopRequest:
 
 @dataclass
 class Run:
-    """State shared with monitors. Monitors read it and may call :meth:`request_stop`; each field
-    below is part of the contract. ``state`` holds values saved in checkpoints (train state such as
-    ``best_val_loss``); a monitor may add JSON values under a key of its own, back after a resume.
+    """What run-event hooks receive: where the run is, and :meth:`request_stop`.
+
+    Monitors read it and may call :meth:`request_stop`; every field is part of the contract:
+
+    * ``config``: the resolved config as a dict, as written to ``<output_dir>/config.resolved.toml``;
+    * ``output_dir``: ``train.output_dir``, a :class:`pathlib.Path`;
+    * ``dist``: this process's :class:`DistInfo` (rank, world size, local rank, device);
+    * ``total_steps``: the step the run ends at; ``tokens_per_step``: tokens of one optimizer step,
+      all ranks together;
+    * ``step``: optimizer steps completed (0 before the first; a hook's ``step`` argument is the
+      1-based number of the step it is about); ``tokens_seen``: tokens trained so far, resumes
+      included;
+    * ``model``: the module the model spec built, converted by the precision (under fsdp2, sharded
+      in place; not the parallelism's wrapper); ``spec``: the model spec; ``optimizer``: the torch
+      optimizer the optimizer plugin built;
+    * ``state``: the train state saved in every checkpoint (``best_val_loss``, ...). A monitor may
+      keep JSON values under a key of its own: they are back after a resume and after a rollback; a
+      value that is not JSON stops the run naming the key;
+    * ``stop``: the stop requested so far (``reason``, ``checkpoint``, ``source``, ``exit_code``), or
+      ``None``; ``log_every``: ``train.log_every`` (:meth:`is_log_step`).
     """
 
     config: dict[str, Any]  # the resolved config, as written to <output_dir>/config.resolved.toml
@@ -43,10 +60,14 @@ class Run:
         return step % self.log_every == 0 or step == self.total_steps
 
     def request_stop(self, reason: str, checkpoint: bool = True, source: str = "", exit_code: int = 0) -> None:
-        """End the run at the next step boundary, saving a checkpoint first if ``checkpoint``.
+        """End the run at the next step boundary, on every rank, saving a checkpoint first if ``checkpoint``.
 
-        The process then exits with ``exit_code``. The first request wins; a
-        request without a checkpoint overrides one with.
+        ``run.request_stop(reason, checkpoint=True, source="", exit_code=0)``: ``reason`` is printed
+        (``stopping at step N: <reason>``) and recorded as the ``detail`` of ``exit_status.json``,
+        whose reason is ``requested``; ``source`` names who asked (a monitor passes its own name; it
+        is kept in :attr:`stop`); the process then exits with ``exit_code``. A request on any rank
+        stops every rank at the same step. The first request wins; a request without a checkpoint
+        overrides one with.
         """
         if self.stop is None or (self.stop.checkpoint and not checkpoint):
             self.stop = StopRequest(reason, checkpoint, source, exit_code)

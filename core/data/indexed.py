@@ -43,10 +43,10 @@ class IndexedSource:
 
     A subclass implements :meth:`sample`; its constructor takes the plugin's options
     dataclass (the factory registered with ``registry.add``). The core calls
-    :meth:`loader` with the run's :class:`core.contract.protocols.LoaderSpec`, which sets
+    :meth:`loader` with the run's :class:`core.api.LoaderSpec`, which sets
     :attr:`seed` from ``train.seed`` before any sample is drawn: read ``self.seed`` in
     ``sample``, never a global RNG; the spec's ``vocab_size`` (the model's) bounds every sample's
-    ids. Raise :class:`core.contract.errors.DataError` (one line naming the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
+    ids. Raise :class:`core.api.DataError` (one line naming the file) for bad data. Finite sources also implement :meth:`epoch_samples`, and may
     end the run through :meth:`check_step`.
     """
 
@@ -63,7 +63,17 @@ class IndexedSource:
         return IndexedLoader(self, spec)
 
     def epoch_samples(self, seq_len: int, split: str) -> int | None:
-        """Distinct samples in one pass over the data, or None when the source never runs out."""
+        """Distinct samples in one pass over ``split`` at ``seq_len``, or None when the source never
+        runs out (the default).
+
+        The loader does nothing at an epoch's end: it keeps asking :meth:`sample` for the next global
+        indices, so index ``epoch_samples`` is the first sample of the second pass, and the source
+        maps indices past one epoch itself (``token_bin`` with ``order = "epochs"`` takes
+        ``divmod(index, epoch_samples)`` and shuffles each epoch anew). To end the run instead,
+        raise :class:`DataExhausted` from :meth:`check_step`. A ``mixture`` reads this number to
+        serve each of its sources without repeats and to wrap or stop it (its ``on_exhausted``); the
+        logged ``epoch`` comes from the source's ``tokens_per_epoch()``, not from here.
+        """
         return None
 
     def check_step(self, first: int, end: int) -> None:
@@ -74,7 +84,7 @@ class IndexedSource:
 def check_batch(batch: Any, spec: LoaderSpec, name: str) -> None:
     """A loader's micro-batch as :class:`core.contract.protocols.DataLoaderLike` declares it: ``(inputs, labels)``,
     two integer tensors of shape ``[micro_batch, seq_len]`` of the loader's spec; else one line naming
-    the data plugin (a loader of its own once trained on whatever it yielded). No device sync."""
+    the data plugin, so a loader of the plugin's own never trains on whatever it yields. No device sync."""
     shape = (spec.micro_batch, spec.seq_len)
     pair = isinstance(batch, (tuple, list)) and len(batch) == 2
     if pair and all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape and not (t.dtype.is_floating_point or t.dtype == torch.bool) for t in batch):

@@ -1,8 +1,8 @@
 """A monitor's values reduced over the ranks by the core, never by the monitor's own collective.
 
-A monitor that issued a collective of its own in ``plait_metrics`` and failed on one rank before
-reaching it (or was disabled there by an earlier failure) left the other ranks waiting in it until
-the collective timeout: the ranks' collectives no longer matched. A monitor returns
+A monitor that issues a collective of its own in ``plait_metrics`` and fails on one rank before
+reaching it (or is disabled there by an earlier failure) leaves the other ranks waiting in it until
+the collective timeout: the ranks' collectives would not match. So a monitor returns
 :class:`Reduced` values instead (``core.api.Reduced``). Once every monitor's ``plait_metrics`` has
 run, :func:`reduce_monitor_values` makes every rank agree on what to reduce (each rank's names,
 ops and shapes, one small gather) and reduces it in one more collective

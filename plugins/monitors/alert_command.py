@@ -2,10 +2,10 @@
 nothing of the run: no stdin, its output read here (never the rank's stdout and stderr), a session
 of its own, and a time limit.
 
-Started as the rank's child with the rank's streams, a command that hung (a webhook that never
-answers) or left a child behind kept the pipe into ``launchers/remote.sh``'s ``tee`` open: the
-launcher waited on it after the run had ended, and a restart never came. Now the command (and what
-it started) is ended after ``timeout_s`` with one warning, and when the run ends it gets at most
+Started as the rank's child with the rank's streams, a command that hangs (a webhook that never
+answers) or leaves a child behind would keep the pipe into ``launchers/remote.sh``'s ``tee`` open,
+and the launcher would wait on it after the run ended. So the command (and what it started) is
+ended after ``timeout_s`` with one warning, and when the run ends it gets at most
 ``END_GRACE_S`` more. A command that fails says so in one warning, with the end of its output.
 """
 
