@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         from core.contract.errors import closest
 
-        exit_bad_input(ConfigError(f"command line: unknown command {name!r}{closest(name, COMMANDS)}; expected one of {', '.join(COMMANDS)} (see plait --help)"))
+        exit_bad_input(
+            ConfigError(f"command line: unknown command {name!r}{closest(name, COMMANDS)}; expected one of {', '.join(COMMANDS)} (see plait --help)")
+        )
     return importlib.import_module(command.module).main(rest)
 
 
