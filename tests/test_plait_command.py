@@ -97,6 +97,36 @@ def test_a_ranks_exit_code_comes_out_of_plait_train(tiny_config, tmp_path):
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
 
 
+def test_sigterm_to_plait_train_stops_the_ranks_with_a_checkpoint_and_exit_0(tiny_config, tmp_path):
+    """torchrun ends with exit 1 and a SignalException traceback; plait train exits with the code rank 0
+    recorded for the stop (0: stopped by a signal, with a checkpoint), as one process would."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import PY, env
+
+    cfg = tiny_config(steps=5000)
+    extra = env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="600")  # torch's SIGKILL after the stop's grace: not on a loaded machine
+    proc = subprocess.Popen(
+        [PY, "-m", "core.cli.main", "train", "--config", str(cfg), "--nproc", "2"],
+        cwd=REPO,
+        env=extra,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics, deadline = tmp_path / "out" / "metrics.jsonl", time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # a step is done: the ranks train
+    out, err = proc.communicate(timeout=600)
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert proc.returncode == 0 and status["reason"] == "signal", err[-3000:]
+    assert (tmp_path / "out" / "checkpoints" / f"step_{status['step']:09d}" / "COMMITTED").is_file()
+    assert "Traceback" not in err and "SignalException" not in err
+
+
 def test_plait_train_without_nproc_is_core_train(tiny_config, tmp_path):
     proc = plait_cmd("train", "--config", str(tiny_config(steps=2)), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
