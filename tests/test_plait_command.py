@@ -127,6 +127,30 @@ def test_sigterm_to_plait_train_stops_the_ranks_with_a_checkpoint_and_exit_0(tin
     assert "Traceback" not in err and "SignalException" not in err
 
 
+def test_two_nodes_each_with_its_own_node_rank_make_one_run(tiny_config, tmp_path):
+    """Two ``plait train`` launchers (here on one machine), one rank each, met at node 0's endpoint."""
+    import subprocess
+
+    from conftest import PY, env, free_port
+
+    cfg, endpoint = tiny_config(steps=2), f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [PY, "-m", "core.cli.main", "train", "--config", str(cfg), "--nproc", "1", "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint],
+            cwd=REPO,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (1, 0)
+    ]
+    ends = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in ends]
+    assert json.loads((tmp_path / "out" / "run_info.json").read_text())["world_size"] == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
+
+
 def test_plait_train_without_nproc_is_core_train(tiny_config, tmp_path):
     proc = plait_cmd("train", "--config", str(tiny_config(steps=2)), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,6 +164,8 @@ def test_plait_train_without_nproc_is_core_train(tiny_config, tmp_path):
         (["--nnodes", "2", "--nproc", "2"], "--nnodes above 1 needs --rdzv-endpoint"),
         (["--nnodes", "2"], "need --nproc"),
         (["--nproc", "0"], "expected integers >= 1"),
+        (["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", "node0:"], "--rdzv-endpoint: expected HOST:PORT with a port 1..65535, got 'node0:'"),
+        (["--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", "29500"], "expected HOST:PORT"),
         (["--nproc", "2", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank: expected 0..1, got 2"),
     ],
 )

@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None):
         parser.error(f"--node-rank: expected 0..{args.nnodes - 1}, got {args.node_rank}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         parser.error("--nnodes above 1 needs --rdzv-endpoint HOST:PORT (node 0's address)")
+    if args.rdzv_endpoint is not None:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--rdzv-endpoint: expected HOST:PORT with a port 1..65535, got {args.rdzv_endpoint!r}")
     return args, overrides
 
 
