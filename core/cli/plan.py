@@ -36,7 +36,7 @@ from core.cli.measure import measure
 from core.cli.plan_eta import add_time_and_money
 from core.cli.plan_render import render
 from core.contract import log
-from core.contract.errors import ArgumentParser, PlaitError, exit_bad_input
+from core.contract.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
 from core.contract.members import optional
 from core.runtime.disk import checkpoint_bytes
 
@@ -90,6 +90,7 @@ def make_plan(prep) -> dict[str, Any]:
         "output_dir": str(rc.train.output_dir),
         "plugins": {chosen.section: chosen.component.name for chosen in rc.slots.values()},
         "monitors": [m.component.name for m in rc.monitors],
+        "options": plugin_options(rc),
         "params_total": total,
         "params_non_embedding": non_emb,
         "flops_per_token": fpt,
@@ -108,6 +109,15 @@ def make_plan(prep) -> dict[str, Any]:
         "seq_len_stages": stages(prep),
         "resume": resume_summary(prep),
     }
+
+
+def plugin_options(rc) -> dict[str, dict[str, Any]]:
+    """The resolved options of each plugin the run uses, by its section: ``[model]``, ...,
+    ``[monitors.<name>]`` (the values ``config.resolved.toml`` records)."""
+    resolved = rc.to_dict()
+    out = {chosen.section: {k: v for k, v in resolved[chosen.section].items() if k != "name"} for chosen in rc.slots.values()}
+    out.update({f"monitors.{m.component.name}": resolved["monitors"][m.component.name] for m in rc.monitors})
+    return out
 
 
 def resume_summary(prep) -> dict[str, Any] | None:
@@ -217,25 +227,31 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     if args.nproc is not None and args.nproc < 1:
         parser.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
+    problems: list[PlaitError] = []  # missing or unusable data and checkpoints: listed under the plan
     try:
         from core.preflight.prepare import prepare
 
         if args.plot_lr:
             check_plot_path(args.plot_lr)
-        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True)
+        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True, problems=problems)
         plan = make_plan(prep)
         from core.runtime.ownership import check_run_folders
 
         check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # is a job writing there now?
-        measured = measure(args.config, overrides, args.measure_warmup, args.measure_steps) if args.measure else None
+        if args.measure and problems:
+            problems.append(PlaitError("--measure: not measured, the problems above stop a start"))
+        measured = measure(args.config, overrides, args.measure_warmup, args.measure_steps) if args.measure and not problems else None
         add_time_and_money(plan, prep, args.tokens_per_s, args.usd_per_device_hr, measured)
     except PlaitError as e:
         exit_bad_input(e)
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    plan["problems"] = [str(e) for e in problems]
+    print(json.dumps(plan, indent=2) if args.json else render(plan), flush=True)
     if args.plot_lr:
         plot_lr(prep, args.plot_lr)
         log.info(f"wrote {args.plot_lr}")
-    return 0
+    for problem in problems:  # each on its own line, as a refusal would say it
+        print(f"plait: error: {problem}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT if problems else 0
 
 
 if __name__ == "__main__":

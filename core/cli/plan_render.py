@@ -61,7 +61,21 @@ def render(plan: dict[str, Any]) -> str:
             aside = resume["sets_aside"]
             lines.append(f"              a new branch: the {len(aside)} later checkpoint(s), {aside[0]} to {aside[-1]}, move to abandoned/")
     lines += render_time_and_money(plan)
+    lines += render_options(plan["options"])
+    problems = plan.get("problems") or []
+    lines += [f"  {'problems    ' if i == 0 else '            '}{p}" for i, p in enumerate(problems)]
+    if problems:
+        lines.append(f"  {len(problems)} problem(s) found: a start with this config is refused (exit code 2) until they are fixed")
     return "\n".join(lines)
+
+
+def render_options(options: dict[str, dict[str, Any]]) -> list[str]:
+    """Each plugin's resolved options, one line per section: ``[optimizer] lr=0.0003, ...``."""
+    lines = []
+    for i, (section, values) in enumerate(options.items()):
+        label = "options     " if i == 0 else "            "
+        lines.append(f"  {label}[{section}] " + (", ".join(f"{k}={v!r}" for k, v in values.items()) or "(none)"))
+    return lines
 
 
 def render_time_and_money(plan: dict[str, Any]) -> list[str]:

@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         distributed.shutdown()
 
 
-def run_and_exit() -> None:
-    """``main()``, then leave without interpreter finalization. Everything the run writes is
+def run_and_exit(argv: list[str] | None = None) -> None:
+    """``main(argv)``, then leave without interpreter finalization. Everything the run writes is
     flushed and closed by then (checkpoints committed, monitors closed, exit_status.json written);
     what finalization would still tear down (gloo and DCP threads) can abort a finished rank with
     "terminate called without an active exception" (SIGABRT) once in a while, turning a good
@@ -170,7 +170,7 @@ def run_and_exit() -> None:
 
     sys.stdout, sys.stderr = LosableStream(sys.stdout), LosableStream(sys.stderr)  # type: ignore[assignment]
     try:
-        code = main()
+        code = main(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # a crash: its traceback goes to torchrun's summary too, then Python ends the process

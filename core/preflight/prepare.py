@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -24,7 +25,7 @@ from core.config import files as config_io
 from core.config.sections import RunConfig, batch_layout, resolve, total_steps
 from core.contract import log
 from core.contract import registry as registry_mod
-from core.contract.errors import ConfigError, PlaitError, PluginError
+from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError
 from core.contract.members import check_component
 from core.contract.protocols import LoaderSpec
 from core.contract.registry import plugin_manager
@@ -86,13 +87,22 @@ class Prepared:
 
 
 def prepare(
-    path: str, overrides: list[str] | None = None, world_size: int | None = None, validate_data: bool = True, dry_run: bool = False, lock: bool = False
+    path: str,
+    overrides: list[str] | None = None,
+    world_size: int | None = None,
+    validate_data: bool = True,
+    dry_run: bool = False,
+    lock: bool = False,
+    problems: list[PlaitError] | None = None,
 ) -> Prepared:
     """``validate_data``: check the data, the resume checkpoint and the output folders (what
     ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
     the folders it created instead of leaving them for the run. ``lock`` (``core.train``'s rank 0):
     own the run folders (:func:`core.runtime.ownership.lock_run_folders`) before listing the
-    checkpoints to resume from."""
+    checkpoints to resume from. ``problems`` (``core.plan``): a missing or unusable data file or
+    checkpoint (``DataError``, ``CheckpointError``) found by the data, monitor and folder checks is
+    appended there and the preparation goes on, so that the plan can still be made; any other
+    problem is raised."""
     raw = config_io.load(path, overrides)
     registry = registry_mod.load()
     try:
@@ -146,27 +156,43 @@ def prepare(
         check_host_memory(model_meta, world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
     if validate_data:
         val = rc.sections["validation"]
-        check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
         seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)
         tokens = rc.train.micro_batch * rc.seq_len
         first = LoaderSpec(seq, tokens // seq, accum, 0, world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
-        check_first_step(components["data"], rc.slots["data"].component.name, first)
+        with noted(problems):
+            check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
+            check_first_step(components["data"], rc.slots["data"].component.name, first)
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.model_meta = model_meta
     prep.architecture = architecture
     data_name = f"data {rc.slots['data'].component.name!r}"
-    prep.tokenizer = call_plugin(f"{data_name}: tokenizer", declared_tokenizer, components["data"], data_name)  # recorded in checkpoints
+    with noted(problems):
+        prep.tokenizer = call_plugin(f"{data_name}: tokenizer", declared_tokenizer, components["data"], data_name)  # recorded in checkpoints
     prep.seq_len_schedule = schedule
     args = {"prep": prep, "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
-        call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
+        with noted(problems):
+            call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
     if validate_data:  # a training start: the folders, the checkpoint to resume from (core.preflight.start_folders)
-        check_start(prep, model_meta, lock, dry_run)
+        with noted(problems):
+            check_start(prep, model_meta, lock, dry_run)
         if (resumed := steps_to_target(prep)) != prep.total_steps:
             prep.total_steps = resumed
             prep.seq_len_schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, resumed, str(path))
     return prep
+
+
+@contextmanager
+def noted(problems: list[PlaitError] | None) -> Iterator[None]:
+    """Inside: a ``DataError`` or ``CheckpointError`` goes to ``problems`` (when given) instead of
+    up; the rest of the block is skipped."""
+    try:
+        yield
+    except (DataError, CheckpointError) as e:
+        if problems is None:
+            raise
+        problems.append(e)
 
 
 def steps_to_target(prep: Prepared) -> int:
