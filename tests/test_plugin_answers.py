@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core.config.option_values import build_options
-from core.contract import registry as registry_mod
+from core.config import registry as registry_mod
 from core.contract.errors import ConfigError, DataError, PlaitError, PluginError
+from core.contract.option_values import build_options
 from core.contract.options import option
 from core.contract.protocols import LoaderSpec
 from core.data.indexed import IndexedSource

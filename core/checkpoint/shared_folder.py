@@ -70,7 +70,7 @@ def check_shared(where: Any, what: str) -> None:
     if not blind:
         return
     if not mine[0]:  # the folders this rank's start made on its own disk stay only if something is in them
-        from core.preflight.start_folders import remove_what_this_start_made
+        from core.runtime.made_folders import remove_what_this_start_made
 
         remove_what_this_start_made()
     host0 = everyone[0][1]

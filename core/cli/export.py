@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from core.checkpoint.weights import checkpoint_model, save_hf, save_safetensors
         from core.cli.staged_output import staged
-        from core.preflight.start_folders import probe_folder
+        from core.runtime.made_folders import probe_folder
 
         refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading

@@ -49,8 +49,8 @@ def optional_line(comp, indent: str) -> list[str]:
 
 
 def render(slot_filter: str | None = None) -> str:
+    from core.config import registry as registry_mod
     from core.config.sections import CORE_SECTION_OPTIONS, DEFAULT_PLUGIN, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
-    from core.contract import registry as registry_mod
 
     registry = registry_mod.load()
     lines: list[str] = []

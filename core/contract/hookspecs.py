@@ -37,7 +37,6 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from core.contract.registry import Registry
     from core.contract.run import Run
 
 PROJECT = "plait"
@@ -46,8 +45,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def plait_register(registry: "Registry") -> None:
-    """Register this plugin's components.
+def plait_register(registry: Any) -> None:
+    """Register this plugin's components on ``registry``, a :class:`core.api.Registry`.
 
     Call ``registry.add(slot, name, factory, options=OptionsDataclass, doc=...)``
     once per component. ``slot`` is one of :data:`core.contract.protocols.SLOTS`.

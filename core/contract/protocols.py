@@ -376,3 +376,15 @@ class Monitor(Protocol):
     """A monitor is an object with pluggy ``hookimpl`` methods from
     :mod:`core.contract.hookspecs` (``plait_train_start``, ``plait_step_end``...).
     It may call ``run.request_stop(reason, checkpoint=...)``."""
+
+
+# Which protocol each slot's object satisfies (the monitor slot's is hook methods, not members).
+SLOT_PROTOCOLS: dict[str, type] = {
+    "model": ModelSpec,
+    "parallelism": Parallelism,
+    "precision": Precision,
+    "data": DataSource,
+    "optimizer": OptimizerBuilder,
+    "lr_schedule": LRSchedule,
+    "monitor": Monitor,
+}

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from core.checkpoint import folders, resume, run_files
+from core.checkpoint import folders, resume
 from core.checkpoint.checkpointer import CheckpointDir, Checkpointer
+from core.checkpoint.finite import NonFiniteState
 from core.contract import log
 from core.contract import metrics as core_metrics
 from core.contract.errors import EXIT_BAD_INPUT, PlaitError
@@ -29,10 +30,11 @@ from core.data.step_batches import StepBatches
 from core.loop import stop_policy as policy
 from core.loop.assemble import Assembled, assemble
 from core.loop.monitor_hub import MonitorHub
-from core.loop.nonfinite import EXIT_NONFINITE, NonFiniteState
+from core.loop.nonfinite import EXIT_NONFINITE
 from core.loop.step import TrainStep
 from core.loop.step_metrics import StepMetrics
 from core.loop.validation import validate
+from core.preflight import run_files
 from core.preflight.prepare import Prepared
 from core.runtime import distributed, watchdog
 from core.runtime.stop_signals import StopSignals

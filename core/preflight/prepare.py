@@ -21,15 +21,15 @@ import torch
 
 from core.checkpoint.architecture import run_architecture
 from core.config import files as config_io
-from core.config.sections import RunConfig, batch_layout, resolve, total_steps
+from core.config import registry as registry_mod
+from core.config.registry import plugin_manager
+from core.config.run_config import RunConfig, resolve
+from core.config.sections import batch_layout, micro_batch_candidates, total_steps
 from core.contract import log
-from core.contract import registry as registry_mod
 from core.contract.errors import ConfigError, PlaitError, PluginError
-from core.contract.members import check_component
+from core.contract.members import check_component, register_monitor
 from core.contract.protocols import LoaderSpec
-from core.contract.registry import plugin_manager
 from core.data.tokenizer_spec import declared_tokenizer
-from core.loop.monitor_hub import register_monitor
 from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from core.preflight.start_folders import check_start
 from core.runtime.distributed import env_world, pick_device
@@ -121,9 +121,7 @@ def prepare(
     schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, steps, str(path))
     micro_auto: list[int] = []
     if rc.train.micro_batch == "auto":
-        from core.loop.micro_batch import candidates
-
-        micro_auto = candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
+        micro_auto = micro_batch_candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
