@@ -95,7 +95,7 @@ def test_every_core_option_has_a_type_a_default_and_a_doc():
 
 
 def test_checkpoints_md_table_is_the_checkpoint_options():
-    from core.checkpoint.folders import CheckpointOptions
+    from core.config.sections import CheckpointOptions
 
     defaults, seen = defaults_of(CheckpointOptions), set()
     for row in table_rows(text("docs/checkpoints.md"), "| key | default |"):

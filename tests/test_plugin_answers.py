@@ -372,8 +372,10 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
 
     import torch
 
+    from core.config.sections import ValidationOptions
     from core.contract.protocols import DistInfo
-    from core.loop.validation import ValidationOptions, evaluate
+    from core.loop.validation import evaluate
+    from core.runtime import distributed
 
     class Loss(torch.nn.Module):
         def forward(self, ids, labels):
@@ -391,7 +393,7 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
         return SimpleNamespace(
             train_model=Loss(),
             dist=DistInfo(),
-            control=SimpleNamespace(max=lambda values: list(values)),  # one rank: the agreement is its own
+            control=distributed.ControlPlane(DistInfo()),  # one rank: the agreement is its own
             run=SimpleNamespace(step=10),
             c={"precision": SimpleNamespace(autocast=lambda device: contextlib.nullcontext()), "data": Source(n)},
             rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),

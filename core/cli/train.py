@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.signals.install()
         trainer.build()
         failed = run_files.write_run_info(prep, info, trainer.versions)  # rank 0's; every rank stops with it
-        if trainer.control.max([int(failed is not None)])[0]:
+        if trainer.control.agree(int(failed is not None), "max"):
             return run_files.start_failed(trainer.output_dir, failed, trainer.run.step)
         if info.is_main:
             print(run_files.summary(prep, info, trainer.model, trainer.run), flush=True)

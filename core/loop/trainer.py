@@ -91,7 +91,7 @@ class Trainer:
         if self.rc.precision_chain:  # every rank must have made the same choice
             names = [ch.component.name for ch in self.rc.precision_chain]
             mine = names.index(self.rc.slots["precision"].component.name)
-            hi, neg_lo = self.control.max([mine, -mine])
+            hi, neg_lo = self.control.agree([mine, -mine], "max")  # the largest and the smallest choice, in one collective
             if hi != -neg_lo:
                 raise RuntimeError(f"ranks chose different precisions from {names}: devices differ between ranks")
 
@@ -122,7 +122,7 @@ class Trainer:
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
         reason, end_detail = policy.COMPLETED, ""
-        if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
+        if self.control.agree(int(run.stop is not None), "max"):  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
             run.total_steps = run.step
         last = time.perf_counter()
@@ -180,7 +180,7 @@ class Trainer:
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()
             verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=float(grad_norm))
             # every rank acts on the strongest verdict of any rank's monitors (one may decide, or fail, alone)
-            verdict = self.control.max([2 if "rollback" in verdicts else int("skip" in verdicts)])[0]
+            verdict = self.control.agree(2 if "rollback" in verdicts else int("skip" in verdicts), "max")
             if verdict == 2 and self.checkpointer.roll_back():
                 return None, grad_norm
             if verdict:
@@ -272,7 +272,7 @@ class Trainer:
             diverged=int(diverged),
             exit_code=run.stop.exit_code if run.stop is not None else 0,
         )
-        return policy.Agreed.from_list(self.control.max(mine.as_list()))
+        return policy.Agreed.from_list(self.control.agree(mine.as_list(), "max"))
 
     def follow_stop(self, reason: str, agreed: policy.Agreed, worst: int) -> str:
         """Make ``run.stop`` say why on every rank (another rank's request is followed, exit code included)."""
@@ -287,7 +287,7 @@ class Trainer:
                 exit_code=EXIT_NONFINITE,
             )
         elif reason == policy.REQUESTED:  # once, as the run stops: the reason of the first rank that asked
-            whys = self.control.gather_objects(run.stop.reason if run.stop is not None else None)
+            whys = self.control.agree(run.stop.reason if run.stop is not None else None, "all")
             if run.stop is None:
                 by = next(r for r, why in enumerate(whys) if why is not None)
                 run.request_stop(f"requested by rank {by}: {whys[by]}", checkpoint=not agreed.stop_without_checkpoint, exit_code=agreed.exit_code)

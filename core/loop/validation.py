@@ -61,7 +61,7 @@ def _mean_loss(trainer, loader, batches: int, what: str) -> float:
             batch = None
         # A pre-emption's grace (30 s under torchrun, SLURM, Kubernetes) must not go to a long pass:
         # the ranks agree before each batch (a sharded forward has collectives) and leave together.
-        signal, ended = trainer.control.max([int(trainer.signals.received is not None), int(batch is None)])
+        signal, ended = trainer.control.agree([int(trainer.signals.received is not None), int(batch is None)], "max")
         if signal:
             raise Interrupted
         if ended:
