@@ -182,7 +182,7 @@ def test_a_third_party_seq_len_schedule_is_checked():
     """Any monitor may state the schedule; the core holds what it returns to the hook's contract."""
     from core.api import PluginError, hookimpl
     from core.config.registry import plugin_manager
-    from core.contract.members import register_monitor
+    from core.contract.hookspecs import register_monitor
     from core.preflight.prepare import seq_len_schedule
 
     class Schedule:

@@ -10,8 +10,7 @@ from conftest import REPO, read_metrics, run_module
 
 from core.config.registry import plugin_manager
 from core.contract.errors import PluginError
-from core.contract.hookspecs import hookimpl
-from core.contract.members import register_monitor
+from core.contract.hookspecs import hookimpl, register_monitor
 
 SEAMS = REPO / "tests" / "seams"
 

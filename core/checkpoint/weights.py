@@ -16,6 +16,7 @@ import torch
 
 import core.checkpoint.folders  # noqa: F401  (its warning filter: DCP on one process, without a process group, is intended here)
 from core.contract.errors import CheckpointError
+from core.contract.members import member
 from core.runtime.materialize import materialize
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -198,7 +199,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module, shapes_only: boo
         hf: dict[str, torch.Tensor] = {}
         for name in files:
             hf.update(read(str(path / name)))
-        to_plait = getattr(spec, "from_hf_state_dict", None)
+        to_plait = member("model", spec, "from_hf_state_dict")
         if to_plait is None:
             raise CheckpointError(f"{path}: the model spec cannot read Hugging Face weights")
         try:

@@ -51,9 +51,9 @@ class TokenizerSpec:
 def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     """The data source's ``tokenizer()`` as ``state.json`` records it: ``{"spec", "eos_id", "fingerprint"}``
     with the file's absolute path; None when it declares none (or returns None)."""
-    from core.contract.members import optional, returned  # here: the data preparation CLI reads tokenizer files without torch
+    from core.contract.members import member, returned  # here: the data preparation CLI reads tokenizer files without torch
 
-    fn = optional(data, "tokenizer")
+    fn = member("data", data, "tokenizer")
     answer = fn() if fn is not None else None
     if answer is None:
         return None

@@ -1,7 +1,7 @@
 """Calling the monitors' run-event hooks, and checking a monitor before the run starts.
 
 Monitors are pluggy plugins whose ``@hookimpl`` methods implement the run
-events of :mod:`core.contract.hookspecs`. :func:`register_monitor` holds each one to
+events of :mod:`core.contract.hookspecs`. :func:`core.contract.hookspecs.register_monitor` holds each one to
 that contract before anything expensive happens: every ``plait_*`` method is
 a known run-event hook, carries ``@hookimpl``, asks only for arguments the
 hook passes, and is a plain call (run events are notifications; a
@@ -14,8 +14,7 @@ from typing import Any
 
 from core.config.registry import plugin_manager
 from core.contract import log
-from core.contract.hookspecs import RUN_EVENT_HOOKS
-from core.contract.members import register_monitor
+from core.contract.hookspecs import RUN_EVENT_HOOKS, register_monitor
 from core.data.indexed import check_replacement_batch
 from core.runtime import watchdog
 from core.runtime.monitor_reductions import reduce_monitor_values

@@ -24,6 +24,7 @@ from core.checkpoint.finite import NonFiniteState
 from core.contract import log
 from core.contract import metrics as core_metrics
 from core.contract.errors import EXIT_BAD_INPUT, PlaitError
+from core.contract.members import member
 from core.contract.protocols import DistInfo, data_fingerprint, loader_consumed_samples, precision_log_step
 from core.data.prefetch import PrefetchingLoader, prefetching
 from core.data.step_batches import StepBatches
@@ -197,7 +198,7 @@ class Trainer:
             "the model's metrics": core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
             "epoch": core_metrics.epoch(self.c["data"], self.run.tokens_seen),
         }
-        data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract.members)
+        data_metrics = member("data", self.c["data"], "metrics")
         if data_metrics is not None:
             extra["the data source's metrics()"] = data_metrics(loader_consumed_samples(self.loader.state_dict()) or 0)
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)

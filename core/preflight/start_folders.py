@@ -22,7 +22,7 @@ from core.checkpoint.folders import STATE_FILE, check_fits, check_shapes, find_r
 from core.checkpoint.resume import check_stream_world
 from core.checkpoint.retention import after_divergence
 from core.contract.errors import CheckpointError
-from core.contract.members import optional
+from core.contract.members import member
 from core.preflight.plugin_checks import call_plugin
 from core.runtime.disk import check_room, checkpoint_bytes, kept_at_once
 from core.runtime.made_folders import made_by_this_start, probe_folder, remove_created
@@ -63,11 +63,11 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     ckpt = rc.sections["checkpoint"]
     prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
-        size = checkpoint_bytes(model_meta, optional(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
+        size = checkpoint_bytes(model_meta, member("optimizer", components["optimizer"], "state_bytes_per_param"))
         check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
     if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
         warn(line)  # rank 0; core.plan says it too
-    check_resume = getattr(components["data"], "check_resume", None)
+    check_resume = member("data", components["data"], "check_resume")
     if prep.resume_from is not None and "data" not in ckpt.exclude_from_loading:
         state = json.loads((prep.resume_from / STATE_FILE).read_text())
         if check_resume is not None:
