@@ -1,12 +1,15 @@
-"""What a run is made of: the core's own sections, and one section per slot.
+"""What a run is made of, declared once: the core's own sections, and the keys it keeps in slot sections.
 
-A run's TOML has the core sections ``[train]`` and ``[monitors]`` and one
-section per slot (``[model]``, ``[parallelism]``, ``[precision]``, ``[data]``,
-``[optimizer]``, ``[lr_schedule]``). A slot section names its plugin with
-``name`` and otherwise belongs to that plugin: its keys are the plugin's
-options. The core keeps a few keys of its own in slot sections (listed in
-:data:`SLOT_CORE_KEYS`). Monitors are listed in ``monitors.enabled`` and each
-takes its options from ``[monitors.<name>]``.
+A run's TOML has the core sections ``[train]`` (:class:`TrainOptions`), ``[checkpoint]``
+(:class:`CheckpointOptions`), ``[validation]`` (:class:`ValidationOptions`), ``[monitors]``
+(:class:`MonitorsOptions`) and ``[budget]`` (:class:`BudgetOptions`), all in
+:data:`CORE_SECTION_OPTIONS`, and one section per slot (``[model]``, ``[parallelism]``,
+``[precision]``, ``[data]``, ``[optimizer]``, ``[lr_schedule]``). A slot section names its plugin
+with ``name`` and otherwise belongs to that plugin: its keys are the plugin's options. The core
+keeps a few keys of its own in slot sections (:data:`SLOT_CORE_KEYS`, :data:`PRECISION_CHAIN_DOC`);
+:func:`clash` refuses a plugin that would take one. Monitors are listed in ``monitors.enabled`` and
+each takes its options from ``[monitors.<name>]``. :mod:`core.config.run_config` resolves a config
+against these declarations.
 """
 
 from __future__ import annotations
