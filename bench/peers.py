@@ -267,8 +267,7 @@ def plait_trainer(a, total_steps: int):
 
 
 def worker_plait(a, s):
-    from core.contract.hookspecs import hookimpl
-    from core.loop.monitor_hub import register_monitor
+    from core.contract.hookspecs import hookimpl, register_monitor
 
     trainer = plait_trainer(a, a.warmup + a.steps)
     ends: list[float] = []

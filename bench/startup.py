@@ -38,7 +38,7 @@ def child() -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401
 
-    from core.contract import registry
+    from core.config import registry
     from core.contract.protocols import DistInfo
     from core.loop.trainer import Trainer
     from core.preflight.prepare import prepare

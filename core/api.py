@@ -28,6 +28,17 @@ What this module holds, by group:
   :func:`checked_sample` give deterministic samples; :func:`ignore_stop_signals`,
   :func:`shut_down_at_exit` and :func:`worker_context` are for loaders with worker processes; :func:`replace_durable`
   replaces a small file atomically and fsyncs it (state a monitor must not lose to a crash).
+  :func:`build_component` builds a component of any slot from a table of its options, checked as a
+  slot section's are (for plugins made of plugins, such as a mixture's sources).
+* **Tokenizers**: :class:`Tokenizer` turns text into ids (``bytes``, ``hf:PATH``, ``tiktoken:PATH``), as
+  data preparation, ``text_stream`` and ``core.generate`` do; :func:`need` imports an optional library
+  or says in one line what needs it. :data:`TOKENIZER_KINDS` are the kinds a :class:`TokenizerSpec` may have;
+  :func:`read_tokenizer_file` reads one with the size limit a checkpoint's record gets, and
+  :func:`tokenizer_fingerprint` is its sha256 as ``meta.json`` and ``state.json`` record it.
+* **Metric rows**: :func:`strict_row` makes a row strict JSON (a NaN or infinity as null, named in
+  its ``not_finite`` object) and :func:`restore_not_finite` puts those values back.
+* **Command-line tools**: :class:`ArgumentParser` (no abbreviations, a mistake is one line and exit
+  code 2) and :func:`exit_bad_input` (print a :class:`PlaitError` as plait's one line, exit 2).
 * **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
   without materializing all logits); a model module's ``step_metrics(reduce)`` receives
   ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules); a
@@ -56,44 +67,113 @@ Where the answers are:
 * every member the core reads from each slot's object, with the default when an optional one is
   absent: :data:`CONTRACT` (``python -m core.plugins --contract``).
 
-Everything here is a re-export; the definitions stay in their modules.
+Everything here is a re-export; the definitions stay in their modules. Importing this module does
+not import torch: the names whose modules need it are imported when first used, so a command-line
+tool of a plugin (``python -m plugins.data.prepare``) starts without torch.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
+import typing as _typing
+
 from core.contract import hookspecs, log
-from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest
+from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest, exit_bad_input
 from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
-from core.contract.losses import chunked_cross_entropy, output_cross_entropy
-from core.contract.members import CONTRACT
-from core.contract.metrics import reduce_parts
+from core.contract.json_rows import restore_not_finite, strict_row
 from core.contract.options import NoOptions, option
-from core.contract.param_groups import OptimizerOptions
-from core.contract.protocols import (
-    SLOTS,
-    DataLoaderLike,
-    DataSource,
-    DistInfo,
-    LoaderSpec,
-    LRSchedule,
-    ModelSpec,
-    Monitor,
-    OptimizerBuilder,
-    Parallelism,
-    Precision,
-    data_fingerprint,
-    data_has_split,
-    data_parts,
-    data_tokens_per_epoch,
-    high_precision_modules,
-)
-from core.contract.registry import Registry
-from core.contract.run import Run
-from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
-from core.data.tokenizer_spec import TokenizerSpec, declared_tokenizer
-from core.data.worker_start import worker_context
-from core.runtime.durable_io import replace_durable
-from core.runtime.monitor_reductions import Reduced
+from core.data.text_tokenizer import Tokenizer, need
+from core.data.tokenizer_spec import TOKENIZER_KINDS, TokenizerSpec, declared_tokenizer, read_tokenizer_file, tokenizer_fingerprint
+
+if _typing.TYPE_CHECKING:
+    from core.config.registry import Registry
+    from core.config.run_config import build_component
+    from core.contract.losses import chunked_cross_entropy, output_cross_entropy
+    from core.contract.members import CONTRACT
+    from core.contract.metrics import reduce_parts
+    from core.contract.param_groups import OptimizerOptions
+    from core.contract.protocols import (
+        SLOT_PROTOCOLS,
+        SLOTS,
+        DataLoaderLike,
+        DataSource,
+        DistInfo,
+        LoaderSpec,
+        LRSchedule,
+        ModelSpec,
+        Monitor,
+        OptimizerBuilder,
+        Parallelism,
+        Precision,
+        data_fingerprint,
+        data_has_split,
+        data_parts,
+        data_tokens_per_epoch,
+        high_precision_modules,
+    )
+    from core.contract.run import Run
+    from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+    from core.data.worker_start import worker_context
+    from core.runtime.durable_io import replace_durable
+    from core.runtime.monitor_reductions import Reduced
+
+# The exports whose modules import torch, by module: imported on first use (module __getattr__).
+_ON_FIRST_USE: dict[str, tuple[str, ...]] = {
+    "core.config.registry": ("Registry",),
+    "core.config.run_config": ("build_component",),
+    "core.contract.losses": ("chunked_cross_entropy", "output_cross_entropy"),
+    "core.contract.members": ("CONTRACT",),
+    "core.contract.metrics": ("reduce_parts",),
+    "core.contract.param_groups": ("OptimizerOptions",),
+    "core.contract.protocols": (
+        "SLOTS",
+        "SLOT_PROTOCOLS",
+        "DataLoaderLike",
+        "DataSource",
+        "DistInfo",
+        "LoaderSpec",
+        "LRSchedule",
+        "ModelSpec",
+        "Monitor",
+        "OptimizerBuilder",
+        "Parallelism",
+        "Precision",
+        "data_fingerprint",
+        "data_has_split",
+        "data_parts",
+        "data_tokens_per_epoch",
+        "high_precision_modules",
+    ),
+    "core.contract.run": ("Run",),
+    "core.data.indexed": (
+        "DataExhausted",
+        "IndexedLoader",
+        "IndexedSource",
+        "checked_sample",
+        "ignore_stop_signals",
+        "mix_seed",
+        "permute",
+        "shut_down_at_exit",
+    ),
+    "core.data.worker_start": ("worker_context",),
+    "core.runtime.durable_io": ("replace_durable",),
+    "core.runtime.monitor_reductions": ("Reduced",),
+}
+_MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'core.api' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE_OF))
+
 
 __all__ = [
     # hooks
@@ -139,6 +219,19 @@ __all__ = [
     "shut_down_at_exit",
     "worker_context",
     "replace_durable",
+    "build_component",
+    # tokenizer files
+    "TOKENIZER_KINDS",
+    "Tokenizer",
+    "need",
+    "read_tokenizer_file",
+    "tokenizer_fingerprint",
+    # metric rows
+    "strict_row",
+    "restore_not_finite",
+    # command-line tools
+    "ArgumentParser",
+    "exit_bad_input",
     # model helpers
     "chunked_cross_entropy",
     "output_cross_entropy",
@@ -153,14 +246,3 @@ __all__ = [
     # logging
     "log",
 ]
-
-# Which protocol each slot's object satisfies (the monitor slot's is hook methods, not members).
-SLOT_PROTOCOLS: dict[str, type] = {
-    "model": ModelSpec,
-    "parallelism": Parallelism,
-    "precision": Precision,
-    "data": DataSource,
-    "optimizer": OptimizerBuilder,
-    "lr_schedule": LRSchedule,
-    "monitor": Monitor,
-}

@@ -18,7 +18,7 @@ from conftest import run_module, write_tiny_config
 from core.checkpoint import resume
 from core.checkpoint.architecture import RESOLVED, differences, run_architecture, saved_model_section
 from core.checkpoint.checkpointer import CheckpointDir
-from core.checkpoint.folders import CheckpointOptions
+from core.config.sections import CheckpointOptions
 from core.contract.errors import ConfigError, PluginError
 from core.contract.members import check_component
 from core.contract.protocols import DistInfo

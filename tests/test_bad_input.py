@@ -225,7 +225,7 @@ def test_output_folder_that_is_a_file(tiny_config, tmp_path, capsys):
 
 def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
     from core.cli import plan
-    from core.preflight.start_folders import probe_folder
+    from core.runtime.made_folders import probe_folder
 
     (tmp_path / "keep").mkdir()
     out = tmp_path / "keep" / "a" / "b"
@@ -288,7 +288,7 @@ def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_
 
 def test_an_unbounded_float_must_still_be_finite():
     """Once said "must be , got inf" (the case was llama3's norm_eps, whose bound is declared now)."""
-    from core.config.option_values import check_value
+    from core.contract.option_values import check_value
 
     assert check_value("x", float("inf"), {}) == "x: must be a finite number, got inf"
 
@@ -501,8 +501,8 @@ def test_text_stream_parquet_column_checked(tmp_path):
     ],
 )
 def test_text_stream_negative_counts(table, expected):
-    from core.config.option_values import build_options
     from core.contract.errors import ConfigError
+    from core.contract.option_values import build_options
     from plugins.data.text_stream import TextStreamOptions
 
     with pytest.raises(ConfigError, match=expected):

@@ -10,8 +10,8 @@ from typing import Literal
 import pytest
 
 from core.config import files as config
-from core.config.option_values import build_options
 from core.contract.errors import ConfigError
+from core.contract.option_values import build_options
 from core.contract.options import describe, option
 
 
@@ -231,8 +231,8 @@ def test_output_folders_starting_with_a_tilde_are_in_the_home_folder(tiny_config
     assert main(["--config", str(tiny_config()), "--train.output_dir=~/runs/x", "--checkpoint.dir=~/ckpts", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["output_dir"] == str(tmp_path / "home" / "runs" / "x")
-    from core.checkpoint.folders import CheckpointOptions
-    from core.config.option_values import build_options
+    from core.config.sections import CheckpointOptions
+    from core.contract.option_values import build_options
 
     assert build_options(CheckpointOptions, {"dir": "~/ckpts"}, "[checkpoint]").dir == str(tmp_path / "home" / "ckpts")
     assert not (tmp_path / "~").exists()

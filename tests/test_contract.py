@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from core.config.registry import load
 from core.contract.errors import PluginError
 from core.contract.members import CONTRACT, check_component, describe_contract
-from core.contract.registry import load
 
 
 class Spec:
@@ -63,7 +63,7 @@ NEEDS = {  # components whose defaults need input
 
 
 def test_every_builtin_component_meets_the_contract():
-    from core.config.option_values import build_options
+    from core.contract.option_values import build_options
 
     registry = load()
     checked = 0
@@ -182,3 +182,23 @@ def test_plugins_listing_names_the_optional_members_each_component_provides():
     assert "to_hf_state_dict, from_hf_state_dict, hf_config" in block(model, "llama3")
     assert block(par, "ddp").endswith("optional: shards_parameters, wraps_before_compile")
     assert "optional:" not in render("lr_schedule").split("  warmup_cosine  -- ")[1]  # the slot has no optional member
+
+
+def test_a_member_reads_as_declared_with_its_default():
+    """member() is the one reader: an optional value absent, or set to None, reads as its declared
+    default; one that is set reads as itself; a name the declaration lacks is never looked up."""
+    from types import SimpleNamespace
+
+    from core.contract.members import MADE, member
+
+    declared = {m.name: m.default for m in CONTRACT["parallelism"] + CONTRACT["optimizer"] + CONTRACT["data"]}
+    assert declared["shards_parameters"] is False and declared["state_bytes_per_param"] == 8 and declared["samples_before_loader"] is True
+    assert member("parallelism", SimpleNamespace(), "shards_parameters") is False
+    assert member("parallelism", SimpleNamespace(shards_parameters=None), "shards_parameters") is False
+    assert member("parallelism", SimpleNamespace(shards_parameters=True), "shards_parameters") is True
+    assert member("optimizer", SimpleNamespace(), "state_bytes_per_param") == 8
+    assert member("data", SimpleNamespace(), "samples_before_loader") is True
+    assert member("data", SimpleNamespace(), "check_resume") is None
+    assert member("loader", SimpleNamespace(may_end=True), "may_end") is True and {m.name for m in MADE["loader"]} >= {"may_end", "per_rank_state"}
+    with pytest.raises(KeyError):
+        member("data", SimpleNamespace(shards_parameters=True), "shards_parameters")  # declared for parallelism, not data

@@ -181,8 +181,8 @@ def test_seq_len_stages_keep_tokens_per_step(tiny_config, tmp_path):
 def test_a_third_party_seq_len_schedule_is_checked():
     """Any monitor may state the schedule; the core holds what it returns to the hook's contract."""
     from core.api import PluginError, hookimpl
-    from core.contract.registry import plugin_manager
-    from core.loop.monitor_hub import register_monitor
+    from core.config.registry import plugin_manager
+    from core.contract.hookspecs import register_monitor
     from core.preflight.prepare import seq_len_schedule
 
     class Schedule:

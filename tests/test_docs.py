@@ -95,7 +95,7 @@ def test_every_core_option_has_a_type_a_default_and_a_doc():
 
 
 def test_checkpoints_md_table_is_the_checkpoint_options():
-    from core.checkpoint.folders import CheckpointOptions
+    from core.config.sections import CheckpointOptions
 
     defaults, seen = defaults_of(CheckpointOptions), set()
     for row in table_rows(text("docs/checkpoints.md"), "| key | default |"):
@@ -182,7 +182,7 @@ def test_architecture_md_lists_every_module():
 
 
 def test_readme_lists_every_built_in_plugin():
-    from core.contract import registry as registry_mod
+    from core.config import registry as registry_mod
     from core.contract.protocols import SLOTS
 
     rows = {row[0]: row[1] for row in table_rows(text("README.md"), "| slot | plugins |")}
@@ -200,8 +200,8 @@ def test_every_section_key_the_docs_name_is_an_option():
     """``train.steps``, ``checkpoint.keep_best``, ``data.path``, ``monitors.spikes.window``... anywhere in
     README.md and docs/*.md: each is an option of that core section, of some plugin of that slot, or of
     that monitor (the example plugin's components count: the docs walk through them)."""
+    from core.config import registry as registry_mod
     from core.config.sections import CORE_SECTION_OPTIONS, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
-    from core.contract import registry as registry_mod
     from core.contract.options import describe
 
     reg = registry_mod.load()
@@ -247,8 +247,8 @@ def test_every_file_and_test_the_docs_name_exists():
 def test_configuration_md_lists_the_path_options():
     """The options resolved against their config file's folder (``option(..., path=True)``) are the ones
     configuration.md's "Paths" names."""
+    from core.config import registry as registry_mod
     from core.config.sections import CORE_SECTION_OPTIONS, SLOT_SECTIONS
-    from core.contract import registry as registry_mod
     from core.contract.protocols import SLOTS
 
     paths = {f"{s}.{f.name}" for s, cls in CORE_SECTION_OPTIONS.items() for f in dataclasses.fields(cls) if f.metadata.get("path")}

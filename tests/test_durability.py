@@ -551,7 +551,7 @@ def test_a_full_disk_while_writing_exit_status_leaves_the_old_file_whole(tmp_pat
     old = {"exit_code": 0, "reason": "completed", "step": 8, "detail": ""}
     (tmp_path / "exit_status.json").write_text(json.dumps(old) + "\n")
     code = (
-        "import sys; from pathlib import Path; from core.checkpoint.run_files import write_exit_status; "
+        "import sys; from pathlib import Path; from core.preflight.run_files import write_exit_status; "
         f"write_exit_status(Path({str(tmp_path)!r}), 74, 'save_failed', 9, 'x' * 4096, strict=False)"
     )
 

@@ -138,3 +138,25 @@ def test_documented_command_help(name):
     assert proc.stdout.startswith(f"usage: python -m core.{name}"), proc.stdout[:200]
     unknown = {flag: where for flag, where in documented_flags(name).items() if not re.search(rf"{flag}\b", proc.stdout)}
     assert not unknown, f"the docs give python -m core.{name} flags it does not have: {unknown}"
+
+
+def test_imports_run_one_way_as_the_import_contracts_say():
+    """``lint-imports`` (import-linter, pyproject.toml's [tool.importlinter]): core's packages import only
+    the layers below them, plugins/ and model_specs/ import core.api alone, and no two packages
+    import each other."""
+    import sys
+    from pathlib import Path
+
+    lint = Path(sys.executable).parent / "lint-imports"
+    assert lint.is_file(), f"{lint}: import-linter is in the dev extra (pip install -e '.[dev]')"
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"Contracts: 3 kept, 0 broken\.", proc.stdout), proc.stdout[-2000:]
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    readme = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("python3 -m venv") and "pytest" in line]
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("python3 -m venv")]
+    assert len(readme) == 1 and len(ci) == 1, (readme, ci)
+    assert ci[0].replace("pip install -q ", "pip install ") == readme[0]
+    assert "&& .venv/bin/lint-imports &&" in readme[0]

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from core.config.option_values import build_options
+from core.config.registry import Registry
 from core.contract.errors import ConfigError
+from core.contract.option_values import build_options
 from core.contract.protocols import ModelSpec
-from core.contract.registry import Registry
 from model_specs.llama3 import FLAVORS, Llama3Options, Llama3Spec, plait_register
 from model_specs.llama3.model import Transformer, rope_tables
 

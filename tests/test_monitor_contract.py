@@ -8,10 +8,9 @@ import os
 import pytest
 from conftest import REPO, read_metrics, run_module
 
+from core.config.registry import plugin_manager
 from core.contract.errors import PluginError
-from core.contract.hookspecs import hookimpl
-from core.contract.registry import plugin_manager
-from core.loop.monitor_hub import register_monitor
+from core.contract.hookspecs import hookimpl, register_monitor
 
 SEAMS = REPO / "tests" / "seams"
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from core.api import restore_not_finite
+from core.config.registry import Registry, plugin_manager
 from core.contract.protocols import DistInfo
-from core.contract.registry import Registry, plugin_manager
 from core.contract.run import Run
 from plugins.monitors.console import Console, ConsoleOptions
-from plugins.monitors.jsonl import Jsonl, JsonlOptions, restore_not_finite
+from plugins.monitors.jsonl import Jsonl, JsonlOptions
 
 
 def make_run(out: Path, step: int = 0, rank: int = 0, world_size: int = 1, total: int = 1000) -> Run:
@@ -299,8 +300,8 @@ def test_console_user_template(tmp_path, capsys):
     ],
 )
 def test_console_bad_template_is_one_line(template, expected):
-    from core.config.option_values import build_options
     from core.contract.errors import ConfigError
+    from core.contract.option_values import build_options
 
     with pytest.raises(ConfigError) as err:
         build_options(ConsoleOptions, {"format": template}, "[monitors.console]")

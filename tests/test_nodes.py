@@ -171,7 +171,7 @@ def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):
     its own traceback and exit_status.json detail."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from core.runtime.lost_peer import PeerLost, explain
+    from core.loop.lost_peer import PeerLost, explain
 
     (tmp_path / "step_000000004").mkdir()
     (tmp_path / "step_000000004" / "COMMITTED").write_text("{}")

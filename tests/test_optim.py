@@ -16,8 +16,8 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     import torch
     from conftest import REPO
 
-    from core.config.option_values import build_options
-    from core.contract import registry
+    from core.config import registry
+    from core.contract.option_values import build_options
     from core.contract.param_groups import param_groups
     from model_specs.llama3.spec import Llama3Spec
     from plugins.data.token_bin import TokenBin, TokenBinOptions

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core.config.option_values import build_options
-from core.contract import registry as registry_mod
+from core.config import registry as registry_mod
 from core.contract.errors import ConfigError, DataError, PlaitError, PluginError
+from core.contract.option_values import build_options
 from core.contract.options import option
 from core.contract.protocols import LoaderSpec
 from core.data.indexed import IndexedSource
@@ -371,8 +371,10 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
 
     import torch
 
+    from core.config.sections import ValidationOptions
     from core.contract.protocols import DistInfo
-    from core.loop.validation import ValidationOptions, evaluate
+    from core.loop.validation import evaluate
+    from core.runtime import distributed
 
     class Loss(torch.nn.Module):
         def forward(self, ids, labels):
@@ -390,7 +392,7 @@ def test_a_validation_loader_that_ends_early_is_averaged_or_named(capsys):
         return SimpleNamespace(
             train_model=Loss(),
             dist=DistInfo(),
-            control=SimpleNamespace(max=lambda values: list(values)),  # one rank: the agreement is its own
+            control=distributed.ControlPlane(DistInfo()),  # one rank: the agreement is its own
             run=SimpleNamespace(step=10),
             c={"precision": SimpleNamespace(autocast=lambda device: contextlib.nullcontext()), "data": Source(n)},
             rc=SimpleNamespace(slots={"data": SimpleNamespace(component=SimpleNamespace(name="mine"))}),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import run_module, torchrun, write_tiny_config
 
-from core.contract import registry as registry_mod
+from core.config import registry as registry_mod
 from core.contract.errors import PluginError
 from core.contract.options import option
 

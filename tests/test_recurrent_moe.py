@@ -148,8 +148,8 @@ def test_stop_actions_are_never_held_back():
 
 
 def test_monitor_options_are_bounded():
-    from core.config.option_values import build_options
     from core.contract.errors import ConfigError
+    from core.contract.option_values import build_options
 
     for key, bad, expected in (
         ("router_entropy", -0.1, "must be >= 0"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from core.contract import registry as registry_mod
+from core.config import registry as registry_mod
 from core.contract.errors import ConfigError, PluginError
 from core.contract.options import option
 from core.contract.protocols import SLOTS

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from core.config.option_values import build_options
 from core.contract.errors import ConfigError
+from core.contract.option_values import build_options
 from plugins.schedules.schedules import (
     Constant,
     ConstantOptions,
@@ -94,7 +94,7 @@ def test_options_from_toml_and_constant_check():
 
 def test_registered():
     import plugins.schedules as mod
-    from core.contract.registry import Registry
+    from core.config.registry import Registry
 
     registry = Registry()
     mod.plait_register(registry=registry)

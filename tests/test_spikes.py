@@ -170,9 +170,8 @@ def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
     import torch
     from conftest import write_tiny_config
 
-    from core.contract.hookspecs import hookimpl
+    from core.contract.hookspecs import hookimpl, register_monitor
     from core.contract.protocols import DistInfo
-    from core.loop.monitor_hub import register_monitor
     from core.loop.trainer import Trainer
     from core.preflight.prepare import prepare
 

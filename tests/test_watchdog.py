@@ -92,7 +92,7 @@ def test_a_hang_after_the_runs_end_is_recorded_ends_the_process_and_keeps_that_r
     process is ended with the line and the stacks, but the record is not turned into a ``stalled``
     that launchers would restart."""
     marks = steady_marks()
-    marks.recorded = "completed"  # core.runtime.watchdog.end_recorded, as core.checkpoint.run_files calls it
+    marks.recorded = "completed"  # core.runtime.watchdog.end_recorded, as core.preflight.run_files calls it
     marks.progress("after the run's end: destroying the process groups (destroy_process_group)")
     dog, ending = watch(marks)
     assert ending.done.wait(5 * TIMEOUT_S)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.contract.errors import ConfigError, PluginError
-from core.contract.members import optional
+from core.contract.members import member
 
 STATE_FILE = "state.json"  # core.checkpoint.folders.STATE_FILE (which imports this module)
 RESOLVED = "(resolved)"  # the key of the resolved values: no option's name (an identifier) is it
@@ -44,7 +44,7 @@ def run_architecture(spec: Any, name: str, section: dict[str, Any]) -> dict[str,
     """This run's model name and the values of its spec's ``architecture_options`` in ``section``
     (the resolved config's ``[model]``); None when the spec declares none. A declaration that is not
     a tuple of the names of its options is the plugin's error (PluginError)."""
-    names = optional(spec, "architecture_options")  # declared optional in core/contract/members.py
+    names = member("model", spec, "architecture_options")
     if names is None:
         return None
     where = f"model plugin {name!r}: architecture_options"
@@ -55,7 +55,7 @@ def run_architecture(spec: Any, name: str, section: dict[str, Any]) -> dict[str,
     if unknown:
         raise PluginError(f"{where} names {unknown[0]!r}, which is not one of its [model] options ({', '.join(options)})")
     architecture = {"name": name, **{n: _plain(section[n]) for n in names}}
-    resolved = optional(spec, "resolved_architecture")
+    resolved = member("model", spec, "resolved_architecture")
     if resolved is not None:
         architecture[RESOLVED] = _resolved(resolved(), f"model plugin {name!r}: resolved_architecture()")
     return architecture

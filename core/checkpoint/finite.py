@@ -1,11 +1,15 @@
-"""Whether a state dict about to be saved holds NaN or inf (:class:`core.loop.nonfinite.NonFiniteState`
-is raised from it): a checkpoint is only written from finite parameters and optimizer state."""
+"""Whether a state dict about to be saved holds NaN or inf (:class:`NonFiniteState` is raised from
+it): a checkpoint is only written from finite parameters and optimizer state."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+
+class NonFiniteState(RuntimeError):
+    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -24,16 +24,15 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from core.checkpoint import integrity
+from core.config.sections import CheckpointOptions
 from core.contract import log
 from core.contract.errors import CheckpointError, ConfigError
-from core.contract.options import option
 from core.runtime.small_files import read_json as read_small_json
 from core.runtime.small_files import read_text
 
@@ -41,7 +40,6 @@ COMMIT_MARKER = "COMMITTED"
 BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
 STATE_FILE = "state.json"
 CHECKPOINT_FORMAT = 1  # state.json's "format": raised when a change to the layout would mislead an older plait
-PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
 SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (core.checkpoint.retention)
 LINEAGE_FILE = "LINEAGE"  # the run (lineage id) that wrote this folder; written first, before any shard
 CURRENT_RUN_FILE = "CURRENT_RUN"  # the lineage of the run that last trained into this folder: resume = "auto" continues it
@@ -49,40 +47,6 @@ STEP_DIR = re.compile(r"step_\d{9}")  # step_dir()'s names; a user's step_000000
 EXIT_SAVE_FAILED = 74  # a save could not be written (disk full, I/O error); sysexits' EX_IOERR
 # A single process saving or loading without a process group is intended here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-
-@dataclass
-class CheckpointOptions:
-    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop", ge=0)
-    dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
-    async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
-    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all", ge=0)
-    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
-    exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
-    at_end: bool = option(True, "save when training completes")
-    on_stop: bool = option(True, "save when SIGTERM/SIGINT/SIGHUP or a monitor stops the run (unless the monitor says no)")
-    keep_best: int = option(
-        0,
-        "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
-        ge=0,
-    )
-    keep_lowest_loss: bool = option(
-        True,
-        "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
-    )
-    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
-    allow_foreign: bool = option(
-        False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned"
-    )
-
-    def check(self) -> None:
-        bad = [p for p in self.exclude_from_loading if p not in PARTS]
-        if bad:
-            raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
-        if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
-            raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
-        if self.dir.startswith("~"):  # the home folder, as in path options and train.output_dir
-            self.dir = os.path.expanduser(self.dir)
 
 
 class SaveFailed(Exception):

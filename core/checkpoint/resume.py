@@ -37,17 +37,13 @@ from core.checkpoint import integrity
 from core.checkpoint.folders import check_fits, read_json, read_manifest, verify, warn
 from core.checkpoint.rng import set_rng_state
 from core.contract.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError, DataError
+from core.runtime import distributed
 
 
 def agree(group: Any, error: str | None, bad_input: bool = False) -> str | None:
     """The first rank's error, on every rank (``None`` if all succeeded). An error a rank marked
     ``bad_input`` comes back as :class:`BadInput` (a ``str``), first among the ranks that had one."""
-    if group is None:
-        return BadInput(error) if error and bad_input else error
-    import torch.distributed as tdist
-
-    errors: list[tuple[str | None, bool]] = [(None, False)] * tdist.get_world_size(group)
-    tdist.all_gather_object(errors, (error, bad_input), group=group)
+    errors: list[tuple[str | None, bool]] = distributed.agree((error, bad_input), "all", group)
     first = next((e for e, bad in errors if e and bad), None)
     return BadInput(first) if first else next((e for e, _ in errors if e), None)
 
@@ -82,12 +78,7 @@ def first_sound(
     """The first candidate that every rank finds sound, and the ones after it, held to this run's
     model (``architecture``, :mod:`core.checkpoint.architecture`, and shapes). Rank 0's list is
     every rank's: it was made once rank 0 held the folder's lock (the others' may be older)."""
-    if ckpt.group is not None:
-        import torch.distributed as tdist
-
-        box = [[str(p) for p in candidates]]
-        tdist.broadcast_object_list(box, src=0, group=ckpt.group)
-        candidates = [Path(p) for p in box[0]]
+    candidates = [Path(p) for p in distributed.agree([str(p) for p in candidates], "root", ckpt.group)]
     for i, path in enumerate(candidates):
         error = None
         try:

@@ -48,6 +48,7 @@ from core.checkpoint.folders import (
 from core.checkpoint.tokenizer_copy import COPY_NAMES
 from core.contract import log
 from core.contract.errors import CheckpointError, ConfigError
+from core.runtime import distributed
 from core.runtime.durable_io import replace_durable, sync_dir, write_durable
 from core.runtime.small_files import read_json
 
@@ -82,13 +83,10 @@ class LossTally:
     def mean_and_reset(self) -> float | None:
         """The mean over every rank (a collective: every rank calls it); None if no step counted."""
         self.fold()
-        both = self.total.to("cpu", copy=True)
+        both = self.total.to("cpu", copy=True).tolist()
         self.total.zero_()
-        if self.group is not None:
-            import torch.distributed as tdist
-
-            tdist.all_reduce(both, group=self.group)
-        return float(both[0] / both[1]) if both[1] > 0 else None
+        total, count = distributed.agree(both, "sum", self.group)
+        return total / count if count > 0 else None
 
 
 def written_by_a_save(rel: Path) -> bool:

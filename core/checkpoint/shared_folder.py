@@ -43,34 +43,32 @@ def check_shared(where: Any, what: str) -> None:
     """End the run (exit code 2; one line from rank 0) unless every rank sees the file rank 0 wrote
     into its checkpoint folder. ``where``: a :class:`core.checkpoint.checkpoint_dir.CheckpointDir`
     (its root, its ranks, its gloo group); ``what``: how the config names the folder."""
-    import torch.distributed as tdist
-
     from core.checkpoint.resume import stop_every_rank
+    from core.runtime.distributed import agree
     from core.runtime.durable_io import write_durable
 
     root, dist = Path(where.root), where.dist
-    box: list[Any] = [None]
+    probe: Any = None
     if dist.is_main:
         name, token = f"{PROBE_PREFIX}{uuid.uuid4().hex}", f"{socket.gethostname()} {uuid.uuid4().hex}"
         try:
             write_durable(root / name, token)
-            box = [(name, token)]
+            probe = (name, token)
         except OSError as e:
-            box = [f"{type(e).__name__}: {e}"]
-    tdist.broadcast_object_list(box, src=0, group=where.group)
-    if isinstance(box[0], str):  # rank 0 could not write there: the first save would say so, rank by rank
+            probe = f"{type(e).__name__}: {e}"
+    probe = agree(probe, "root", where.group)
+    if isinstance(probe, str):  # rank 0 could not write there: the first save would say so, rank by rank
         return
-    name, token = box[0]
+    name, token = probe
     mine = (sees(root / name, token), socket.gethostname(), str(root))
-    everyone: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(everyone, mine, group=where.group)
+    everyone: list[Any] = agree(mine, "all", where.group)
     if dist.is_main:
         (root / name).unlink(missing_ok=True)
     blind = [(r, host, folder) for r, (seen, host, folder) in enumerate(everyone) if not seen]
     if not blind:
         return
     if not mine[0]:  # the folders this rank's start made on its own disk stay only if something is in them
-        from core.preflight.start_folders import remove_what_this_start_made
+        from core.runtime.made_folders import remove_what_this_start_made
 
         remove_what_this_start_made()
     host0 = everyone[0][1]

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-import core.checkpoint.checkpointer  # noqa: F401  (its warning filter)
+import core.checkpoint.folders  # noqa: F401  (its warning filter: DCP on one process, without a process group, is intended here)
 from core.contract.errors import CheckpointError
+from core.contract.members import member
 from core.runtime.materialize import materialize
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -25,8 +26,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def spec_from_config(config: dict[str, Any], where: str) -> Any:
     """The model spec that a resolved config's ``[model]`` section describes."""
-    from core.config.option_values import build_options
-    from core.contract import registry as registry_mod
+    from core.config import registry as registry_mod
+    from core.contract.option_values import build_options
 
     section = dict(config.get("model", {}))
     name = section.pop("name", None)
@@ -198,7 +199,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module, shapes_only: boo
         hf: dict[str, torch.Tensor] = {}
         for name in files:
             hf.update(read(str(path / name)))
-        to_plait = getattr(spec, "from_hf_state_dict", None)
+        to_plait = member("model", spec, "from_hf_state_dict")
         if to_plait is None:
             raise CheckpointError(f"{path}: the model spec cannot read Hugging Face weights")
         try:
@@ -215,7 +216,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module, shapes_only: boo
 
 def hf_index_files(index: Path) -> list[str]:
     """The shard files that ``model.safetensors.index.json`` names, each a plain file of its folder."""
-    from core.config.option_values import escapes
+    from core.contract.option_values import escapes
 
     try:
         weight_map = json.loads(index.read_text())["weight_map"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from core.contract import log
 from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
-from core.contract.members import optional
+from core.contract.members import member
 
 PLAIT_FILE = "plait.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from core.checkpoint.weights import checkpoint_model, save_hf, save_safetensors
         from core.cli.staged_output import staged
-        from core.preflight.start_folders import probe_folder
+        from core.runtime.made_folders import probe_folder
 
         refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         sd = model.state_dict()
         dtype = DTYPES[args.dtype] if args.dtype else None
         if args.format == "hf":
-            lacking = [m for m in ("to_hf_state_dict", "hf_config") if optional(spec, m) is None]
+            lacking = [m for m in ("to_hf_state_dict", "hf_config") if member("model", spec, m) is None]
             if lacking:  # optional members of the model spec (core/contract/members.py); hf export needs both
                 raise CheckpointError(
                     f"model {config['model']['name']!r} does not support hf export: its spec lacks {' and '.join(lacking)} (core/contract/members.py); use --format safetensors"
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 paths = save_hf(spec, sd, out, dtype, int(args.shard_gb * 1e9), extra_config=ids)
                 if codec is not None:
                     paths.append(write_json(out / GENERATION_CONFIG, generation_config(codec, spec.vocab_size)))
-            tok_paths, tok_spec = write_tokenizer_files(codec, out, args.format, getattr(spec, "max_seq_len", None))
+            tok_paths, tok_spec = write_tokenizer_files(codec, out, args.format, member("model", spec, "max_seq_len"))
             paths += tok_paths
             record = {"model": config["model"], "tokenizer": tok_spec, "eos_id": codec.eos_id if codec is not None else None}
             paths.append(write_json(out / PLAIT_FILE, record))

@@ -26,6 +26,7 @@ import torch
 from core.cli.export import PLAIT_FILE  # next to exported weights: the model section and the tokenizer
 from core.cli.text_codec import Codec, TokenizerRecord, check_against_recorded, recorded_tokenizer, resolve
 from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, exit_bad_input
+from core.contract.members import member
 
 
 @dataclass
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             model,
             ids,
             args.max_new_tokens,
-            max_seq_len=getattr(spec, "max_seq_len", None),  # optional (core/contract/members.py)
+            max_seq_len=member("model", spec, "max_seq_len"),
             temperature=args.temperature,
             top_k=args.top_k,
             seed=args.seed,

@@ -18,7 +18,7 @@ def lr_values(prep) -> list[float]:
 
 def check_plot_path(path: str) -> None:
     """``--plot-lr PATH`` can be drawn: matplotlib is installed, knows the suffix, and the folder takes a file."""
-    from core.preflight.start_folders import probe_folder
+    from core.runtime.made_folders import probe_folder
 
     try:
         from matplotlib.backend_bases import FigureCanvasBase

@@ -37,7 +37,7 @@ from core.cli.plan_eta import add_time_and_money
 from core.cli.plan_render import render
 from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
-from core.contract.members import optional
+from core.contract.members import member
 from core.runtime.disk import checkpoint_bytes
 
 GiB = 2**30
@@ -45,7 +45,7 @@ GiB = 2**30
 
 def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
     """(total, non-embedding) parameters of ``model`` (on the meta device); tied weights count once."""
-    counts = getattr(spec, "param_counts", None)
+    counts = member("model", spec, "param_counts")
     if counts is not None:
         return tuple(counts())  # type: ignore[return-value]
     unique = {id(p): p for p in model.parameters()}
@@ -61,10 +61,10 @@ def make_plan(prep) -> dict[str, Any]:
     assert meta is not None  # prepare() builds it for its checks
     total, non_emb = count_params(spec, meta)
     world = prep.world_size
-    shards = getattr(c["parallelism"], "shards_parameters", False)
+    shards = member("parallelism", c["parallelism"], "shards_parameters")
     shard = world if shards else 1
     act_bytes_per_el = 4 if c["precision"].param_dtype is None else 2
-    opt_bytes = optional(c["optimizer"], "state_bytes_per_param", 8)
+    opt_bytes = member("optimizer", c["optimizer"], "state_bytes_per_param")
     mem = {
         "weights_gib": total * 4 / shard / GiB,
         "grads_gib": total * 4 / shard / GiB,

@@ -29,7 +29,7 @@ def render_options(cls, indent: str) -> list[str]:
 def optional_line(comp, indent: str) -> list[str]:
     """Which optional members of its slot (core/contract/members.py) the component provides, read from an
     object its factory builds with the default options; said so when that cannot be built here."""
-    from core.contract.members import CONTRACT, optional_provided
+    from core.contract.members import CONTRACT, member, optional_provided
 
     if not any(not m.required for m in CONTRACT.get(comp.slot, [])):
         return []
@@ -42,15 +42,15 @@ def optional_line(comp, indent: str) -> list[str]:
         return [f"{indent}optional: not known until configured ({type(e).__name__} with the default options)"]
     names = optional_provided(comp.slot, obj)
     lines = [f"{indent}optional: {', '.join(names) if names else 'none'}"]
-    architecture = getattr(obj, "architecture_options", None) if comp.slot == "model" else None  # declared in core/contract/members.py
+    architecture = member("model", obj, "architecture_options") if comp.slot == "model" else None
     if isinstance(architecture, tuple):
         lines.append(f"{indent}architecture (a resume from a checkpoint saved with other values is refused): {', '.join(map(str, architecture)) or 'none'}")
     return lines
 
 
 def render(slot_filter: str | None = None) -> str:
+    from core.config import registry as registry_mod
     from core.config.sections import CORE_SECTION_OPTIONS, DEFAULT_PLUGIN, PRECISION_CHAIN_DOC, SLOT_CORE_KEYS, SLOT_SECTIONS
-    from core.contract import registry as registry_mod
 
     registry = registry_mod.load()
     lines: list[str] = []

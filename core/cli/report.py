@@ -25,7 +25,7 @@ from typing import Any
 
 from core.contract import log
 from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, PlaitError, exit_bad_input
-from plugins.monitors.jsonl import restore_not_finite
+from core.contract.json_rows import restore_not_finite
 
 
 def read_rows(run: Path) -> list[dict[str, Any]]:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from core.cli.export import refuse_inside_checkpoint
         from core.cli.staged_output import staged
-        from core.preflight.start_folders import probe_folder
+        from core.runtime.made_folders import probe_folder
 
         try:
             import matplotlib  # noqa: F401  (the curves; checked before anything is read or written)

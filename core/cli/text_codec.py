@@ -13,7 +13,7 @@ run records it in each checkpoint's ``state.json``, and :func:`recorded_tokenize
 reads that record (found again when moved: :mod:`core.checkpoint.tokenizer_copy`);
 the ``[data]`` reading is the fallback for checkpoints saved before the record.
 
-Encoding is :class:`plugins.data.text_tokenizer.Tokenizer`'s (one definition of
+Encoding is :class:`core.data.text_tokenizer.Tokenizer`'s (one definition of
 what the data holds); decoding is added here. Nothing here runs code from a
 checkpoint or an export: only JSON is read.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from core.contract.errors import DataError
-from core.data.tokenizer_spec import KINDS, fingerprint
+from core.data.tokenizer_spec import TOKENIZER_KINDS, tokenizer_fingerprint
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
     """``spec`` with its file as an absolute path: as given when absolute, else the first of
     ``base / path`` for ``bases`` that exists (and has ``want_fingerprint``, when given)."""
     kind, _, path = spec.partition(":")
-    if kind not in KINDS or (kind == "bytes") != (not path):
+    if kind not in TOKENIZER_KINDS or (kind == "bytes") != (not path):
         raise DataError(f"{where}: tokenizer {spec!r}: expected bytes, hf:PATH or tiktoken:PATH")
     if kind == "bytes":
         return "bytes"
@@ -63,7 +63,7 @@ def resolve(spec: str, bases: list[Path], where: str, want_fingerprint: str | No
         raise DataError(f"{where}: tokenizer {spec!r} not found (looked at {looked}); pass --tokenizer SPEC")
     if want_fingerprint:
         try:
-            matching = [f for f in found if fingerprint(f) == want_fingerprint]
+            matching = [f for f in found if tokenizer_fingerprint(f) == want_fingerprint]
         except OSError as e:  # a file too large for a tokenizer's, or gone since
             raise DataError(f"{where}: tokenizer {spec!r}: {e.filename} cannot be read ({e.strerror or e})") from None
         if not matching:
@@ -137,7 +137,7 @@ def find_in_config(config: dict[str, Any], where: str) -> TokenizerRecord | None
 def _sha256(file: Path, where: str) -> str:
     """The tokenizer file's sha256, or one line naming it when it cannot be one (too large, unreadable)."""
     try:
-        return fingerprint(file)
+        return tokenizer_fingerprint(file)
     except OSError as e:
         raise DataError(f"{where}: {file} cannot be read as a tokenizer file ({e.strerror or e}); pass --tokenizer SPEC") from None
 
@@ -156,7 +156,7 @@ def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> 
     where = f"{checkpoint / 'state.json'} tokenizer"
     eos, want = _eos(record.get("eos_id"), where), record.get("fingerprint")
     kind, _, path = record["spec"].partition(":")
-    if kind not in KINDS or (kind == "bytes") != (not path):
+    if kind not in TOKENIZER_KINDS or (kind == "bytes") != (not path):
         raise DataError(f"{where}: {record['spec']!r} is not bytes, hf:PATH or tiktoken:PATH with its sha256; pass --tokenizer SPEC")
     if kind == "bytes":
         return TokenizerRecord("bytes", eos, where)
@@ -199,7 +199,7 @@ class Codec:
     """Text <-> ids with the tokenizer of ``record``: ``encode``, ``decode``, ``eos_id``, ``vocab_size``."""
 
     def __init__(self, record: TokenizerRecord) -> None:
-        from plugins.data.text_tokenizer import Tokenizer
+        from core.data.text_tokenizer import Tokenizer
 
         self.record = record
         tok = Tokenizer(record.spec, record.eos_id)  # DataError for a bad spec or a missing file

@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
-    from core.checkpoint import run_files
     from core.checkpoint.folders import SaveFailed
     from core.loop.trainer import Trainer
+    from core.preflight import run_files
     from core.runtime import distributed, watchdog
 
     info = distributed.init(prep.rc.train.device, prep.rc.train.collective_timeout_s)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.signals.install()
         trainer.build()
         failed = run_files.write_run_info(prep, info, trainer.versions)  # rank 0's; every rank stops with it
-        if trainer.control.max([int(failed is not None)])[0]:
+        if trainer.control.agree(int(failed is not None), "max"):
             return run_files.start_failed(trainer.output_dir, failed, trainer.run.step)
         if info.is_main:
             print(run_files.summary(prep, info, trainer.model, trainer.run), flush=True)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             record_bad_input(e, prep.rc.train.output_dir)
         exit_bad_input(e)  # SystemExit(2); the cleanup below still runs
     except (Exception, KeyboardInterrupt) as e:  # monitors hear of it (train_end "error"), launchers read exit_status.json
-        from core.runtime.lost_peer import explain
+        from core.loop.lost_peer import explain
 
         # another rank gone (a lost node): one line on every rank that sees it, rank 0's in exit_status.json
         lost = explain(e, info.rank, watchdog.doing(), prep.checkpoint_root, prep.rc.train.collective_timeout_s)

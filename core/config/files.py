@@ -19,7 +19,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from core.config.sections import CORE_SECTION_OPTIONS, SLOT_CORE_KEYS
 from core.contract.errors import ConfigError
+from core.contract.option_values import Table, origin_of
 
 MAX_EXTENDS = 64  # files in one extends chain
 MAX_DEPTH = 64  # nesting levels of tables and arrays
@@ -49,16 +51,6 @@ def _loads(text: str, where: str) -> dict[str, Any]:
     return data
 
 
-class Table(dict):
-    """A TOML table that remembers, for each of its values, the folder of the file that set it
-    (``origins``; the working directory for command-line overrides). Path options resolve
-    against it (:func:`core.contract.options.option` with ``path=True``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.origins: dict[str, Path] = {}
-
-
 def tag(data: dict[str, Any], folder: Path) -> Table:
     """``data`` as nested Tables whose values all come from ``folder``."""
     out = Table()
@@ -79,15 +71,10 @@ def subtable(table: dict[str, Any], drop: tuple[str, ...] = ()) -> Table:
     return out
 
 
-def origin_of(table: dict[str, Any], key: str) -> Path | None:
-    """The folder relative paths in ``table[key]`` are relative to; None when unknown."""
-    return table.origins.get(key) if isinstance(table, Table) else None
-
-
 UNSET = "@default"  # a value that removes an inherited key (the plugin's default applies)
 # Keys of a slot section that belong to the core, not to the plugin, so they survive a plugin
-# switch (filled by core.config.sections: data.seq_len).
-KEEP_ON_SWITCH: dict[str, tuple[str, ...]] = {}
+# switch (:data:`core.config.sections.SLOT_CORE_KEYS`: data.seq_len).
+KEEP_ON_SWITCH: dict[str, tuple[str, ...]] = {slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()}
 
 
 def switches_plugin(base: dict[str, Any], over: dict[str, Any]) -> bool:
@@ -177,8 +164,6 @@ def parse_value(text: str) -> Any:
 def section_hint(key: str) -> str:
     """`` (did you mean --train.steps?)`` when a core section has an option named ``key``."""
     import dataclasses
-
-    from core.config.sections import CORE_SECTION_OPTIONS
 
     for section, cls in CORE_SECTION_OPTIONS.items():
         if any((f.metadata.get("key") or f.name) == key for f in dataclasses.fields(cls)):

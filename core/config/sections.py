@@ -1,29 +1,26 @@
-"""What a run is made of: the core's own sections, and one section per slot.
+"""What a run is made of, declared once: the core's own sections, and the keys it keeps in slot sections.
 
-A run's TOML has the core sections ``[train]`` and ``[monitors]`` and one
-section per slot (``[model]``, ``[parallelism]``, ``[precision]``, ``[data]``,
-``[optimizer]``, ``[lr_schedule]``). A slot section names its plugin with
-``name`` and otherwise belongs to that plugin: its keys are the plugin's
-options. The core keeps a few keys of its own in slot sections (listed in
-:data:`SLOT_CORE_KEYS`). Monitors are listed in ``monitors.enabled`` and each
-takes its options from ``[monitors.<name>]``.
+A run's TOML has the core sections ``[train]`` (:class:`TrainOptions`), ``[checkpoint]``
+(:class:`CheckpointOptions`), ``[validation]`` (:class:`ValidationOptions`), ``[monitors]``
+(:class:`MonitorsOptions`) and ``[budget]`` (:class:`BudgetOptions`), all in
+:data:`CORE_SECTION_OPTIONS`, and one section per slot (``[model]``, ``[parallelism]``,
+``[precision]``, ``[data]``, ``[optimizer]``, ``[lr_schedule]``). A slot section names its plugin
+with ``name`` and otherwise belongs to that plugin: its keys are the plugin's options. The core
+keeps a few keys of its own in slot sections (:data:`SLOT_CORE_KEYS`, :data:`PRECISION_CHAIN_DOC`);
+:func:`clash` refuses a plugin that would take one. Monitors are listed in ``monitors.enabled`` and
+each takes its options from ``[monitors.<name>]``. :mod:`core.config.run_config` resolves a config
+against these declarations.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from core.checkpoint.folders import CheckpointOptions
-from core.config import files as config_io
-from core.config.files import subtable
-from core.config.option_values import _matches, build_options, nonfinite
-from core.contract.errors import ConfigError, PluginError, closest
-from core.contract.options import _type_name, fields_of, key_of, option, to_dict
-from core.contract.registry import Component, Registry
-from core.loop.validation import ValidationOptions
+from core.contract.errors import ConfigError
+from core.contract.options import fields_of, key_of, option
 
 # Checkpoint folders are step_<9 digits>, sorted by name; step counts and tokens must fit an int64.
 MAX_STEPS = 999_999_999
@@ -87,6 +84,52 @@ def home_folder(folder: str) -> str:
     return os.path.expanduser(folder) if folder.startswith("~") else folder
 
 
+# The parts of a checkpoint, each of which a resume can leave out (checkpoint.exclude_from_loading).
+PARTS = ("model", "optimizer", "lr_schedule", "data", "train", "rng")
+
+
+@dataclass
+class CheckpointOptions:
+    every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop", ge=0)
+    dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
+    async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
+    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all", ge=0)
+    resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
+    exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
+    at_end: bool = option(True, "save when training completes")
+    on_stop: bool = option(True, "save when SIGTERM/SIGINT/SIGHUP or a monitor stops the run (unless the monitor says no)")
+    keep_best: int = option(
+        0,
+        "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
+        ge=0,
+    )
+    keep_lowest_loss: bool = option(
+        True,
+        "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
+    )
+    initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
+    allow_foreign: bool = option(
+        False, "start a fresh run (resume = 'none') in a folder that holds another run's checkpoints; they are left untouched, never pruned"
+    )
+
+    def check(self) -> None:
+        bad = [p for p in self.exclude_from_loading if p not in PARTS]
+        if bad:
+            raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
+        if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
+            raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
+        if self.dir.startswith("~"):  # the home folder, as in path options and train.output_dir
+            self.dir = os.path.expanduser(self.dir)
+
+
+@dataclass
+class ValidationOptions:
+    every: int = option(0, "steps between validation passes; 0 disables validation", ge=0)
+    batches: int = option(10, "micro-batches per rank in each validation pass", gt=0)
+    split: str = option("val", "the data source's split to evaluate")
+    per_source: bool = option(True, "also evaluate each part of a source that has parts (a mixture's sources): val_loss/<label>")
+
+
 @dataclass
 class BudgetOptions:
     force: bool = option(False, "start even when a monitor's pre-flight check (the budget guard's cost projection) refuses")
@@ -104,7 +147,6 @@ SLOT_CORE_KEYS: dict[str, dict[str, tuple[Any, Any, str]]] = {
         "seq_len": (int, 256, "tokens per training sequence"),
     },
 }
-config_io.KEEP_ON_SWITCH.update({slot: tuple(keys) for slot, keys in SLOT_CORE_KEYS.items()})  # the core's, not the plugin's
 
 # Listed by `python -m core.plugins`; read by resolve_precision_chain and core.preflight.prepare.
 PRECISION_CHAIN_DOC: dict[str, tuple[str, Any, str]] = {
@@ -152,151 +194,22 @@ DEFAULT_PLUGIN: dict[str, str | None] = {
 CORE_SECTIONS = ("train", "monitors")
 
 
-@dataclass
-class Chosen:
-    """A component picked by the config, with its filled options."""
-
-    component: Component
-    options: Any
-    section: str
-
-    def instantiate(self) -> Any:
-        c = self.component
-        try:
-            return c.factory(self.options)
-        except (ConfigError, PluginError):
-            raise
-        except (ValueError, TypeError, ImportError) as e:
-            raise PluginError(f"[{self.section}] {c.slot} {c.name!r} from {c.provider}: {e}") from None
-        except Exception as e:  # any other failure of the plugin's own code is its problem, said in one line
-            raise PluginError(f"[{self.section}] {c.slot} {c.name!r} from {c.provider} failed: {type(e).__name__}: {e}") from None
-
-
-@dataclass
-class RunConfig:
-    """A validated run: core options plus the chosen component of every slot."""
-
-    train: TrainOptions
-    monitors_options: MonitorsOptions
-    core_keys: dict[str, dict[str, Any]]
-    slots: dict[str, Chosen]
-    monitors: list[Chosen]
-    sections: dict[str, Any] = field(default_factory=dict)  # options of EXTRA_SECTIONS, by section
-    precision_chain: list[Chosen] = field(default_factory=list)  # precision.fallback, in order
-    precision_reasons: dict[str, str] = field(default_factory=dict)  # why earlier entries were skipped
-
-    @property
-    def seq_len(self) -> int:
-        return self.core_keys["data"]["seq_len"]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fully resolved config, every default filled in."""
-        out: dict[str, Any] = {"train": to_dict(self.train)}
-        for slot, chosen in self.slots.items():
-            out[chosen.section] = {"name": chosen.component.name, **self.core_keys.get(slot, {}), **to_dict(chosen.options)}
-        if self.precision_chain:
-            out["precision"] = {
-                "name": self.slots["precision"].component.name,
-                "fallback": [c.component.name for c in self.precision_chain],
-                "fallback_reasons": dict(self.precision_reasons),
-                **{c.component.name: to_dict(c.options) for c in self.precision_chain},
-            }
-        out["monitors"] = {"enabled": list(self.monitors_options.enabled)}
-        for m in self.monitors:
-            out["monitors"][m.component.name] = to_dict(m.options)
-        for section, opts in self.sections.items():
-            out[section] = to_dict(opts)
-        return out
-
-
 # Core sections besides [train] and [monitors], by name.
 EXTRA_SECTIONS: dict[str, type] = {"checkpoint": CheckpointOptions, "validation": ValidationOptions, "budget": BudgetOptions}
 
 CORE_SECTION_OPTIONS: dict[str, type] = {"train": TrainOptions, "monitors": MonitorsOptions, **EXTRA_SECTIONS}
 
 
-def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> RunConfig:
-    """Check every key of ``cfg`` and pick a component for every slot."""
-    cfg = {k: v for k, v in cfg.items() if k != "derived"}  # written by plait into config.resolved.toml for the reader
-    known = set(CORE_SECTIONS) | set(SLOT_SECTIONS.values()) | set(EXTRA_SECTIONS)
-    for key, value in cfg.items():
-        if key not in known:
-            raise ConfigError(f"{source}: unknown section [{key}]{closest(key, known)}; expected one of: {', '.join(sorted(known))}")
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {key} must be a table [{key}], got {type(value).__name__}")
-
-    train = build_options(TrainOptions, cfg.get("train", {}), f"{source}: [train]")
-
-    slots: dict[str, Chosen] = {}
-    core_keys: dict[str, dict[str, Any]] = {}
-    precision_chain: list[Chosen] = []
-    for slot, section in SLOT_SECTIONS.items():
-        table = subtable(cfg.get(section, {}))  # keeps where each value came from (path options)
-        name = table.pop("name", DEFAULT_PLUGIN[slot])
-        if name is None:
-            raise ConfigError(f'{source}: [{section}] needs name = "..."; installed: {", ".join(registry.names(slot))}')
-        if not isinstance(name, str):
-            raise ConfigError(f"{source}: [{section}].name: expected a plugin name (str), got {name!r}")
-        if slot == "precision" and table.get("fallback"):
-            chain = resolve_precision_chain(table, registry, f"{source}: [{section}]")
-            slots[slot] = chain[0]  # core.preflight.prepare picks the first supported one
-            core_keys[slot] = {}
-            precision_chain = chain
-            continue
-        table.pop("fallback", None)
-        table.pop("fallback_reasons", None)
-        ck = {}
-        for key, (tp, default, _doc) in SLOT_CORE_KEYS.get(slot, {}).items():
-            value = table.pop(key, default)
-            if tp is int and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise ConfigError(f"{source}: [{section}].{key}: expected a positive int, got {value!r}")
-            if tp is not int and not _matches(value, tp):
-                raise ConfigError(f"{source}: [{section}].{key}: expected {_type_name(tp)}, got {value!r}")
-            if nonfinite(value) is not None:
-                raise ConfigError(f"{source}: [{section}].{key}: expected numbers, got nan (not a number) in {value!r}")
-            ck[key] = value
-        core_keys[slot] = ck
-        where = f"{source}: [{section}]"
-        component = registry.get(slot, name, where)
-        options = build_options(component.options, table, f"{where} ({slot} {name!r})")
-        slots[slot] = Chosen(component, options, section)
-
-    mon_table = dict(cfg.get("monitors", {}))
-    mon_opts_tables = {k: mon_table.pop(k) for k in list(mon_table) if isinstance(mon_table[k], dict)}
-    monitors_options = build_options(MonitorsOptions, mon_table, f"{source}: [monitors]")
-    twice = sorted({n for n in monitors_options.enabled if monitors_options.enabled.count(n) > 1})
-    if twice:
-        raise ConfigError(f"{source}: [monitors].enabled lists {twice[0]!r} twice; expected each monitor once")
-    monitors = []
-    for name in monitors_options.enabled:
-        component = registry.get("monitor", name, f"{source}: monitors.enabled")
-        options = build_options(component.options, mon_opts_tables.pop(name, {}), f"{source}: [monitors.{name}]")
-        monitors.append(Chosen(component, options, f"monitors.{name}"))
-    if mon_opts_tables:
-        extra = sorted(mon_opts_tables)
-        raise ConfigError(f"{source}: [monitors.{extra[0]}] configures a monitor that is not in monitors.enabled = {monitors_options.enabled}")
-
-    sections = {section: build_options(cls, cfg.get(section, {}), f"{source}: [{section}]") for section, cls in EXTRA_SECTIONS.items()}
-    return RunConfig(train, monitors_options, core_keys, slots, monitors, sections, precision_chain)
-
-
-def resolve_precision_chain(table: dict[str, Any], registry: Registry, where: str) -> list[Chosen]:
-    """``fallback = ["mxfp8", "fp8", "bf16"]``; each entry's options come from ``[precision.<name>]``."""
-    chain = table.pop("fallback")
-    table.pop("fallback_reasons", None)
-    table.pop("name", None)  # the chain decides; a resolved config records the choice here
-    if not (isinstance(chain, list) and chain and all(isinstance(n, str) for n in chain)):
-        raise ConfigError(f"{where}.fallback: expected a non-empty list of precision plugin names, got {chain!r}")
-    out = []
-    for name in chain:
-        component = registry.get("precision", name, f"{where}.fallback")
-        sub = table.pop(name, {})
-        if not isinstance(sub, dict):
-            raise ConfigError(f"{where}.{name}: expected a table of {name!r} options, got {sub!r}")
-        out.append(Chosen(component, build_options(component.options, sub, f"{where}.{name}"), "precision"))
-    if table:
-        key = sorted(table)[0]
-        raise ConfigError(f"{where}: unknown key {key!r}; with a fallback chain, put each plugin's options in [precision.<name>]")
+def micro_batch_candidates(global_batch_tokens: int, seq_len: int, world_size: int, ceiling: int) -> list[int]:
+    """The micro-batches ``m <= ceiling`` for which ``global_batch_tokens`` divides by
+    ``m x seq_len x world_size``, largest first (``train.micro_batch = "auto"``)."""
+    per_rank_seqs = global_batch_tokens // (seq_len * world_size) if global_batch_tokens % (seq_len * world_size) == 0 else 0
+    out = [m for m in range(min(ceiling, per_rank_seqs), 0, -1) if per_rank_seqs % m == 0]
+    if not out:
+        raise ConfigError(
+            f'train.micro_batch = "auto": train.global_batch_tokens = {global_batch_tokens} is not divisible by '
+            f"data.seq_len ({seq_len}) x world size ({world_size})"
+        )
     return out
 
 

@@ -57,6 +57,7 @@ def tell_torchrun(message: str, callstack: str | None = None) -> None:
 
 
 def exit_bad_input(err: PlaitError) -> NoReturn:
+    """Print ``err`` as plait's one line (``plait: error: ...``, also to torchrun's error file) and exit with code 2."""
     print(f"plait: error: {err}", file=sys.stderr, flush=True)
     tell_torchrun(f"plait: error: {err}")
     raise SystemExit(EXIT_BAD_INPUT)

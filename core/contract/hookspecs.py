@@ -1,4 +1,4 @@
-"""plait's plugin API: every hook a plugin can implement.
+"""plait's plugin API: every hook a plugin can implement, and the check that holds a monitor to them.
 
 The docstrings in this module are the reference. A plugin is a Python module
 (or object) named by an entry point in the group ``plait``::
@@ -30,14 +30,17 @@ Two kinds of hooks exist:
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from core.contract.errors import PluginError
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from core.contract.registry import Registry
     from core.contract.run import Run
 
 PROJECT = "plait"
@@ -46,8 +49,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def plait_register(registry: "Registry") -> None:
-    """Register this plugin's components.
+def plait_register(registry: Any) -> None:
+    """Register this plugin's components on ``registry``, a :class:`core.api.Registry`.
 
     Call ``registry.add(slot, name, factory, options=OptionsDataclass, doc=...)``
     once per component. ``slot`` is one of :data:`core.contract.protocols.SLOTS`.
@@ -210,3 +213,32 @@ RUN_EVENT_HOOKS: tuple[str, ...] = (
     "plait_checkpoint_saved",
     "plait_train_end",
 )
+
+
+def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
+    """Register monitor ``obj`` as ``name`` on ``pm``, or raise PluginError naming what is wrong."""
+    marker = PROJECT + "_impl"  # set by core.contract.hookspecs.hookimpl
+    for attr in dir(type(obj)):
+        if not attr.startswith("plait_"):
+            continue
+        method = getattr(obj, attr, None)
+        if not callable(method):
+            continue
+        opts = getattr(method, marker, None)
+        if attr not in RUN_EVENT_HOOKS:
+            close = difflib.get_close_matches(attr, RUN_EVENT_HOOKS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(f"monitor {name!r}: {attr!r} is not a run-event hook{hint}; the hooks are {', '.join(RUN_EVENT_HOOKS)}")
+        if opts is None:
+            raise PluginError(f"monitor {name!r}: {attr} lacks @hookimpl (from core.contract.hookspecs import hookimpl), so it would never be called")
+        if opts.get("wrapper") or opts.get("hookwrapper"):
+            raise PluginError(f"monitor {name!r}: {attr} is a wrapper hook; run-event hooks are plain calls")
+        spec_args = set(inspect.signature(globals()[attr]).parameters)
+        args = [a for a in inspect.signature(method).parameters]
+        unknown = [a for a in args if a not in spec_args]
+        if unknown:
+            raise PluginError(f"monitor {name!r}: {attr}({', '.join(args)}) asks for {unknown[0]!r}; the hook passes {', '.join(sorted(spec_args))}")
+    try:
+        pm.register(obj, name=name)
+    except (pluggy.PluginValidationError, ValueError) as e:
+        raise PluginError(f"monitor {name!r}: {e}") from None

@@ -1,22 +1,21 @@
-"""Everything the core reads from a plugin's object, and the check that holds a plugin to it.
+"""Everything the core reads from a plugin's object, declared once, and the check that holds a plugin to it.
 
-:mod:`core.contract.protocols` states the required members of each slot. This table
-lists those again with the **optional** ones: a plugin may leave an optional
-member out, and the core then does without (the default column). A member
-of one of these names that a plugin does define must have the declared
-shape, because the core will use it: :func:`check_component` runs on every
-component a config names, before any process group or model exists, and
-refuses a missing required member or a malformed one with one line naming
-the plugin, the member and what was expected. No name outside this table is
-ever looked up on a plugin object. Two more belong to objects a plugin makes:
-the loader (``may_end``, ``per_rank_state``: :class:`core.contract.protocols.DataLoaderLike`)
-and the built model module (``step_metrics(reduce) -> dict``, optional: its own
-metrics on log steps, reduced over ranks by the core's ``reduce``; or
-``extra_metrics() -> dict``, optional, this rank's view;
-:func:`core.contract.protocols.model_step_metrics`).
+:data:`CONTRACT` lists, for each slot, every member the core reads from the object a component's
+factory returns: the **required** ones (which :mod:`core.contract.protocols` types for authors and
+mypy; ``tests/test_api.py`` holds the two to the same names) and the **optional** ones with what
+the core does without them (the default column; a value's ``default`` is what the core reads).
+:data:`MADE` does the same for the objects those make and the core reads: the data source's loader
+and the model spec's built module.
+
+Three things read this one declaration: :func:`check_component` runs on every component a config
+names, before any process group or model exists, and refuses a missing required member or a
+malformed one with one line naming the plugin, the member and what was expected; :func:`member` is
+the one way the core reads a member (with the declared default; a name not declared for the slot
+is a KeyError, so nothing undeclared is ever looked up); ``python -m core.plugins --contract``
+prints :func:`describe_contract`.
 
 One rule for optional members, every reader held to it: set to None is absent (the core does
-what the default column says), as if left out. ``python -m core.plugins --contract`` prints the table.
+what the default column says), as if left out.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ class Member:
     params: int = 0
     types: tuple[type, ...] = ()
     needs: str = ""  # another member of the slot that a plugin providing this one must provide too
+    default: Any = None  # what the core reads when an optional member is absent (or None)
 
     def describe(self) -> str:
         what = f"method, {self.params} argument(s)" if self.kind == "method" else f"value ({' | '.join(t.__name__ for t in self.types)})"
@@ -46,11 +46,13 @@ class Member:
 
 
 def method(name: str, params: int, doc: str, required: bool = True, needs: str = "") -> Member:
+    """A method taking ``params`` positional arguments; an optional one absent reads as None."""
     return Member(name, "method", doc, required, params, needs=needs)
 
 
-def value(name: str, types: tuple[type, ...], doc: str, required: bool = True) -> Member:
-    return Member(name, "value", doc, required, types=types)
+def value(name: str, types: tuple[type, ...], doc: str, required: bool = True, default: Any = None) -> Member:
+    """A value of one of ``types``; an optional one absent (or None) reads as ``default``."""
+    return Member(name, "value", doc, required, types=types, default=default)
 
 
 CONTRACT: dict[str, list[Member]] = {
@@ -87,8 +89,8 @@ CONTRACT: dict[str, list[Member]] = {
         method("sync_context", 2, "(model, sync) -> context for one micro-step's backward"),
         method("clip_grad_norm", 2, "(model, max_norm) -> the global gradient norm tensor"),
         method("check_world", 1, "refuse a world size it cannot use (raise ConfigError); default: any", False),
-        value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False),
-        value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False),
+        value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False, default=False),
+        value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
     ],
     "precision": [
         value("name", (str,), "the plugin's name"),
@@ -128,17 +130,52 @@ CONTRACT: dict[str, list[Member]] = {
             (bool,),
             "an IndexedSource's sample() answers before loader() is called, so the first sample is checked at start (False: a stream inside); default True",
             False,
+            default=True,
         ),
     ],
     "optimizer": [
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),
         value("options", (object,), "its options, an OptimizerOptions subclass (lr, weight_decay, no_decay, lr_multipliers)"),
-        value("state_bytes_per_param", (int, float), "optimizer state bytes per parameter (plan, micro_batch auto); default 8", False),
+        value("state_bytes_per_param", (int, float), "optimizer state bytes per parameter (plan, micro_batch auto); default 8", False, default=8),
     ],
     "lr_schedule": [
         method("multiplier", 2, "(step, total_steps) -> multiplier of the peak learning rate"),
     ],
 }
+
+
+# Members of the objects a plugin's component makes, which the core reads too: the data source's
+# loader (core.contract.protocols.DataLoaderLike) and the model spec's built module.
+MADE: dict[str, list[Member]] = {
+    "loader": [
+        method("__iter__", 0, "() -> an iterator of (ids, labels) micro-batches"),
+        method("state_dict", 0, "() -> its position, saved in checkpoints"),
+        method("load_state_dict", 1, "(state) restore a position state_dict() returned"),
+        value("may_end", (bool,), "the loader can run out (DataExhausted) before the run's last step; default False", False, default=False),
+        value("per_rank_state", (bool,), "its state_dict differs per rank and is saved per rank; default False", False, default=False),
+    ],
+    "model_module": [
+        method("step_metrics", 1, "(reduce) -> {name: value}: its own metrics on log steps, reduced over ranks by the core's reduce; default: none", False),
+        method("extra_metrics", 0, "() -> {name: value}: this rank's view, on log steps; default: none", False),
+    ],
+}
+
+_DECLARED: dict[tuple[str, str], Member] = {(slot, m.name): m for table in (CONTRACT, MADE) for slot, members in table.items() for m in members}
+
+
+def provides(obj: Any, name: str) -> bool:
+    """Whether ``obj`` has member ``name`` set to something other than None."""
+    return getattr(obj, name, None) is not None
+
+
+def member(slot: str, obj: Any, name: str) -> Any:
+    """Member ``name`` of ``obj`` as :data:`CONTRACT` (or :data:`MADE`) declares it for ``slot``: the
+    member, or the declared default when ``obj`` lacks it or sets it to None (the one rule for
+    optional members). The one way the core reads a member of a plugin's object; a name not
+    declared for ``slot`` is a KeyError (the core reads nothing undeclared)."""
+    declared = _DECLARED[(slot, name)]
+    found = getattr(obj, name, None)
+    return declared.default if found is None else found
 
 
 def _positional(fn: Any) -> tuple[int, int] | None:
@@ -157,26 +194,26 @@ def check_component(slot: str, name: str, obj: Any) -> None:
     """Hold the object a factory returned to the slot's contract, or raise PluginError (one line)."""
     where = f"{slot} plugin {name!r}"
     for m in CONTRACT.get(slot, []):
-        present = hasattr(obj, m.name) and (m.required or getattr(obj, m.name) is not None)  # optional set to None: absent
+        present = hasattr(obj, m.name) and (m.required or provides(obj, m.name))  # optional set to None: absent
         if not present:
             if m.required:
                 raise PluginError(f"{where}: its factory returned {type(obj).__name__}, which lacks {m.name} ({m.describe()}; core/contract/members.py)")
             continue
-        if m.needs and optional(obj, m.needs) is None:
+        if m.needs and member(slot, obj, m.needs) is None:
             raise PluginError(f"{where}: {m.name} needs {m.needs} too ({next(n for n in CONTRACT[slot] if n.name == m.needs).doc}); core/contract/members.py")
-        member = getattr(obj, m.name)
+        found = getattr(obj, m.name)
         if m.kind == "method":
-            if not callable(member):
-                raise PluginError(f"{where}: {m.name} must be a method taking {m.params} argument(s), got {type(member).__name__}")
-            arity = _positional(member)
+            if not callable(found):
+                raise PluginError(f"{where}: {m.name} must be a method taking {m.params} argument(s), got {type(found).__name__}")
+            arity = _positional(found)
             if arity is not None and not arity[0] <= m.params <= arity[1]:
                 raise PluginError(
                     f"{where}: {m.name} must take {m.params} argument(s) ({m.doc}); it takes {arity[0]}" + (f" to {arity[1]}" if arity[1] != arity[0] else "")
                 )
         elif object not in m.types:
-            a_bool_for_a_number = isinstance(member, bool) and bool not in m.types
-            if not isinstance(member, m.types) or a_bool_for_a_number:
-                raise PluginError(f"{where}: {m.name} must be {' | '.join(t.__name__ for t in m.types)} ({m.doc}), got {type(member).__name__} {member!r}")
+            a_bool_for_a_number = isinstance(found, bool) and bool not in m.types
+            if not isinstance(found, m.types) or a_bool_for_a_number:
+                raise PluginError(f"{where}: {m.name} must be {' | '.join(t.__name__ for t in m.types)} ({m.doc}), got {type(found).__name__} {found!r}")
     if slot == "model":
         _check_model_values(where, obj)
     if slot == "optimizer":
@@ -193,7 +230,7 @@ def _check_model_values(where: str, spec: Any) -> None:
     """The model's cheap answers, asked once now rather than failing later."""
     if spec.vocab_size < 1:  # an int (checked above): no token id could be below it
         raise PluginError(f"{where}: vocab_size must be an int >= 1, got {spec.vocab_size!r}")
-    counts = optional(spec, "param_counts")  # declared in CONTRACT["model"]; None is absent
+    counts = member("model", spec, "param_counts")
     if counts is not None:
         got = counts()
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(n, int) and n >= 0 for n in got)):
@@ -207,20 +244,16 @@ def returned(value: Any, expected: type | tuple[type, ...], what: str, expected_
     return value
 
 
-def optional(obj: Any, name: str, default: Any = None) -> Any:
-    """Optional member ``name`` of ``obj``, ``default`` when it lacks it or sets it to None."""
-    member = getattr(obj, name, None)
-    return default if member is None else member
-
-
 def describe_contract() -> str:
+    """The declaration as ``python -m core.plugins --contract`` prints it: each slot's members, then
+    the members of the objects they make (the loader, the model module)."""
     lines = ["An optional member set to None is absent: the core then does without it (its default)."]
-    for slot, members in CONTRACT.items():
-        lines.append(f"[{slot}]")
+    for slot, members in [*CONTRACT.items(), *MADE.items()]:
+        lines.append(f"[{slot}]" if slot in CONTRACT else f"[{slot}] (made by a component)")
         lines += [f"  {m.describe()}" for m in members]
     return "\n".join(lines)
 
 
 def optional_provided(slot: str, obj: Any) -> list[str]:
     """The optional members of ``slot`` that ``obj`` provides (``python -m core.plugins`` lists them)."""
-    return [m.name for m in CONTRACT.get(slot, []) if not m.required and getattr(obj, m.name, None) is not None]
+    return [m.name for m in CONTRACT.get(slot, []) if not m.required and provides(obj, m.name)]

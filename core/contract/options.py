@@ -11,7 +11,7 @@ of a list or tuple, or to each value of a dict, and imply a finite number. ``ins
 relative path that stays inside its folder (no ``..``, not absolute). A
 dataclass may also define ``check()`` for rules across fields; it raises
 ``ValueError`` with the message. This module declares options and describes them
-(``python -m core.plugins``); :mod:`core.config.option_values` checks a TOML table against them.
+(``python -m core.plugins``); :mod:`core.contract.option_values` checks a TOML table against them.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from core.contract.errors import PluginError
+from core.contract.members import member
 
 if TYPE_CHECKING:  # pragma: no cover
     from core.contract.param_groups import OptimizerOptions
@@ -129,7 +130,7 @@ class ModelSpec(Protocol):
 def spec_compile_loss(spec: ModelSpec, model: nn.Module) -> bool:
     """Call the model spec's optional ``compile_loss(model)`` (``train.compile``); False if it has none.
     The one place the core reads it."""
-    compile_loss = getattr(spec, "compile_loss", None)
+    compile_loss = member("model", spec, "compile_loss")
     if compile_loss is None:
         return False
     compile_loss(model)
@@ -239,12 +240,12 @@ class DataLoaderLike(Protocol):
 
 def loader_may_end(loader: DataLoaderLike) -> bool:
     """The loader's optional ``may_end`` flag (default False); the one place the core reads it."""
-    return bool(getattr(loader, "may_end", False))
+    return bool(member("loader", loader, "may_end"))
 
 
 def loader_state_per_rank(loader: DataLoaderLike) -> bool:
     """The loader's optional ``per_rank_state`` flag (default False); the one place the core reads it."""
-    return bool(getattr(loader, "per_rank_state", False))
+    return bool(member("loader", loader, "per_rank_state"))
 
 
 def loader_consumed_samples(state: dict[str, Any]) -> int | None:
@@ -257,13 +258,13 @@ def model_step_metrics(model: nn.Module):
     """The built model module's optional ``step_metrics(reduce) -> dict``, or None; the one place the
     core reads it. ``reduce({name: (op, tensor)}) -> {name: tensor}`` reduces over the ranks
     (op ``mean``, ``sum``, ``max`` or ``min``) in one collective (:func:`core.contract.metrics.reduce_parts`)."""
-    fn = getattr(model, "step_metrics", None)
+    fn = member("model_module", model, "step_metrics")
     return fn if callable(fn) else None
 
 
 def model_extra_metrics(model: nn.Module):
     """The built model module's optional ``extra_metrics() -> dict`` (this rank's view), or None."""
-    fn = getattr(model, "extra_metrics", None)
+    fn = member("model_module", model, "extra_metrics")
     return fn if callable(fn) else None
 
 
@@ -272,17 +273,17 @@ def high_precision_modules(spec: Any, model: nn.Module) -> list[str]:
     (their children included) that precision plugins leave in high precision. Default: every
     linear that maps to the vocabulary (``out_features == vocab_size``), i.e. the output head,
     whatever the model calls it. The one place the core reads it."""
-    fn = getattr(spec, "high_precision_modules", None)
+    fn = member("model", spec, "high_precision_modules")
     if fn is not None:
         return list(fn(model))
-    vocab = getattr(spec, "vocab_size", None)
+    vocab = member("model", spec, "vocab_size")
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
 
 
 def data_has_split(data: Any, split: str, who: str = "") -> bool:
     """The data source's optional ``has_split(split)`` (default True), held to its declared bool;
     ``who`` names the plugin in the error (default: the class)."""
-    fn = getattr(data, "has_split", None)
+    fn = member("data", data, "has_split")
     answer = True if fn is None else fn(split)
     if not isinstance(answer, bool):
         raise PluginError(f"{who or type(data).__name__}: has_split({split!r}) returned {answer!r}; expected True or False")
@@ -292,7 +293,7 @@ def data_has_split(data: Any, split: str, who: str = "") -> bool:
 def data_parts(data: Any, who: str = "") -> dict[str, Any]:
     """The data source's optional ``parts()``: ``{label: source}``, the sources it is made of (a
     mixture's); ``{}`` without it. The core names the parts that lack a validation split."""
-    fn = getattr(data, "parts", None)
+    fn = member("data", data, "parts")
     parts = {} if fn is None else fn()
     if not isinstance(parts, dict) or not all(isinstance(k, str) for k in parts):
         raise PluginError(f"{who or type(data).__name__}: parts() returned {type(parts).__name__}; expected {{label: source}}")
@@ -302,13 +303,13 @@ def data_parts(data: Any, who: str = "") -> dict[str, Any]:
 def data_samples_before_loader(data: Any) -> bool:
     """The data source's optional ``samples_before_loader`` flag (default True): an IndexedSource's
     ``sample()`` answers before ``loader()`` was called, so its first sample is checked at start."""
-    return getattr(data, "samples_before_loader", True) is not False
+    return member("data", data, "samples_before_loader") is not False
 
 
 def data_tokens_per_epoch(data: Any, who: str = "") -> int | None:
     """The data source's optional ``tokens_per_epoch()``: tokens in one pass over its training split,
     None (or absent) when it does not know (endless or streamed sources)."""
-    fn = getattr(data, "tokens_per_epoch", None)
+    fn = member("data", data, "tokens_per_epoch")
     size = None if fn is None else fn()
     if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0):
         raise PluginError(f"{who or type(data).__name__}: tokens_per_epoch() returned {size!r}; expected an int >= 0 or None")
@@ -318,7 +319,7 @@ def data_tokens_per_epoch(data: Any, who: str = "") -> int | None:
 def data_fingerprint(data: Any) -> str | None:
     """The data source's optional ``fingerprint()``: a short string that changes when its training
     data does (files, sizes, tokenizer); None (or absent) when it has none."""
-    fn = getattr(data, "fingerprint", None)
+    fn = member("data", data, "fingerprint")
     value = fn() if fn is not None else None
     return str(value) if value else None
 
@@ -326,7 +327,7 @@ def data_fingerprint(data: Any) -> str | None:
 def precision_log_step(precision: Any, on: bool) -> None:
     """Tell the precision plugin whether the coming step is a log step (its optional
     ``log_step(on)``: fp8 plugins then record forward and backward amax for ``metrics``)."""
-    fn = getattr(precision, "log_step", None)
+    fn = member("precision", precision, "log_step")
     if fn is not None:
         fn(on)
 
@@ -353,7 +354,7 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
     ``{label: loader}``, one loader of validation micro-batches per part of the source (a
     mixture's sources), evaluated as ``val_loss/<label>``; ``{}`` without it. The one place the
     core reads it. Every rank must get the same labels in the same order (each is a collective)."""
-    parts = getattr(data, "validation_loaders", None)
+    parts = member("data", data, "validation_loaders")
     if parts is None:
         return {}
     loaders = parts(spec)
@@ -404,3 +405,15 @@ class Monitor(Protocol):
     """A monitor is an object with pluggy ``hookimpl`` methods named after the run-event hooks
     (``core.api.RUN_EVENT_HOOKS``; each hook's reference: ``help(core.api.hookspecs)``).
     It may call ``run.request_stop(reason, checkpoint=True, source="", exit_code=0)``."""
+
+
+# Which protocol each slot's object satisfies (the monitor slot's is hook methods, not members).
+SLOT_PROTOCOLS: dict[str, type] = {
+    "model": ModelSpec,
+    "parallelism": Parallelism,
+    "precision": Precision,
+    "data": DataSource,
+    "optimizer": OptimizerBuilder,
+    "lr_schedule": LRSchedule,
+    "monitor": Monitor,
+}

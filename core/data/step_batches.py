@@ -81,7 +81,7 @@ class StepBatches:
             check_batch(batch, spec, self.data_name)
         self.timing.data_wait_s += time.perf_counter() - t_wait
         if may_end:
-            ended, bad = self.control.max([int(bool(why)), bad])
+            ended, bad = self.control.agree([int(bool(why)), bad], "max")
             if ended and not why:
                 why = "bad data on another rank" if bad else "the data ran out on another rank"
             if ended:

@@ -19,7 +19,7 @@ from typing import Any
 
 from core.contract.errors import DataError, PluginError
 
-KINDS = ("bytes", "hf", "tiktoken")  # a tokenizer spec's kinds: "bytes", "hf:PATH", "tiktoken:PATH"
+TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")  # a tokenizer spec's kinds: "bytes", "hf:PATH", "tiktoken:PATH"
 
 
 MAX_TOKENIZER_BYTES = 2**30  # the largest tokenizer files are tens of megabytes
@@ -34,7 +34,7 @@ def read_tokenizer_file(file: Path) -> bytes:
     return small_files.read_bytes(file, MAX_TOKENIZER_BYTES)
 
 
-def fingerprint(file: Path) -> str:
+def tokenizer_fingerprint(file: Path) -> str:
     """The tokenizer file's sha256, as ``meta.json`` and ``state.json`` record it. Raises OSError."""
     return hashlib.sha256(read_tokenizer_file(file)).hexdigest()
 
@@ -51,9 +51,9 @@ class TokenizerSpec:
 def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     """The data source's ``tokenizer()`` as ``state.json`` records it: ``{"spec", "eos_id", "fingerprint"}``
     with the file's absolute path; None when it declares none (or returns None)."""
-    from core.contract.members import optional, returned  # here: the data preparation CLI reads tokenizer files without torch
+    from core.contract.members import member, returned  # here: the data preparation CLI reads tokenizer files without torch
 
-    fn = optional(data, "tokenizer")
+    fn = member("data", data, "tokenizer")
     answer = fn() if fn is not None else None
     if answer is None:
         return None
@@ -62,7 +62,7 @@ def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or eos < 0):
         raise PluginError(f"{who}: tokenizer() returned eos_id {eos!r}; expected a token id (an int >= 0) or None")
     kind, _, path = declared.spec.partition(":") if isinstance(declared.spec, str) else ("", "", "")
-    if kind not in KINDS or (kind == "bytes") != (not path):
+    if kind not in TOKENIZER_KINDS or (kind == "bytes") != (not path):
         raise PluginError(f"{who}: tokenizer() returned spec {declared.spec!r}; expected bytes, hf:PATH or tiktoken:PATH")
     if kind == "bytes":
         return {"spec": "bytes", "eos_id": eos, "fingerprint": None}
@@ -70,6 +70,6 @@ def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
     if not file.is_file():
         raise DataError(f"{who}: tokenizer() names {declared.spec!r}, and {file} is not a file")
     try:
-        return {"spec": f"{kind}:{file}", "eos_id": eos, "fingerprint": fingerprint(file)}
+        return {"spec": f"{kind}:{file}", "eos_id": eos, "fingerprint": tokenizer_fingerprint(file)}
     except OSError as e:
         raise DataError(f"{who}: tokenizer() names {declared.spec!r}, and {file} cannot be read ({e.strerror or e})") from None

@@ -22,7 +22,7 @@ from core.checkpoint.checkpointer import TrainingState
 from core.checkpoint.rng import seed_everything
 from core.contract import log
 from core.contract.errors import PluginError
-from core.contract.members import optional, returned
+from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
 from core.contract.protocols import DistInfo, LoaderSpec
 from core.contract.run import Run
@@ -93,9 +93,9 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         log_every=rc.train.log_every,
     )
     # The run's lineage: checkpoints record it, pruning only touches its own; a resume carries it on.
-    run.state["lineage"] = control.broadcast_object(uuid.uuid4().hex)
+    run.state["lineage"] = control.agree(uuid.uuid4().hex, "root")
     loader = c["data"].loader(loader_spec)
-    if not all(callable(getattr(loader, m, None)) for m in ("__iter__", "state_dict", "load_state_dict")):  # core.contract.protocols.DataLoaderLike
+    if not all(callable(member("loader", loader, m)) for m in ("__iter__", "state_dict", "load_state_dict")):
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
@@ -110,9 +110,9 @@ def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.Cont
     micro: Any = rc.train.micro_batch
     if dist.device.type == "cuda":
         n_params = sum(p.numel() for p in model.parameters())
-        state = int(optional(c["optimizer"], "state_bytes_per_param", 8) * n_params)  # declared optional (core.contract.members)
+        state = int(member("optimizer", c["optimizer"], "state_bytes_per_param") * n_params)
         micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates, rc.seq_len, c["model"].vocab_size, state)
-        micro = -control.max([-micro])[0]  # the smallest rank's answer
+        micro = control.agree(micro, "min")  # the smallest rank's answer
     rc.train.micro_batch = micro
     prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
     if dist.is_main:

@@ -15,17 +15,6 @@ import torch
 from core.contract.errors import ConfigError
 
 
-def candidates(global_batch_tokens: int, seq_len: int, world_size: int, ceiling: int) -> list[int]:
-    per_rank_seqs = global_batch_tokens // (seq_len * world_size) if global_batch_tokens % (seq_len * world_size) == 0 else 0
-    out = [m for m in range(min(ceiling, per_rank_seqs), 0, -1) if per_rank_seqs % m == 0]
-    if not out:
-        raise ConfigError(
-            f'train.micro_batch = "auto": train.global_batch_tokens = {global_batch_tokens} is not divisible by '
-            f"data.seq_len ({seq_len}) x world size ({world_size})"
-        )
-    return out
-
-
 def fits(model: torch.nn.Module, precision, device: torch.device, micro: int, seq_len: int, vocab: int, extra_bytes: int) -> bool:
     reserve = None
     try:

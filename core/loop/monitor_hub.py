@@ -1,7 +1,7 @@
 """Calling the monitors' run-event hooks, and checking a monitor before the run starts.
 
 Monitors are pluggy plugins whose ``@hookimpl`` methods implement the run
-events of :mod:`core.contract.hookspecs`. :func:`register_monitor` holds each one to
+events of :mod:`core.contract.hookspecs`. :func:`core.contract.hookspecs.register_monitor` holds each one to
 that contract before anything expensive happens: every ``plait_*`` method is
 a known run-event hook, carries ``@hookimpl``, asks only for arguments the
 hook passes, and is a plain call (run events are notifications; a
@@ -10,49 +10,14 @@ hook passes, and is a plain call (run events are notifications; a
 
 from __future__ import annotations
 
-import difflib
-import inspect
-import sys
 from typing import Any
 
-import pluggy
-
+from core.config.registry import plugin_manager
 from core.contract import log
-from core.contract.errors import PluginError
-from core.contract.hookspecs import PROJECT, RUN_EVENT_HOOKS
-from core.contract.registry import plugin_manager
+from core.contract.hookspecs import RUN_EVENT_HOOKS, register_monitor
 from core.data.indexed import check_replacement_batch
 from core.runtime import watchdog
 from core.runtime.monitor_reductions import reduce_monitor_values
-
-
-def register_monitor(pm: pluggy.PluginManager, name: str, obj: Any) -> None:
-    """Register monitor ``obj`` as ``name`` on ``pm``, or raise PluginError naming what is wrong."""
-    marker = PROJECT + "_impl"  # set by core.contract.hookspecs.hookimpl
-    for attr in dir(type(obj)):
-        if not attr.startswith("plait_"):
-            continue
-        method = getattr(obj, attr, None)
-        if not callable(method):
-            continue
-        opts = getattr(method, marker, None)
-        if attr not in RUN_EVENT_HOOKS:
-            close = difflib.get_close_matches(attr, RUN_EVENT_HOOKS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PluginError(f"monitor {name!r}: {attr!r} is not a run-event hook{hint}; the hooks are {', '.join(RUN_EVENT_HOOKS)}")
-        if opts is None:
-            raise PluginError(f"monitor {name!r}: {attr} lacks @hookimpl (from core.contract.hookspecs import hookimpl), so it would never be called")
-        if opts.get("wrapper") or opts.get("hookwrapper"):
-            raise PluginError(f"monitor {name!r}: {attr} is a wrapper hook; run-event hooks are plain calls")
-        spec_args = set(inspect.signature(getattr(sys.modules["core.contract.hookspecs"], attr)).parameters)
-        args = [a for a in inspect.signature(method).parameters]
-        unknown = [a for a in args if a not in spec_args]
-        if unknown:
-            raise PluginError(f"monitor {name!r}: {attr}({', '.join(args)}) asks for {unknown[0]!r}; the hook passes {', '.join(sorted(spec_args))}")
-    try:
-        pm.register(obj, name=name)
-    except (pluggy.PluginValidationError, ValueError) as e:
-        raise PluginError(f"monitor {name!r}: {e}") from None
 
 
 class MonitorHub:

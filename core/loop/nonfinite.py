@@ -12,7 +12,7 @@ The host reads the counters only where it syncs anyway (log and save steps):
 more than ``train.max_nonfinite_steps`` skipped steps in a row stops the run
 with exit code 3 and no checkpoint. A checkpoint is only written from finite
 parameters and optimizer state (:mod:`core.checkpoint.finite`, which raises
-:class:`NonFiniteState`).
+:class:`core.checkpoint.finite.NonFiniteState`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
+from core.checkpoint.finite import NonFiniteState  # noqa: F401  (core.checkpoint.save_contents imports it from here; h-ckpt switches it)
 from core.contract.protocols import DistInfo
 
 EXIT_NONFINITE = 3
@@ -92,7 +93,3 @@ class NonFiniteGuard:
         self.skipped.zero_()
         self.worst.copy_(self.in_a_row)
         return skipped, worst, now
-
-
-class NonFiniteState(RuntimeError):
-    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from core.contract.members import member
+
 # Selective checkpointing keeps the outputs of these ops (the expensive ones) and
 # recomputes the cheap elementwise work: torchtitan's op-level policy.
 SAVE_OPS = {
@@ -74,7 +76,7 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
 def parallelize(model: nn.Module, spec, parallelism, precision, dist, train) -> nn.Module:
     """Apply checkpointing, compile and the parallelism wrapper; return the module to call."""
     apply_activation_checkpointing(model, spec, train.activation_checkpointing, train.activation_checkpointing_every)
-    if getattr(parallelism, "wraps_before_compile", False):
+    if member("parallelism", parallelism, "wraps_before_compile"):
         wrapped = parallelism.wrap(model, spec, dist, precision)
         if train.compile:
             apply_compile(model, spec)

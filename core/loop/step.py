@@ -14,6 +14,7 @@ import torch
 
 from core.checkpoint.checkpointer import TrainingState
 from core.contract.errors import PluginError
+from core.contract.members import member
 from core.contract.protocols import DistInfo
 from core.loop.nonfinite import NonFiniteGuard
 
@@ -39,8 +40,7 @@ class TrainStep:
         self.parallelism, self.precision = components["parallelism"], components["precision"]
         self.grad_accum, self.grad_clip = grad_accum, grad_clip
         self.guard = NonFiniteGuard(state.optimizer, dist)
-        # declared optional (core.contract.members): fp8 scale precompute after each update
-        self.post_optimizer_step = getattr(self.precision, "post_optimizer_step", None)
+        self.post_optimizer_step = member("precision", self.precision, "post_optimizer_step")  # fp8 scale precompute after each update
         self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
 
     def forward_backward(

@@ -18,21 +18,24 @@ from typing import Any
 
 import torch
 
-from core.checkpoint import folders, resume, run_files
+from core.checkpoint import folders, resume
 from core.checkpoint.checkpointer import CheckpointDir, Checkpointer
+from core.checkpoint.finite import NonFiniteState
 from core.contract import log
 from core.contract import metrics as core_metrics
 from core.contract.errors import EXIT_BAD_INPUT, PlaitError
+from core.contract.members import member
 from core.contract.protocols import DistInfo, data_fingerprint, loader_consumed_samples, precision_log_step
 from core.data.prefetch import PrefetchingLoader, prefetching
 from core.data.step_batches import StepBatches
 from core.loop import stop_policy as policy
 from core.loop.assemble import Assembled, assemble
 from core.loop.monitor_hub import MonitorHub
-from core.loop.nonfinite import EXIT_NONFINITE, NonFiniteState
+from core.loop.nonfinite import EXIT_NONFINITE
 from core.loop.step import TrainStep
 from core.loop.step_metrics import StepMetrics
 from core.loop.validation import validate
+from core.preflight import run_files
 from core.preflight.prepare import Prepared
 from core.runtime import distributed, watchdog
 from core.runtime.stop_signals import StopSignals
@@ -89,7 +92,7 @@ class Trainer:
         if self.rc.precision_chain:  # every rank must have made the same choice
             names = [ch.component.name for ch in self.rc.precision_chain]
             mine = names.index(self.rc.slots["precision"].component.name)
-            hi, neg_lo = self.control.max([mine, -mine])
+            hi, neg_lo = self.control.agree([mine, -mine], "max")  # the largest and the smallest choice, in one collective
             if hi != -neg_lo:
                 raise RuntimeError(f"ranks chose different precisions from {names}: devices differ between ranks")
 
@@ -120,7 +123,7 @@ class Trainer:
         self.monitors.emit("plait_train_start", run=run)
         batches = iter(self.loader)
         reason, end_detail = policy.COMPLETED, ""
-        if self.control.max([int(run.stop is not None)])[0]:  # a monitor failed to start: every rank stops
+        if self.control.agree(int(run.stop is not None), "max"):  # a monitor failed to start: every rank stops
             run.request_stop("a monitor failed at train start", checkpoint=False, exit_code=4)
             run.total_steps = run.step
         last = time.perf_counter()
@@ -178,7 +181,7 @@ class Trainer:
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()
             verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=float(grad_norm))
             # every rank acts on the strongest verdict of any rank's monitors (one may decide, or fail, alone)
-            verdict = self.control.max([2 if "rollback" in verdicts else int("skip" in verdicts)])[0]
+            verdict = self.control.agree(2 if "rollback" in verdicts else int("skip" in verdicts), "max")
             if verdict == 2 and self.checkpointer.roll_back():
                 return None, grad_norm
             if verdict:
@@ -195,7 +198,7 @@ class Trainer:
             "the model's metrics": core_metrics.model_metrics(self.model, self.dist),  # loss parts, MoE health over all ranks
             "epoch": core_metrics.epoch(self.c["data"], self.run.tokens_seen),
         }
-        data_metrics = getattr(self.c["data"], "metrics", None)  # declared optional (core.contract.members)
+        data_metrics = member("data", self.c["data"], "metrics")
         if data_metrics is not None:
             extra["the data source's metrics()"] = data_metrics(loader_consumed_samples(self.loader.state_dict()) or 0)
         metrics = self.step_metrics.collect(self.run, loss, grad_norm, self.stepper.lr(), self.built.loader_spec.seq_len, extra)
@@ -270,7 +273,7 @@ class Trainer:
             diverged=int(diverged),
             exit_code=run.stop.exit_code if run.stop is not None else 0,
         )
-        return policy.Agreed.from_list(self.control.max(mine.as_list()))
+        return policy.Agreed.from_list(self.control.agree(mine.as_list(), "max"))
 
     def follow_stop(self, reason: str, agreed: policy.Agreed, worst: int) -> str:
         """Make ``run.stop`` say why on every rank (another rank's request is followed, exit code included)."""
@@ -285,7 +288,7 @@ class Trainer:
                 exit_code=EXIT_NONFINITE,
             )
         elif reason == policy.REQUESTED:  # once, as the run stops: the reason of the first rank that asked
-            whys = self.control.gather_objects(run.stop.reason if run.stop is not None else None)
+            whys = self.control.agree(run.stop.reason if run.stop is not None else None, "all")
             if run.stop is None:
                 by = next(r for r, why in enumerate(whys) if why is not None)
                 run.request_stop(f"requested by rank {by}: {whys[by]}", checkpoint=not agreed.stop_without_checkpoint, exit_code=agreed.exit_code)

@@ -17,25 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 
+from core.config.sections import ValidationOptions
 from core.contract import log
 from core.contract.errors import DataError
-from core.contract.options import option
 from core.contract.protocols import validation_parts
 from core.data.indexed import DataExhausted
 from core.runtime import watchdog
 from core.runtime.distributed import mean_across_ranks
-
-
-@dataclass
-class ValidationOptions:
-    every: int = option(0, "steps between validation passes; 0 disables validation", ge=0)
-    batches: int = option(10, "micro-batches per rank in each validation pass", gt=0)
-    split: str = option("val", "the data source's split to evaluate")
-    per_source: bool = option(True, "also evaluate each part of a source that has parts (a mixture's sources): val_loss/<label>")
 
 
 class ValidationLoss(float):
@@ -70,7 +61,7 @@ def _mean_loss(trainer, loader, batches: int, what: str) -> float:
             batch = None
         # A pre-emption's grace (30 s under torchrun, SLURM, Kubernetes) must not go to a long pass:
         # the ranks agree before each batch (a sharded forward has collectives) and leave together.
-        signal, ended = trainer.control.max([int(trainer.signals.received is not None), int(batch is None)])
+        signal, ended = trainer.control.agree([int(trainer.signals.received is not None), int(batch is None)], "max")
         if signal:
             raise Interrupted
         if ended:

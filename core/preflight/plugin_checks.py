@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from core.contract.errors import ConfigError, PlaitError, PluginError
+from core.contract.members import member
 from core.contract.protocols import LoaderSpec, data_fingerprint, data_has_split, data_parts, data_samples_before_loader, data_tokens_per_epoch
 from core.data.indexed import IndexedSource, checked_sample
 
@@ -86,6 +87,6 @@ def check_data(data: Any, name: str, vocab_size: int, seq_len: int, val_every: i
 def check_first_step(data: Any, name: str, spec: LoaderSpec) -> None:
     """The data source's optional ``check_first_step``: data too small for one step (a source that
     stops the run when it runs out would end it at step 0, exit code 0) is bad input now."""
-    check = getattr(data, "check_first_step", None)
+    check = member("data", data, "check_first_step")
     if check is not None:
         call_plugin(f"data {name!r}: check_first_step", check, spec)

@@ -22,15 +22,16 @@ import torch
 
 from core.checkpoint.architecture import run_architecture
 from core.config import files as config_io
-from core.config.sections import RunConfig, batch_layout, resolve, total_steps
+from core.config import registry as registry_mod
+from core.config.registry import plugin_manager
+from core.config.run_config import RunConfig, resolve
+from core.config.sections import batch_layout, micro_batch_candidates, total_steps
 from core.contract import log
-from core.contract import registry as registry_mod
 from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError
-from core.contract.members import check_component
+from core.contract.hookspecs import register_monitor
+from core.contract.members import check_component, member
 from core.contract.protocols import LoaderSpec
-from core.contract.registry import plugin_manager
 from core.data.tokenizer_spec import declared_tokenizer
-from core.loop.monitor_hub import register_monitor
 from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from core.preflight.start_folders import check_start
 from core.runtime.distributed import env_world, pick_device
@@ -120,7 +121,7 @@ def prepare(
     if rc.train.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f'{path}: [train].device = "cuda" but torch sees no CUDA device')
 
-    check_world = getattr(components["parallelism"], "check_world", None)
+    check_world = member("parallelism", components["parallelism"], "check_world")
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
@@ -131,9 +132,7 @@ def prepare(
     schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, steps, str(path))
     micro_auto: list[int] = []
     if rc.train.micro_batch == "auto":
-        from core.loop.micro_batch import candidates
-
-        micro_auto = candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
+        micro_auto = micro_batch_candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
@@ -143,17 +142,17 @@ def prepare(
     architecture = call_plugin(f"model {model_name!r}: resolved_architecture", run_architecture, spec, model_name, rc.to_dict()["model"])  # another is refused
     check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
     model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
-    check_model = getattr(precision, "check_model", None)
+    check_model = member("precision", precision, "check_model")
     if check_model is not None:
         check_unchanged(f"precision {rc.slots['precision'].component.name!r}: check_model", check_model, model_meta)
 
-    max_seq = getattr(spec, "max_seq_len", None)
+    max_seq = member("model", spec, "max_seq_len")
     longest = max([rc.seq_len] + [seq for _, seq in schedule])
     if max_seq is not None and longest > max_seq:
         what = "data.seq_len" if longest == rc.seq_len else "the sequence-length schedule's length"
         raise ConfigError(f"{path}: {what} {longest} exceeds the model's max_seq_len {max_seq}")
     if validate_data and not dry_run and device.type == "cpu":
-        check_host_memory(model_meta, world if getattr(components["parallelism"], "shards_parameters", False) else 1, str(path))
+        check_host_memory(model_meta, world if member("parallelism", components["parallelism"], "shards_parameters") else 1, str(path))
     if validate_data:
         val = rc.sections["validation"]
         seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)

@@ -3,7 +3,7 @@
 :func:`check_start` runs the checks of ``core.train`` and ``core.plan`` that touch the run's
 folders, in an order that leaves nothing behind when the input is bad: an explicitly named
 checkpoint (``checkpoint.resume = "<folder>"``) is checked before any folder is made; then the
-output and checkpoint folders are made and probed (:func:`probe_folder`), locked (one writer),
+output and checkpoint folders are made and probed (:func:`core.runtime.made_folders.probe_folder`), locked (one writer),
 the checkpoints to resume from listed and checked, and ``initial_load`` checked. Should any of
 those later checks fail, the folders this start created are removed again, each only if empty
 (with the lock file this start wrote in them), so bad input never leaves an empty run folder.
@@ -12,8 +12,6 @@ those later checks fail, the folders this start created are removed again, each 
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -23,75 +21,11 @@ from core.checkpoint.architecture import check_architecture
 from core.checkpoint.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
 from core.checkpoint.resume import check_stream_world
 from core.checkpoint.retention import after_divergence
-from core.contract.errors import CheckpointError, ConfigError
-from core.contract.members import optional
+from core.contract.errors import CheckpointError
+from core.contract.members import member
 from core.preflight.plugin_checks import call_plugin
 from core.runtime.disk import check_room, checkpoint_bytes, kept_at_once
-
-
-def probe_folder(folder: Path, what: str, keep: bool = True) -> list[Path]:
-    """Create ``folder`` (with missing parents) and write and delete a file in it, so that a folder
-    that cannot be written fails now, not at the first save. Removes the probe file, and with
-    ``keep=False`` the folders it created itself; nothing else is touched. Returns the folders it
-    created and kept, outermost first."""
-    missing = []
-    p = folder
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    if not p.is_dir():
-        raise ConfigError(f"{what} = {folder}: {p} is a file, expected a folder")
-    created: list[Path] = []
-    probe = folder / f".plait-write-probe-{socket.gethostname()}-{os.getpid()}"
-    try:
-        for d in reversed(missing):
-            try:
-                d.mkdir()
-                created.append(d)
-            except FileExistsError:  # another rank made it
-                pass
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, b"plait")
-        finally:
-            os.close(fd)
-            os.unlink(probe)  # also when the write failed (a full disk lets the empty file be made)
-    except OSError as e:
-        remove_created(created)
-        raise ConfigError(
-            f"{what} = {folder}: cannot create or write a file there ({type(e).__name__}: {e.strerror or e}); expected a writable folder"
-        ) from None
-    if not keep:
-        remove_created(created)
-        return []
-    return created
-
-
-def remove_created(created: list[Path]) -> None:
-    """Remove folders this start created (outermost first in ``created``), innermost first, each
-    only if it is empty but for the lock file this process wrote there; anything else stays."""
-    from core.runtime.ownership import LOCK_FILE, release_run_folders
-
-    if not created:
-        return
-    release_run_folders(ended=True)  # the start failed: this process writes nothing there
-    for d in reversed(created):
-        try:
-            (d / LOCK_FILE).unlink(missing_ok=True)  # a lock file in a folder made a moment ago is ours
-            d.rmdir()
-        except OSError:  # not empty (another rank's probe, a user's file), or gone
-            pass
-
-
-# The folders this process's start created (kept): a refusal found later, once the process group
-# exists (core.checkpoint.shared_folder), removes them again on the ranks it ends.
-made_by_this_start: list[Path] = []
-
-
-def remove_what_this_start_made() -> None:
-    """Remove the folders this process's start created, each only if it is still empty."""
-    remove_created(made_by_this_start)
-    made_by_this_start.clear()
+from core.runtime.made_folders import made_by_this_start, probe_folder, remove_created
 
 
 def check_start(prep: Any, model_meta: torch.nn.Module, lock: bool, dry_run: bool) -> None:
@@ -129,11 +63,11 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     ckpt = rc.sections["checkpoint"]
     prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
-        size = checkpoint_bytes(model_meta, optional(components["optimizer"], "state_bytes_per_param", 8))  # declared optional
+        size = checkpoint_bytes(model_meta, member("optimizer", components["optimizer"], "state_bytes_per_param"))
         check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
     if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
         warn(line)  # rank 0; core.plan says it too
-    check_resume = getattr(components["data"], "check_resume", None)
+    check_resume = member("data", components["data"], "check_resume")
     if prep.resume_from is not None and "data" not in ckpt.exclude_from_loading:
         state = json.loads((prep.resume_from / STATE_FILE).read_text())
         if check_resume is not None:

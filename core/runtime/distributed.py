@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,11 +55,50 @@ def gloo_group():
     return dist.new_group(backend="gloo", timeout=_timeout)
 
 
-class ControlPlane:
-    """Small host-side integer all-reduces (stop flags) on a gloo group.
+# How ranks agree (:func:`agree`): a number reduced over the ranks, or every rank's small object.
+AGREE_MODES = ("max", "min", "sum", "all", "root")
 
-    On CUDA this avoids a device sync per step; on CPU it is the default group.
+
+def agree(value: Any, mode: str, group: Any) -> Any:
+    """What every rank of ``group`` gets back, the same on each, in one host-side collective.
+
+    * ``"max"``, ``"min"``, ``"sum"``: ``value`` is a number or a list of numbers, every rank giving
+      as many; each is reduced over the ranks (``max`` of flags: any rank's; ``min``: the smallest
+      rank's answer; ``sum``: a count over ranks), in int64, or float64 when any is a float. The
+      same shape comes back.
+    * ``"all"``: every rank's ``value`` (small, picklable), in rank order.
+    * ``"root"``: rank 0's ``value``.
+
+    ``group`` is the process group of the ranks that agree (``torch.distributed.group.WORLD`` for
+    all of them); None, or a group of one, is this process alone, which gets its own value back. A
+    per-step flag that must stay on the device (the non-finite skip, :mod:`core.loop.nonfinite`)
+    is a device all-reduce instead: agreeing on the host would sync the device every step.
     """
+    if mode not in AGREE_MODES:
+        raise ValueError(f"agree: mode {mode!r}; expected one of {', '.join(AGREE_MODES)}")
+    world = 1 if group is None else dist.get_world_size(group)
+    if mode == "all":
+        out = [value] * world
+        if world > 1:
+            dist.all_gather_object(out, value, group=group)
+        return out
+    if world == 1:
+        return value
+    if mode == "root":
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=group)
+        return box[0]
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    dtype = torch.float64 if any(isinstance(v, float) for v in values) else torch.int64
+    t = torch.tensor(values, dtype=dtype)
+    dist.all_reduce(t, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "sum": dist.ReduceOp.SUM}[mode], group=group)
+    out = t.tolist()
+    return out if isinstance(value, (list, tuple)) else out[0]
+
+
+class ControlPlane:
+    """The run's ranks agreeing on small host-side values (stop flags, reasons), on a gloo group
+    (:func:`agree`). On CUDA this avoids a device sync per step; on CPU it is the default group."""
 
     def __init__(self, info: DistInfo) -> None:
         self.info = info
@@ -66,26 +106,13 @@ class ControlPlane:
         if info.world_size > 1:
             self.group = gloo_group() if info.backend == "nccl" else dist.group.WORLD
 
+    def agree(self, value: Any, mode: str) -> Any:
+        """:func:`agree` over every rank of the run."""
+        return agree(value, mode, self.group)
+
     def max(self, values: list[int]) -> list[int]:
-        if self.info.world_size == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return t.tolist()
-
-    def broadcast_object(self, obj):
-        if self.info.world_size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def gather_objects(self, obj) -> list:
-        """Every rank's ``obj`` (small, picklable), in rank order, on every rank."""
-        out = [obj] * self.info.world_size
-        if self.info.world_size > 1:
-            dist.all_gather_object(out, obj, group=self.group)
-        return out
+        """``agree(values, "max")``, as core.checkpoint.async_save and core.checkpoint.commit call it."""
+        return self.agree(values, "max")
 
     def barrier(self) -> None:
         if self.info.world_size > 1:

@@ -23,6 +23,7 @@ import torch.distributed as torch_dist
 from core.contract import log
 from core.contract.metrics import REDUCTIONS, reduce_parts
 from core.contract.protocols import DistInfo
+from core.runtime.distributed import agree
 
 MAX_ELEMENTS = 2**16  # a Reduced value's most elements: a metric, not a model's tensor (every rank gathers every rank's; metrics.jsonl writes them all)
 
@@ -68,8 +69,7 @@ def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, 
     plain = {k: v for k, v in metrics.items() if not isinstance(v, Reduced)}
     if dist.world_size > 1 and torch_dist.is_initialized():
         layout = [(name, op, tuple(t.shape)) for name, (op, t) in parts.items()] + [(name, "", None) for name in not_numbers]
-        everyone: list[Any] = [None] * dist.world_size
-        torch_dist.all_gather_object(everyone, layout)
+        everyone: list[Any] = agree(layout, "all", torch_dist.group.WORLD)
         if any(other != layout for other in everyone):
             differ = [r for r, other in enumerate(everyone) if other != everyone[0]]
             log.warn(

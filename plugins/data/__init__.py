@@ -1,6 +1,6 @@
 """Data sources: ``synthetic``, ``token_bin`` (nanoGPT's train.bin / val.bin) and ``mixture``."""
 
-from core.contract.hookspecs import hookimpl  # not core.api: plugins.data.prepare, a CLI in this package, starts without torch
+from core.api import hookimpl
 
 
 @hookimpl

@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, TokenizerSpec, data_has_split, log, mix_seed, option
+from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, TokenizerSpec, build_component, data_has_split, log, mix_seed, option
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -81,24 +81,22 @@ def edges(weights: np.ndarray) -> np.ndarray:
     return e
 
 
+# The keys of a sources[i] table that the mixture reads; the rest are the source plugin's options.
+SOURCE_KEYS = ("name", "weight", "label", "on_exhausted")
+
+
 class Mixture(IndexedSource):
     def __init__(self, options: MixtureOptions) -> None:
-        from core.config.files import subtable
-        from core.config.option_values import build_options
-        from core.contract import registry as registry_mod
-
         if not options.sources:
             raise ConfigError("[data] mixture: sources is empty; give at least one {name, weight, ...} table")
-        registry = registry_mod.load()
         self.sources: list[Any] = []
         self.labels: list[str] = []
         self.on_exhausted: list[str] = []
         weights = []
         for i, table in enumerate(options.sources):
-            table = subtable(table)  # keeps where each value came from (path options)
             where = f"[data] mixture: sources[{i}]"
-            name, weight = table.pop("name", None), table.pop("weight", None)
-            label = table.pop("label", None) or f"{i}_{name}"
+            name, weight = table.get("name"), table.get("weight")
+            label = table.get("label") or f"{i}_{name}"
             if not isinstance(label, str) or not label.strip():
                 raise ConfigError(f"{where}.label: expected a non-empty string (it names the source's metrics), got {label!r}")
             if label in self.labels:
@@ -106,17 +104,16 @@ class Mixture(IndexedSource):
                     f"{where}.label: {label!r} is already the label of another source; labels name the "
                     "data/<label>_tokens and val_loss/<label> metrics and must differ"
                 )
-            on_exhausted = table.pop("on_exhausted", options.on_exhausted)
+            on_exhausted = table.get("on_exhausted", options.on_exhausted)
             if on_exhausted not in ("wrap", "stop"):
                 raise ConfigError(f'{where}.on_exhausted: expected "wrap" or "stop", got {on_exhausted!r}')
             if not isinstance(name, str):
                 raise ConfigError(f'{where}: needs name = "<data plugin>"')
             if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 <= weight < math.inf:
                 raise ConfigError(f"{where}.weight: expected a finite number >= 0, got {weight!r}")
-            component = registry.get("data", name, where)
-            if component.name == "mixture":
+            if name == "mixture":
                 raise ConfigError(f"{where}: a mixture cannot contain a mixture")
-            source = component.factory(build_options(component.options, table, f"{where} ({name})"))
+            source = build_component("data", name, table, where, drop=SOURCE_KEYS)
             if not isinstance(source, IndexedSource) and not hasattr(source, "windows"):
                 raise ConfigError(f"{where}: {name!r} is neither addressable by sample index nor a stream of windows")
             self.sources.append(source)

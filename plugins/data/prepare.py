@@ -37,11 +37,10 @@ from typing import Iterator
 
 import numpy as np
 
-from core.contract.errors import ArgumentParser, DataError, PlaitError, exit_bad_input
+from core.api import ArgumentParser, DataError, PlaitError, Tokenizer, exit_bad_input
 from plugins.data.prepare_progress import Progress
 from plugins.data.prepare_tasks import CHUNK_BYTES, INFLIGHT_PER_WORKER, Task, encode_job, read_tasks, start_worker
 from plugins.data.text_inputs import check_parquet, documents, split_keys
-from plugins.data.text_tokenizer import Tokenizer
 
 __all__ = ["Tokenizer", "documents", "main", "prepare"]  # Tokenizer and documents: text_stream imports them from here
 

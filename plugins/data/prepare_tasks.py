@@ -13,8 +13,7 @@ from typing import Iterator, cast
 
 import numpy as np
 
-from core.contract.errors import DataError
-from plugins.data.text_tokenizer import Tokenizer
+from core.api import DataError, Tokenizer
 
 CHUNK_BYTES = 1 << 20  # input bytes per task handed to a worker
 INFLIGHT_PER_WORKER = 2  # tasks queued per worker: bounds the memory the pipeline holds

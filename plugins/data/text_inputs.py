@@ -9,18 +9,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from core.contract.errors import DataError
-
-
-def need(module: str, what: str) -> None:
-    """Import ``module`` (an optional dependency, the ``data`` extra) or say in one line that ``what`` needs it."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError as e:
-        raise DataError(f"{what} needs the {module.split('.')[0]} library (pip install 'plait[data]'): {e}") from None
-
+from core.api import DataError, need
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 

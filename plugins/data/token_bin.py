@@ -146,7 +146,7 @@ class TokenBin(IndexedSource):
         """The tokenizer ``meta.json`` names (``prepare`` records it, with its sha256 and EOS), its file found
         from the working directory or the data folder; None when it names none, or (said once) when its
         file is not found with that sha256: training needs no tokenizer, ``core.export`` then asks for one."""
-        from core.data.tokenizer_spec import KINDS, fingerprint
+        from core.api import TOKENIZER_KINDS, tokenizer_fingerprint
 
         meta, where = self.meta(), self.root / "meta.json"
         spec, eos, want = meta.get("tokenizer"), meta.get("eos_id"), meta.get("tokenizer_fingerprint")
@@ -156,13 +156,13 @@ class TokenBin(IndexedSource):
         kind, _, path = spec.partition(":")
         if kind == "bytes" and not path:
             return TokenizerSpec("bytes", eos)
-        if kind not in KINDS or not path:
+        if kind not in TOKENIZER_KINDS or not path:
             log.warn(f"{where}: tokenizer {spec!r} is not bytes, hf:PATH or tiktoken:PATH; checkpoints record no tokenizer", once=f"token_bin tok {where}")
             return None
         file = Path(path).expanduser()
         candidates = [file] if file.is_absolute() else [Path.cwd() / file, self.root / file]
         for candidate in candidates:
-            if candidate.is_file() and (not isinstance(want, str) or fingerprint(candidate) == want):
+            if candidate.is_file() and (not isinstance(want, str) or tokenizer_fingerprint(candidate) == want):
                 return TokenizerSpec(f"{kind}:{candidate.resolve()}", eos)
         log.warn(
             f"{where}: tokenizer {spec!r} not found{' with its recorded sha256' if isinstance(want, str) else ''} (looked at "

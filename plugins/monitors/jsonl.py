@@ -6,7 +6,7 @@ and numpy scalars converted). Every line is strict JSON (RFC 8259, what ``jq`` a
 parsers accept): a NaN or infinite value is written as ``null``, and the line's
 ``not_finite`` object names each such key with what it was, ``"NaN"``, ``"Infinity"`` or
 ``"-Infinity"`` (``{"grad_norm": null, ..., "not_finite": {"grad_norm": "NaN"}}``; a key
-inside a nested value as ``outer.inner`` or ``outer[2]``). :func:`restore_not_finite` puts
+inside a nested value as ``outer.inner`` or ``outer[2]``). :func:`core.api.restore_not_finite` puts
 the values back (``python -m core.report`` does). Every line is flushed when
 written, so a killed run keeps what it logged; a line cut short (a machine crash, a full disk)
 is ended before a resumed run appends, so it spoils only itself.
@@ -21,12 +21,11 @@ checkpoint): ``python -m core.report`` drops them, and readers should too.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
-from core.api import hookimpl, option
+from core.api import hookimpl, option, strict_row
 
 
 def plain(value: Any) -> Any:
@@ -40,29 +39,6 @@ def plain(value: Any) -> Any:
     elif isinstance(value, (list, tuple)):
         value = [plain(v) for v in value]
     return value
-
-
-NOT_FINITE = "not_finite"  # a line's names of the values written as null because they were NaN or infinite
-
-
-def finite_only(value: Any, key: str, found: dict[str, str]) -> Any:
-    """``value`` with each NaN or infinite float replaced by None, recorded in ``found`` under its key."""
-    if isinstance(value, float) and not math.isfinite(value):
-        found[key] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        return None
-    if isinstance(value, dict):
-        return {k: finite_only(v, f"{key}.{k}", found) for k, v in value.items()}
-    if isinstance(value, list):
-        return [finite_only(v, f"{key}[{i}]", found) for i, v in enumerate(value)]
-    return value
-
-
-def restore_not_finite(row: dict[str, Any]) -> dict[str, Any]:
-    """A row read from metrics.jsonl with its top-level non-finite values put back as floats."""
-    for key, text in (row.pop(NOT_FINITE, None) or {}).items():
-        if key in row and row[key] is None and text in ("NaN", "Infinity", "-Infinity"):
-            row[key] = float(text)
-    return row
 
 
 def ends_inside_a_line(path: Path) -> bool:
@@ -102,10 +78,7 @@ class Jsonl:
     def _write(self, kind: str, step: int, record: dict[str, Any]) -> None:
         if self.file is None:
             return
-        found: dict[str, str] = {}
-        row = {"kind": kind, "step": int(step), **{k: finite_only(plain(v), k, found) for k, v in record.items()}}
-        if found:
-            row[NOT_FINITE] = found
+        row = strict_row({"kind": kind, "step": int(step), **{k: plain(v) for k, v in record.items()}})
         self.file.write(json.dumps(row, allow_nan=False, default=str) + "\n")
         self.file.flush()
 

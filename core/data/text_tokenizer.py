@@ -1,5 +1,6 @@
-"""The tokenizer of a data preparation and of ``text_stream`` (:class:`Tokenizer`): ``bytes``,
-``hf:PATH/tokenizer.json`` or ``tiktoken:PATH``, with its EOS id and a fingerprint of its file."""
+"""Text to token ids (:class:`Tokenizer`): ``bytes``, ``hf:PATH/tokenizer.json`` or ``tiktoken:PATH``,
+with its EOS id and a fingerprint of its file; the one encoding of data preparation, ``text_stream``
+and ``core.generate`` (tests/test_text_data.py, tests/test_generate.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ from pathlib import Path
 import numpy as np
 
 from core.contract.errors import DataError
-from core.data.tokenizer_spec import read_tokenizer_file
-from plugins.data.text_inputs import need
+from core.data.tokenizer_spec import TOKENIZER_KINDS, read_tokenizer_file
 
-TOKENIZER_KINDS = ("bytes", "hf", "tiktoken")
+
+def need(module: str, what: str) -> None:
+    """Import ``module`` (an optional dependency, the ``data`` extra) or say in one line that ``what`` needs it."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise DataError(f"{what} needs the {module.split('.')[0]} library (pip install 'plait[data]'): {e}") from None
 
 
 class Tokenizer:

@@ -34,7 +34,7 @@ from core.runtime.durable_io import replace_durable
 def library_versions() -> dict[str, str]:
     from importlib import metadata
 
-    from core.contract.registry import load
+    from core.config.registry import load
 
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("plait", "torchao", "torchdata", "numpy", "pluggy", "safetensors"):

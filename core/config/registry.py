@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 import pluggy
 
-from core.config.option_values import unusable_options
+from core.config.sections import clash
 from core.contract import hookspecs
 from core.contract.errors import ConfigError, PluginError, closest
+from core.contract.option_values import unusable_options
 from core.contract.options import NoOptions, undocumented
 from core.contract.protocols import SLOTS
 
@@ -75,8 +76,6 @@ class Registry:
         missing = undocumented(options)
         if missing:
             raise PluginError(f"{where}: options of {slot} {name!r} lack a doc: {', '.join(missing)}")
-        from core.config.sections import clash  # the core's own keys (a late import: it imports this module)
-
         why = unusable_options(options)
         if why or (clashes := clash(slot, name, options)):
             raise PluginError(f"{where}: {'options of ' if why else ''}{slot} {name!r}: {why or clashes}")

@@ -3,7 +3,7 @@
 ``build_options`` fills the dataclass, refusing unknown keys, values of the wrong type, NaN
 anywhere in a float, and values outside an option's declared bounds with a message that names
 the key; a path option's relative value is resolved against the config file that set it
-(:func:`core.config.files.origin_of`). A dataclass may also define ``check()`` for rules across
+(:func:`origin_of`: the :class:`Table` the config files were read into remembers it). A dataclass may also define ``check()`` for rules across
 fields; it raises ``ValueError`` with the message.
 """
 
@@ -12,10 +12,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from core.contract.errors import ConfigError, PluginError, closest
 from core.contract.options import _type_name, bounds_text, fields_of, hints_of, key_of
+
+
+class Table(dict):
+    """A TOML table that remembers, for each of its values, the folder of the file that set it
+    (``origins``; the working directory for command-line overrides). Path options resolve
+    against it (:func:`core.contract.options.option` with ``path=True``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.origins: dict[str, Path] = {}
+
+
+def origin_of(table: dict[str, Any], key: str) -> Path | None:
+    """The folder relative paths in ``table[key]`` are relative to; None when unknown."""
+    return table.origins.get(key) if isinstance(table, Table) else None
 
 
 def _matches(value: Any, tp: Any) -> bool:
@@ -201,8 +217,6 @@ def resolve_path(value: Any, table: dict[str, Any], key: str) -> Any:
     """A path option's value (a string, or each string of a list/dict) made absolute against the
     folder of the file that set it; values with no known origin stay as they are (cwd-relative)."""
     import os
-
-    from core.config.files import origin_of
 
     folder = origin_of(table, key)
     if folder is None:
