@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 from torch import nn
 
@@ -55,13 +55,19 @@ class RecurrentMoEOptions:
     vocab_size: int = option(0, "vocabulary size (0: from flavor)", ge=0)
     aux_weight: float = option(0.01, "weight of the load-balancing loss", ge=0)
     z_weight: float = option(0.001, "weight of the router z-loss (0 disables)", ge=0)
+    dispatch: Literal["sparse", "dense"] = option("sparse", "sparse: each expert runs on its routed tokens only; dense: every expert on every token (reference)")
+    capacity_factor: float = option(0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0)
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
         f = {**FLAVORS[self.flavor], **{k: v for k, v in (("n_experts", self.n_experts), ("top_k", self.top_k)) if v}}
         if not 1 <= f["top_k"] <= f["n_experts"]:
-            raise ValueError(f"top_k {f['top_k']} must be between 1 and n_experts {f['n_experts']}")
+            raise ValueError(f"top_k {f['top_k']}: expected 1 to n_experts ({f['n_experts']})")
+        if 0 < self.capacity_factor < 1:
+            raise ValueError(f"capacity_factor {self.capacity_factor}: expected 0 (dropless) or at least 1")
+        if self.capacity_factor and self.dispatch == "dense":
+            raise ValueError('capacity_factor needs dispatch = "sparse" (the dense path drops nothing)')
         if self.vocab_size:
             f["vocab_size"] = self.vocab_size
         layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
@@ -104,7 +110,7 @@ class RecurrentMoESpec:
             rope_theta=f["rope_theta"],
             max_seq_len=f["max_seq_len"],
         )
-        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"], o.aux_weight, o.z_weight))
+        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"], o.aux_weight, o.z_weight, o.dispatch, o.capacity_factor))
 
     @property
     def vocab_size(self) -> int:
