@@ -18,7 +18,7 @@ What this module holds, by group:
   reads from each slot's object, the optional ones with what the core does without them, and
   every component is checked against it before a run starts (``python -m core.plugins
   --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
-  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns (:func:`declared_tokenizer` reads it, for sources made of sources); :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
+  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns (:func:`declared_tokenizer` reads it, and :func:`data_end_of_document_id` a source's end-of-document id, for sources made of sources); :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
   :func:`data_has_split` and :func:`data_parts` read a spec's or a source's optional member with
   the core's default (for plugins that wrap other plugins).
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
@@ -72,7 +72,7 @@ from core.contract.protocols import (
 from core.contract.registry import Registry
 from core.contract.run import Run
 from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
-from core.data.tokenizer_spec import TokenizerSpec, declared_tokenizer
+from core.data.tokenizer_spec import TokenizerSpec, data_end_of_document_id, declared_tokenizer
 from core.data.worker_start import worker_context
 from core.runtime.durable_io import replace_durable
 from core.runtime.monitor_reductions import Reduced
@@ -102,6 +102,7 @@ __all__ = [
     "LoaderSpec",
     "TokenizerSpec",
     "declared_tokenizer",
+    "data_end_of_document_id",
     "Reduced",
     "high_precision_modules",
     "data_fingerprint",

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, rope_tables
+from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, attention_inputs, rope_tables
 from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
 
 
@@ -126,8 +126,8 @@ class MoEBlock(nn.Module):
         self.ffn_norm = RMSNorm(b.dim, b.norm_eps)
         self.moe = MoE(b.dim, b.ffn_dim, a.n_experts, a.top_k, a.dispatch, a.capacity_factor)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         y, aux, z = self.moe(self.ffn_norm(x))
         return x + y, aux, z
 
@@ -197,11 +197,11 @@ class RecurrentMoE(nn.Module):
         h = self.tok_embeddings(input_ids)
         aux = h.new_zeros((), dtype=torch.float32)
         z = h.new_zeros((), dtype=torch.float32)
-        cos, sin = self.rope_cos, self.rope_sin
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base)  # once for every block
 
         def run(blocks, h, aux, z):
             for block in blocks:
-                h, a_, z_ = block(h, cos, sin)
+                h, a_, z_ = block(h, cos, sin, mask)
                 aux, z = aux + a_, z + z_
             return h, aux, z
 
