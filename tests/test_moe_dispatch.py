@@ -86,10 +86,8 @@ def test_bad_moe_options_name_the_key():
 
 @pytest.mark.slow
 def test_a_dense_checkpoint_resumes_on_the_sparse_path_under_fsdp2(tmp_path):
-    body = '[model]\nname = "recurrent_moe"\nn_loops = 2\n[monitors]\nenabled = ["console", "jsonl"]\n'
-    cfg = write_tiny_config(tmp_path, body=body, steps=4, global_batch_tokens=1024)
-    text = cfg.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', "")
-    cfg.write_text(text)
+    cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=1024)
+    cfg.write_text(cfg.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "recurrent_moe"\nn_loops = 2\n'))
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={straight}", "--parallelism.name=fsdp2")
     assert proc.returncode == 0, proc.stderr[-3000:]
