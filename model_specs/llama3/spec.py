@@ -185,7 +185,7 @@ def with_end_of_document(args: ModelArgs, eod_id: int | None) -> ModelArgs:
     if eod_id is None:
         raise ConfigError(
             '[model].attention_mask = "document" needs the end-of-document id of the data, and the data source declares none '
-            "(its end_of_document_id(), or the eos_id of its tokenizer()); expected a source of packed documents, or attention_mask = \"causal\""
+            '(its end_of_document_id(), or the eos_id of its tokenizer()); expected a source of packed documents, or attention_mask = "causal"'
         )
     return replace(args, eod_id=eod_id)
 
@@ -220,7 +220,9 @@ class Llama3Options:
     attention_mask: Literal["causal", "document"] = option(
         "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
     )
-    rope_positions: Literal["absolute", "document"] = option("absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)")
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
     norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
     init_std: float = option(0.02, "std of the token embedding at init", gt=0)
 

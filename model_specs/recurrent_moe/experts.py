@@ -27,7 +27,9 @@ import torch.nn.functional as F
 
 
 @torch.library.custom_op("plait::grouped_swiglu", mutates_args=())
-def _grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _grouped_swiglu(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows ``x`` [R, d] grouped by expert (``counts`` [E] rows each, in order); ``w1``, ``w3`` [E, h, d],
     ``w2`` [E, d, h]. Returns the output [R, d] and the two projections [R, h] the backward needs."""
     out = x.new_empty(x.shape)

@@ -58,9 +58,15 @@ class RecurrentMoEOptions:
     attention_mask: Literal["causal", "document"] = option(
         "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
     )
-    rope_positions: Literal["absolute", "document"] = option("absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)")
-    dispatch: Literal["sparse", "dense"] = option("sparse", "sparse: each expert runs on its routed tokens only; dense: every expert on every token (reference)")
-    capacity_factor: float = option(0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0)
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
+    dispatch: Literal["sparse", "dense"] = option(
+        "sparse", "sparse: each expert runs on its routed tokens only; dense: every expert on every token (reference)"
+    )
+    capacity_factor: float = option(
+        0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0
+    )
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:
@@ -117,7 +123,21 @@ class RecurrentMoESpec:
             attention_mask=o.attention_mask,
             rope_positions=o.rope_positions,
         )
-        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"], o.aux_weight, o.z_weight, o.dispatch, o.capacity_factor))
+        return cls(
+            MoEArgs(
+                base,
+                f["n_prelude"],
+                f["n_core"],
+                f["n_coda"],
+                f["n_loops"],
+                f["n_experts"],
+                f["top_k"],
+                o.aux_weight,
+                o.z_weight,
+                o.dispatch,
+                o.capacity_factor,
+            )
+        )
 
     @property
     def vocab_size(self) -> int:

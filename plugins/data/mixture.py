@@ -49,7 +49,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, TokenizerSpec, data_end_of_document_id, data_has_split, log, mix_seed, option
+from core.api import (
+    ConfigError,
+    DataError,
+    DataExhausted,
+    IndexedLoader,
+    IndexedSource,
+    TokenizerSpec,
+    data_end_of_document_id,
+    data_has_split,
+    log,
+    mix_seed,
+    option,
+)
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
