@@ -9,6 +9,7 @@ steps per round; rounds alternate which path goes first, and the medians over ro
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -45,9 +46,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steady on a shared machine)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     import torch
+
+    torch.set_num_threads(args.threads)
 
     from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
 
@@ -76,7 +80,8 @@ def main(argv=None) -> int:
     body += (
         f"\n\nsparse / dense step time: {sparse / dense:.2f}. recurrent_moe {args.flavor}, {args.experts} experts, top-{args.top_k}, "
         f"micro-batch {args.micro_batch} x seq {args.seq_len}, {args.dtype}, forward + backward + AdamW, "
-        f"{args.steps} steps per round, {args.rounds} alternating rounds, eager."
+        f"{args.steps} steps per round, {args.rounds} alternating rounds, eager, {torch.get_num_threads()} thread(s), "
+        f"load average {os.getloadavg()[0]:.1f} at the end."
     )
     print(body)
     if not args.no_record:

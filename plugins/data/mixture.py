@@ -215,7 +215,7 @@ class Mixture(IndexedSource):
     def end_of_document_id(self) -> int | None:
         """The one end-of-document id its sources declare (those without one, ``synthetic``, are left
         out: each of their samples is one document); two different ids are refused, naming the sources."""
-        ids = {}
+        ids: dict[int, str] = {}
         for label, source in zip(self.labels, self.sources):
             eod = data_end_of_document_id(source, f"[data] mixture: source {label!r}")
             if eod is not None:
