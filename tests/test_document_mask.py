@@ -75,3 +75,35 @@ def test_hf_export_says_the_mask_is_not_applied(capsys):
     model = spec.build()
     spec.to_hf_state_dict(model.state_dict())
     assert "LlamaForCausalLM does not apply that mask" in capsys.readouterr().err
+
+
+def test_sources_say_where_documents_end():
+    from conftest import REPO
+
+    from core.api import PluginError, data_end_of_document_id
+    from plugins.data.mixture import Mixture, MixtureOptions
+    from plugins.data.synthetic import Synthetic, SyntheticOptions
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    corpus = str(REPO / "plugins" / "data" / "corpus" / "shakespeare")
+    assert data_end_of_document_id(TokenBin(TokenBinOptions(path=corpus)), "bin") == 256  # meta.json's eos_id
+    assert data_end_of_document_id(Synthetic(SyntheticOptions()), "synthetic") is None
+    mixed = Mixture(MixtureOptions(sources=[{"name": "token_bin", "weight": 1.0, "path": corpus}, {"name": "synthetic", "weight": 1.0}]))
+    assert data_end_of_document_id(mixed, "mixture") == 256
+
+    class Odd:
+        def end_of_document_id(self):
+            return -1
+
+    with pytest.raises(PluginError, match=r"odd: end_of_document_id\(\) returned -1; expected a token id"):
+        data_end_of_document_id(Odd(), "odd")
+
+
+def test_a_run_trains_with_the_document_mask(tiny_config, tmp_path):
+    from conftest import read_metrics, run_module
+
+    cfg = tiny_config(steps=2)
+    proc = run_module("core.train", "--config", str(cfg), "--model.attention_mask=document", "--model.rope_positions=document", "--parallelism.name=single")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_metrics(tmp_path / "out")
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] > 0 for r in rows)
