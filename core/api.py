@@ -19,7 +19,7 @@ What this module holds, by group:
   reads from each slot's object, the optional ones with what the core does without them, and
   every component is checked against it before a run starts (``python -m core.plugins
   --contract`` prints it). :class:`DistInfo` and :class:`LoaderSpec` are what the core hands
-  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns (:func:`declared_tokenizer` reads it, for sources made of sources); :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
+  in, :class:`TokenizerSpec` what a source's ``tokenizer()`` returns (:func:`declared_tokenizer` reads it, and :func:`data_end_of_document_id` a source's end-of-document id, for sources made of sources); :func:`high_precision_modules`, :func:`data_tokens_per_epoch`, :func:`data_fingerprint`,
   :func:`data_has_split` and :func:`data_parts` read a spec's or a source's optional member with
   the core's default (for plugins that wrap other plugins).
 * **Base classes and data helpers**: :class:`IndexedSource` (a map-style data source: implement
@@ -83,7 +83,7 @@ from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
 from core.contract.json_rows import restore_not_finite, strict_row
 from core.contract.options import NoOptions, option
 from core.data.text_tokenizer import Tokenizer, need
-from core.data.tokenizer_spec import TOKENIZER_KINDS, TokenizerSpec, declared_tokenizer, read_tokenizer_file, tokenizer_fingerprint
+from core.data.tokenizer_spec import TOKENIZER_KINDS, TokenizerSpec, data_end_of_document_id, declared_tokenizer, read_tokenizer_file, tokenizer_fingerprint
 
 if _typing.TYPE_CHECKING:
     from core.config.registry import Registry
@@ -201,6 +201,7 @@ __all__ = [
     "LoaderSpec",
     "TokenizerSpec",
     "declared_tokenizer",
+    "data_end_of_document_id",
     "Reduced",
     "high_precision_modules",
     "data_fingerprint",

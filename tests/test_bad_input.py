@@ -202,6 +202,12 @@ def plan_error(capsys, *args: str) -> str:
         (["--model.dim=1000000000000"], "n_layers 2, dim 1000000000000, ffn_dim 384 and vocab_size 512 make 6e+24 parameters"),
         (["--model.max_seq_len=1000000000000"], "max_seq_len must be at most 16,777,216 (2^24), got 1,000,000,000,000"),
         (["--model.name=recurrent_moe", "--model.n_experts=1000000000000"], "n_experts 1000000000000 of 3 layers and vocab_size 512 make 7.39e+16"),
+        # document masking and the MoE's routing (issue 33)
+        (["--model.attention_mask=diagonal"], "(model 'llama3').attention_mask: expected 'causal' | 'document', got str 'diagonal'"),
+        (["--data.name=synthetic", "--model.attention_mask=document"], '[model].attention_mask = "document" needs the end-of-document id of the data'),
+        (["--model.rope_positions=document"], 'rope_positions = "document" needs attention_mask = "document"'),
+        (["--model.name=recurrent_moe", "--model.capacity_factor=0.5"], "capacity_factor 0.5: expected 0 (dropless) or at least 1"),
+        (["--model.name=recurrent_moe", "--model.top_k=5"], "top_k 5: expected 1 to n_experts (4)"),
     ],
 )
 def test_plan_refuses_bad_values(tiny_config, capsys, overrides, expected):

@@ -1,5 +1,6 @@
 """Every compiled block traces as one graph: zero graph breaks under torch.compile (dynamo on CPU),
-for the llama3 and recurrent-MoE blocks, in fp32, bf16 and fp8 (torchao tensorwise and rowwise)."""
+for the llama3 and recurrent-MoE blocks (sparse dispatch, dropless and with a capacity factor), in fp32, bf16
+and fp8 (torchao tensorwise and rowwise); the compiled sparse MoE block computes what the eager one does."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
 def model_and_spec(kind: str):
     if kind == "llama3":
         spec = Llama3Spec.from_flavor("debug", dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=128)
-    else:
-        spec = RecurrentMoESpec.from_options(RecurrentMoEOptions())
+    else:  # recurrent_moe: sparse dispatch (dropless), or with a capacity factor
+        spec = RecurrentMoESpec.from_options(RecurrentMoEOptions(capacity_factor=1.5 if kind.endswith("capacity") else 0.0))
     model = spec.build()
     spec.init_weights(model)
     return spec, model
@@ -31,7 +32,7 @@ def convert_fp8(model, recipe: str):
     return precision.convert(model, None)
 
 
-@pytest.mark.parametrize("kind", ["llama3", "recurrent_moe"])
+@pytest.mark.parametrize("kind", ["llama3", "recurrent_moe", "recurrent_moe-capacity"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8-tensorwise", "fp8-rowwise"])
 def test_blocks_have_no_graph_breaks(kind, precision):
     spec, model = model_and_spec(kind)
@@ -119,3 +120,17 @@ def test_train_compile_compiles_the_loss():
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     dynamo.reset()
+
+
+def test_compiled_sparse_moe_block_matches_eager():
+    spec, model = model_and_spec("recurrent_moe")
+    block = spec.blocks(model)[0]
+    cos, sin = model.rope_cos[None, :32, None, :], model.rope_sin[None, :32, None, :]
+    x = torch.randn(2, 32, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    eager = block(x, cos, sin)[0]
+    (gx,) = torch.autograd.grad(eager.sum(), x)
+    dynamo.reset()
+    compiled = torch.compile(block, backend="aot_eager")(x, cos, sin)[0]
+    (cx,) = torch.autograd.grad(compiled.sum(), x)
+    dynamo.reset()
+    assert torch.allclose(compiled, eager, atol=1e-5) and torch.allclose(cx, gx, atol=1e-5)

@@ -175,7 +175,7 @@ def test_plugins_listing_names_the_optional_members_each_component_provides():
         return text[start:end]
 
     data, model, par = render("data"), render("model"), render("parallelism")
-    assert block(data, "token_bin").endswith("optional: has_split, tokens_per_epoch, fingerprint, tokenizer")
+    assert block(data, "token_bin").endswith("optional: has_split, tokens_per_epoch, fingerprint, tokenizer, end_of_document_id")
     assert block(data, "synthetic").endswith("optional: has_split")
     # mixture's defaults (no sources) cannot be built: its class says what it provides, and says so
     assert "optional (from its class; default options: ConfigError): has_split, check_resume, metrics" in block(data, "mixture")

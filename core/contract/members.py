@@ -82,6 +82,12 @@ CONTRACT: dict[str, list[Member]] = {
             "(rope_theta, max_seq_len); a resume or initial_load of a checkpoint saved with other values is refused; default: shapes only",
             False,
         ),
+        method(
+            "use_end_of_document_id",
+            1,
+            "(the data's end-of-document id, or None) told before build, for a document attention mask; refuse None when needed (raise ConfigError); default: not told",
+            False,
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
     ],
     "parallelism": [
@@ -124,6 +130,12 @@ CONTRACT: dict[str, list[Member]] = {
         ),
         method("check_first_step", 1, "(train LoaderSpec of rank 0) refuse data that cannot serve one step (raise DataError); default: unchecked", False),
         method("tokenizer", 0, "a core.api.TokenizerSpec or None, saved in checkpoints for core.export; default: from [data] (tokenizer, meta.json)", False),
+        method(
+            "end_of_document_id",
+            0,
+            "the token id that ends each document of its packed samples, or None (not marked); a document mask needs it; default: its tokenizer()'s eos_id",
+            False,
+        ),
         method("parts", 0, "{label: source}: the sources it is made of (a mixture); the ones lacking a validation split are named; default: none", False),
         value(
             "samples_before_loader",

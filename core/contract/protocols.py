@@ -83,7 +83,8 @@ class ModelSpec(Protocol):
     Optional members (what the core does without each: ``core.contract.members.CONTRACT``):
     ``high_precision_modules(model)``, ``compile_loss(model)``, ``param_counts()``,
     ``max_seq_len``, the Hugging Face adapters ``to_hf_state_dict(sd)``,
-    ``from_hf_state_dict(sd)`` and ``hf_config()``, ``resolved_architecture()``, and ``architecture_options``: a tuple of the
+    ``from_hf_state_dict(sd)`` and ``hf_config()``, ``use_end_of_document_id(eod_id)`` (the data's end-of-document id or
+    None, told before ``build()``; a document mask refuses None), ``resolved_architecture()``, and ``architecture_options``: a tuple of the
     names of its ``[model]`` options that define the function its weights compute (``n_heads``,
     ``norm_eps``; not ``rope_theta`` or ``max_seq_len``, which a run may change on purpose). A
     resume, or ``initial_load`` of a plait checkpoint, whose saved values of them (or model name)
@@ -338,8 +339,8 @@ class DataSource(Protocol):
 
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``has_split(split)``, ``check_resume(state, world_size)``,
     ``check_first_step(spec)``, ``metrics(consumed_samples)``, ``tokens_per_epoch()``, ``fingerprint()``, ``tokenizer()`` (a
-    :class:`core.api.TokenizerSpec`, saved in checkpoints for ``core.export``), ``validation_loaders(spec)``, ``parts()`` and
-    ``samples_before_loader``. Map-style sources subclass :class:`core.data.indexed.IndexedSource`.
+    :class:`core.api.TokenizerSpec`, saved in checkpoints for ``core.export``), ``end_of_document_id()`` (the id ending each
+    document of its samples, for a model's document mask), ``validation_loaders(spec)``, ``parts()`` and ``samples_before_loader``. Map-style sources subclass :class:`core.data.indexed.IndexedSource`.
     """
 
     def validate(self, vocab_size: int, seq_len: int) -> None:

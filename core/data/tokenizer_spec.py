@@ -73,3 +73,19 @@ def declared_tokenizer(data: Any, who: str) -> dict[str, Any] | None:
         return {"spec": f"{kind}:{file}", "eos_id": eos, "fingerprint": tokenizer_fingerprint(file)}
     except OSError as e:
         raise DataError(f"{who}: tokenizer() names {declared.spec!r}, and {file} cannot be read ({e.strerror or e})") from None
+
+
+def data_end_of_document_id(data: Any, who: str) -> int | None:
+    """The token id that ends each document of the source's samples: its optional ``end_of_document_id()``,
+    else the ``eos_id`` its ``tokenizer()`` declares; None when neither says. Loaders hand out ids only:
+    a model with a document mask finds the documents in them (``core.contract.members``)."""
+    from core.contract.members import member
+
+    fn = member("data", data, "end_of_document_id")
+    if fn is None:
+        record = declared_tokenizer(data, who)
+        return None if record is None else record["eos_id"]
+    eod = fn()
+    if eod is not None and (isinstance(eod, bool) or not isinstance(eod, int) or eod < 0):
+        raise PluginError(f"{who}: end_of_document_id() returned {eod!r}; expected a token id (an int >= 0) or None")
+    return eod

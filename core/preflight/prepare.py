@@ -31,7 +31,7 @@ from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitE
 from core.contract.hookspecs import register_monitor
 from core.contract.members import check_component, member
 from core.contract.protocols import LoaderSpec
-from core.data.tokenizer_spec import declared_tokenizer
+from core.data.tokenizer_spec import data_end_of_document_id, declared_tokenizer
 from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from core.preflight.start_folders import check_start
 from core.runtime.distributed import env_world, pick_device
@@ -139,6 +139,7 @@ def prepare(
 
     precision = choose_precision(rc, components, device, str(path))
     spec, model_name = components["model"], rc.slots["model"].component.name
+    tell_end_of_document(spec, model_name, components["data"], rc.slots["data"].component.name, str(path))
     architecture = call_plugin(f"model {model_name!r}: resolved_architecture", run_architecture, spec, model_name, rc.to_dict()["model"])  # another is refused
     check_model_answers(spec, model_name, rc.train.micro_batch, rc.seq_len)
     model_meta = build_meta(spec, model_name)  # once, for every check below; precision conversions keep parameter names
@@ -192,6 +193,20 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         if problems is None:
             raise
         problems.append(e)
+
+
+def tell_end_of_document(spec: Any, model_name: str, data: Any, data_name: str, path: str) -> None:
+    """Give the model spec's optional ``use_end_of_document_id`` the data's end-of-document id, before
+    the model is built; its refusal (a document mask without such an id) names the data source."""
+    tell = member("model", spec, "use_end_of_document_id")
+    if tell is None:
+        return
+    who = f"data {data_name!r}"
+    eod = call_plugin(f"{who}: end_of_document_id", data_end_of_document_id, data, who)
+    try:
+        call_plugin(f"model {model_name!r}: use_end_of_document_id", tell, eod)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e} ({who})") from None
 
 
 def steps_to_target(prep: Prepared) -> int:

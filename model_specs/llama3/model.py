@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ class ModelArgs:
     tie_embeddings: bool = False
     attention: str = "sdpa"  # "sdpa" or "flash_attn" (flash-attn package, CUDA, bf16/fp16)
     loss_chunk_tokens: int = 0  # > 0: chunked cross-entropy, never the full logits
+    attention_mask: str = "causal"  # "causal", or "document": attention stays within each document
+    rope_positions: str = "absolute"  # "absolute", or "document": positions restart at each document
+    eod_id: int | None = None  # the data's end-of-document id (the spec sets it); None: the document mask is causal
 
     @property
     def head_dim(self) -> int:
@@ -99,6 +102,50 @@ def sdpa_backend(n_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype, 
     return SDPA_BACKENDS.get(int(torch._fused_sdp_choice(q, q, q, None, 0.0, True)), "unknown")
 
 
+def document_layout(input_ids: torch.Tensor, eod_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(document index, position within the document), both [B, T], of each token of packed
+    sequences whose documents end with ``eod_id`` (the end-of-document token belongs to the document
+    it ends; a sequence that starts mid-document starts a document). Computed on the device from
+    the ids: the loader hands out ids only."""
+    is_end = input_ids == eod_id
+    doc = torch.cumsum(is_end, 1) - is_end.long()
+    t = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    starts = torch.ones_like(is_end)
+    starts[:, 1:] = is_end[:, :-1]
+    first = torch.where(starts, t, torch.zeros_like(t)).cummax(1).values
+    return doc, t - first
+
+
+def document_mask(doc: torch.Tensor) -> Any:
+    """Causal attention within each document (``doc`` [B, T] from :func:`document_layout`): on CUDA a
+    FlexAttention BlockMask (blocks of other documents skipped), elsewhere a boolean [B, 1, T, T] mask
+    for SDPA (FlexAttention has no CPU backward in torch 2.13)."""
+    B, T = doc.shape
+    if doc.is_cuda:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_document(b, h, q, kv):
+            return (kv <= q) & (doc[b, q] == doc[b, kv])
+
+        return create_block_mask(same_document, B, None, T, T, device=doc.device)
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()
+    return (causal & (doc[:, :, None] == doc[:, None, :]))[:, None]
+
+
+def attention_inputs(input_ids: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, args: ModelArgs) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """RoPE cos and sin shaped for the blocks ([1, T, 1, D], or [B, T, 1, D] with positions restarting
+    at each document) and the attention mask (None: causal) of one forward, made once for every block."""
+    T = input_ids.shape[1]
+    if args.attention_mask != "document" or args.eod_id is None:
+        return rope_cos[None, :T, None, :], rope_sin[None, :T, None, :], None
+    doc, pos = document_layout(input_ids, args.eod_id)
+    if args.rope_positions == "document":
+        cos, sin = rope_cos[pos][:, :, None, :], rope_sin[pos][:, :, None, :]
+    else:
+        cos, sin = rope_cos[None, :T, None, :], rope_sin[None, :T, None, :]
+    return cos, sin, document_mask(doc)
+
+
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE."""
 
@@ -111,13 +158,20 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        """``mask``: None (causal), a boolean [B, 1, T, T] mask (True: attend) or a FlexAttention BlockMask
+        (:func:`document_mask`)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.use_flash_attn and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask (CUDA)
+            from torch.nn.attention.flex_attention import flex_attention
+
+            y = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            return self.wo(cast(torch.Tensor, y).transpose(1, 2).reshape(B, T, -1))
+        if mask is None and self.use_flash_attn and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             from flash_attn import flash_attn_func  # GQA natively, [B, T, H, D] layout
 
             return self.wo(flash_attn_func(q, k, v, causal=True).reshape(B, T, -1))
@@ -129,7 +183,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.wo(y)
 
@@ -157,8 +211,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -242,9 +296,9 @@ class Transformer(nn.Module):
             self._attention_logged = True
             self.log_attention_backend(T, input_ids.device)
         h = self.tok_embeddings(input_ids)
-        cos, sin = self.rope_cos[None, :T, None, :], self.rope_sin[None, :T, None, :]  # shaped once for every block
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, self.args)  # once for every block
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         h = self.norm(h)
         if labels is None:
             return self.output(h)

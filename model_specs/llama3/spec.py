@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from torch import nn
 
-from core.api import log, option
+from core.api import ConfigError, log, option
 from model_specs.llama3.model import ModelArgs, Transformer
 
 
@@ -167,6 +167,29 @@ MAX_PARAMETERS = 10**13
 MAX_SEQ_LEN = 2**24
 
 
+def check_masking(attention_mask: str, rope_positions: str) -> None:
+    """The masking options' values (also refused by their Literal types when read from a config)."""
+    if attention_mask not in ("causal", "document"):
+        raise ValueError(f"attention_mask {attention_mask!r}: expected causal or document")
+    if rope_positions not in ("absolute", "document"):
+        raise ValueError(f"rope_positions {rope_positions!r}: expected absolute or document")
+    if rope_positions == "document" and attention_mask != "document":
+        raise ValueError('rope_positions = "document" needs attention_mask = "document"')
+
+
+def with_end_of_document(args: ModelArgs, eod_id: int | None) -> ModelArgs:
+    """``args`` told the data's end-of-document id; ConfigError when the document mask needs one and
+    the data has none (before any process group or model is built, ``core.plan`` too)."""
+    if args.attention_mask != "document":
+        return args
+    if eod_id is None:
+        raise ConfigError(
+            '[model].attention_mask = "document" needs the end-of-document id of the data, and the data source declares none '
+            '(its end_of_document_id(), or the eos_id of its tokenizer()); expected a source of packed documents, or attention_mask = "causal"'
+        )
+    return replace(args, eod_id=eod_id)
+
+
 def check_size(args: ModelArgs, parameters: int, shape: str) -> None:
     """Refuse a shape of more than MAX_PARAMETERS parameters or a max_seq_len over MAX_SEQ_LEN."""
     if parameters > MAX_PARAMETERS:
@@ -194,6 +217,12 @@ class Llama3Options:
         "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)",
     )
     loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
+    attention_mask: Literal["causal", "document"] = option(
+        "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
+    )
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
     norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
     init_std: float = option(0.02, "std of the token embedding at init", gt=0)
 
@@ -205,11 +234,20 @@ class Llama3Options:
         }
         if self.tie_embeddings != "flavor":  # TOML's true and false, or the strings
             over["tie_embeddings"] = self.tie_embeddings in (True, "true")
-        return replace(base, norm_eps=self.norm_eps, attention=resolve_attention(self.attention), loss_chunk_tokens=self.loss_chunk_tokens, **over)
+        return replace(
+            base,
+            norm_eps=self.norm_eps,
+            attention=resolve_attention(self.attention),
+            loss_chunk_tokens=self.loss_chunk_tokens,
+            attention_mask=self.attention_mask,
+            rope_positions=self.rope_positions,
+            **over,
+        )
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
+        check_masking(self.attention_mask, self.rope_positions)
         a = self.args()
         if a.dim % a.n_heads:
             raise ValueError(f"dim {a.dim} is not divisible by n_heads {a.n_heads}")
@@ -289,6 +327,11 @@ class Llama3Spec:
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return list(_unwrap(model).layers)
+
+    def use_end_of_document_id(self, eod_id: int | None) -> None:
+        """The data's end-of-document id, given by the core before the model is built
+        (``attention_mask = "document"`` refuses None)."""
+        self.args = with_end_of_document(self.args, eod_id)
 
     def compile_loss(self, model: nn.Module) -> None:
         """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as
@@ -378,9 +421,17 @@ class Llama3Spec:
         }
 
     def to_hf_state_dict(self, sd: dict[str, Any]) -> dict[str, Any]:
-        """plait names -> ``LlamaForCausalLM`` names (tied head left out)."""
+        """plait names -> ``LlamaForCausalLM`` names (tied head left out). A model trained with the
+        document mask is said to be exported without it: transformers' Llama applies a causal mask only."""
         from model_specs.llama3.hf import to_hf
 
+        if self.args.attention_mask == "document":
+            log.warn(
+                'this model trained with attention_mask = "document"; transformers\' LlamaForCausalLM does not apply that mask '
+                "(causal attention over the whole input): give it one document per sequence"
+                + (", with positions from 0 (rope_positions = document)" if self.args.rope_positions == "document" else ""),
+                once="llama3:hf document mask",
+            )
         return to_hf(sd, self.args.tie_embeddings)
 
     def from_hf_state_dict(self, sd: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, rope_tables
+from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, attention_inputs, rope_tables
+from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,32 @@ class MoEArgs:
     top_k: int
     aux_weight: float
     z_weight: float
+    dispatch: str = "sparse"  # "sparse" (routed tokens only) or "dense" (every expert on every token)
+    capacity_factor: float = 0.0  # 0: dropless; >= 1: each expert takes at most this share of the routed pairs
 
 
 class MoE(nn.Module):
-    """Top-k routed SwiGLU experts, computed densely: every expert sees every token and the
-    router's top-k weights (zero elsewhere) mix their outputs. The same result as gathering
-    each expert's tokens, with shapes that never depend on the routing, so ``torch.compile``
-    traces the block as one graph. Fine at the sizes this model is for; a grouped-GEMM
-    dispatch would be the step up."""
+    """Top-k routed SwiGLU experts (softmax over all experts, renormalized over the chosen k).
 
-    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int):
+    ``dispatch = "sparse"`` runs each expert on the tokens routed to it only
+    (:mod:`model_specs.recurrent_moe.experts`): dropless, or at most a capacity factor's share of
+    the routed pairs per expert. ``"dense"`` runs every expert on every token and mixes the outputs
+    with the routing weights (zero for an expert not chosen): the same function without drops, at
+    ``n_experts / top_k`` times the FFN work; experts whose linears a precision plugin converted
+    (fp8) run that way too. Routing, losses and statistics are the same on every path."""
+
+    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int, dispatch: str = "sparse", capacity_factor: float = 0.0):
         super().__init__()
         self.top_k = top_k
+        self.dispatch = dispatch
+        self.capacity_factor = capacity_factor  # 0: dropless
         self.router = nn.Linear(dim, n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(dim, hidden) for _ in range(n_experts))
         self.stats: dict[str, torch.Tensor] = {}
+
+    def sparse_ready(self) -> bool:
+        """The experts are plain linears whose weights can be stacked (not fp8-converted modules)."""
+        return self.dispatch == "sparse" and all(type(lin) is nn.Linear for ffn in self.experts for lin in (ffn.w1, ffn.w2, ffn.w3))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         shape = x.shape
@@ -61,11 +73,8 @@ class MoE(nn.Module):
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         n = len(self.experts)
-        gates = torch.zeros_like(probs).scatter(1, chosen, weights).to(x.dtype)  # [tokens, experts]
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            out = out + expert(x) * gates[:, e, None]
         counts = F.one_hot(chosen, n).sum((0, 1))
+        out = self.routed(x, weights, chosen, counts) if self.sparse_ready() else self.dense(x, probs, weights, chosen)
         # Switch balance loss: n x sum_e (fraction of routed tokens) x (mean router prob)
         frac = counts.float() / chosen.numel()
         aux = n * (frac * probs.mean(0)).sum()
@@ -78,6 +87,35 @@ class MoE(nn.Module):
         self.stats = {"counts": counts.detach(), "entropy": entropy, "spread": spread}
         return out.reshape(shape), aux, z
 
+    def dense(self, x: torch.Tensor, probs: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token, mixed by the routing weights."""
+        gates = torch.zeros_like(probs).scatter(1, chosen, weights).to(x.dtype)  # [tokens, experts]
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            out = out + expert(x) * gates[:, e, None]
+        return out
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Each (token, expert) pair computed by its expert alone, grouped by expert."""
+        k = self.top_k
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        ffns = cast("list[FeedForward]", list(self.experts))
+        w1 = torch.stack([f.w1.weight for f in ffns]).to(dtype)
+        w3 = torch.stack([f.w3.weight for f in ffns]).to(dtype)
+        w2 = torch.stack([f.w2.weight for f in ffns]).to(dtype)
+        expert = chosen.reshape(-1)
+        order = expert.argsort(stable=True)  # pairs grouped by expert, in token order within a group
+        token = order // k
+        rows = x[token].to(dtype)
+        gate = weights.reshape(-1)[order]
+        if self.capacity_factor > 0:
+            y, kept = capacity_swiglu(rows, expert[order], counts, w1, w3, w2, capacity(rows.shape[0], len(ffns), self.capacity_factor))
+            gate = gate * kept
+        else:
+            y = grouped_swiglu(rows, counts, w1, w3, w2)
+        y = y * gate[:, None].to(y.dtype)
+        return torch.zeros(x.shape, dtype=y.dtype, device=x.device).index_add(0, token, y).to(x.dtype)
+
 
 class MoEBlock(nn.Module):
     def __init__(self, a: MoEArgs):
@@ -86,10 +124,10 @@ class MoEBlock(nn.Module):
         self.attention_norm = RMSNorm(b.dim, b.norm_eps)
         self.attention = Attention(b)
         self.ffn_norm = RMSNorm(b.dim, b.norm_eps)
-        self.moe = MoE(b.dim, b.ffn_dim, a.n_experts, a.top_k)
+        self.moe = MoE(b.dim, b.ffn_dim, a.n_experts, a.top_k, a.dispatch, a.capacity_factor)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         y, aux, z = self.moe(self.ffn_norm(x))
         return x + y, aux, z
 
@@ -159,11 +197,11 @@ class RecurrentMoE(nn.Module):
         h = self.tok_embeddings(input_ids)
         aux = h.new_zeros((), dtype=torch.float32)
         z = h.new_zeros((), dtype=torch.float32)
-        cos, sin = self.rope_cos, self.rope_sin
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base)  # once for every block
 
         def run(blocks, h, aux, z):
             for block in blocks:
-                h, a_, z_ = block(h, cos, sin)
+                h, a_, z_ = block(h, cos, sin, mask)
                 aux, z = aux + a_, z + z_
             return h, aux, z
 

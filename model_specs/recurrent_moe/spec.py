@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal, cast
 
 from torch import nn
 
 from core.api import option
 from model_specs.llama3.model import ModelArgs
-from model_specs.llama3.spec import check_size
+from model_specs.llama3.spec import check_masking, check_size, with_end_of_document
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 
 FLAVORS: dict[str, dict[str, Any]] = {
@@ -55,13 +55,30 @@ class RecurrentMoEOptions:
     vocab_size: int = option(0, "vocabulary size (0: from flavor)", ge=0)
     aux_weight: float = option(0.01, "weight of the load-balancing loss", ge=0)
     z_weight: float = option(0.001, "weight of the router z-loss (0 disables)", ge=0)
+    attention_mask: Literal["causal", "document"] = option(
+        "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
+    )
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
+    dispatch: Literal["sparse", "dense"] = option(
+        "sparse", "sparse: each expert runs on its routed tokens only; dense: every expert on every token (reference)"
+    )
+    capacity_factor: float = option(
+        0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0
+    )
 
     def check(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
+        check_masking(self.attention_mask, self.rope_positions)
         f = {**FLAVORS[self.flavor], **{k: v for k, v in (("n_experts", self.n_experts), ("top_k", self.top_k)) if v}}
         if not 1 <= f["top_k"] <= f["n_experts"]:
-            raise ValueError(f"top_k {f['top_k']} must be between 1 and n_experts {f['n_experts']}")
+            raise ValueError(f"top_k {f['top_k']}: expected 1 to n_experts ({f['n_experts']})")
+        if 0 < self.capacity_factor < 1:
+            raise ValueError(f"capacity_factor {self.capacity_factor}: expected 0 (dropless) or at least 1")
+        if self.capacity_factor and self.dispatch == "dense":
+            raise ValueError('capacity_factor needs dispatch = "sparse" (the dense path drops nothing)')
         if self.vocab_size:
             f["vocab_size"] = self.vocab_size
         layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
@@ -103,8 +120,24 @@ class RecurrentMoESpec:
             vocab_size=f["vocab_size"],
             rope_theta=f["rope_theta"],
             max_seq_len=f["max_seq_len"],
+            attention_mask=o.attention_mask,
+            rope_positions=o.rope_positions,
         )
-        return cls(MoEArgs(base, f["n_prelude"], f["n_core"], f["n_coda"], f["n_loops"], f["n_experts"], f["top_k"], o.aux_weight, o.z_weight))
+        return cls(
+            MoEArgs(
+                base,
+                f["n_prelude"],
+                f["n_core"],
+                f["n_coda"],
+                f["n_loops"],
+                f["n_experts"],
+                f["top_k"],
+                o.aux_weight,
+                o.z_weight,
+                o.dispatch,
+                o.capacity_factor,
+            )
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -113,6 +146,11 @@ class RecurrentMoESpec:
     @property
     def max_seq_len(self) -> int:
         return self.args.base.max_seq_len
+
+    def use_end_of_document_id(self, eod_id: int | None) -> None:
+        """The data's end-of-document id, given by the core before the model is built
+        (``attention_mask = "document"`` refuses None)."""
+        self.args = replace(self.args, base=with_end_of_document(self.args.base, eod_id))
 
     def build(self) -> RecurrentMoE:
         return RecurrentMoE(self.args)

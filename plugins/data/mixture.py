@@ -49,7 +49,20 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.api import ConfigError, DataError, DataExhausted, IndexedLoader, IndexedSource, TokenizerSpec, build_component, data_has_split, log, mix_seed, option
+from core.api import (
+    ConfigError,
+    DataError,
+    DataExhausted,
+    IndexedLoader,
+    IndexedSource,
+    TokenizerSpec,
+    build_component,
+    data_end_of_document_id,
+    data_has_split,
+    log,
+    mix_seed,
+    option,
+)
 
 PHI_FRAC = (math.sqrt(5) - 1) / 2
 BLOCK = 1 << 14  # indices per cached block when mapping global -> local sample numbers
@@ -196,6 +209,19 @@ class Mixture(IndexedSource):
             a, b = (next(label for label, e in eos.items() if e == i) for i in ids[:2])
             raise DataError(f"[data] mixture: sources {a!r} and {b!r} declare different EOS ids ({ids[0]} and {ids[1]}) for tokenizer {r0['spec']}")
         return TokenizerSpec(r0["spec"], ids[0] if ids else None)
+
+    def end_of_document_id(self) -> int | None:
+        """The one end-of-document id its sources declare (those without one, ``synthetic``, are left
+        out: each of their samples is one document); two different ids are refused, naming the sources."""
+        ids: dict[int, str] = {}
+        for label, source in zip(self.labels, self.sources):
+            eod = data_end_of_document_id(source, f"[data] mixture: source {label!r}")
+            if eod is not None:
+                ids.setdefault(eod, label)
+        if len(ids) > 1:
+            (a, la), (b, lb) = list(ids.items())[:2]
+            raise DataError(f"[data] mixture: sources {la!r} and {lb!r} end documents with different ids ({a} and {b}); expected one end-of-document id")
+        return next(iter(ids), None)
 
     def check_resume(self, saved: dict[str, Any], world_size: int) -> None:
         """Stream sources keep per-rank positions: a resume needs a checkpoint of such a mixture (its

@@ -246,6 +246,12 @@ class TextStream:
         """The tokenizer it encodes with (``[data] tokenizer``, from the working directory), its own EOS."""
         return TokenizerSpec(self.options.tokenizer)
 
+    def end_of_document_id(self) -> int:
+        """The tokenizer's EOS, which ends every document in the packed windows."""
+        from plugins.data.prepare import Tokenizer
+
+        return Tokenizer(self.options.tokenizer, None).eos_id
+
     def peek(self, path: str) -> None:
         """Read the first documents of ``path``: a malformed line or an empty file is a DataError now."""
         from itertools import islice

@@ -142,6 +142,11 @@ class TokenBin(IndexedSource):
                 f'read as uint16; set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
             )
 
+    def end_of_document_id(self) -> int | None:
+        """``meta.json``'s ``eos_id`` (``prepare`` ends every document with it), or None."""
+        eos = self.meta().get("eos_id")
+        return eos if isinstance(eos, int) and not isinstance(eos, bool) and eos >= 0 else None
+
     def tokenizer(self) -> TokenizerSpec | None:
         """The tokenizer ``meta.json`` names (``prepare`` records it, with its sha256 and EOS), its file found
         from the working directory or the data folder; None when it names none, or (said once) when its
