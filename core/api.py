@@ -34,6 +34,9 @@ What this module holds, by group:
 * **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
   :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
   prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
+* **Evaluation**: :mod:`evaluation <core.loop.evaluation>`: multiple-choice task files read and
+  checked, batched log-likelihoods (:class:`~core.loop.evaluation.Scorer`), bits per byte; the
+  ``downstream`` monitor, ``core.eval`` and the lm-evaluation-harness model share it.
 * **Logging**: :mod:`log <core.contract.log>` (``log.info``, ``log.note``, ``log.warn(..., once=key)``,
   ``log.error``): rank 0 speaks unless ``all_ranks=True``, each line prefixed ``plait:``.
   Plugins do not ``print``.
@@ -74,6 +77,7 @@ from core.contract.run import Run
 from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
 from core.data.tokenizer_spec import TokenizerSpec, declared_tokenizer
 from core.data.worker_start import worker_context
+from core.loop import evaluation
 from core.runtime.durable_io import replace_durable
 from core.runtime.monitor_reductions import Reduced
 
@@ -133,6 +137,8 @@ __all__ = [
     "closest",
     # logging
     "log",
+    # downstream evaluation (task files, batched log-likelihoods, bits per byte)
+    "evaluation",
 ]
 
 # Which protocol each slot's object satisfies (the monitor slot's is hook methods, not members).
