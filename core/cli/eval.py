@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=Path("eval.json"), help="where the metrics are written (default: %(default)s)")
     args = p.parse_args(argv)
     try:
-        for flag, value, low in (("--limit", args.limit, 0), ("--held-out-tokens", args.held_out_tokens, 0), ("--batch-size", args.batch_size, 1), ("--max-len", args.max_len, 0)):
+        for flag, value, low in (
+            ("--limit", args.limit, 0),
+            ("--held-out-tokens", args.held_out_tokens, 0),
+            ("--batch-size", args.batch_size, 1),
+            ("--max-len", args.max_len, 0),
+        ):
             if value < low:
                 raise ConfigError(f"{flag} must be >= {low}, got {value}")
         if not args.tasks and not args.held_out:
