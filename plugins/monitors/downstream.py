@@ -34,7 +34,7 @@ class DownstreamOptions:
     held_out_tokens: int = option(65536, "tokens read from each held-out .bin file; 0: all", ge=0)
     batch_size: int = option(16, "sequences per forward", gt=0)
     max_len: int = option(0, "longest sequence scored, in tokens (longer contexts are cut from the left); 0: data.seq_len", ge=0)
-    tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH; empty: the tokenizer the data source declares", path=True)
+    tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH (PATH from the working directory); empty: the tokenizer the data source declares")
 
     def check(self) -> None:
         if not self.tasks and not self.held_out:
