@@ -29,6 +29,7 @@ numbers or changes the model: forwards run under ``torch.no_grad`` in eval mode,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -253,6 +254,12 @@ def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
     return nll_nats / math.log(2) / max(n_bytes, 1)
 
 
+def held_out_metrics(held: "HeldOut", sums: torch.Tensor | Sequence[float]) -> dict[str, float]:
+    """``eval/<name>/bpb`` and ``eval/<name>/loss`` (nats per token) from summed (negative log-likelihood, tokens)."""
+    nll, tokens = float(sums[0]), float(sums[1])
+    return {f"eval/{held.name}/bpb": bits_per_byte(nll, held.n_bytes), f"eval/{held.name}/loss": nll / max(tokens, 1.0)}
+
+
 def read_token_file(path: Path, max_tokens: int) -> list[int]:
     """The first ``max_tokens`` ids (0: all) of a token ``.bin`` file; its dtype from ``meta.json`` beside it (default uint16)."""
     import numpy as np
@@ -333,14 +340,11 @@ class Evaluation:
             lls = [ll for ll, _ in scorer.loglikelihoods(mine, forwards=scorer.forwards(largest))]
             if kind == "task":
                 task, enc, items = what
-                out[task.name] = (task_sums(task, enc, items, lls), lambda s, n=task.name: task_metrics(n, s))
+                out[task.name] = (task_sums(task, enc, items, lls), functools.partial(task_metrics, task.name))
             else:
                 h = what
                 total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
-                out[h.name] = (
-                    total,
-                    lambda s, h=h: {f"eval/{h.name}/bpb": bits_per_byte(float(s[0]), h.n_bytes), f"eval/{h.name}/loss": float(s[0]) / max(float(s[1]), 1.0)},
-                )
+                out[h.name] = (total, functools.partial(held_out_metrics, h))
         return out
 
 

@@ -15,10 +15,11 @@ it on or off (``tests/test_evaluation.py``). Task files are read and encoded at 
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -51,6 +52,11 @@ def byte_length(spec: str, ids: list[int], eos_id: int) -> int:
 
         return len(Tokenizer.from_file(path).decode([i for i in ids if i != eos_id], skip_special_tokens=False).encode("utf-8"))
     raise DataError(f"tokenizer {spec}: bits per byte of a token .bin file needs a bytes or hf tokenizer; give the held-out text instead")
+
+
+def metric_of(finish: Callable[[Any], dict[str, float]], key: str, sums: Any) -> float:
+    """Metric ``key`` of the totals ``sums`` (a ``Reduced`` finish)."""
+    return finish(sums)[key]
 
 
 class Downstream:
@@ -113,7 +119,7 @@ class Downstream:
         out: dict[str, Any] = {}
         for name, (sums, finish) in results.items():
             for key in finish(sums):  # the metric names; each reduced from the summed tensor
-                out[key] = Reduced("sum", sums, finish=lambda s, f=finish, k=key: f(s)[k])
+                out[key] = Reduced("sum", sums, finish=functools.partial(metric_of, finish, key))
         if run.dist.is_main:
             log.info(f"step {step}: evaluated {len(results)} task(s) and held-out file(s)")
         return out
