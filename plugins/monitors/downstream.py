@@ -4,8 +4,8 @@ Every ``every`` steps and at the final step (a log step: ``every`` is a multiple
 the model as it trains scores each task file's first ``limit`` examples and each held-out file
 (``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
 adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll`` and
-``eval/<name>/bpb``, ``eval/<name>/loss`` to that step's metrics, so every monitor listed after it
-logs them, and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
+``eval/<name>/bpb``, ``eval/<name>/loss`` to that step's metrics, so every monitor logs them
+(whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
 it on or off (``tests/test_evaluation.py``). Task files are read and encoded at start (and by
