@@ -337,3 +337,15 @@ def test_the_converter_turns_hellaswag_arc_and_piqa_parquet_into_task_files(tmp_
             assert ex.continuations == (" twist the lid", " eat it") and ex.gold == 0
     r = run_module("core.cli.eval_convert", "--kind", "arc", "--parquet", str(tmp_path / "piqa.parquet"), "--out", str(tmp_path / "x.jsonl"))
     assert r.returncode == 2 and "no column 'question'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_evaluation_runs_under_fsdp2_and_bf16_with_uneven_shares(tmp_path):
+    toy = write_task(tmp_path / "toy.jsonl", 21, False)  # 11 and 10 examples: the shorter share pads its forwards
+    cfg = write_tiny_config(tmp_path, body=downstream_body(2, [toy]), steps=4, global_batch_tokens=2048, micro_batch=4)
+    cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["console", "jsonl", "downstream"]'))
+    r = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--precision.name=bf16", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["step"]: row for row in read_metrics(tmp_path / "out")}
+    for step in (2, 4):
+        assert 0 <= rows[step]["eval/toy/acc"] <= 1 and math.isfinite(rows[step]["eval/toy/gold_ll"]), rows[step]
