@@ -46,6 +46,9 @@ What this module holds, by group:
 * **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
   :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
   prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
+* **Evaluation**: :mod:`evaluation <core.loop.evaluation>`: multiple-choice task files read and
+  checked, batched log-likelihoods (:class:`~core.loop.evaluation.Scorer`), bits per byte; the
+  ``downstream`` monitor, ``core.eval`` and the lm-evaluation-harness model share it.
 * **Logging**: :mod:`log <core.contract.log>` (``log.info``, ``log.note``, ``log.warn(..., once=key)``,
   ``log.error``): rank 0 speaks unless ``all_ranks=True``, each line prefixed ``plait:``.
   Plugins do not ``print``.
@@ -114,6 +117,7 @@ if _typing.TYPE_CHECKING:
     from core.contract.run import Run
     from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
     from core.data.worker_start import worker_context
+    from core.loop import evaluation
     from core.runtime.durable_io import replace_durable
     from core.runtime.monitor_reductions import Reduced
 
@@ -158,6 +162,7 @@ _ON_FIRST_USE: dict[str, tuple[str, ...]] = {
     "core.data.worker_start": ("worker_context",),
     "core.runtime.durable_io": ("replace_durable",),
     "core.runtime.monitor_reductions": ("Reduced",),
+    "core.loop.evaluation": ("evaluation",),
 }
 _MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
 
@@ -166,7 +171,8 @@ def __getattr__(name: str) -> _typing.Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'core.api' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
+    imported = _importlib.import_module(module)
+    value = imported if module.rsplit(".", 1)[-1] == name else getattr(imported, name)
     globals()[name] = value
     return value
 
@@ -246,4 +252,6 @@ __all__ = [
     "closest",
     # logging
     "log",
+    # downstream evaluation (task files, batched log-likelihoods, bits per byte)
+    "evaluation",
 ]

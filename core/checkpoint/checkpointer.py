@@ -213,14 +213,14 @@ class Checkpointer:
         async_save.wait(self)
 
     def save_best(self, step: int) -> None:
-        """A validation at ``step`` entered the top ``keep_best`` (``run.state["best_checkpoints"]``,
+        """A value of ``best_metric`` at ``step`` entered the top ``keep_best`` (``run.state["best_checkpoints"]``,
         the same on every rank): save this step (its commit rewrites BEST.json), or, if it is
         already committed, just rewrite BEST.json."""
         self.best_step = step
         if step != self.last_saved_step:
             self.maybe_save(step)
         elif self.pending is None and self.dist.is_main:
-            retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []))
+            retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []), self.opts.best_metric, self.opts.best_mode)
 
     # ---- rollback and load (core.checkpoint.rollback, core.checkpoint.loading) ----
     def rollback_target(self) -> Path | None:

@@ -90,7 +90,7 @@ def commit(ck: Checkpointer, step: int, path: Path, json_state: dict[str, Any]) 
         replace_durable(path / COMMIT_MARKER, json.dumps(manifest, indent=1))
         sync_dir(ck.root)  # the step folder's own name
         if step == ck.best_step:
-            retention.write_best(ck.root, ck.state.run.state.get("best_checkpoints", []))
+            retention.write_best(ck.root, ck.state.run.state.get("best_checkpoints", []), ck.opts.best_metric, ck.opts.best_mode)
         watchdog.progress(f"pruning old checkpoints after the commit of step {step}")
         ck.retention.prune(ck.lineage, ck.pending[2] if ck.pending is not None else None)
     ck.on_saved(step, str(path))

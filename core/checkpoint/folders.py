@@ -37,7 +37,7 @@ from core.runtime.small_files import read_json as read_small_json
 from core.runtime.small_files import read_text
 
 COMMIT_MARKER = "COMMITTED"
-BEST_FILE = "BEST.json"  # lists the checkpoints with the best validation losses (checkpoint.keep_best)
+BEST_FILE = "BEST.json"  # lists the checkpoints with the best values of checkpoint.best_metric (checkpoint.keep_best)
 STATE_FILE = "state.json"
 CHECKPOINT_FORMAT = 1  # state.json's "format": raised when a change to the layout would mislead an older plait
 SETTING_ASIDE_FILE = "SETTING_ASIDE.json"  # the folders being moved to abandoned/, while they are (core.checkpoint.retention)

@@ -192,5 +192,5 @@ def train_state_error(train: dict[str, Any]) -> str | None:
     if not isinstance(ranking, list) or not all(
         isinstance(e, list) and len(e) == 2 and number(e[0]) and isinstance(e[1], int) and not isinstance(e[1], bool) and e[1] >= 0 for e in ranking
     ):
-        return f"'best_checkpoints' is {str(ranking)[:80]}, expected [[validation loss, step], ...]"
+        return f"'best_checkpoints' is {str(ranking)[:80]}, expected [[best_metric value (negated for best_mode = max), step], ...]"
     return None

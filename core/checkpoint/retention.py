@@ -3,7 +3,7 @@
 Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
 
 * After each commit, of this run's verified checkpoints the newest ``keep_latest``
-  stay, and so do the newest one, the ``keep_best`` ones (validation, ``BEST.json``)
+  stay, and so do the newest one, the ``keep_best`` ones (``best_metric``, ``BEST.json``)
   and, with ``keep_lowest_loss``, the one with the lowest training loss: a loss that
   rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
   every checkpoint from before it. This run's interrupted saves older than its
@@ -283,9 +283,11 @@ def best_paths(root: Path) -> set[Path]:
         return set()
 
 
-def write_best(root: Path, ranking: list[list[Any]]) -> None:
-    """``BEST.json`` from ``[[val_loss, step], ...]``, best first, replaced atomically."""
-    best = [{"step": int(s), "path": step_dir(root, int(s)).name, "val_loss": loss} for loss, s in ranking]
+def write_best(root: Path, ranking: list[list[Any]], metric: str = "val_loss", mode: str = "min") -> None:
+    """``BEST.json`` from ``[[key, step], ...]``, best first (key: the metric's value, negated for
+    ``mode = "max"``), each entry with the metric's value under its name; replaced atomically."""
+    sign = -1 if mode == "max" else 1
+    best = [{"step": int(s), "path": step_dir(root, int(s)).name, metric: sign * key} for key, s in ranking]
     replace_durable(root / BEST_FILE, json.dumps({"best": best}, indent=1))
 
 

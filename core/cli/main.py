@@ -27,6 +27,7 @@ COMMANDS: dict[str, Command] = {
     "export": Command("core.cli.export", "a checkpoint's weights as safetensors or in Hugging Face's layout"),
     "generate": Command("core.cli.generate", "sample text from a checkpoint or an export"),
     "report": Command("core.cli.report", "a run's manifest, metrics CSV, curves and final weights"),
+    "eval": Command("core.cli.eval", "score a checkpoint or an export on task and held-out files: a table and JSON"),
 }
 
 

@@ -100,9 +100,11 @@ class CheckpointOptions:
     on_stop: bool = option(True, "save when SIGTERM/SIGINT/SIGHUP or a monitor stops the run (unless the monitor says no)")
     keep_best: int = option(
         0,
-        "keep the N checkpoints with the best validation loss through pruning: a validation in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
+        "keep the N checkpoints with the best checkpoint.best_metric through pruning: a value in the top N saves its step; <dir>/BEST.json lists them, best first; 0: off",
         ge=0,
     )
+    best_metric: str = option("val_loss", "the metric keep_best ranks by: val_loss, or any number every rank logs on a log step (eval/<task>/acc_norm, ...)")
+    best_mode: str = option("min", "'min': lower is better (losses, bpb); 'max': higher is better (accuracies)")
     keep_lowest_loss: bool = option(
         True,
         "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
@@ -116,6 +118,10 @@ class CheckpointOptions:
         bad = [p for p in self.exclude_from_loading if p not in PARTS]
         if bad:
             raise ValueError(f"exclude_from_loading: unknown part {bad[0]!r}; parts: {', '.join(PARTS)}")
+        if self.best_mode not in ("min", "max"):
+            raise ValueError(f"best_mode: expected 'min' or 'max', got {self.best_mode!r}")
+        if not self.best_metric.strip():
+            raise ValueError("best_metric: expected a metric name (val_loss, eval/<task>/acc_norm, ...), got an empty string")
         if not self.resume.strip():  # e.g. --checkpoint.resume=$CKPT with CKPT unset
             raise ValueError("resume: expected 'auto', 'none' or a checkpoint folder, got an empty string")
         if self.dir.startswith("~"):  # the home folder, as in path options and train.output_dir

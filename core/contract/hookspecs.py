@@ -125,8 +125,9 @@ def plait_preflight(prep: Any, force: bool) -> None:
     """The run is planned and checked; no process group or model exists yet (``core.train`` on
     every rank, and ``core.plan``). ``prep`` is the prepared run (:class:`core.preflight.prepare.Prepared`);
     a monitor may read its ``world_size``, ``device``, ``grad_accum``, ``tokens_per_step``, ``total_steps``,
-    ``resolved`` (the config, as ``run.config`` will hold it), ``spec`` (the model spec) and ``resume_from``
-    (the checkpoint a resume tries first, or None); the rest is plait's own. ``force`` is ``budget.force``. Raise :class:`core.contract.errors.ConfigError` to refuse the run in one
+    ``resolved`` (the config, as ``run.config`` will hold it), ``spec`` (the model spec), ``tokenizer`` (the
+    data source's declared tokenizer, as ``run.tokenizer``) and ``resume_from`` (the checkpoint a resume tries
+    first, or None); the rest is plait's own. ``force`` is ``budget.force``. Raise :class:`core.contract.errors.ConfigError` to refuse the run in one
     line (exit 2); anything else is reported as the monitor's failure, also exit 2. The
     ``budget_guard`` refuses a run whose projected cost is over its cap this way.
     """

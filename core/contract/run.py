@@ -51,6 +51,8 @@ class Run:
     model: Any = None  # the model spec's module, converted by the precision (under fsdp2, sharded in place)
     spec: Any = None  # the model spec (core.contract.protocols.ModelSpec)
     optimizer: Any = None  # the torch optimizer the optimizer plugin built
+    precision: Any = None  # the precision plugin's object: ``run.precision.autocast(run.dist.device)`` around a forward
+    tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (``spec``, ``eos_id``, ``fingerprint``), None if none
     state: dict[str, Any] = field(default_factory=dict)
     stop: StopRequest | None = None  # the stop requested so far (reason, checkpoint, exit code), if any
     log_every: int = 1  # train.log_every

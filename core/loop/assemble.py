@@ -89,6 +89,8 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         model=model,
         spec=spec,
         optimizer=optimizer,
+        precision=precision,
+        tokenizer=prep.tokenizer,
         state={"wall_time_s": 0.0, "best_val_loss": math.inf},
         log_every=rc.train.log_every,
     )

@@ -34,7 +34,7 @@ from core.loop.monitor_hub import MonitorHub
 from core.loop.nonfinite import EXIT_NONFINITE
 from core.loop.step import TrainStep
 from core.loop.step_metrics import StepMetrics
-from core.loop.validation import validate
+from core.loop.validation import consider_best, validate
 from core.preflight import run_files
 from core.preflight.prepare import Prepared
 from core.runtime import distributed, watchdog
@@ -157,6 +157,8 @@ class Trainer:
             worst = self.read_skipped_steps() if is_log or save_due else 0  # the host syncs there anyway
             metrics = self.log_metrics(loss, grad_norm) if is_log else {}
             self.monitors.emit("plait_step_end", run=run, step=run.step, metrics=metrics)
+            if metrics:
+                consider_best(self, metrics)  # checkpoint.best_metric logged on this step (eval/...)
             if val.every and (run.step % val.every == 0 or run.step == run.total_steps):
                 validate(self, val)
             ckpt.poll()

@@ -96,7 +96,7 @@ def evaluate(trainer, opts: ValidationOptions) -> ValidationLoss:
 
 def validate(trainer, opts: ValidationOptions) -> None:
     """One validation pass at ``run.step``: monitors hear ``val_loss`` (and each part's), the best one
-    is kept, and with ``checkpoint.keep_best`` a checkpoint entering the top is saved. A pass a stop
+    is kept, and with ``checkpoint.keep_best`` a checkpoint entering the top is saved (:func:`consider_best`). A pass a stop
     signal interrupts records nothing; the step boundary right after it stops the run."""
     run = trainer.run
     try:
@@ -106,9 +106,25 @@ def validate(trainer, opts: ValidationOptions) -> None:
         return
     best = min(run.state.get("best_val_loss", math.inf), loss)
     run.state["best_val_loss"] = best
-    trainer.monitors.emit("plait_validation_end", run=run, step=run.step, metrics={"val_loss": loss, "best_val_loss": best, **loss.parts})
-    keep = trainer.checkpointer.opts.keep_best
-    ranking = run.state.setdefault("best_checkpoints", [])  # [[val_loss, step], ...] best first
-    if keep and (len(ranking) < keep or loss < ranking[-1][0]):  # the loss is a global mean: every rank agrees
-        ranking[:] = sorted(ranking + [[loss, run.step]])[:keep]
+    metrics = {"val_loss": loss, "best_val_loss": best, **loss.parts}
+    trainer.monitors.emit("plait_validation_end", run=run, step=run.step, metrics=metrics)
+    consider_best(trainer, metrics)
+
+
+def consider_best(trainer, metrics: dict) -> None:
+    """With ``checkpoint.keep_best``, a checkpoint whose ``checkpoint.best_metric`` (in ``metrics``: a
+    validation's or a log step's) enters the top is saved. Rank 0's value is every rank's (a validation
+    loss, a reduced monitor metric or the step's loss is the same on every rank anyway)."""
+    opts, run = trainer.checkpointer.opts, trainer.run
+    if not opts.keep_best or opts.best_metric not in metrics:
+        return
+    value = metrics[opts.best_metric]
+    if opts.best_metric != "val_loss":  # a global mean already; any other metric: rank 0's
+        value = trainer.control.broadcast_object(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return
+    key = float(value) if opts.best_mode == "min" else -float(value)
+    ranking = run.state.setdefault("best_checkpoints", [])  # [[key, step], ...] best first (key: the value, negated for "max")
+    if len(ranking) < opts.keep_best or key < ranking[-1][0]:
+        ranking[:] = sorted(ranking + [[key, run.step]])[: opts.keep_best]
         trainer.checkpointer.save_best(run.step)

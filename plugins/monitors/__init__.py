@@ -1,4 +1,4 @@
-"""Monitors: ``console``, ``jsonl``, ``tensorboard``, ``mfu``, ``memory``, ``update_ratio``, ``budget_guard``, ``spikes``,
+"""Monitors: ``console``, ``jsonl``, ``tensorboard``, ``mfu``, ``memory``, ``update_ratio``, ``budget_guard``, ``downstream``, ``spikes``,
 ``spike_rehearsal``, ``seq_len_stages``, ``recurrent_moe``, ``mlflow`` and ``wandb``."""
 
 from core.api import hookimpl
@@ -8,6 +8,7 @@ from core.api import hookimpl
 def plait_register(registry):
     from plugins.monitors.budget_guard import BudgetGuard, BudgetGuardOptions
     from plugins.monitors.console import Console, ConsoleOptions
+    from plugins.monitors.downstream import Downstream, DownstreamOptions
     from plugins.monitors.jsonl import Jsonl, JsonlOptions
     from plugins.monitors.memory import Memory
     from plugins.monitors.mfu import MFU
@@ -23,6 +24,13 @@ def plait_register(registry):
     registry.add("monitor", "console", Console, options=ConsoleOptions, doc="one line per log interval on stdout: loss, grad norm, lr, tokens/s, ETA")
     registry.add("monitor", "jsonl", Jsonl, options=JsonlOptions, doc="one JSON object per logged step in <output_dir>/metrics.jsonl")
     registry.add("monitor", "tensorboard", TensorBoard, options=TensorBoardOptions, doc="TensorBoard scalars in <output_dir>/tensorboard")
+    registry.add(
+        "monitor",
+        "downstream",
+        Downstream,
+        options=DownstreamOptions,
+        doc="multiple-choice tasks (eval/<task>/acc, acc_norm) and bits per byte on held-out files, every N steps, over the ranks",
+    )
     registry.add("monitor", "mfu", MFU, doc="adds mfu and peak_tflops to log steps: model FLOPs against the device's dense bf16 peak")
     registry.add("monitor", "memory", Memory, doc="adds the device memory (allocated, reserved, peak GiB; CUDA) to log steps")
     registry.add("monitor", "update_ratio", UpdateRatio, doc="adds ||update|| / ||parameters|| per parameter group to log steps")

@@ -1,0 +1,99 @@
+"""A plait checkpoint as an lm-evaluation-harness model: ``plait`` (the optional extra ``eval``).
+
+Importing this module registers the model ``plait`` with lm-evaluation-harness
+(``lm_eval.api.registry``). ``python -m core.cli.lm_eval_model`` is lm-evaluation-harness's own
+command line with the model registered::
+
+    python -m core.cli.lm_eval_model run --model plait --model_args checkpoint=DIR --tasks hellaswag
+
+``--model_args`` takes ``checkpoint`` (a checkpoint folder or an export, as ``core.generate``
+reads it), ``tokenizer`` (default: the one the checkpoint recorded), ``max_len`` (default: the
+model's ``max_seq_len``), ``batch_size`` and ``device``. The model and tokenizer are plait's own;
+``loglikelihood`` and ``loglikelihood_rolling`` run :class:`core.loop.evaluation.Scorer`, the code
+``core.eval`` and the ``downstream`` monitor run, so a task's scores equal theirs
+(``tests/test_evaluation.py``); ``generate_until`` decodes greedily (:func:`core.cli.generate.generate`)
+and cuts the text at the first stop string.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from core.loop import evaluation
+
+
+@register_model("plait")
+class PlaitLM(LM):
+    def __init__(
+        self, checkpoint: str, tokenizer: str | None = None, max_len: int = 0, batch_size: int | str = 16, device: str | None = None, **_: Any
+    ) -> None:
+        super().__init__()
+        from core.cli.generate import load, pick_device
+        from core.cli.text_codec import Codec, TokenizerRecord, resolve
+        from core.contract.errors import DataError
+
+        loaded = load(Path(checkpoint))
+        record = TokenizerRecord(resolve(tokenizer, [Path.cwd()], "tokenizer"), None, "tokenizer") if tokenizer else loaded.tokenizer
+        if record is None:
+            raise DataError(f"{checkpoint}: no tokenizer recorded; pass --model_args checkpoint=...,tokenizer=SPEC")
+        self.codec = Codec(record)
+        self.spec = loaded.spec
+        self.max_seq_len = getattr(loaded.spec, "max_seq_len", None)
+        self._device = pick_device(device)
+        self.model = loaded.model.to(self._device)
+        size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" and the like: the default
+        self.scorer = evaluation.Scorer(self.model, int(max_len) or self.max_seq_len or 2048, self._device, size)
+
+    def _context(self, text: str) -> list[int]:
+        return self.codec.encode(text) if text else [self.codec.eos_id]
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [(self._context(ctx), self.codec.encode(cont)) for ctx, cont in (r.args for r in requests)]
+        return self.scorer.loglikelihoods(pairs)
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for (text,) in (r.args[:1] for r in requests):
+            windows = evaluation.rolling_requests(self.codec.encode(text), self.codec.eos_id, self.scorer.max_len)
+            out.append(sum(ll for ll, _ in self.scorer.loglikelihoods(windows)))
+        return out
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        from core.cli.generate import generate
+
+        out = []
+        for context, kwargs in (r.args for r in requests):
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            new = generate(
+                self.model,
+                self._context(context),
+                int(kwargs.get("max_gen_toks", 256)),
+                max_seq_len=self.max_seq_len,
+                eos_id=self.codec.eos_id,
+                vocab_limit=self.codec.vocab_size,
+                device=self._device,
+            )
+            text = self.codec.decode(new)
+            cut = [text.index(s) for s in until if s and s in text]
+            out.append(text[: min(cut)] if cut else text)
+        return out
+
+
+def main() -> None:
+    """lm-evaluation-harness's command line, with ``plait`` registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    with torch.no_grad():
+        cli_evaluate()
+
+
+if __name__ == "__main__":
+    sys.argv[0] = "lm_eval"
+    main()

@@ -1,0 +1,367 @@
+"""Downstream evaluation: multiple-choice tasks by log-likelihood, and bits per byte on held-out text.
+
+The one implementation that the in-loop ``downstream`` monitor (``plugins/monitors/downstream.py``),
+``python -m core.eval`` and the lm-evaluation-harness model (``core/cli/lm_eval_model.py``) share.
+
+* **Task files** (:func:`read_task`): JSON lines, one example each:
+  ``{"context": "...", "continuations": ["...", "..."], "gold": 0}``, the format of
+  lm-evaluation-harness's and OLMo's multiple-choice tasks. The continuations are scored as given
+  (put the space between context and answer into the continuation). A bad line, a gold index out of
+  range, an empty choice list: a :class:`DataError` naming ``file:line``.
+* **Scoring** (:class:`Scorer`): the summed log-probability of each continuation's tokens given its
+  context, in batches of rows sorted by length; contexts of one example whose continuations are all a
+  single token are scored in one row (the context computed once). A sequence longer than
+  ``max_len + 1`` tokens keeps its last ones (the context is cut from the left).
+* **Metrics** (:func:`task_sums`, :func:`task_metrics`): ``acc`` (the most likely continuation is
+  the gold one), ``acc_norm`` (likelihood divided by the continuation's length in characters, as
+  lm-evaluation-harness's ``acc_norm``), ``acc_norm_tokens`` (divided by its length in tokens) and
+  ``gold_ll`` (the gold continuation's mean log-likelihood, nats).
+* **Bits per byte** (:func:`rolling_requests`, :func:`bits_per_byte`): a text's tokens after the EOS
+  token, in disjoint windows of ``max_len`` predicted tokens; total negative log-likelihood / ln 2 /
+  the text's UTF-8 bytes, comparable across tokenizers.
+
+Work split over ranks: rank r scores items r, r + world, ... (:func:`share`); every rank runs the
+same number of forwards (:meth:`Scorer.forwards`, short shares padded with a one-token forward) so a
+sharded model's collectives match. The caller sums the per-rank tensors. Nothing here draws random
+numbers or changes the model: forwards run under ``torch.no_grad`` in eval mode, the mode restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Sequence
+
+import torch
+
+from core.contract.errors import ConfigError, DataError
+
+Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
+SUMS = ("examples", "acc", "acc_norm", "acc_norm_tokens", "gold_ll")  # task_sums' order
+MAX_LINE_BYTES = 1 << 20  # a task line longer than this is not an example
+
+
+@dataclass(frozen=True)
+class Example:
+    context: str
+    continuations: tuple[str, ...]
+    gold: int
+    line: int  # 1-based line of its file
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # the file's stem: eval/<name>/acc
+    path: Path
+    examples: list[Example]
+
+
+def _example(obj: Any, where: str, line: int) -> Example:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object with context, continuations and gold, got {type(obj).__name__}")
+    missing = [k for k in ("context", "continuations", "gold") if k not in obj]
+    if missing:
+        raise DataError(f"{where}: missing {', '.join(repr(k) for k in missing)}; expected context, continuations and gold")
+    context, choices, gold = obj["context"], obj["continuations"], obj["gold"]
+    if not isinstance(context, str):
+        raise DataError(f"{where}: 'context' is {type(context).__name__}; expected a string")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise DataError(f"{where}: 'continuations' must be a non-empty list of non-empty strings")
+    if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+        raise DataError(f"{where}: 'gold' is {gold!r}; expected an index into the {len(choices)} continuations (0 to {len(choices) - 1})")
+    return Example(context, tuple(choices), gold, line)
+
+
+def read_task(path: Path, limit: int = 0) -> Task:
+    """The examples of task file ``path`` (every line checked; the first ``limit`` kept, 0: all)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"task file {path} does not exist (or is not a file)")
+    examples: list[Example] = []
+    try:
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                where = f"{path}:{number}"
+                if len(raw) > MAX_LINE_BYTES:
+                    raise DataError(f"{where}: a line of over {MAX_LINE_BYTES} bytes; expected one JSON example")
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise DataError(f"{where}: not a JSON line ({type(e).__name__}: {e})") from None
+                ex = _example(obj, where, number)
+                if not limit or len(examples) < limit:
+                    examples.append(ex)
+    except OSError as e:
+        raise DataError(f"task file {path}: unreadable ({e.strerror or e})") from None
+    if not examples:
+        raise DataError(f"task file {path}: no examples; expected one JSON object per line")
+    return Task(path.stem, path, examples)
+
+
+def read_tasks(paths: Sequence[str | Path], limit: int = 0, key: str = "tasks") -> list[Task]:
+    """Every task file, each checked (:func:`read_task`); two files of one name are a ConfigError naming ``key``."""
+    tasks = [read_task(Path(p), limit) for p in paths]
+    seen: dict[str, Path] = {}
+    for t in tasks:
+        if t.name in seen:
+            raise ConfigError(f"{key}: task {t.name!r} named twice ({seen[t.name]} and {t.path}); rename one file")
+        seen[t.name] = t.path
+    return tasks
+
+
+def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[tuple[list[int], list[list[int]]]]:
+    """Each example as (context ids, [continuation ids, ...]); an empty context is the EOS token. A text the
+    tokenizer cannot encode, a continuation of no tokens or an id at or above ``vocab_size``: DataError naming the line."""
+    out = []
+    for ex in task.examples:
+        where = f"{task.path}:{ex.line}"
+        try:
+            ctx = list(encode(ex.context)) if ex.context else [eos_id]
+            conts = [list(encode(c)) for c in ex.continuations]
+        except Exception as e:  # noqa: BLE001 - a tokenizer's own error, named with the line
+            raise DataError(f"{where}: the tokenizer cannot encode this example ({type(e).__name__}: {e})") from None
+        if not ctx or not all(conts):
+            raise DataError(f"{where}: the context or a continuation encodes to no tokens")
+        top = max(max(ctx), *(max(c) for c in conts))
+        if top >= vocab_size:
+            raise DataError(f"{where}: token id {top} is at or above the model's vocabulary size {vocab_size}")
+        out.append((ctx, conts))
+    return out
+
+
+def share(n: int, rank: int, world: int) -> range:
+    """The items rank ``rank`` of ``world`` scores: ``rank, rank + world, ...``."""
+    return range(rank, n, world)
+
+
+class Scorer:
+    """Batched log-likelihoods of continuations given contexts, on ``model`` (``forward(ids) -> logits``)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        max_len: int,
+        device: torch.device | str = "cpu",
+        batch_size: int = 16,
+        autocast: Callable[[], ContextManager] | None = None,
+    ) -> None:
+        self.model, self.max_len, self.device, self.batch_size = model, max_len, torch.device(device), max(1, batch_size)
+        self.autocast = autocast or contextlib.nullcontext
+
+    def _rows(self, requests: Sequence[Request]) -> list[tuple[list[int], list[tuple[int, int, list[int]]]]]:
+        """Rows to run: (input ids, [(request index, first predicted position, continuation ids)]).
+        Requests with one context and one-token continuations share a row (the context once)."""
+        rows: list[tuple[list[int], list[tuple[int, int, list[int]]]]] = []
+        single: dict[tuple[int, ...], int] = {}  # context -> its row of one-token continuations
+        for i, (ctx, cont) in enumerate(requests):
+            ctx, cont = list(ctx), list(cont)
+            if len(cont) == 1 and len(ctx) <= self.max_len:
+                key = tuple(ctx)
+                if key not in single:
+                    single[key] = len(rows)
+                    rows.append((ctx, []))
+                rows[single[key]][1].append((i, len(ctx) - 1, cont))
+                continue
+            full = (ctx + cont)[-(self.max_len + 1) :]
+            rows.append((full[:-1], [(i, len(full) - 1 - len(cont), cont)]))
+        return rows
+
+    def _batches(self, rows: list) -> list[list]:
+        order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))  # longest first: little padding
+        return [[rows[r] for r in order[b : b + self.batch_size]] for b in range(0, len(order), self.batch_size)]
+
+    def forwards(self, requests: Sequence[Request]) -> int:
+        """How many forwards :meth:`loglikelihoods` runs for ``requests``."""
+        return len(self._batches(self._rows(requests)))
+
+    @torch.no_grad()
+    def loglikelihoods(self, requests: Sequence[Request], forwards: int = 0) -> list[tuple[float, bool]]:
+        """(summed log-probability, greedy: each token the most likely) of each request, in order;
+        at least ``forwards`` forwards are run (the extra ones on one token: a sharded model's collectives match)."""
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        batches = self._batches(self._rows(requests))
+        model, was_training = self.model, self.model.training
+        model.eval()
+        try:
+            for batch in batches:
+                width = max(len(ids) for ids, _ in batch)
+                inputs = torch.zeros((len(batch), width), dtype=torch.long)
+                for r, (ids, _) in enumerate(batch):
+                    inputs[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                with self.autocast():
+                    logits = model(inputs.to(self.device))
+                for r, (_, wanted) in enumerate(batch):
+                    for i, start, cont in wanted:
+                        logp = torch.log_softmax(logits[r, start : start + len(cont)].float(), dim=-1)
+                        target = torch.tensor(cont, dtype=torch.long, device=logp.device)
+                        ll = float(logp.gather(-1, target[:, None]).sum())
+                        greedy = bool((logp.argmax(-1) == target).all())
+                        out[i] = (ll, greedy)
+            for _ in range(forwards - len(batches)):
+                with self.autocast():
+                    model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
+        finally:
+            model.train(was_training)
+        return out
+
+
+def argmax(values: Sequence[float]) -> int:
+    """The index of the largest value, the first on a tie (as numpy's argmax)."""
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def example_requests(encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int]) -> list[Request]:
+    return [(encoded[e][0], cont) for e in items for cont in encoded[e][1]]
+
+
+def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
+    """The sums :data:`SUMS` over examples ``items`` of ``task``, from their continuations' log-likelihoods
+    in :func:`example_requests` order (float64, to be summed over the ranks)."""
+    sums = torch.zeros(len(SUMS), dtype=torch.float64)
+    k = 0
+    for e in items:
+        ex, conts = task.examples[e], encoded[e][1]
+        mine = list(lls[k : k + len(conts)])
+        k += len(conts)
+        chars = [ll / len(c) for ll, c in zip(mine, ex.continuations)]
+        tokens = [ll / len(c) for ll, c in zip(mine, conts)]
+        sums += torch.tensor([1.0, argmax(mine) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold, mine[ex.gold]], dtype=torch.float64)
+    return sums
+
+
+def task_metrics(name: str, sums: torch.Tensor | Sequence[float]) -> dict[str, float]:
+    """``eval/<name>/acc``, ``acc_norm``, ``acc_norm_tokens``, ``gold_ll`` from summed :data:`SUMS`."""
+    s = [float(v) for v in sums]
+    n = max(s[0], 1.0)
+    return {f"eval/{name}/{key}": s[i] / n for i, key in enumerate(SUMS) if i}
+
+
+def rolling_requests(ids: Sequence[int], prefix: int, max_len: int) -> list[Request]:
+    """Every token of ``ids`` predicted once, in disjoint windows of at most ``max_len`` predictions, the
+    first after ``prefix`` (the EOS token), each from the tokens before it in its window (lm-evaluation-harness's
+    rolling windows with a context of one token)."""
+    seq = [prefix, *ids]
+    return [(seq[s : s + 1], seq[s + 1 : s + 1 + max_len]) for s in range(0, len(ids), max_len)]
+
+
+def bits_per_byte(nll_nats: float, n_bytes: int) -> float:
+    return nll_nats / math.log(2) / max(n_bytes, 1)
+
+
+def held_out_metrics(held: "HeldOut", sums: torch.Tensor | Sequence[float]) -> dict[str, float]:
+    """``eval/<name>/bpb`` and ``eval/<name>/loss`` (nats per token) from summed (negative log-likelihood, tokens)."""
+    nll, tokens = float(sums[0]), float(sums[1])
+    return {f"eval/{held.name}/bpb": bits_per_byte(nll, held.n_bytes), f"eval/{held.name}/loss": nll / max(tokens, 1.0)}
+
+
+def read_token_file(path: Path, max_tokens: int) -> list[int]:
+    """The first ``max_tokens`` ids (0: all) of a token ``.bin`` file; its dtype from ``meta.json`` beside it (default uint16)."""
+    import numpy as np
+
+    meta = path.parent / "meta.json"
+    dtype = "uint16"
+    if meta.is_file():
+        try:
+            dtype = str(json.loads(meta.read_text()).get("dtype", "uint16"))
+        except (OSError, ValueError, AttributeError) as e:
+            raise DataError(f"{meta}: not readable JSON ({e})") from None
+    if dtype not in ("uint16", "uint32"):
+        raise DataError(f"{meta}: dtype {dtype!r}; expected uint16 or uint32")
+    size = np.dtype(dtype).itemsize
+    if not path.is_file() or path.stat().st_size < size:
+        raise DataError(f"held-out file {path} does not exist or holds no tokens")
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    return [int(t) for t in (tokens[:max_tokens] if max_tokens else tokens)]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """A named held-out file's tokens and the UTF-8 bytes they stand for."""
+
+    name: str
+    path: Path
+    ids: list[int]
+    n_bytes: int
+
+
+def read_held_out(
+    name: str, path: Path, encode: Callable[[str], list[int]], byte_length: Callable[[list[int]], int], vocab_size: int, max_tokens: int
+) -> HeldOut:
+    """A ``.bin`` of token ids (bytes counted by ``byte_length``) or a UTF-8 text file (encoded), cut to ``max_tokens`` (0: all)."""
+    path = Path(path)
+    if path.suffix == ".bin":
+        ids = read_token_file(path, max_tokens)
+        n_bytes = byte_length(ids)
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"held-out file {path} ({name!r}): unreadable as UTF-8 text ({e})") from None
+        ids = list(encode(text))
+        if max_tokens and len(ids) > max_tokens:
+            ids = ids[:max_tokens]
+        n_bytes = byte_length(ids) if max_tokens and len(ids) == max_tokens else len(text.encode("utf-8"))
+    if not ids:
+        raise DataError(f"held-out file {path} ({name!r}): no tokens")
+    if max(ids) >= vocab_size:
+        raise DataError(f"held-out file {path} ({name!r}): token id {max(ids)} is at or above the model's vocabulary size {vocab_size}")
+    return HeldOut(name, path, ids, n_bytes)
+
+
+@dataclass
+class Evaluation:
+    """Tasks and held-out files, encoded once, scored by :meth:`run` on this rank's share."""
+
+    tasks: list[Task]
+    encoded: list[list[tuple[list[int], list[list[int]]]]]
+    held_out: list[HeldOut]
+    eos_id: int
+
+    def _work(self, scorer: Scorer, rank: int, world: int) -> Iterator[tuple[str, Any, list[Request], list[Request]]]:
+        for t, enc in zip(self.tasks, self.encoded):
+            every = [example_requests(enc, share(len(enc), r, world)) for r in range(world)]
+            yield "task", (t, enc, share(len(enc), rank, world)), every[rank], max(every, key=scorer.forwards)
+        for h in self.held_out:
+            windows = rolling_requests(h.ids, self.eos_id, scorer.max_len)
+            every = [[windows[w] for w in share(len(windows), r, world)] for r in range(world)]
+            yield "held_out", h, every[rank], max(every, key=scorer.forwards)
+
+    def run(self, scorer: Scorer, rank: int = 0, world: int = 1) -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]]:
+        """This rank's sums per task and held-out file with the function that turns their totals over
+        the ranks into metrics: ``{name: (sums, finish)}``. Every rank runs the same number of forwards."""
+        out: dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]] = {}
+        for kind, what, mine, largest in self._work(scorer, rank, world):
+            lls = [ll for ll, _ in scorer.loglikelihoods(mine, forwards=scorer.forwards(largest))]
+            if kind == "task":
+                task, enc, items = what
+                out[task.name] = (task_sums(task, enc, items, lls), functools.partial(task_metrics, task.name))
+            else:
+                h = what
+                total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
+                out[h.name] = (total, functools.partial(held_out_metrics, h))
+        return out
+
+
+def prepare(
+    tasks: list[Task],
+    held_out: list[HeldOut],
+    encode: Callable[[str], list[int]],
+    eos_id: int,
+    vocab_size: int,
+) -> Evaluation:
+    """Tasks encoded (:func:`encode_task`; a DataError names the line the tokenizer fails on) with the held-out files."""
+    return Evaluation(tasks, [encode_task(t, encode, eos_id, vocab_size) for t in tasks], held_out, eos_id)
+
+
+def evaluate_locally(evaluation: Evaluation, scorer: Scorer) -> dict[str, float]:
+    """Every metric of ``evaluation`` on one process (``core.eval``, benchmarks)."""
+    metrics: dict[str, float] = {}
+    for sums, finish in evaluation.run(scorer).values():
+        metrics.update(finish(sums))
+    return metrics

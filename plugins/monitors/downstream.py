@@ -1,0 +1,125 @@
+"""``downstream``: multiple-choice tasks and bits per byte on held-out files, evaluated during training.
+
+Every ``every`` steps and at the final step (a log step: ``every`` is a multiple of ``train.log_every``),
+the model as it trains scores each task file's first ``limit`` examples and each held-out file
+(``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
+adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll`` and
+``eval/<name>/bpb``, ``eval/<name>/loss`` to that step's metrics, so every monitor logs them
+(whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
+``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
+with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
+it on or off (``tests/test_evaluation.py``). Task files are read and encoded at start (and by
+``core.plan``): a bad one is one line naming ``file:line``, exit 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from core.api import ConfigError, DataError, Reduced, evaluation, hookimpl, log, option
+
+
+@dataclass
+class DownstreamOptions:
+    every: int = option(500, "steps between evaluations (a multiple of train.log_every); also at the final step", gt=0)
+    tasks: list[str] = option([], "multiple-choice task files (JSON lines: context, continuations, gold)", path=True)
+    limit: int = option(500, "examples per task, the first ones of the file; 0: all", ge=0)
+    held_out: dict[str, str] = option({}, "name -> held-out text file or token .bin file, reported as eval/<name>/bpb", path=True)
+    held_out_tokens: int = option(65536, "tokens read from each held-out .bin file; 0: all", ge=0)
+    batch_size: int = option(16, "sequences per forward", gt=0)
+    max_len: int = option(0, "longest sequence scored, in tokens (longer contexts are cut from the left); 0: data.seq_len", ge=0)
+    tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH (PATH from the working directory); empty: the tokenizer the data source declares")
+
+    def check(self) -> None:
+        if not self.tasks and not self.held_out:
+            raise ValueError("tasks and held_out are both empty: nothing to evaluate")
+
+
+def byte_length(spec: str, ids: list[int], eos_id: int) -> int:
+    """The UTF-8 bytes token ids stand for (the EOS token none)."""
+    kind, _, path = spec.partition(":")
+    if kind == "bytes":
+        return sum(1 for i in ids if i < 256)
+    if kind == "hf":
+        from tokenizers import Tokenizer
+
+        return len(Tokenizer.from_file(path).decode([i for i in ids if i != eos_id], skip_special_tokens=False).encode("utf-8"))
+    raise DataError(f"tokenizer {spec}: bits per byte of a token .bin file needs a bytes or hf tokenizer; give the held-out text instead")
+
+
+def metric_of(finish: Callable[[Any], dict[str, float]], key: str, sums: Any) -> float:
+    """Metric ``key`` of the totals ``sums`` (a ``Reduced`` finish)."""
+    return finish(sums)[key]
+
+
+class Downstream:
+    def __init__(self, options: DownstreamOptions) -> None:
+        self.options = options
+        self.evaluation: evaluation.Evaluation | None = None
+        self.max_len = 0
+
+    def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, seq_len: int, max_seq_len: int | None) -> None:
+        """Task and held-out files read, checked and encoded: a DataError names the file and line."""
+        from plugins.data.text_tokenizer import Tokenizer
+
+        o = self.options
+        spec, eos = (o.tokenizer, None) if o.tokenizer else ((tokenizer["spec"], tokenizer.get("eos_id")) if tokenizer else (None, None))
+        if spec is None:
+            raise ConfigError("monitors.downstream.tokenizer: the data source declares no tokenizer; set this key (bytes, hf:PATH or tiktoken:PATH)")
+        tok = Tokenizer(spec, eos, "monitors.downstream.tokenizer")
+        if tok.vocab_size > vocab_size:
+            raise DataError(f"monitors.downstream.tokenizer {spec}: {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
+        self.max_len = o.max_len or seq_len
+        if max_seq_len is not None and self.max_len > max_seq_len:
+            raise ConfigError(f"monitors.downstream.max_len {self.max_len} exceeds the model's max_seq_len {max_seq_len}")
+        tasks = evaluation.read_tasks(o.tasks, o.limit, key="monitors.downstream.tasks")
+        held = [
+            evaluation.read_held_out(name, Path(p), tok.encode, lambda ids: byte_length(spec, ids, tok.eos_id), vocab_size, o.held_out_tokens)
+            for name, p in o.held_out.items()
+        ]
+        names = [t.name for t in tasks]
+        both = sorted(set(names) & set(o.held_out))
+        if both:
+            raise ConfigError(f"monitors.downstream: {both[0]!r} names both a task file and a held_out file")
+        self.evaluation = evaluation.prepare(tasks, held, tok.encode, tok.eos_id, vocab_size)
+
+    @hookimpl
+    def plait_preflight(self, prep: Any) -> None:
+        log_every = int(prep.resolved["train"]["log_every"])
+        if self.options.every % log_every:
+            raise ConfigError(
+                f"monitors.downstream.every = {self.options.every}: expected a multiple of train.log_every = {log_every} (evaluations run on log steps)"
+            )
+        self._prepare(prep.tokenizer, prep.spec.vocab_size, int(prep.resolved["data"]["seq_len"]), getattr(prep.spec, "max_seq_len", None))
+
+    @hookimpl
+    def plait_train_start(self, run: Any) -> None:
+        self._prepare(run.tokenizer, run.spec.vocab_size, int(run.config["data"]["seq_len"]), getattr(run.spec, "max_seq_len", None))
+
+    @hookimpl
+    def plait_metrics(self, run: Any, step: int) -> dict[str, Any] | None:
+        if self.evaluation is None or not (step % self.options.every == 0 or step == run.total_steps):
+            return None
+        device = run.dist.device
+        precision = run.precision
+        autocast = (lambda: precision.autocast(device)) if precision is not None else contextlib.nullcontext
+        scorer = evaluation.Scorer(run.model, self.max_len, device, self.options.batch_size, autocast)
+        py_state = random.getstate()
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+            results = self.evaluation.run(scorer, run.dist.rank, run.dist.world_size)
+        random.setstate(py_state)
+        out: dict[str, Any] = {}
+        for name, (sums, finish) in results.items():
+            for key in finish(sums):  # the metric names; each reduced from the summed tensor
+                out[key] = Reduced("sum", sums, finish=functools.partial(metric_of, finish, key))
+        if run.dist.is_main:
+            log.info(f"step {step}: evaluated {len(results)} task(s) and held-out file(s)")
+        return out
