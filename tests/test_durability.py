@@ -142,6 +142,53 @@ def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
         t.checkpointer.load(t.output_dir / "checkpoints" / "step_000000003")
 
 
+def test_a_save_calls_its_named_points_in_order(tmp_path):
+    """The seams of a save (core.checkpoint.save_points) that the kill-point and fault tests act at:
+    a sync save and an async one reach every point, in the order of the commit protocol, with the
+    marker's text as it lands in COMMITTED."""
+    from core.checkpoint.checkpointer import Checkpointer
+    from core.checkpoint.save_points import SavePoints
+
+    seen: list[tuple[str, int]] = []
+
+    class Recorder(SavePoints):
+        def started(self, step):
+            seen.append(("started", step))
+
+        def claimed(self, step, path):
+            seen.append(("claimed", step))
+
+        def before_commit(self, step, path):
+            seen.append(("before_commit", step))
+
+        def state_written(self, step, path):
+            assert (path / "state.json").is_file() and not (path / "COMMITTED").exists()
+            seen.append(("state_written", step))
+
+        def writing_marker(self, step, path, text):
+            self.marker = text
+            seen.append(("writing_marker", step))
+
+        def committed(self, step, path):
+            assert (path / "COMMITTED").read_text() == self.marker
+            seen.append(("committed", step))
+
+        def after_commit(self, step, path):
+            seen.append(("after_commit", step))
+
+    cfg = write_tiny_config(tmp_path, steps=2)
+    t = trainer_for(cfg, "--checkpoint.at_end=false")
+    assert t.fit() == 0
+    ck = t.checkpointer
+    mine = Checkpointer(ck.where, t.built.state, ck.about, points=Recorder())
+    mine.save(2, use_async=False)
+    mine.save(3, use_async=True)
+    mine.wait()
+    order = ["started", "claimed", "before_commit", "state_written", "writing_marker", "committed", "after_commit"]
+    assert seen == [(p, 2) for p in order] + [(p, 3) for p in order]
+    assert committed_steps(t.output_dir) == ["step_000000002", "step_000000003"]
+
+
 # --- lineage and pruning --------------------------------------------------------------
 
 
