@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     try:
         trainer = build(args.flavor, tmp, "cpu")
         ckpt = trainer.checkpointer
-        state = ckpt._dcp_state()
+        state = ckpt.contents.dcp_state()
         writers = {"DCP FileSystemWriter": FileSystemWriter, "HashingFileSystemWriter": HashingFileSystemWriter}
         saves = {(mode, name): [] for mode in ("sync", "async") for name in writers}
         for _ in range(args.repeats):

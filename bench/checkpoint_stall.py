@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         prepared_s = None
         if "async" in args.modes:  # what the trainer does before each update once the optimizer state exists
             t0 = time.perf_counter()
-            ckpt.stager().prepare(ckpt._dcp_state()).result()
+            ckpt.async_saves.host_stager().prepare(ckpt.contents.dcp_state()).result()
             prepared_s = time.perf_counter() - t0
         results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in args.modes}
         step = 100

@@ -136,10 +136,57 @@ def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
     with torch.no_grad():
         next(t.model.parameters()).fill_(float("nan"))
     # an older plait wrote such checkpoints: write one the way it did, without the check
-    t.checkpointer._check_finite = lambda step, state: None
+    t.checkpointer.contents.check_finite = lambda step, state: None
     t.checkpointer.save(3, use_async=False)
     with pytest.raises(CheckpointError, match="NaN or inf"):
         t.checkpointer.load(t.output_dir / "checkpoints" / "step_000000003")
+
+
+def test_a_save_calls_its_named_points_in_order(tmp_path):
+    """The seams of a save (core.checkpoint.save_points) that the kill-point and fault tests act at:
+    a sync save and an async one reach every point, in the order of the commit protocol, with the
+    marker's text as it lands in COMMITTED."""
+    from core.checkpoint.checkpointer import Checkpointer
+    from core.checkpoint.save_points import SavePoints
+
+    seen: list[tuple[str, int]] = []
+
+    class Recorder(SavePoints):
+        def started(self, step):
+            seen.append(("started", step))
+
+        def claimed(self, step, path):
+            seen.append(("claimed", step))
+
+        def before_commit(self, step, path):
+            seen.append(("before_commit", step))
+
+        def state_written(self, step, path):
+            assert (path / "state.json").is_file() and not (path / "COMMITTED").exists()
+            seen.append(("state_written", step))
+
+        def writing_marker(self, step, path, text):
+            self.marker = text
+            seen.append(("writing_marker", step))
+
+        def committed(self, step, path):
+            assert (path / "COMMITTED").read_text() == self.marker
+            seen.append(("committed", step))
+
+        def after_commit(self, step, path):
+            seen.append(("after_commit", step))
+
+    cfg = write_tiny_config(tmp_path, steps=2)
+    t = trainer_for(cfg, "--checkpoint.at_end=false")
+    assert t.fit() == 0
+    ck = t.checkpointer
+    mine = Checkpointer(ck.where, t.built.state, ck.about, points=Recorder())
+    mine.save(2, use_async=False)
+    mine.save(3, use_async=True)
+    mine.wait()
+    order = ["started", "claimed", "before_commit", "state_written", "writing_marker", "committed", "after_commit"]
+    assert seen == [(p, 2) for p in order] + [(p, 3) for p in order]
+    assert committed_steps(t.output_dir) == ["step_000000002", "step_000000003"]
 
 
 # --- lineage and pruning --------------------------------------------------------------
@@ -362,15 +409,15 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     import threading
 
     from core.checkpoint import staging
-    from core.checkpoint.checkpointer import Checkpointer
+    from core.checkpoint.async_save import AsyncSaves
 
-    real, real_wait = staging.HostStager._copy, Checkpointer.wait_for_staging
+    real, real_wait = staging.HostStager._copy, AsyncSaves.wait_for_copy
     waiting = threading.Event()  # the training loop has reached the wait for a copy in flight
 
-    def marking_wait(self):
-        if self.staging is not None:
+    def marking_wait(self, step):
+        if self.copying is not None:
             waiting.set()
-        return real_wait(self)
+        return real_wait(self, step)
 
     def slow(self, state):
         # The copy starts only once the loop waits for it (or after 10 s: without the wait, the next update
@@ -382,7 +429,7 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
         return real(self, state)
 
     monkeypatch.setattr(staging.HostStager, "_copy", slow)
-    monkeypatch.setattr(Checkpointer, "wait_for_staging", marking_wait)
+    monkeypatch.setattr(AsyncSaves, "wait_for_copy", marking_wait)
     from core.contract import log
 
     said: list[str] = []  # log's lines, read where they are made (capsys lost a whole run's output in long sequences)
@@ -400,7 +447,7 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
             f"--train.output_dir={tmp_path / mode}",
         )
         assert t.fit() == 0
-        stagers.append(t.checkpointer._stager)
+        stagers.append(t.checkpointer.async_saves.stager)
     assert stagers[0] is not None and stagers[0].buffers and stagers[1] is None  # only async saves stage
     assert any(m.startswith("checkpoint step 2: training waited") for m in said), said  # the wait is said, with its length
     for step in ("step_000000002", "step_000000004", "step_000000006"):
@@ -418,13 +465,13 @@ def test_async_host_buffers_are_allocated_before_the_first_save(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=3)
     t = trainer_for(cfg, "--checkpoint.every=1000", "--checkpoint.at_end=false", "--checkpoint.async=true")
     assert t.fit() == 0 and t.checkpointer.last_saved_step == -1  # no save happened
-    stager = t.checkpointer._stager
+    stager = t.checkpointer.async_saves.stager
     assert stager is not None
     stager.pool.submit(lambda: None).result()  # the allocation queued before this is done
-    tensors = [x for x in torch.utils._pytree.tree_leaves(t.checkpointer._dcp_state()) if isinstance(x, torch.Tensor)]
+    tensors = [x for x in torch.utils._pytree.tree_leaves(t.checkpointer.contents.dcp_state()) if isinstance(x, torch.Tensor)]
     assert len(stager.buffers) == len(tensors) > 0
     sync = trainer_for(cfg, "--checkpoint.every=1000", "--checkpoint.at_end=false", f"--train.output_dir={tmp_path / 'sync'}")
-    assert sync.fit() == 0 and sync.checkpointer._stager is None  # sync saves allocate nothing
+    assert sync.fit() == 0 and sync.checkpointer.async_saves.stager is None  # sync saves allocate nothing
 
 
 def no_host_memory_for_staging(monkeypatch) -> None:

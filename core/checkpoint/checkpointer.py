@@ -1,38 +1,34 @@
 """Saving and loading the training state through ``torch.distributed.checkpoint`` (DCP).
 
-:class:`Checkpointer` is built from the states it saves (:class:`TrainingState`):
-the model and optimizer go to DCP shards, the schedule, data position and run
-counters to ``state.json``, the RNGs to ``rng/``. It decides nothing about
-*when* to save (:mod:`core.loop.stop_policy` does); it decides *how*: one save in
-flight, every rank agreeing on failure, never from NaN/inf state, committed
-with checksums, then pruned by :mod:`core.checkpoint.retention` (only this run's own
-verified checkpoints; never the lowest-loss one). The folder layout and
-verification are in :mod:`core.checkpoint.folders`.
-
-It is the one object the trainer talks to; each of its jobs has a module of its own:
-what a save writes and checks first (:mod:`core.checkpoint.save_contents`), a save's
-folder claimed, committed or removed on failure (:mod:`core.checkpoint.commit`), the
-async save's copy and polling (:mod:`core.checkpoint.async_save`), loading
-(:mod:`core.checkpoint.loading`) and rollback (:mod:`core.checkpoint.rollback`); the
-folder every rank sees is :class:`core.checkpoint.checkpoint_dir.CheckpointDir`.
+:class:`Checkpointer` is built from the states it saves (:class:`TrainingState`): the model and
+optimizer go to DCP shards, the schedule, data position and run counters to ``state.json``, the
+RNGs to ``rng/``. It decides nothing about *when* to save (:mod:`core.loop.stop_policy` does); it
+decides *how*: one save in flight, every rank agreeing on failure, never from NaN/inf state,
+committed with checksums, then pruned by :mod:`core.checkpoint.retention` (only this run's own
+verified checkpoints; never the lowest-loss one). The folder layout and verification are in
+:mod:`core.checkpoint.folders`.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from core.checkpoint import async_save, commit, loading, retention, rollback, save_contents
+from core.checkpoint import resume, retention
+from core.checkpoint.async_save import AsyncSaves
 from core.checkpoint.checkpoint_dir import CheckpointDir
+from core.checkpoint.commit import StepFolders
 from core.checkpoint.folders import CURRENT_RUN_FILE, SETTING_ASIDE_FILE, current_run, io_error, step_dir
+from core.checkpoint.loading import Restorer
 from core.checkpoint.rng import rng_state
 from core.checkpoint.room import make_room
+from core.checkpoint.save_contents import SaveContents
+from core.checkpoint.save_points import SavePoints, observed
+from core.checkpoint.training_state import TrainingState
 from core.contract import log
+from core.contract.errors import CheckpointError
 from core.contract.protocols import loader_state_per_rank
 from core.runtime import ownership, watchdog
 from core.runtime.durable_io import replace_durable, write_durable
@@ -40,49 +36,52 @@ from core.runtime.durable_io import replace_durable, write_durable
 __all__ = ["CheckpointDir", "Checkpointer", "TrainingState"]
 
 
-@dataclass
-class TrainingState:
-    """Everything a checkpoint holds, by part (``checkpoint.exclude_from_loading`` names them):
-    ``model`` and ``optimizer`` (DCP shards), ``lr_schedule`` (``scheduler``), ``data``
-    (``loader``'s position), ``train`` (``run``: step, tokens, ``run.state``) and ``rng``."""
-
-    model: torch.nn.Module  # the unwrapped module: its state dict names are the checkpoint's
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: Any
-    run: Any  # core.contract.run.Run
-
-
 class Checkpointer:
     """Saves ``state`` into ``where`` and restores it from there; one per process.
 
-    ``about``: facts written into state.json beside the state (``optimizer_plugin``,
-    ``config``, ``versions``, ``seed``); ``on_saved(step, path)`` is called once a save is committed.
+    ``about``: facts written into state.json beside the state (``optimizer_plugin``, ``config``,
+    ``versions``, ``seed``, ...); ``on_saved(step, path)`` is called once a save is committed;
+    ``points``: the save's named points (:mod:`core.checkpoint.save_points`; by default those of
+    the observers installed in this process).
+
+    Its collaborators, each built from what it needs, are public and replaceable:
+
+    - ``contents`` (:class:`core.checkpoint.save_contents.SaveContents`): what a save writes and the
+      checks it passes first (``run.state`` is JSON, no NaN or inf);
+    - ``folders`` (:class:`core.checkpoint.commit.StepFolders`): a save's step folder claimed,
+      committed, or removed when any rank failed;
+    - ``async_saves`` (:class:`core.checkpoint.async_save.AsyncSaves`): the host copy of an async
+      save, the save in flight, the fallback to sync saves;
+    - ``restorer`` (:class:`core.checkpoint.loading.Restorer`): a checkpoint loaded into the state;
+    - ``retention`` (:class:`core.checkpoint.retention.Retention`) and ``losses``
+      (:class:`core.checkpoint.retention.LossTally`, the ``train_loss`` of the next save).
     """
 
     def __init__(
-        self, where: CheckpointDir, state: TrainingState, about: dict[str, Any], on_saved: Callable[[int, str], None] = lambda step, path: None
+        self,
+        where: CheckpointDir,
+        state: TrainingState,
+        about: dict[str, Any],
+        on_saved: Callable[[int, str], None] = lambda step, path: None,
+        points: SavePoints | None = None,
     ) -> None:
         self.where, self.state, self.about, self.on_saved = where, state, about, on_saved
         self.opts, self.root, self.dist, self.group = where.opts, where.root, where.dist, where.group
-        self.pending: tuple[Any, int, Path, dict[str, Any]] | None = None  # (future, step, path, state.json)
+        self.points = observed() if points is None else points
+        self.retention = retention.Retention(self.root, self.opts)
+        self.losses = retention.LossTally(where.dist.device, self.group)
+        self.contents = SaveContents(where, state, about)
+        self.folders = StepFolders(where, self.retention, self.points)
+        self.async_saves = AsyncSaves(where, self.contents)
+        self.restorer = Restorer(where, state, about)
         self.last_saved_step = -1
         self.best_step = -1
         self.last_stall_s = 0.0  # how long the last save held the training loop (its copy included)
-        self.staging: Any = None  # an async save's copy of the state, still being made (a Future)
-        self._stager: Any = None  # one for the run: it keeps its (pinned, on CUDA) host buffers between saves
-        self.sync_fallback = False  # async saves were asked for, but the host memory for their copy is short
-        self.writer: Any = None  # the storage writer of the save in flight (its shard checksums)
-        self.made: Path | None = None  # the step folder the save in hand made (rank 0), which its failure may remove
-        self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
-        self.held_said = False  # the host memory of async saves' copies, said once
-        self.retention = retention.Retention(self.root, self.opts)
-        self.losses = retention.LossTally(where.dist.device, self.group)  # train_loss of the next save
 
     @property
     def lineage(self) -> str:
         """This run's id: made at a fresh start, carried through every resume (``run.state``)."""
-        return self.state.run.state["lineage"]
+        return self.state.lineage
 
     def record_current_run(self) -> None:
         """Rank 0 writes this run's lineage to ``<dir>/CURRENT_RUN`` before its first step, so that a
@@ -100,20 +99,6 @@ class Checkpointer:
         except OSError as e:
             log.warn(f"could not update {self.root / SETTING_ASIDE_FILE} ({e}); a restart may skip checkpoints it names")
 
-    # A save's steps that tests/seams/sitecustomize.py (kill points, a paused or damaged commit) and tests
-    # replace on the class: save() and async_save.wait() call them through the Checkpointer for that.
-    def _check_finite(self, step: int, state: dict[str, Any]) -> None:
-        """Refuse to write NaN or inf: raise NonFiniteState (on every rank) if any shard holds one."""
-        save_contents.check_finite(self, step, state)
-
-    def _claim(self, path: Path) -> bool:
-        """Make ``path`` ready for this run's save (rank 0; :func:`core.checkpoint.commit.claim`)."""
-        return commit.claim(self, path)
-
-    def _dcp_state(self) -> dict[str, Any]:
-        """The model's and optimizer's state dicts, as DCP saves them."""
-        return save_contents.dcp_state(self)
-
     # ---- save ----
     def maybe_save(self, step: int, use_async: bool | None = None) -> None:
         """Save at ``step`` unless it was already saved."""
@@ -122,20 +107,23 @@ class Checkpointer:
         self.save(step, use_async=self.opts.async_save if use_async is None else use_async)
 
     def save(self, step: int, use_async: bool) -> None:
+        """Save the state as the checkpoint of ``step``: after the save in flight is committed, check
+        it, claim its folder, write every rank's files, and commit (sync) or leave it in flight
+        (async; :meth:`poll` and :meth:`wait` commit it). Any rank's failure raises SaveFailed on all."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
         from core.checkpoint.safe_dcp import HashingFileSystemWriter
 
         self.wait()  # one save in flight at a time
-        self.made = None
+        self.folders.begin()
         watchdog.progress(f"saving the checkpoint of step {step} (checking and claiming it)")
-        save_contents.check_run_state(self)
+        self.contents.check_run_state()
         started = time.perf_counter()
-        use_async = async_save.async_possible(self) if use_async else False
-        state = self._dcp_state()
-        self._check_finite(step, state)
-        state = save_contents.written_share(self, state)
+        use_async = self.async_saves.possible() if use_async else False
+        state = self.contents.dcp_state()
+        self.points.started(step)
+        self.contents.check_finite(step, state)
+        state = self.contents.written_share(state)
         path = step_dir(self.root, step)
         error: BaseException | None = None
         claimed, in_use = 1, None  # claimed: 1 ready, 0 skipped, -1 a folder of the run is another job's now
@@ -143,17 +131,16 @@ class Checkpointer:
             if self.dist.is_main:
                 ownership.hold_run_folders()  # a run folder deleted or moved aside mid-run is locked again, or another job's
                 make_room(self.root, self.retention, self.lineage, step)  # what the prune after it would remove, early
-                claimed = int(self._claim(path))
+                claimed = int(self.folders.claim(path, self.lineage))
+                self.points.claimed(step, path)
         except ownership.FolderInUse as e:
             claimed, in_use = -1, str(e)
         except OSError as e:
             error = e
-        commit.fail_together(self, error, step, path)
+        self.folders.fail_together(error, step, path, self.lineage)
         claimed = self.where.agree(claimed)
         if claimed < 0:  # one line from rank 0, exit code 2 (launchers never restart it); that job keeps the folder
-            from core.checkpoint.resume import stop_every_rank
-
-            stop_every_rank(self.where, in_use or "")
+            resume.stop_every_rank(self.where, in_use or "")
         if not claimed:
             return
         try:
@@ -162,55 +149,72 @@ class Checkpointer:
                 write_durable(path / "rng" / f"data_rank_{self.dist.rank}.json", json.dumps(self.state.loader.state_dict()))
         except OSError as e:
             error = e
-        commit.fail_together(self, error, step, path)  # no rank enters DCP's collectives unless every rank got this far
-        json_state = save_contents.json_state(self, self.losses.mean_and_reset())
-        self.writer = HashingFileSystemWriter(path)  # each block it writes is progress of the phase that waits for it (core.runtime.watchdog)
+        self.folders.fail_together(error, step, path, self.lineage)  # no rank enters DCP's collectives unless every rank got this far
+        json_state = self.contents.json_state(self.losses.mean_and_reset())
+        writer = HashingFileSystemWriter(path)  # each block it writes is progress of the phase that waits for it (core.runtime.watchdog)
         watchdog.progress(f"saving the checkpoint of step {step} (writing its files)", waits=True)  # its blocks count, from whichever thread DCP writes them
         try:
             if use_async:
-                response = dcp.async_save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None, async_stager=self.stager())
-                assert isinstance(response, AsyncSaveResponse), "a stager that returns a Future gets both futures back"
-                self.staging, future = response.staging_completion, response.upload_completion
+                self.async_saves.start(state, writer, step, path, json_state)
                 self.last_stall_s = time.perf_counter() - started
-                self.pending = (future, step, path, json_state)
             else:
-                dcp.save(state, storage_writer=self.writer, process_group=self.group, no_dist=self.group is None)
+                dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=self.group is None)
                 self.last_stall_s = time.perf_counter() - started
-                self._commit(step, path, json_state)
+                self.commit(step, path, json_state, writer.checksums)
         except BaseException as e:  # DCP wraps each rank's error in a CheckpointException (a BaseException)
             error = io_error(e)
             if error is None:
                 raise
-        commit.fail_together(self, error, step, path)
+        self.folders.fail_together(error, step, path, self.lineage)
         self.last_saved_step = step
         if self.dist.is_main:
             kind = "async" if use_async else "sync"
             log.info(f"checkpoint step {step}: {kind} save stalled training {self.last_stall_s:.3f} s")
 
-    def _commit(self, step: int, path: Path, json_state: dict[str, Any]) -> None:
-        """Commit a written save (rank 0), then prune (:func:`core.checkpoint.commit.commit`)."""
-        commit.commit(self, step, path, json_state)
+    def commit(self, step: int, path: Path, json_state: dict[str, Any], checksums: dict[str, str]) -> None:
+        """Commit the written save of ``step`` (rank 0 writes; every rank calls it), prune, and tell ``on_saved``."""
+        self.points.before_commit(step, path)
+        best = self.state.run.state.get("best_checkpoints", []) if step == self.best_step else None
+        in_flight = self.async_saves.pending.path if self.async_saves.pending is not None else None
+        self.folders.commit(step, path, json_state, checksums, self.lineage, best, in_flight)
+        self.on_saved(step, str(path))
+        self.points.after_commit(step, path)
 
-    # ---- async saves (core.checkpoint.async_save) ----
-    def stager(self) -> Any:
-        """The run's :class:`core.checkpoint.staging.HostStager`, made at its first use."""
-        return async_save.stager(self)
-
+    # ---- async saves ----
     def before_update(self) -> None:
-        """Called before each optimizer step (:func:`core.checkpoint.async_save.before_update`)."""
-        async_save.before_update(self)
+        """Called before each optimizer step: wait for an async save's copy of the state; and once the
+        optimizer state exists, have the host buffers of async saves allocated in the background."""
+        self.wait_for_staging()
+        if self.opts.async_save:
+            self.async_saves.prepare(self.state.optimizer)
 
     def wait_for_staging(self) -> None:
-        """Block until an async save's copy of the state is made."""
-        async_save.wait_for_staging(self)
+        """Block until an async save's copy of the state is made. Called before anything changes the
+        state (the optimizer step, a load); the wait counts in ``last_stall_s``."""
+        self.last_stall_s += self.async_saves.wait_for_copy(self.last_saved_step)
 
     def poll(self) -> None:
-        """Commit a finished async save (called at step boundaries; never blocks)."""
-        async_save.poll(self)
+        """Commit a finished async save (called at step boundaries; never blocks): every rank
+        commits it, or agrees on its failure, at the same step."""
+        if self.async_saves.written_everywhere():
+            self.wait()
 
     def wait(self) -> None:
         """Block until the save in flight is written, then commit it."""
-        async_save.wait(self)
+        if (pending := self.async_saves.take()) is None:
+            return
+        self.wait_for_staging()
+        future, step, path, json_state, writer = pending
+        watchdog.progress(f"waiting for the async save of step {step} to be written", waits=True)  # its writer's blocks are progress
+        error = None
+        try:
+            future.result()
+            self.commit(step, path, json_state, writer.checksums)
+        except BaseException as e:
+            error = io_error(e)
+            if error is None:
+                raise
+        self.folders.fail_together(error, step, path, self.lineage)
 
     def save_best(self, step: int) -> None:
         """A value of ``best_metric`` at ``step`` entered the top ``keep_best`` (``run.state["best_checkpoints"]``,
@@ -219,18 +223,47 @@ class Checkpointer:
         self.best_step = step
         if step != self.last_saved_step:
             self.maybe_save(step)
-        elif self.pending is None and self.dist.is_main:
+        elif self.async_saves.pending is None and self.dist.is_main:
             retention.write_best(self.root, self.state.run.state.get("best_checkpoints", []), self.opts.best_metric, self.opts.best_mode)
 
-    # ---- rollback and load (core.checkpoint.rollback, core.checkpoint.loading) ----
+    # ---- rollback and load ----
     def rollback_target(self) -> Path | None:
-        """This run's newest checkpoint that every rank finds sound, or None."""
-        return rollback.rollback_target(self)
+        """This run's newest checkpoint that every rank finds sound, its shards' checksums included
+        (each rank a share, :func:`core.checkpoint.resume.check_here`), or None; a damaged one is
+        skipped with a warning. The save in flight is committed first (its commit prunes; listing
+        before it could name a checkpoint that pruning then deletes)."""
+        self.wait()
+        for path in reversed(self.where.own(self.lineage)):
+            watchdog.progress(f"checking the checkpoint {path.name} for a rollback")
+            error = None
+            try:
+                resume.check_here(self, path)
+            except Exception as e:  # noqa: BLE001 - every rank must reach agree(), whatever went wrong here
+                error = str(e) if isinstance(e, CheckpointError) else resume.one_line(path, "could not be checked", e)
+            error = resume.agree(self.group, error)
+            if error is None:
+                return path
+            log.warn(f"rollback: skipping {path.name}: {error}")
+        return None
 
     def roll_back(self) -> bool:
-        """Restore the last complete checkpoint but keep the data position (False: there is none)."""
-        return rollback.roll_back(self)
+        """Restore the last complete checkpoint (:meth:`rollback_target`) but keep the data position,
+        so that the data since then is skipped; the run's wall time keeps counting (budgets). False
+        if there is none (the caller skips the update instead)."""
+        if (target := self.rollback_target()) is None:
+            log.info("rollback asked, but there is no sound checkpoint: skipping the update instead")
+            return False
+        position, wall = self.state.loader.state_dict(), self.state.run.state.get("wall_time_s", 0.0)
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.load(target, exclude=frozenset({"data"}))
+        self.state.loader.load_state_dict(position)
+        self.state.run.state["wall_time_s"] = wall
+        log.info(f"rolled back to {target.name}; the data since then is skipped")
+        return True
 
     def load(self, path: Path, exclude: frozenset[str] = frozenset()) -> None:
-        """Restore the state from ``path``, leaving out ``checkpoint.exclude_from_loading`` and ``exclude``."""
-        loading.load(self, path, exclude)
+        """Restore the state from ``path``, leaving out ``checkpoint.exclude_from_loading`` and ``exclude``.
+        May fail half-way, leaving the state mixed: the caller builds it afresh then."""
+        self.wait_for_staging()  # an async save may still be copying the state this load overwrites
+        self.restorer.load(path, set(self.opts.exclude_from_loading) | set(exclude))
+        self.last_saved_step = self.state.run.step

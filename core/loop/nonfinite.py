@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as tdist
 
-from core.checkpoint.finite import NonFiniteState  # noqa: F401  (core.checkpoint.save_contents imports it from here; h-ckpt switches it)
 from core.contract.protocols import DistInfo
 
 EXIT_NONFINITE = 3

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.api import ConfigError, DataError, Reduced, evaluation, hookimpl, log, option
+from core.api import ConfigError, DataError, Reduced, Tokenizer, evaluation, hookimpl, log, option
 
 
 @dataclass
@@ -67,8 +67,6 @@ class Downstream:
 
     def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, seq_len: int, max_seq_len: int | None) -> None:
         """Task and held-out files read, checked and encoded: a DataError names the file and line."""
-        from plugins.data.text_tokenizer import Tokenizer
-
         o = self.options
         spec, eos = (o.tokenizer, None) if o.tokenizer else ((tokenizer["spec"], tokenizer.get("eos_id")) if tokenizer else (None, None))
         if spec is None:

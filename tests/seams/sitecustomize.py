@@ -1,5 +1,9 @@
 """Test seams, outside plait's code: put this folder on PYTHONPATH to activate them.
 
+The seams that act at a point of a checkpoint save (pause, wait, damage, and the kill points of
+``PLAIT_TEST_KILL_AT`` up to ``committed``) are observers of the save's named points
+(:mod:`core.checkpoint.save_points`); the others replace a function or method by its module path.
+
 ``PLAIT_TEST_CLOCK_FILE=PATH`` gives the budget guard the clock in that file.
 ``PLAIT_TEST_CRASH_AT_STEP=N`` raises in the step that would make step N.
 ``PLAIT_TEST_PAUSE_BEFORE_COMMIT=STEP:SECONDS`` sleeps before the commit of that
@@ -36,17 +40,16 @@ _pause = os.environ.get("PLAIT_TEST_PAUSE_BEFORE_COMMIT", "")
 if _pause:
     import time
 
-    from core.checkpoint.checkpointer import Checkpointer
+    from core.checkpoint.save_points import SavePoints, observe
 
     _step, _seconds = int(_pause.split(":")[0]), float(_pause.split(":")[1])
-    _commit = Checkpointer._commit
 
-    def _paused_commit(self, step, path, json_state):
-        if step == _step:
-            time.sleep(_seconds)
-        return _commit(self, step, path, json_state)
+    class _PauseBeforeCommit(SavePoints):
+        def before_commit(self, step, path):
+            if step == _step:
+                time.sleep(_seconds)
 
-    Checkpointer._commit = _paused_commit
+    observe(_PauseBeforeCommit())
 
 # ``PLAIT_TEST_CRASH_AT_STEP=N`` raises inside the training step that would make step N.
 _crash = os.environ.get("PLAIT_TEST_CRASH_AT_STEP", "")
@@ -90,20 +93,19 @@ if _kill_after:
 # ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP``: one byte flipped in a shard of that checkpoint after its commit.
 _damage = os.environ.get("PLAIT_TEST_DAMAGE_AFTER_COMMIT", "")
 if _damage:
-    from core.checkpoint.checkpointer import Checkpointer as _Checkpointer
+    from core.checkpoint.save_points import SavePoints as _DamagePoints
+    from core.checkpoint.save_points import observe as _observe_damage
 
-    _commit_then = _Checkpointer._commit
+    class _DamageAfterCommit(_DamagePoints):
+        def after_commit(self, step, path):
+            if step == int(_damage) and os.environ.get("RANK", "0") == "0":
+                with open(path / "__0_0.distcp", "r+b") as f:
+                    f.seek(f.seek(0, 2) // 2)
+                    byte = f.read(1)
+                    f.seek(-1, 1)
+                    f.write(bytes([byte[0] ^ 0xFF]))
 
-    def _commit_and_damage(self, step, path, json_state):
-        _commit_then(self, step, path, json_state)
-        if step == int(_damage) and self.dist.is_main:
-            with open(path / "__0_0.distcp", "r+b") as f:
-                f.seek(f.seek(0, 2) // 2)
-                byte = f.read(1)
-                f.seek(-1, 1)
-                f.write(bytes([byte[0] ^ 0xFF]))
-
-    _Checkpointer._commit = _commit_and_damage
+    _observe_damage(_DamageAfterCommit())
 
 
 def _wait_for(path):
@@ -115,17 +117,17 @@ def _wait_for(path):
 
 _wait_commit = os.environ.get("PLAIT_TEST_WAIT_BEFORE_COMMIT", "")
 if _wait_commit:
-    from core.checkpoint.checkpointer import Checkpointer as _Waiting
+    from core.checkpoint.save_points import SavePoints as _WaitPoints
+    from core.checkpoint.save_points import observe as _observe_wait
 
     _wait_step, _wait_path = _wait_commit.split(":", 1)
-    _commit_later = _Waiting._commit
 
-    def _waiting_commit(self, step, path, json_state):
-        if step == int(_wait_step):
-            _wait_for(_wait_path)
-        return _commit_later(self, step, path, json_state)
+    class _WaitBeforeCommit(_WaitPoints):
+        def before_commit(self, step, path):
+            if step == int(_wait_step):
+                _wait_for(_wait_path)
 
-    _Waiting._commit = _waiting_commit
+    _observe_wait(_WaitBeforeCommit())
 
 _wait_lock = os.environ.get("PLAIT_TEST_WAIT_BEFORE_LOCK", "")
 if _wait_lock:
@@ -180,10 +182,11 @@ _kill_at = os.environ.get("PLAIT_TEST_KILL_AT", "")
 if _kill_at:
     import signal as _signal
 
-    from core.checkpoint import checkpointer as _ckpt_module
-    from core.checkpoint import commit as _commit_module
     from core.checkpoint import retention as _retention
     from core.checkpoint import safe_dcp as _kill_dcp
+    from core.checkpoint.save_points import SavePoints as _KillPoints
+    from core.checkpoint.save_points import observe as _observe_kill
+    from core.runtime.durable_io import write_durable as _write_durable
 
     _kill_point, _kill_step, _kill_rank, _kill_who = _kill_at.split(":")
     _in_save = [False]  # in the save of that step: from its own work (after the wait for the save before it) to the next save's
@@ -195,21 +198,25 @@ if _kill_at:
             os.kill(os.getppid(), _signal.SIGKILL)  # torchrun; the other ranks get their PDEATHSIG
         os.kill(os.getpid(), _signal.SIGKILL)
 
-    _check_finite = _ckpt_module.Checkpointer._check_finite  # a save's first own step, after it waited for the one before
+    class _KillAt(_KillPoints):
+        def started(self, step):  # a save's first own step, after it waited for the one before
+            _in_save[0] = step == int(_kill_step)
 
-    def _killing_check_finite(self, step, state):
-        _in_save[0] = step == int(_kill_step)
-        return _check_finite(self, step, state)
+        def claimed(self, step, path):
+            _kill_here("claimed")
 
-    _ckpt_module.Checkpointer._check_finite = _killing_check_finite
-    _claim = _ckpt_module.Checkpointer._claim
+        def state_written(self, step, path):
+            _kill_here("state")
 
-    def _killing_claim(self, path):
-        claimed = _claim(self, path)
-        _kill_here("claimed")
-        return claimed
+        def writing_marker(self, step, path, text):
+            if _kill_point == "marker":
+                _write_durable(path / "COMMITTED.tmp", text)  # as the marker's own write leaves it, fsynced
+            _kill_here("marker")
 
-    _ckpt_module.Checkpointer._claim = _killing_claim
+        def committed(self, step, path):
+            _kill_here("committed")
+
+    _observe_kill(_KillAt())
     _stream_write = _kill_dcp._ChecksummingStream.write
 
     def _killing_write(self, b):
@@ -225,25 +232,6 @@ if _kill_at:
         return _finish(self, metadata, results)
 
     _kill_dcp.HashingFileSystemWriter.finish = _killing_finish
-    _write_durable = _commit_module.write_durable
-
-    def _killing_write_durable(path, text):
-        _write_durable(path, text)
-        if path.name == "state.json":
-            _kill_here("state")
-
-    _commit_module.write_durable = _killing_write_durable
-    _replace_durable = _commit_module.replace_durable
-
-    def _killing_replace_durable(path, text):
-        if path.name == "COMMITTED":
-            _write_durable(path.with_name(path.name + ".tmp"), text)
-            _kill_here("marker")
-        _replace_durable(path, text)
-        if path.name == "COMMITTED":
-            _kill_here("committed")
-
-    _commit_module.replace_durable = _killing_replace_durable
     _remove = _retention.remove
 
     def _killing_remove(path):
