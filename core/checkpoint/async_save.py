@@ -111,7 +111,7 @@ class AsyncSaves:
             return False
         not_done = int(not self.pending.future.done())
         if self.where.dist.world_size > 1:
-            not_done = self.where.control.max([not_done])[0]
+            not_done = self.where.control.agree(not_done, "max")
         return not not_done
 
     def take(self) -> PendingSave | None:

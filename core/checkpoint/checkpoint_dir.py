@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from core.checkpoint.folders import CheckpointOptions, committed, lineage_of
 from core.contract.protocols import DistInfo
+from core.runtime.distributed import agree
 
 
 class CheckpointDir:
@@ -33,14 +32,8 @@ class CheckpointDir:
             check_shared(self, "[checkpoint].dir" if opts.dir else "the checkpoint folder <output_dir>/checkpoints")
 
     def agree(self, value: int, op: str = "min") -> int:
-        """The same integer on every rank (min or sum over the checkpoint group)."""
-        if self.group is None:
-            return value
-        import torch.distributed as tdist
-
-        t = torch.tensor([value], dtype=torch.int64)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MIN if op == "min" else tdist.ReduceOp.SUM, group=self.group)
-        return int(t.item())
+        """The same integer on every rank: :func:`core.runtime.distributed.agree` over the checkpoint group."""
+        return int(agree(value, op, self.group))
 
     def own(self, lineage: str) -> list[Path]:
         """This run's committed checkpoints, oldest first."""

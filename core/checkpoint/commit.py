@@ -62,12 +62,9 @@ class StepFolders:
         if isinstance(error, RuntimeError):
             mine = f"torch's file writer failed, disk full? ({str(error).splitlines()[0]})"
         if dist.world_size > 1:
-            import torch.distributed as tdist
-
-            if not control.max([int(error is not None)])[0]:
+            if not control.agree(int(error is not None), "max"):
                 return
-            errors: list[str] = [""] * dist.world_size
-            tdist.all_gather_object(errors, mine, group=control.group)
+            errors: list[str] = control.agree(mine, "all")
         elif error is None:
             return
         else:

@@ -120,7 +120,7 @@ def consider_best(trainer, metrics: dict) -> None:
         return
     value = metrics[opts.best_metric]
     if opts.best_metric != "val_loss":  # a global mean already; any other metric: rank 0's
-        value = trainer.control.broadcast_object(value)
+        value = trainer.control.agree(value, "root")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return
     key = float(value) if opts.best_mode == "min" else -float(value)

@@ -110,10 +110,6 @@ class ControlPlane:
         """:func:`agree` over every rank of the run."""
         return agree(value, mode, self.group)
 
-    def max(self, values: list[int]) -> list[int]:
-        """``agree(values, "max")``, as core.checkpoint.async_save and core.checkpoint.commit call it."""
-        return self.agree(values, "max")
-
     def barrier(self) -> None:
         if self.info.world_size > 1:
             dist.barrier(group=self.group)
