@@ -152,8 +152,8 @@ def two_rank_runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_fsdp2_and_hsdp_give_ddps_updates_on_two_ranks(two_rank_runs):
-    """The sharded matrices are orthogonalized whole: after 6 steps the weights match ddp's within a
-    tolerance far below one update (0.02 x sqrt(A/B) per element and step), the losses within 1e-4."""
+    """The sharded matrices are orthogonalized whole: after 6 steps the weights match ddp's within
+    2e-4, a small part of what steps 4-6 moved them, the losses within 1e-4 (relative)."""
     _, runs = two_rank_runs
     ref = weights(runs["ddp"] / "checkpoints" / "step_000000006")
     start = weights(runs["ddp"] / "checkpoints" / "step_000000003")
@@ -163,7 +163,7 @@ def test_fsdp2_and_hsdp_give_ddps_updates_on_two_ranks(two_rank_runs):
         for key in ref:
             assert torch.allclose(got[key], ref[key], rtol=0, atol=2e-4), (name, key, (got[key] - ref[key]).abs().max())
         moved = max((ref[k] - start[k]).abs().max().item() for k in ref if "layers" in k and ref[k].ndim == 2)
-        assert moved > 0.02  # Muon moved the hidden matrices by whole updates meanwhile
+        assert moved > 20 * 2e-4, moved  # 8.8e-3 here: the warm-up LR of base.toml's schedule
         a, b = losses(runs[name]), losses(runs["ddp"])
         assert sorted(a) == list(range(1, 7)) and all(a[s] == pytest.approx(b[s], rel=1e-4) for s in a), (a, b)
 
