@@ -63,6 +63,7 @@ def test_updates_equal_torch_muon_on_the_matrices_and_torch_adamw_on_the_rest(ad
     spec, model = debug_llama()
     _, reference = debug_llama()
     options = {"lr": 0.02, "weight_decay": 0.05, "adamw_lr": 1e-3, "adamw_weight_decay": 0.1, "adjust_lr": adjust_lr, "lr_multipliers": {"norm": 0.5}}
+    options["ns_dtype"] = "bfloat16"  # torch.optim.Muon's (auto: float32 on CPU)
     builder, groups = muon_groups(spec, model, **options)
     ours = builder.build(groups)
     names = {id(p): n for n, p in reference.named_parameters()}
@@ -88,6 +89,16 @@ def test_updates_equal_torch_muon_on_the_matrices_and_torch_adamw_on_the_rest(ad
     assert {g["name"]: g["lr"] for g in ours.param_groups}["norm"] == 0.5e-3  # adamw_lr x its multiplier
     assert set(ours.state[model.layers[0].attention.wq.weight]) == {"momentum_buffer"}
     assert set(ours.state[model.tok_embeddings.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+def test_auto_iterates_in_float32_on_cpu():
+    from plugins.optim.muon import NS_COEFFICIENTS, newton_schulz
+
+    g = torch.randn(96, 32, generator=torch.Generator().manual_seed(0))
+    auto, fp32, bf16 = (newton_schulz(g, NS_COEFFICIENTS, 5, 1e-7, d) for d in ("auto", "float32", "bfloat16"))
+    assert torch.equal(auto, fp32) and not torch.equal(auto, bf16) and auto.dtype == torch.float32
+    singular = torch.linalg.svdvals(auto)
+    assert 0.6 < singular.min() and singular.max() < 1.3  # near-orthogonal (Keller Jordan's quintic: roughly 0.7-1.2)
 
 
 def one_error_line(proc) -> str:
