@@ -153,7 +153,11 @@ def two_rank_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("muon2")
     cfg = write_tiny_config(tmp, steps=6)
     runs = {}
-    for name, extra in [("ddp", ["--parallelism.name=ddp"]), ("fsdp2", ["--parallelism.name=fsdp2"]), ("hsdp", ["--parallelism.name=fsdp2", "--parallelism.replicate=2"])]:
+    for name, extra in [
+        ("ddp", ["--parallelism.name=ddp"]),
+        ("fsdp2", ["--parallelism.name=fsdp2"]),
+        ("hsdp", ["--parallelism.name=fsdp2", "--parallelism.replicate=2"]),
+    ]:
         out = tmp / name
         proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={out}", *MUON, *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
