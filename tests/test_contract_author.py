@@ -56,7 +56,7 @@ class Data(Synthetic):
     validation_loaders = check_first_step = parts = samples_before_loader = None
 
 class Optimizer(AdamW):
-    state_bytes_per_param = None
+    state_bytes_per_param = separate_output_head = None
 
 class Parallelism(Single):
     check_world = shards_parameters = wraps_before_compile = None

@@ -149,6 +149,13 @@ CONTRACT: dict[str, list[Member]] = {
         method("build", 1, "(param_groups) -> torch.optim.Optimizer"),
         value("options", (object,), "its options, an OptimizerOptions subclass (lr, weight_decay, no_decay, lr_multipliers)"),
         value("state_bytes_per_param", (int, float), "optimizer state bytes per parameter (plan, micro_batch auto); default 8", False, default=8),
+        value(
+            "separate_output_head",
+            (bool,),
+            "True: the untied output head gets its own group of kind 'output'; default False: a matrix",
+            False,
+            default=False,
+        ),
     ],
     "lr_schedule": [
         method("multiplier", 2, "(step, total_steps) -> multiplier of the peak learning rate"),

@@ -2,8 +2,10 @@
 
 Each parameter gets a *kind*: ``embedding`` (owned by an ``nn.Embedding``,
 tied output heads included), ``norm`` (owned by a module whose class name ends
-in ``Norm``), ``bias`` (named ``*bias``) or ``matrix`` (everything else). By
-default norms, biases and embeddings get no weight decay. Each kind may take a
+in ``Norm``), ``bias`` (named ``*bias``) or ``matrix`` (everything else). An
+optimizer that sets ``separate_output_head = True`` also gets ``output``: the
+untied output head (:func:`core.contract.protocols.output_head_params`), which is
+otherwise a ``matrix``. By default norms, biases and embeddings get no weight decay. Each kind may take a
 learning-rate multiplier; LR schedules scale every group's LR together, so
 multipliers hold for the whole run.
 """
@@ -18,6 +20,7 @@ from torch import nn
 from core.contract.options import option
 
 KINDS = ("matrix", "embedding", "norm", "bias")
+OUTPUT = "output"  # the untied output head's kind, for an optimizer with separate_output_head
 
 
 @dataclass
@@ -45,8 +48,10 @@ class OptimizerOptions:
                 raise ValueError(f"unknown parameter kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
-def classify(model: nn.Module) -> dict[str, list[nn.Parameter]]:
-    """Unique trainable parameters by kind (a tied weight appears once, as embedding)."""
+def classify(model: nn.Module, output_head: tuple[nn.Parameter, ...] = ()) -> dict[str, list[nn.Parameter]]:
+    """Unique trainable parameters by kind (a tied weight appears once, as embedding); the
+    ``output_head`` parameters that are not embeddings are of kind ``output``."""
+    head = {id(p) for p in output_head}
     kinds: dict[int, str] = {}
     params: dict[int, nn.Parameter] = {}
     for mod_name, module in model.named_modules():
@@ -60,20 +65,22 @@ def classify(model: nn.Module) -> dict[str, list[nn.Parameter]]:
             elif p_name.endswith("bias"):
                 kind = "bias"
             else:
-                kind = "matrix"
+                kind = OUTPUT if id(p) in head else "matrix"
             key = id(p)
             if kinds.get(key) != "embedding":  # a tied weight stays an embedding
                 kinds[key] = kind
             params[key] = p
-    out: dict[str, list[nn.Parameter]] = {k: [] for k in KINDS}
+    out: dict[str, list[nn.Parameter]] = {k: [] for k in (*KINDS, OUTPUT)}
     for key, p in params.items():
         out[kinds[key]].append(p)
     return out
 
 
-def param_groups(model: nn.Module, opts: OptimizerOptions) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, opts: OptimizerOptions, output_head: tuple[nn.Parameter, ...] = ()) -> list[dict[str, Any]]:
+    """One group per kind present (``params``, ``name``, ``lr``, ``lr_mult``, ``weight_decay``), in
+    the order of :data:`KINDS`, ``output`` last."""
     groups = []
-    for kind, params in classify(model).items():
+    for kind, params in classify(model, output_head).items():
         if not params:
             continue
         mult = float(opts.lr_multipliers.get(kind, 1.0))

@@ -281,6 +281,17 @@ def high_precision_modules(spec: Any, model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
 
 
+def output_head_params(spec: Any, model: nn.Module) -> tuple[nn.Parameter, ...]:
+    """The output head's parameters: those of every linear that maps to the vocabulary
+    (``out_features == vocab_size``) outside the spec's ``blocks(model)``, whatever the model calls it.
+    A head tied to the embedding is among them (:func:`core.contract.param_groups.classify` keeps it an embedding)."""
+    inside = {id(m) for block in spec.blocks(model) for m in block.modules()}
+    vocab = spec.vocab_size
+    return tuple(
+        p for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == vocab and id(m) not in inside for p in m.parameters(recurse=False)
+    )
+
+
 def data_has_split(data: Any, split: str, who: str = "") -> bool:
     """The data source's optional ``has_split(split)`` (default True), held to its declared bool;
     ``who`` names the plugin in the error (default: the class)."""
@@ -371,9 +382,10 @@ def validation_parts(data: DataSource, spec: LoaderSpec) -> dict[str, DataLoader
 class OptimizerBuilder(Protocol):
     """Builds a torch optimizer from the parameter groups the core made.
 
-    Optional member (default in ``core.contract.members.CONTRACT``): ``state_bytes_per_param``. A built
-    optimizer whose ``step()`` honours ``found_inf`` (torch's ``_step_supports_amp_scaling``, as its
-    fused kernels) skips a non-finite step on the device; any other is skipped from the host.
+    Optional members (defaults in ``core.contract.members.CONTRACT``): ``state_bytes_per_param``,
+    ``separate_output_head``. A built optimizer whose ``step()`` honours ``found_inf`` (torch's
+    ``_step_supports_amp_scaling``, as its fused kernels) skips a non-finite step on the device;
+    any other is skipped from the host.
     """
 
     options: OptimizerOptions

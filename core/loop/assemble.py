@@ -24,7 +24,7 @@ from core.contract import log
 from core.contract.errors import PluginError
 from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
-from core.contract.protocols import DistInfo, LoaderSpec
+from core.contract.protocols import DistInfo, LoaderSpec, output_head_params
 from core.contract.run import Run
 from core.data.prefetch import prefetching
 from core.preflight.prepare import Prepared
@@ -66,7 +66,8 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     returned(train_model, torch.nn.Module, f"{name['parallelism']}: wrap()", "a torch.nn.Module")
     if prep.micro_batch_candidates:
         choose_micro_batch(prep, dist, control, model, train_model)
-    optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options))
+    head = output_head_params(spec, model) if member("optimizer", c["optimizer"], "separate_output_head") else ()
+    optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options, head))
     returned(optimizer, torch.optim.Optimizer, f"{name['optimizer']}: build()", "a torch.optim.Optimizer")
     total, schedule = prep.total_steps, c["lr_schedule"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))

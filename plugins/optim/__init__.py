@@ -1,4 +1,4 @@
-"""Optimizers: ``adamw`` (torch), ``adamw8bit``/``adamw4bit``/``adamw_fp8`` (torchao), ``bnb_adamw8bit`` (bitsandbytes)."""
+"""Optimizers: ``adamw`` (torch), ``muon`` (Muon on hidden matrices, AdamW on the rest), ``adamw8bit``/``adamw4bit``/``adamw_fp8`` (torchao), ``bnb_adamw8bit`` (bitsandbytes)."""
 
 from core.api import hookimpl
 
@@ -8,6 +8,10 @@ def plait_register(registry):
     from plugins.optim.adamw import AdamW, AdamWOptions
 
     registry.add("optimizer", "adamw", AdamW, options=AdamWOptions, doc="torch AdamW, fused or foreach")
+
+    from plugins.optim.muon import Muon, MuonOptions
+
+    registry.add("optimizer", "muon", Muon, options=MuonOptions, doc="Muon on the hidden 2-D matrices, AdamW on embeddings, output head, norms and biases")
 
     from plugins.optim.lowbit import BnbAdamW8bit, BnbAdamW8bitOptions, TorchaoAdamWOptions, torchao_factory
 
