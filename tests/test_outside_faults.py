@@ -1,0 +1,88 @@
+"""Faults from outside a running job (issue 34): unreadable and undeletable checkpoints, checkpoint
+folders that every save would collide with, data changed under a run, data that is silently wrong,
+crafted checkpoint state, and the launchers' and loggers' own failures. Real runs, real files, real
+DCP checkpoints; two gloo ranks where ranks must agree.
+
+The tests run as root, which file modes do not stop: a folder or file without read permission (NFS
+with root squash) is ``PLAIT_TEST_UNREADABLE`` (tests/seams), and one that cannot be deleted is a
+real immutable file (``chattr +i``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_module, torchrun, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+SEAMS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
+
+
+def committed(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return lines[0]
+
+
+# --- item 3: checkpoints that cannot be read, or deleted ------------------------------------------
+
+
+def test_an_unreadable_checkpoint_is_skipped_with_a_line_or_refused_when_named(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    r = torchrun(2, "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    newest = root / "step_000000006"
+    for denied in (newest, newest / "COMMITTED", newest / "state.json"):  # a folder, the marker, the state: mode 000
+        for launch in (torchrun, None) if denied == newest else (None,):  # two ranks, then one process
+            env = {**SEAMS, "PLAIT_TEST_UNREADABLE": str(denied)}
+            args = ("--config", str(cfg), "--train.steps=5", "--checkpoint.at_end=false")
+            r = torchrun(2, *args, extra_env=env) if launch else run_module("core.train", *args, extra_env=env)
+            assert r.returncode == 0, (denied, r.stderr[-2000:])
+            skipped = [line for line in r.stderr.splitlines() if "skipping checkpoint" in line]
+            assert len(skipped) == 1 and all(w in skipped[0] for w in ("step_000000006", "unreadable", "Permission denied")), r.stderr[-2000:]
+            assert f"checkpoint {root / 'step_000000003'}: the config differs" in r.stderr and "Traceback" not in r.stderr  # resumed from it
+        # named explicitly, it is one line and exit code 2
+        line = one_error_line(run_module("core.train", "--config", str(cfg), f"--checkpoint.resume={newest}", extra_env=env))
+        assert "step_000000006" in line and "unreadable" in line and "Permission denied" in line
+    assert committed(root) == ["step_000000003", "step_000000006"]
+
+
+def test_a_checkpoint_without_its_commit_marker_is_skipped_with_a_line(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    (root / "step_000000006" / "COMMITTED").unlink()
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=5", "--checkpoint.at_end=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = [line for line in r.stderr.splitlines() if "skipping checkpoint" in line]
+    assert len(skipped) == 1 and "step_000000006: no COMMITTED marker" in skipped[0], r.stderr[-2000:]
+    assert f"checkpoint {root / 'step_000000003'}: the config differs" in r.stderr  # resumed from it
+
+
+def test_a_prune_that_cannot_delete_an_old_checkpoint_warns_and_training_goes_on(tmp_path):
+    if shutil.which("chattr") is None:
+        pytest.fail("chattr is needed to make a file that cannot be deleted")
+    cfg = write_tiny_config(tmp_path, steps=3, body="[checkpoint]\nevery = 1\nkeep_latest = 1\nkeep_lowest_loss = false\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    shard = next((root / "step_000000003").glob("*.distcp"))
+    subprocess.run(["chattr", "+i", str(shard)], check=True)
+    try:
+        r = torchrun(2, "--config", str(cfg), "--train.steps=6")
+    finally:
+        subprocess.run(["chattr", "-i", str(shard)], check=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warned = [line for line in r.stderr.splitlines() if "could not delete old checkpoint" in line]
+    assert len(warned) == 1 and "step_000000003" in warned[0], r.stderr[-2000:]
+    assert committed(root) == ["step_000000006"]  # what it could not delete lies there uncommitted, never resumed
