@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, run_module
+from conftest import REPO, run_module, write_tiny_config
 
 
 def train(*args):
@@ -647,3 +647,29 @@ def test_a_config_of_megabytes_or_of_a_million_keys_is_one_line_unparsed(tmp_pat
         config_io.load(tmp_path / "top.toml")
     msg = one_error_line(train("--config", str(huge)))
     assert "huge.toml: larger than 1 MiB" in msg
+
+
+def test_token_bin_uint32_ids_above_65535_read_as_uint16_are_refused(tmp_path):
+    from core.contract.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(1, 128_000, 40_000).astype(np.uint32).tofile(d / "train.bin")  # a llama3-sized vocabulary
+    with pytest.raises(DataError, match=r"every other uint16 token is at most 1 .* looks like uint32 data read as uint16 \(ids below 131072\)"):
+        token_bin_source(d).validate(128_256, 32)
+    token_bin_source(d, dtype="uint32").validate(128_256, 32)  # read right, it is fine
+    np.random.default_rng(0).integers(1, 128_000, 40_000).astype(np.uint16).tofile(d / "train.bin")  # real uint16 ids
+    token_bin_source(d).validate(128_256, 32)
+
+
+def test_token_bin_ids_past_the_vocabulary_meta_json_declares_are_refused(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(1, 500, 40_000).astype(np.uint16).tofile(d / "train.bin")
+    (d / "meta.json").write_text('{"dtype": "uint16", "vocab_size": 300}')
+    cfg = write_tiny_config(tmp_path)
+    for module in ("core.train", "core.plan"):
+        msg = one_error_line(run_module(module, "--config", str(cfg), f"--data.path={d}", timeout=60))
+        assert "train.bin holds token id 499, not below the vocab_size 300 that" in msg and "meta.json declares" in msg, msg
+    (d / "meta.json").write_text('{"dtype": "uint16", "vocab_size": 500}')
+    token_bin_source(d).validate(512, 32)

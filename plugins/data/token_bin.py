@@ -3,9 +3,11 @@
 ``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
 (uint16, or uint32 when the vocabulary needs it), optionally described by
 ``<path>/meta.json``. Without a dtype in ``meta.json``, a uint16 file whose
-every other token is 0 over its first 65536 tokens is refused: that is uint32
-data read as uint16 (``[id, 0, id, 0, ...]``); ``dtype = "uint32"`` (or a
-``meta.json`` that says which) settles it. Sample ``i`` is a function of ``(seed, i)`` alone, so
+every other token is at most 3 over its first 65536 tokens (and the others are
+not) is refused: that is uint32 data read as uint16 (``[low, high, ...]``, ids
+below 262144); ``dtype = "uint32"`` (or a ``meta.json`` that says which) settles
+it. With ``check_ids``, an id at or above the model's vocabulary, or the
+``vocab_size`` ``meta.json`` declares, is refused before training. Sample ``i`` is a function of ``(seed, i)`` alone, so
 every world size sees the same batches:
 
 - ``order = "random"`` (nanoGPT's way): the window of ``seq_len + 1`` tokens
@@ -31,6 +33,7 @@ from core.api import DataError, IndexedSource, TokenizerSpec, log, mix_seed, opt
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24
 WIDTH_SAMPLE = 1 << 16  # uint16 tokens looked at for the uint32-read-as-uint16 check
+HIGH_HALF_MAX = 3  # the high uint16 half of a uint32 id below 262144
 
 
 @dataclass
@@ -111,10 +114,22 @@ class TokenBin(IndexedSource):
             if dtype == np.uint16 and self.meta().get("dtype") is None:
                 self.check_width(f, n)
             if self.options.check_ids:
-                arr = np.memmap(f, dtype=dtype, mode="r")
-                top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
-                if top >= vocab_size:
-                    raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
+                self.check_ids(f, dtype, n, vocab_size)
+
+    def check_ids(self, f: Path, dtype: np.dtype, n: int, vocab_size: int) -> None:
+        """Every id in ``f`` below the model's vocabulary and below the ``vocab_size`` that ``meta.json``
+        declares (ids past it are not the tokenizer's: another tokenizer's file, or the wrong dtype).
+        One pass over the file (docs/benchmarks.md: its cost on a multi-GB file)."""
+        arr = np.memmap(f, dtype=dtype, mode="r")
+        top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
+        declared = self.meta().get("vocab_size")
+        if isinstance(declared, int) and not isinstance(declared, bool) and top >= declared:
+            raise DataError(
+                f"{f} holds token id {top}, not below the vocab_size {declared} that {self.root / 'meta.json'} declares: "
+                "a file of another tokenizer, or of another dtype? prepare it again (python -m plugins.data.prepare)"
+            )
+        if top >= vocab_size:
+            raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
 
     def check_count(self, f: Path, split: str, n: int) -> None:
         """A file named as ``prepare`` writes it must hold the tokens ``meta.json`` counts for its split:
@@ -130,16 +145,20 @@ class TokenBin(IndexedSource):
         )
 
     def check_width(self, f: Path, n: int) -> None:
-        """uint32 token files read as uint16 look like ``[id, 0, id, 0, ...]`` (little-endian ids
-        below 65536): refuse when every odd position of the first tokens is 0 and some even one is not."""
+        """uint32 token files read as uint16 look like ``[low, high, low, high, ...]`` (little-endian):
+        every odd position holds the high half of an id, 0 below 65536 and at most 3 for any
+        vocabulary under 262144. Refused when every odd position of the first tokens is that small
+        and the even ones are not: text tokenised as uint16 is never so."""
         k = min(n, WIDTH_SAMPLE) // 2 * 2
         if k < 128:
             return  # too few tokens to tell
         head = np.fromfile(f, dtype=np.uint16, count=k)
-        if not head[1::2].any() and head[0::2].any():
+        high, low = int(head[1::2].max()), int(head[0::2].max())
+        if high <= HIGH_HALF_MAX < low:
+            which = "0" if high == 0 else f"at most {high}"
             raise DataError(
-                f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
-                f'read as uint16; set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
+                f"{f}: every other uint16 token is {which} in the first {k} tokens: this looks like uint32 data read as uint16 "
+                f'(ids below {(high + 1) << 16}); set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
             )
 
     def tokenizer(self) -> TokenizerSpec | None:
