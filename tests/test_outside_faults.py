@@ -10,13 +10,18 @@ real immutable file (``chattr +i``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_module, torchrun, write_tiny_config
+from conftest import REPO, env, run_module, torchrun, torchrun_argv, write_tiny_config
+
+from core.checkpoint.folders import verifies
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +91,43 @@ def test_a_prune_that_cannot_delete_an_old_checkpoint_warns_and_training_goes_on
     warned = [line for line in r.stderr.splitlines() if "could not delete old checkpoint" in line]
     assert len(warned) == 1 and "step_000000003" in warned[0], r.stderr[-2000:]
     assert committed(root) == ["step_000000006"]  # what it could not delete lies there uncommitted, never resumed
+
+
+# --- item 2: a data file changed under a running job ----------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["truncated", "rewritten"])
+def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_status(tmp_path, change):
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "plugins" / "data" / "corpus" / "shakespeare", data)
+    cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512, body="[checkpoint]\nevery = 2\n")
+    out, go = tmp_path / "out", tmp_path / "go"
+    args = ("--config", str(cfg), f"--data.path={data}")
+    argv = torchrun_argv(2, *args) if change == "truncated" else [sys.executable, "-m", "core.train", *args]
+    job = subprocess.Popen(argv, cwd=REPO, env=env(**SEAMS, PLAIT_TEST_WAIT_BEFORE_STEP=f"3:{go}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not Path(f"{go}.waiting").exists():  # steps 1 and 2 trained, step 2 saved
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        train_bin = data / "train.bin"
+        if change == "truncated":
+            os.truncate(train_bin, 4096)
+        else:  # the same size, other tokens, written into the same file (its inode kept)
+            tokens = train_bin.read_bytes()
+            with open(train_bin, "r+b") as f:
+                f.write(tokens[::-1])
+        go.touch()
+        _, stderr = job.communicate(timeout=600)
+    finally:
+        job.kill()
+    assert "SIGBUS" not in stderr and "exitcode: -7" not in stderr, stderr[-3000:]
+    if change == "truncated":  # torchrun: its own summary of ranks that exited 2 (the code launchers never restart)
+        assert job.returncode == 1 and "(exitcode: 2)" in stderr and "core/train.py" not in stderr, stderr[-3000:]
+    else:
+        assert job.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    errors = {line for line in stderr.splitlines() if line.startswith("plait: error:")}
+    assert errors and all(f"{train_bin} changed under the run: {change}" in line for line in errors), stderr[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["exit_code"] == 2 and f"{train_bin} changed under the run: {change}" in status["detail"], status
+    assert committed(out / "checkpoints") == ["step_000000002"]
+    assert verifies(out / "checkpoints" / "step_000000002")

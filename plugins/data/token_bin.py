@@ -22,6 +22,7 @@ every world size sees the same batches:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,7 +55,7 @@ class TokenBin(IndexedSource):
     def __init__(self, options: TokenBinOptions) -> None:
         self.options = options
         self.root = Path(options.path)
-        self._arrays: dict[str, np.memmap] = {}
+        self._arrays: dict[str, TokenFile] = {}
         self._meta: dict | None = None
 
     # -- checks before training ---------------------------------------------
@@ -115,6 +116,7 @@ class TokenBin(IndexedSource):
                 self.check_width(f, n)
             if self.options.check_ids:
                 self.check_ids(f, dtype, n, vocab_size)
+            self._arrays[split] = TokenFile(f, dtype)  # the size and time the run holds the file to
 
     def check_ids(self, f: Path, dtype: np.dtype, n: int, vocab_size: int) -> None:
         """Every id in ``f`` below the model's vocabulary and below the ``vocab_size`` that ``meta.json``
@@ -191,9 +193,9 @@ class TokenBin(IndexedSource):
         return None
 
     # -- samples -------------------------------------------------------------
-    def array(self, split: str) -> np.memmap:
+    def array(self, split: str) -> "TokenFile":
         if split not in self._arrays:
-            self._arrays[split] = np.memmap(self.file(split), dtype=self.dtype(), mode="r")
+            self._arrays[split] = TokenFile(self.file(split), self.dtype())
         return self._arrays[split]
 
     def num_tokens(self, split: str) -> int:
@@ -230,4 +232,66 @@ class TokenBin(IndexedSource):
             windows = (len(arr) - 1) // seq_len
             epoch, position = divmod(index, windows)
             start = permute(position, windows, mix_seed(self.seed, SPLIT_IDS[split], epoch)) * seq_len
-        return np.asarray(arr[start : start + seq_len + 1], dtype=np.int64)
+        return arr.read(start, seq_len + 1)
+
+
+class TokenFile:
+    """One token file, read a window at a time with ``pread`` on a descriptor held open, never mapped:
+    a file truncated under a running job would kill every rank with SIGBUS on a mapped page, where
+    here it is one line. Each read also compares the file's size and modification time with those it
+    had when first opened, so a file rewritten in place (same size, other tokens) is refused too,
+    rather than read half old, half new. A file replaced by a rename is read as it was (the descriptor
+    holds the old one). Picklable: a loader worker opens the file again and holds it to the same size
+    and time. The cost per read: docs/benchmarks.md (bench/data_checks.py)."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.fd, self.pid = -1, -1
+        self.size, self.mtime_ns = -1, -1
+        self.open()
+
+    def open(self) -> None:
+        self.fd, self.pid = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), os.getpid()
+        st = os.fstat(self.fd)
+        if self.size < 0:
+            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+        else:  # a worker's own descriptor: the file must still be the one the run started with
+            self.check(st.st_size, st.st_mtime_ns)
+
+    def __len__(self) -> int:
+        return self.size // self.dtype.itemsize
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "fd": -1, "pid": -1}
+
+    def __del__(self) -> None:
+        if self.fd >= 0 and self.pid == os.getpid():
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+    def check(self, size: int, mtime_ns: int) -> None:
+        if size != self.size:
+            what = "truncated" if size < self.size else "grown"
+            raise DataError(f"{self.path} changed under the run: {what} from {self.size} to {size} bytes; the run reads a file as it was at its start")
+        if mtime_ns != self.mtime_ns:
+            raise DataError(
+                f"{self.path} changed under the run: rewritten in place (its modification time moved, size {size} bytes kept); "
+                "the run reads a file as it was at its start"
+            )
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens ``[start, start + count)`` as int64. Raises DataError if the file changed."""
+        if self.pid != os.getpid():
+            self.open()
+        want = count * self.dtype.itemsize
+        try:
+            data = os.pread(self.fd, want, start * self.dtype.itemsize)
+            st = os.fstat(self.fd)
+        except OSError as e:
+            raise DataError(f"{self.path}: unreadable under the run ({e.strerror or e})") from None
+        self.check(st.st_size, st.st_mtime_ns)
+        if len(data) != want:  # the size matched a moment ago: cut and restored between the read and the check
+            raise DataError(f"{self.path} changed under the run: {len(data)} of {want} bytes read at token {start}")
+        return np.frombuffer(data, dtype=self.dtype).astype(np.int64)
