@@ -131,3 +131,4 @@ def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_statu
     assert status["exit_code"] == 2 and f"{train_bin} changed under the run: {change}" in status["detail"], status
     assert committed(out / "checkpoints") == ["step_000000002"]
     assert verifies(out / "checkpoints" / "step_000000002")
+
