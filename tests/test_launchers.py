@@ -664,5 +664,7 @@ def test_remote_sh_with_a_log_it_cannot_write_says_so(tmp_path):
     proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == [f"plait: error: remote.sh: cannot write the log file LOG={log} (its folder is missing or read-only, or the file is not writable); set LOG to a writable file"], proc.stderr[-2000:]
+    assert lines == [
+        f"plait: error: remote.sh: cannot write the log file LOG={log} (its folder is missing or read-only, or the file is not writable); set LOG to a writable file"
+    ], proc.stderr[-2000:]
     assert "configuration is invalid" not in proc.stderr

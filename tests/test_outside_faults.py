@@ -132,3 +132,32 @@ def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_statu
     assert committed(out / "checkpoints") == ["step_000000002"]
     assert verifies(out / "checkpoints" / "step_000000002")
 
+
+# --- item 6: a crafted state.json naming a larger model -------------------------------------------
+
+
+def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_path):
+    import resource
+
+    from core.checkpoint.integrity import manifest_files
+
+    cfg = write_tiny_config(tmp_path, steps=1)
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    ckpt = tmp_path / "out" / "checkpoints" / "step_000000001"
+    state = json.loads((ckpt / "state.json").read_text())
+    state["config"]["model"] = {"name": "llama3", "flavor": "8b"}  # 8 billion parameters: 32 GB in fp32
+    (ckpt / "state.json").write_text(json.dumps(state))
+    manifest = json.loads((ckpt / "COMMITTED").read_text())
+    manifest.update(manifest_files(ckpt, exclude="COMMITTED", known={}))  # checksums regenerated, as an attacker would
+    (ckpt / "COMMITTED").write_text(json.dumps(manifest))
+
+    def cap_memory() -> None:  # without the check, the build fails here rather than exhausting the machine
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+    for argv in (
+        ["core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "exported")],
+        ["core.generate", "--checkpoint", str(ckpt), "--device", "cpu"],
+    ):
+        r = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
+        line = one_error_line(r)
+        assert f"checkpoint {ckpt} does not fit the model" in line, line
