@@ -161,3 +161,26 @@ def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_pa
         r = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
         line = one_error_line(r)
         assert f"checkpoint {ckpt} does not fit the model" in line, line
+
+
+# --- item 4: every checkpoint damaged --------------------------------------------------------------
+
+
+def test_a_fresh_start_after_every_checkpoint_was_damaged_saves_in_their_place(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, global_batch_tokens=512, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    for step in ("step_000000003", "step_000000006"):  # bit rot in a shard of each: found once the ranks check them
+        shard = next((root / step).glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    r = torchrun(2, "--config", str(cfg), "--train.steps=7")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "belongs to another run" not in r.stderr and "no usable checkpoint" in r.stderr, r.stderr[-3000:]
+    moved = [line for line in r.stderr.splitlines() if "could not be resumed" in line]
+    assert len(moved) == 1 and "step_000000003 to step_000000006" in moved[0], r.stderr[-3000:]
+    assert committed(root) == ["step_000000003", "step_000000006", "step_000000007"]  # every save of the fresh start
+    assert all(verifies(root / s) for s in committed(root))
+    (aside,) = (root / "abandoned").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["step_000000003", "step_000000006"]  # kept, never deleted
