@@ -36,6 +36,7 @@ import torch
 from core.checkpoint import integrity
 from core.checkpoint.folders import check_fits, read_json, read_manifest, verify, warn
 from core.checkpoint.rng import set_rng_state
+from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError, DataError
 
 
@@ -194,7 +195,7 @@ def set_aside_unusable(ckpt: Any) -> None:
         if unusable:
             try:
                 dest = set_aside(ckpt.root, unusable, "unusable")
-                warn(
+                log.note(
                     f"the {len(unusable)} checkpoint(s) that could not be resumed ({unusable[0].name} to {unusable[-1].name}) are moved to {dest}: this fresh start saves in their place"
                 )
             except OSError as e:
