@@ -61,6 +61,10 @@ if [ $? -eq 3 ]; then  # (any other failure: the installation check below says w
 fi
 echo "pid $$ on $(hostname) since $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$OUTPUT_DIR/remote.lock"
 LOG=${LOG:-$OUTPUT_DIR/remote.log}
+if ! { : >>"$LOG"; } 2>/dev/null; then  # before anything is written to it: not mistaken for a bad configuration below
+    echo "plait: error: remote.sh: cannot write the log file LOG=$LOG (its folder is missing or read-only, or the file is not writable); set LOG to a writable file" >&2
+    exit 2
+fi
 # Since when this launcher has held the machine, on the boot clock every process shares: the budget
 # guard bills from then on, the back-offs and each attempt's start included.
 if [ -r /proc/sys/kernel/random/boot_id ] && [ -r /proc/uptime ]; then

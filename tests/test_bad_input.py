@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, run_module
+from conftest import REPO, run_module, write_tiny_config
 
 
 def train(*args):
@@ -632,3 +632,56 @@ def test_a_bad_value_from_the_command_line_is_named_as_such(tiny_config, tmp_pat
     in_file.write_text(f'extends = "{config}"\n[optimizer]\nlr = -1\n')
     msg = plan_error(capsys, "--config", str(in_file), "--train.steps=5")
     assert msg.endswith("lr: must be > 0, got -1") and str(in_file) in msg  # from the file: no note
+
+
+def test_a_config_of_megabytes_or_of_a_million_keys_is_one_line_unparsed(tmp_path, tiny_config):
+    from core.config import files as config_io
+    from core.contract.errors import ConfigError
+
+    huge = tmp_path / "huge.toml"
+    with huge.open("w") as f:  # 26 MB of keys: refused by its size, never parsed
+        f.write("[train]\n")
+        for i in range(1_500_000):
+            f.write(f"k{i} = {i}\n")
+    with pytest.raises(ConfigError, match=r"huge.toml: larger than 1 MiB"):
+        config_io.load(huge)
+    many = tmp_path / "many.toml"
+    many.write_text("[train]\nk = [" + "1," * 150_000 + "]\n")  # under 1 MiB, past the count of values
+    with pytest.raises(ConfigError, match=r"many.toml: more than 100000 keys and array items"):
+        config_io.load(many)
+    with pytest.raises(ConfigError, match=r"command line: longer than"):
+        config_io.load(tiny_config(), ["--train.k=[" + "1," * 600_000 + "]"])
+    parts = [tmp_path / f"part{i}.toml" for i in range(3)]  # each file under the count, the merge over it
+    for i, p in enumerate(parts):
+        p.write_text(f"[s{i}]\nk = [" + "1," * 40_000 + "]\n")
+    (tmp_path / "top.toml").write_text(f"extends = {[p.name for p in parts]!r}\n".replace("'", '"'))
+    with pytest.raises(ConfigError, match=r"top.toml: with its extends and overrides, more than 100000"):
+        config_io.load(tmp_path / "top.toml")
+    msg = one_error_line(train("--config", str(huge)))
+    assert "huge.toml: larger than 1 MiB" in msg
+
+
+def test_token_bin_uint32_ids_above_65535_read_as_uint16_are_refused(tmp_path):
+    from core.contract.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(1, 128_000, 40_000).astype(np.uint32).tofile(d / "train.bin")  # a llama3-sized vocabulary
+    with pytest.raises(DataError, match=r"every other uint16 token is at most 1 .* looks like uint32 data read as uint16 \(ids below 131072\)"):
+        token_bin_source(d).validate(128_256, 32)
+    token_bin_source(d, dtype="uint32").validate(128_256, 32)  # read right, it is fine
+    np.random.default_rng(0).integers(1, 128_000, 40_000).astype(np.uint16).tofile(d / "train.bin")  # real uint16 ids
+    token_bin_source(d).validate(128_256, 32)
+
+
+def test_token_bin_ids_past_the_vocabulary_meta_json_declares_are_refused(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(1, 500, 40_000).astype(np.uint16).tofile(d / "train.bin")
+    (d / "meta.json").write_text('{"dtype": "uint16", "vocab_size": 300}')
+    cfg = write_tiny_config(tmp_path)
+    for module in ("core.train", "core.plan"):
+        msg = one_error_line(run_module(module, "--config", str(cfg), f"--data.path={d}", timeout=60))
+        assert "train.bin holds token id 499, not below the vocab_size 300 that" in msg and "meta.json declares" in msg, msg
+    (d / "meta.json").write_text('{"dtype": "uint16", "vocab_size": 500}')
+    token_bin_source(d).validate(512, 32)

@@ -648,3 +648,15 @@ def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tm
     assert "trainer died (code 1; it committed step 4); restarting" in log, log[-3000:]
     assert "starting (attempt 2, 1 processes, checkpoint.resume=auto)" in log and f"resumed from {own / 'step_000000004'} at step 4" in log, log[-3000:]
     assert proc.returncode == 1 and "1 attempts in a row committed no new checkpoint, and MAX_RESTARTS=0" in log, log[-3000:]
+
+
+def test_remote_sh_with_a_log_it_cannot_write_says_so(tmp_path):
+    log = tmp_path / "no_such_folder" / "remote.log"
+    env = remote_env(tmp_path, LOG=str(log))
+    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"plait: error: remote.sh: cannot write the log file LOG={log} (its folder is missing or read-only, or the file is not writable); set LOG to a writable file"
+    ], proc.stderr[-2000:]
+    assert "configuration is invalid" not in proc.stderr

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
@@ -106,15 +107,27 @@ def checkpoint_holding(path: Path) -> Path | None:
     return None
 
 
+def marked(path: Path) -> bool:
+    """Whether checkpoint folder ``path`` has its commit marker. A folder that cannot be looked into
+    (no read permission, as on NFS with root squash) counts as marked: :func:`verify` then names it
+    unreadable, and ``resume = "auto"`` skips it with a line, rather than passing over it unsaid."""
+    try:
+        return stat.S_ISREG(os.stat(path / COMMIT_MARKER).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
 def committed(root: Path) -> list[Path]:
     """Folders with a commit marker, oldest first (by step)."""
-    return [p for p in step_dirs(root) if (p / COMMIT_MARKER).is_file()]
+    return [p for p in step_dirs(root) if marked(p)]
 
 
 def committed_newest_first(root: Path) -> Iterator[Path]:
     """:func:`committed`, newest first, each folder's marker looked at only when it is reached: a
     save that wants the newest ones reads nothing of the many older ones ``keep_latest = 0`` keeps."""
-    return (p for p in reversed(step_dirs(root)) if (p / COMMIT_MARKER).is_file())
+    return (p for p in reversed(step_dirs(root)) if marked(p))
 
 
 def lineage_of(path: Path) -> str | None:
@@ -151,7 +164,7 @@ def read_manifest(path: Path) -> integrity.Manifest:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     marker = path / COMMIT_MARKER
-    if not marker.is_file():
+    if not marked(path):
         raise CheckpointError(folder_of_checkpoints(path) or f"checkpoint {path} is incomplete: no {COMMIT_MARKER} marker (interrupted save?)")
     return integrity.read_manifest(marker)
 
@@ -176,6 +189,14 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
     after the process group exists, each rank a share (:mod:`core.checkpoint.resume`).
     Raises CheckpointError.
     """
+    try:
+        return _verify(path, shards)
+    except OSError as e:  # no read permission (NFS root squash), an I/O error: not a checkpoint to use
+        where = f"{e.filename}" if e.filename else str(path)
+        raise CheckpointError(f"checkpoint {path} is unreadable: {where}: {e.strerror or e}") from None
+
+
+def _verify(path: Path, shards: bool) -> dict[str, Any]:
     from core.checkpoint.safe_dcp import load_metadata
 
     refuse_newer_format(path)
@@ -311,14 +332,15 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
         others = [p for p in every if lineage_of(p) != current]
         every = [p for p in every if lineage_of(p) == current]
         for p in others:  # damage (a flipped bit) in the file that says whose it is: not silently passed over
-            if lineage_of(p) is None and (p / LINEAGE_FILE).exists():
-                warn(f"skipping checkpoint: {p / LINEAGE_FILE} is damaged (not a run's id): whose checkpoint it is is unknown, so it is left as it is")
+            if lineage_of(p) is None:
+                unknown_owner(p)
         if others and not every:
             warn(
                 f"{root} holds {len(others)} checkpoint(s) of other runs and none of the run that last trained there "
                 f"({CURRENT_RUN_FILE}): starting fresh; to continue one of them, name it (--checkpoint.resume=<its folder>)"
             )
     done = [p for p in reversed(every) if p.name not in aside]
+    unmarked_newer(root, done[0] if done else None, current)
     if aside & {p.name for p in every}:
         warn(f"a start was killed while moving {', '.join(sorted(aside))} aside (a branch left): not resuming from them")
     for i, path in enumerate(done):
@@ -333,6 +355,29 @@ def find_resume(opts: CheckpointOptions, root: Path, model_meta: torch.nn.Module
     if done:
         warn(f"no usable checkpoint in {root}: starting fresh")
     return []
+
+
+def unknown_owner(path: Path) -> None:
+    """The warning for a checkpoint whose ``LINEAGE`` cannot be read as a run's id (none if it has none)."""
+    try:
+        if not (path / LINEAGE_FILE).exists():
+            return
+        why = "is damaged (not a run's id)"
+    except OSError as e:
+        why = f"is unreadable ({e.strerror or e})"
+    warn(f"skipping checkpoint: {path / LINEAGE_FILE} {why}: whose checkpoint it is is unknown, so it is left as it is")
+
+
+def unmarked_newer(root: Path, newest: Path | None, current: str | None) -> None:
+    """One line for each step folder newer than ``newest`` (the newest committed candidate) that has
+    no ``COMMITTED`` marker: an interrupted save, or a checkpoint whose marker was removed; either way
+    it is not resumed from. Only the run's own (``current``) where the folder records one."""
+    for p in reversed(step_dirs(root)):
+        if newest is not None and p.name <= newest.name:
+            break
+        if marked(p) or (current is not None and lineage_of(p) != current):
+            continue
+        warn(f"skipping checkpoint {p}: no {COMMIT_MARKER} marker (a save that was interrupted, or its marker was removed)")
 
 
 def read_json(file: Path) -> Any:

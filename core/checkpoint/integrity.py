@@ -101,7 +101,9 @@ def read_manifest(marker: Path) -> Manifest:
             checksums = {str(k): str(v) for k, v in checksums.items()}
             if set(checksums) != set(sizes):
                 raise ValueError("files and checksums list different files")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except OSError as e:
+        raise CheckpointError(f"{marker} is unreadable ({e.strerror or e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{marker} is corrupt ({e})") from None
     return Manifest(sizes, checksums)
 

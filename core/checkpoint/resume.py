@@ -36,6 +36,7 @@ import torch
 from core.checkpoint import integrity
 from core.checkpoint.folders import check_fits, read_json, read_manifest, verify, warn
 from core.checkpoint.rng import set_rng_state
+from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError, DataError
 from core.runtime import distributed
 
@@ -164,6 +165,32 @@ def leave_branch(ckpt: Any, path: Path) -> None:
             set_aside_later(ckpt.root, ckpt.lineage, path, ckpt.state.run.step, chosen=ckpt.opts.resume != "auto")
         except OSError as e:
             error = f"resumed from {path}, but could not move this run's later checkpoints aside ({e}); move them out of {ckpt.root} and start again"
+    error = agree(ckpt.group, error)
+    if error is not None:
+        stop_every_rank(ckpt, error)
+
+
+def set_aside_unusable(ckpt: Any) -> None:
+    """A ``resume = "auto"`` start that resumed nothing although the run that last trained in the folder
+    (``CURRENT_RUN``; every run where none is recorded) left committed checkpoints: each was skipped as
+    damaged or unloadable. Rank 0 moves them to ``abandoned/<utc>_unusable/`` (kept, never deleted)
+    before the first step, so the fresh start's saves of the same steps are not skipped as another
+    run's: no more than ``checkpoint.every`` steps are ever lost. A failed move stops every rank."""
+    from core.checkpoint.folders import committed, current_run, lineage_of
+    from core.checkpoint.retention import set_aside
+
+    error = None
+    if ckpt.dist.is_main and ckpt.opts.resume == "auto":
+        before = current_run(ckpt.root)
+        unusable = [p for p in committed(ckpt.root) if before is None or lineage_of(p) == before]
+        if unusable:
+            try:
+                dest = set_aside(ckpt.root, unusable, "unusable")
+                log.note(
+                    f"the {len(unusable)} checkpoint(s) that could not be resumed ({unusable[0].name} to {unusable[-1].name}) are moved to {dest}: this fresh start saves in their place"
+                )
+            except OSError as e:
+                error = f"no checkpoint in {ckpt.root} could be resumed, and moving them aside failed ({e}); move them out of {ckpt.root} and start again"
     error = agree(ckpt.group, error)
     if error is not None:
         stop_every_rank(ckpt, error)

@@ -41,6 +41,7 @@ from core.checkpoint.folders import (
     committed,
     committed_newest_first,
     lineage_of,
+    marked,
     step_dir,
     step_dirs,
     verify,
@@ -104,6 +105,9 @@ def _raise(error: OSError) -> None:
     raise error
 
 
+_SAID_UNDELETABLE: set[Path] = set()  # folders a removal failed in, named once
+
+
 def remove(path: Path) -> None:
     """Delete one of this run's checkpoint folders so that a kill at any moment leaves this run's
     unfinished folder, which the next prune removes: the ``COMMITTED`` marker goes first (durably: a
@@ -113,7 +117,8 @@ def remove(path: Path) -> None:
     loses its ``LINEAGE`` (so it is no longer this run's, and never touched again) and is named in one
     warning. An error (a file that cannot be deleted or a folder that cannot be read: an I/O error, a
     busy mount) stops the removal there, with the folder left uncommitted for the next prune to try
-    again: the folder is never removed whole before every file in it was seen to be the save's."""
+    again: the folder is never removed whole before every file in it was seen to be the save's. That
+    error is one warning per folder, and the run goes on."""
     if path.is_symlink():
         return
     kept: list[str] = []
@@ -130,8 +135,11 @@ def remove(path: Path) -> None:
                     (here / name).unlink()
             if here != path and not any(here.iterdir()):
                 here.rmdir()
-    except OSError:
-        return  # unseen files may be another's: the folder stays, without its marker, for the next prune
+    except OSError as e:  # unseen files may be another's: the folder stays, without its marker, for the next prune
+        if path not in _SAID_UNDELETABLE:
+            _SAID_UNDELETABLE.add(path)
+            log.warn(f"could not delete old checkpoint {path} ({e.strerror or e}: {e.filename or path}); it stays, and training goes on")
+        return
     if not kept:
         try:
             (path / LINEAGE_FILE).unlink(missing_ok=True)
@@ -188,7 +196,14 @@ class Retention:
     def prune(self, lineage: str, in_flight: Path | None) -> None:
         """Apply the retention rules after a commit (rank 0). With ``keep_latest = 0`` every
         checkpoint stays and only the newest sound one is looked for: verifying them all after each
-        commit made every save slower than the one before (soak: 2 ms more per checkpoint kept)."""
+        commit made every save slower than the one before (soak: 2 ms more per checkpoint kept).
+        A folder that cannot be read or deleted is one warning; the commit stands and training goes on."""
+        try:
+            self._prune(lineage, in_flight)
+        except OSError as e:
+            log.warn(f"pruning old checkpoints in {self.root} failed ({e.strerror or e}: {e.filename or self.root}); they stay, and training goes on")
+
+    def _prune(self, lineage: str, in_flight: Path | None) -> None:
         if not self.opts.keep_latest:
             if (newest := newest_verified(self.root, lineage)) is not None:
                 self.remove_interrupted(lineage, newest, in_flight)
@@ -208,7 +223,7 @@ class Retention:
     def remove_interrupted(self, lineage: str, newest: Path, in_flight: Path | None) -> None:
         """This run's interrupted saves older than its newest verified checkpoint ``newest``."""
         for p in step_dirs(self.root):
-            if p.name < newest.name and p != in_flight and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage:
+            if p.name < newest.name and p != in_flight and not marked(p) and lineage_of(p) == lineage:
                 remove(p)
 
     def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:

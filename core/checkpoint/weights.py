@@ -66,9 +66,39 @@ def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any], torch.nn.Module]:
     meta = verify(path, shards=False)  # read_dcp_model checks the shards
     config = meta["config"]
     spec = spec_from_config(config, f"checkpoint {path}")
+    check_buildable(path, spec)
     model = empty_model(spec)
     read_dcp_model(path, model)
     return spec, config, model
+
+
+def check_buildable(path: Path, spec: Any) -> None:
+    """Before a byte of the model is allocated: the model that ``state.json``'s config describes, built
+    on the meta device, must have the shapes of the tensors the checkpoint's DCP metadata lists (a
+    ``state.json`` edited to name a larger model is refused here), and its weights must fit in the
+    memory this machine has available. Raises CheckpointError (one line, exit code 2)."""
+    from core.checkpoint.folders import check_shapes
+
+    with torch.device("meta"):
+        shell = spec.build()
+    check_shapes(path, shell)
+    need = sum(t.numel() * t.element_size() for t in shell.state_dict().values())
+    have = available_memory()
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"checkpoint {path}: its model needs {need / 2**30:.1f} GiB to build, more than the {have / 2**30:.1f} GiB this machine has available"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (``MemAvailable`` in /proc/meminfo); None if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def unique_tensors(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -2,8 +2,10 @@
 
 This module knows files and dicts only; what the keys mean is decided in
 :mod:`core.config.sections` and by each plugin's options dataclass. A config may
-nest tables and arrays at most :data:`MAX_DEPTH` levels deep and chain at
-most :data:`MAX_EXTENDS` files through ``extends``.
+nest tables and arrays at most :data:`MAX_DEPTH` levels deep, hold at most
+:data:`MAX_VALUES` keys and array items, and chain at most :data:`MAX_EXTENDS`
+files through ``extends``; each file, and each command-line value, is at most
+:data:`MAX_BYTES` long. A config past a limit is one line, read no further.
 """
 
 from __future__ import annotations
@@ -25,6 +27,23 @@ from core.contract.option_values import Table, origin_of
 
 MAX_EXTENDS = 64  # files in one extends chain
 MAX_DEPTH = 64  # nesting levels of tables and arrays
+MAX_BYTES = 1 << 20  # one config file, or one command-line value
+MAX_VALUES = 100_000  # keys and array items in one file, and in the merged config
+
+
+def values_exceed(value: Any, limit: int = MAX_VALUES) -> bool:
+    """Whether ``value`` holds more than ``limit`` keys and array items, all levels together."""
+    stack, seen = [value], 0
+    while stack:
+        v = stack.pop()
+        children = list(v.values()) if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        seen += len(children)
+        if seen > limit:
+            return True
+        stack.extend(children)
+    return False
 
 
 def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
@@ -42,12 +61,16 @@ def depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 def _loads(text: str, where: str) -> dict[str, Any]:
+    if len(text) > MAX_BYTES:
+        raise ConfigError(f"{where}: longer than {MAX_BYTES} characters; expected a config of at most {MAX_BYTES >> 20} MiB")
     try:
         data = tomllib.loads(text)
     except RecursionError:
         data = None
     if data is None or depth_exceeds(data):
         raise ConfigError(f"{where}: nested more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH} levels of tables and arrays")
+    if values_exceed(data):
+        raise ConfigError(f"{where}: more than {MAX_VALUES} keys and array items; expected at most {MAX_VALUES}")
     return data
 
 
@@ -134,7 +157,11 @@ def load_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
         via = f" (extended by {_chain[-1]})" if _chain else ""
         raise ConfigError(f"config file {path} not found{via}")
     try:
-        data = _loads(path.read_text(), str(path))
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # a larger file is refused unread: no parse of megabytes of keys
+        if len(raw) > MAX_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_BYTES >> 20} MiB; expected a config of at most {MAX_BYTES >> 20} MiB")
+        data = _loads(raw.decode(), str(path))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except OSError as e:
@@ -227,6 +254,8 @@ def load(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]
     cfg = apply_overrides(load_file(path), parse_overrides(overrides or []))
     if depth_exceeds(cfg):
         raise ConfigError(f"command line: an override nests more than {MAX_DEPTH} levels deep; expected at most {MAX_DEPTH}")
+    if values_exceed(cfg):
+        raise ConfigError(f"{path}: with its extends and overrides, more than {MAX_VALUES} keys and array items; expected at most {MAX_VALUES}")
     return cfg
 
 

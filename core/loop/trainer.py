@@ -84,6 +84,8 @@ class Trainer:
             gc.collect()
         if path is not None:
             resume.leave_branch(self.checkpointer, path)
+        else:
+            resume.set_aside_unusable(self.checkpointer)
         self.checkpointer.record_current_run()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error, self.c["model"].vocab_size)
         self.before_update_hooks, self.replace_batch_hooks = (self.monitors.implements(h) for h in ("plait_before_update", "plait_replace_batch"))

@@ -3,9 +3,11 @@
 ``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
 (uint16, or uint32 when the vocabulary needs it), optionally described by
 ``<path>/meta.json``. Without a dtype in ``meta.json``, a uint16 file whose
-every other token is 0 over its first 65536 tokens is refused: that is uint32
-data read as uint16 (``[id, 0, id, 0, ...]``); ``dtype = "uint32"`` (or a
-``meta.json`` that says which) settles it. Sample ``i`` is a function of ``(seed, i)`` alone, so
+every other token is at most 3 over its first 65536 tokens (and the others are
+not) is refused: that is uint32 data read as uint16 (``[low, high, ...]``, ids
+below 262144); ``dtype = "uint32"`` (or a ``meta.json`` that says which) settles
+it. With ``check_ids``, an id at or above the model's vocabulary, or the
+``vocab_size`` ``meta.json`` declares, is refused before training. Sample ``i`` is a function of ``(seed, i)`` alone, so
 every world size sees the same batches:
 
 - ``order = "random"`` (nanoGPT's way): the window of ``seq_len + 1`` tokens
@@ -20,6 +22,7 @@ every world size sees the same batches:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +34,7 @@ from core.api import DataError, IndexedSource, TokenizerSpec, log, mix_seed, opt
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24
 WIDTH_SAMPLE = 1 << 16  # uint16 tokens looked at for the uint32-read-as-uint16 check
+HIGH_HALF_MAX = 3  # the high uint16 half of a uint32 id below 262144
 
 
 @dataclass
@@ -51,7 +55,7 @@ class TokenBin(IndexedSource):
     def __init__(self, options: TokenBinOptions) -> None:
         self.options = options
         self.root = Path(options.path)
-        self._arrays: dict[str, np.memmap] = {}
+        self._arrays: dict[str, TokenFile] = {}
         self._meta: dict | None = None
 
     # -- checks before training ---------------------------------------------
@@ -111,10 +115,23 @@ class TokenBin(IndexedSource):
             if dtype == np.uint16 and self.meta().get("dtype") is None:
                 self.check_width(f, n)
             if self.options.check_ids:
-                arr = np.memmap(f, dtype=dtype, mode="r")
-                top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
-                if top >= vocab_size:
-                    raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
+                self.check_ids(f, dtype, n, vocab_size)
+            self._arrays[split] = TokenFile(f, dtype)  # the size and time the run holds the file to
+
+    def check_ids(self, f: Path, dtype: np.dtype, n: int, vocab_size: int) -> None:
+        """Every id in ``f`` below the model's vocabulary and below the ``vocab_size`` that ``meta.json``
+        declares (ids past it are not the tokenizer's: another tokenizer's file, or the wrong dtype).
+        One pass over the file (docs/benchmarks.md: its cost on a multi-GB file)."""
+        arr = np.memmap(f, dtype=dtype, mode="r")
+        top = max(int(arr[i : i + SCAN_CHUNK].max()) for i in range(0, n, SCAN_CHUNK))
+        declared = self.meta().get("vocab_size")
+        if isinstance(declared, int) and not isinstance(declared, bool) and top >= declared:
+            raise DataError(
+                f"{f} holds token id {top}, not below the vocab_size {declared} that {self.root / 'meta.json'} declares: "
+                "a file of another tokenizer, or of another dtype? prepare it again (python -m plugins.data.prepare)"
+            )
+        if top >= vocab_size:
+            raise DataError(f"{f} holds token id {top}, not below the model's vocabulary {vocab_size}")
 
     def check_count(self, f: Path, split: str, n: int) -> None:
         """A file named as ``prepare`` writes it must hold the tokens ``meta.json`` counts for its split:
@@ -130,16 +147,20 @@ class TokenBin(IndexedSource):
         )
 
     def check_width(self, f: Path, n: int) -> None:
-        """uint32 token files read as uint16 look like ``[id, 0, id, 0, ...]`` (little-endian ids
-        below 65536): refuse when every odd position of the first tokens is 0 and some even one is not."""
+        """uint32 token files read as uint16 look like ``[low, high, low, high, ...]`` (little-endian):
+        every odd position holds the high half of an id, 0 below 65536 and at most 3 for any
+        vocabulary under 262144. Refused when every odd position of the first tokens is that small
+        and the even ones are not: text tokenised as uint16 is never so."""
         k = min(n, WIDTH_SAMPLE) // 2 * 2
         if k < 128:
             return  # too few tokens to tell
         head = np.fromfile(f, dtype=np.uint16, count=k)
-        if not head[1::2].any() and head[0::2].any():
+        high, low = int(head[1::2].max()), int(head[0::2].max())
+        if high <= HIGH_HALF_MAX < low:
+            which = "0" if high == 0 else f"at most {high}"
             raise DataError(
-                f"{f}: every other uint16 token is 0 in the first {k} tokens: this looks like uint32 data "
-                f'read as uint16; set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
+                f"{f}: every other uint16 token is {which} in the first {k} tokens: this looks like uint32 data read as uint16 "
+                f'(ids below {(high + 1) << 16}); set [data].dtype = "uint32" (or write "dtype" in {self.root / "meta.json"})'
             )
 
     def end_of_document_id(self) -> int | None:
@@ -177,9 +198,9 @@ class TokenBin(IndexedSource):
         return None
 
     # -- samples -------------------------------------------------------------
-    def array(self, split: str) -> np.memmap:
+    def array(self, split: str) -> "TokenFile":
         if split not in self._arrays:
-            self._arrays[split] = np.memmap(self.file(split), dtype=self.dtype(), mode="r")
+            self._arrays[split] = TokenFile(self.file(split), self.dtype())
         return self._arrays[split]
 
     def num_tokens(self, split: str) -> int:
@@ -216,4 +237,66 @@ class TokenBin(IndexedSource):
             windows = (len(arr) - 1) // seq_len
             epoch, position = divmod(index, windows)
             start = permute(position, windows, mix_seed(self.seed, SPLIT_IDS[split], epoch)) * seq_len
-        return np.asarray(arr[start : start + seq_len + 1], dtype=np.int64)
+        return arr.read(start, seq_len + 1)
+
+
+class TokenFile:
+    """One token file, read a window at a time with ``pread`` on a descriptor held open, never mapped:
+    a file truncated under a running job would kill every rank with SIGBUS on a mapped page, where
+    here it is one line. Each read also compares the file's size and modification time with those it
+    had when first opened, so a file rewritten in place (same size, other tokens) is refused too,
+    rather than read half old, half new. A file replaced by a rename is read as it was (the descriptor
+    holds the old one). Picklable: a loader worker opens the file again and holds it to the same size
+    and time. The cost per read: docs/benchmarks.md (bench/data_checks.py)."""
+
+    def __init__(self, path: Path, dtype: np.dtype) -> None:
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.fd, self.pid = -1, -1
+        self.size, self.mtime_ns = -1, -1
+        self.open()
+
+    def open(self) -> None:
+        self.fd, self.pid = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)), os.getpid()
+        st = os.fstat(self.fd)
+        if self.size < 0:
+            self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+        else:  # a worker's own descriptor: the file must still be the one the run started with
+            self.check(st.st_size, st.st_mtime_ns)
+
+    def __len__(self) -> int:
+        return self.size // self.dtype.itemsize
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "fd": -1, "pid": -1}
+
+    def __del__(self) -> None:
+        if self.fd >= 0 and self.pid == os.getpid():
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+    def check(self, size: int, mtime_ns: int) -> None:
+        if size != self.size:
+            what = "truncated" if size < self.size else "grown"
+            raise DataError(f"{self.path} changed under the run: {what} from {self.size} to {size} bytes; the run reads a file as it was at its start")
+        if mtime_ns != self.mtime_ns:
+            raise DataError(
+                f"{self.path} changed under the run: rewritten in place (its modification time moved, size {size} bytes kept); "
+                "the run reads a file as it was at its start"
+            )
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Tokens ``[start, start + count)`` as int64. Raises DataError if the file changed."""
+        if self.pid != os.getpid():
+            self.open()
+        want = count * self.dtype.itemsize
+        try:
+            data = os.pread(self.fd, want, start * self.dtype.itemsize)
+            st = os.fstat(self.fd)
+        except OSError as e:
+            raise DataError(f"{self.path}: unreadable under the run ({e.strerror or e})") from None
+        self.check(st.st_size, st.st_mtime_ns)
+        if len(data) != want:  # the size matched a moment ago: cut and restored between the read and the check
+            raise DataError(f"{self.path} changed under the run: {len(data)} of {want} bytes read at token {start}")
+        return np.frombuffer(data, dtype=self.dtype).astype(np.int64)

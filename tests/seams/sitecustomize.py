@@ -318,3 +318,38 @@ if _lease:
     from core.runtime import ownership as _ownership
 
     _ownership.LEASE_S = float(_lease)
+
+
+# ``PLAIT_TEST_UNREADABLE=PATH[:PATH...]``: each PATH has no read permission for this process, as a folder or
+# file of mode 000 on NFS with root squash (the tests run as root, which file modes do not stop): a file there
+# cannot be opened; a folder cannot be listed, nor anything in it looked at. PATH itself can be looked at.
+_unreadable = os.environ.get("PLAIT_TEST_UNREADABLE", "")
+if _unreadable:
+    import builtins as _builtins
+    import errno as _errno
+    import io as _io
+
+    _denied = [os.path.abspath(p) for p in _unreadable.split(":") if p]
+
+    def _deny(path, whole):
+        try:
+            here = os.path.abspath(os.fspath(path))
+        except TypeError:  # a file descriptor
+            return
+        for d in _denied:
+            if here.startswith(d + os.sep) or (whole and here == d):
+                raise PermissionError(_errno.EACCES, "Permission denied", here)
+
+    def _checked(real, whole):
+        def call(path=".", *args, **kwargs):
+            _deny(path, whole)
+            return real(path, *args, **kwargs)
+
+        return call
+
+    os.stat = _checked(os.stat, False)
+    os.lstat = _checked(os.lstat, False)
+    os.open = _checked(os.open, True)
+    os.scandir = _checked(os.scandir, True)
+    os.listdir = _checked(os.listdir, True)
+    _builtins.open = _io.open = _checked(_io.open, True)

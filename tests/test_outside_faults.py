@@ -1,0 +1,186 @@
+"""Faults from outside a running job (issue 34): unreadable and undeletable checkpoints, checkpoint
+folders that every save would collide with, data changed under a run, data that is silently wrong,
+crafted checkpoint state, and the launchers' and loggers' own failures. Real runs, real files, real
+DCP checkpoints; two gloo ranks where ranks must agree.
+
+The tests run as root, which file modes do not stop: a folder or file without read permission (NFS
+with root squash) is ``PLAIT_TEST_UNREADABLE`` (tests/seams), and one that cannot be deleted is a
+real immutable file (``chattr +i``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, env, run_module, torchrun, torchrun_argv, write_tiny_config
+
+from core.checkpoint.folders import verifies
+
+pytestmark = pytest.mark.slow
+
+SEAMS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
+
+
+def committed(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return lines[0]
+
+
+# --- item 3: checkpoints that cannot be read, or deleted ------------------------------------------
+
+
+def test_an_unreadable_checkpoint_is_skipped_with_a_line_or_refused_when_named(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    r = torchrun(2, "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    newest = root / "step_000000006"
+    for denied in (newest, newest / "COMMITTED", newest / "state.json"):  # a folder, the marker, the state: mode 000
+        for launch in (torchrun, None) if denied == newest else (None,):  # two ranks, then one process
+            env = {**SEAMS, "PLAIT_TEST_UNREADABLE": str(denied)}
+            args = ("--config", str(cfg), "--train.steps=5", "--checkpoint.at_end=false")
+            r = torchrun(2, *args, extra_env=env) if launch else run_module("core.train", *args, extra_env=env)
+            assert r.returncode == 0, (denied, r.stderr[-2000:])
+            skipped = [line for line in r.stderr.splitlines() if "skipping checkpoint" in line]
+            assert len(skipped) == 1 and all(w in skipped[0] for w in ("step_000000006", "unreadable", "Permission denied")), r.stderr[-2000:]
+            assert f"checkpoint {root / 'step_000000003'}: the config differs" in r.stderr and "Traceback" not in r.stderr  # resumed from it
+        # named explicitly, it is one line and exit code 2
+        line = one_error_line(run_module("core.train", "--config", str(cfg), f"--checkpoint.resume={newest}", extra_env=env))
+        assert "step_000000006" in line and "unreadable" in line and "Permission denied" in line
+    assert committed(root) == ["step_000000003", "step_000000006"]
+
+
+def test_a_checkpoint_without_its_commit_marker_is_skipped_with_a_line(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    (root / "step_000000006" / "COMMITTED").unlink()
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=5", "--checkpoint.at_end=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = [line for line in r.stderr.splitlines() if "skipping checkpoint" in line]
+    assert len(skipped) == 1 and "step_000000006: no COMMITTED marker" in skipped[0], r.stderr[-2000:]
+    assert f"checkpoint {root / 'step_000000003'}: the config differs" in r.stderr  # resumed from it
+
+
+def test_a_prune_that_cannot_delete_an_old_checkpoint_warns_and_training_goes_on(tmp_path):
+    if shutil.which("chattr") is None:
+        pytest.fail("chattr is needed to make a file that cannot be deleted")
+    cfg = write_tiny_config(tmp_path, steps=3, body="[checkpoint]\nevery = 1\nkeep_latest = 1\nkeep_lowest_loss = false\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    shard = next((root / "step_000000003").glob("*.distcp"))
+    subprocess.run(["chattr", "+i", str(shard)], check=True)
+    try:
+        r = torchrun(2, "--config", str(cfg), "--train.steps=6")
+    finally:
+        subprocess.run(["chattr", "-i", str(shard)], check=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warned = [line for line in r.stderr.splitlines() if "could not delete old checkpoint" in line]
+    assert len(warned) == 1 and "step_000000003" in warned[0], r.stderr[-2000:]
+    assert committed(root) == ["step_000000006"]  # what it could not delete lies there uncommitted, never resumed
+
+
+# --- item 2: a data file changed under a running job ----------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["truncated", "rewritten"])
+def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_status(tmp_path, change):
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "plugins" / "data" / "corpus" / "shakespeare", data)
+    cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512, body="[checkpoint]\nevery = 2\n")
+    out, go = tmp_path / "out", tmp_path / "go"
+    args = ("--config", str(cfg), f"--data.path={data}")
+    argv = torchrun_argv(2, *args) if change == "truncated" else [sys.executable, "-m", "core.train", *args]
+    job = subprocess.Popen(argv, cwd=REPO, env=env(**SEAMS, PLAIT_TEST_WAIT_BEFORE_STEP=f"3:{go}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not Path(f"{go}.waiting").exists():  # steps 1 and 2 trained, step 2 saved
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        train_bin = data / "train.bin"
+        if change == "truncated":
+            os.truncate(train_bin, 4096)
+        else:  # the same size, other tokens, written into the same file (its inode kept)
+            tokens = train_bin.read_bytes()
+            with open(train_bin, "r+b") as f:
+                f.write(tokens[::-1])
+        go.touch()
+        _, stderr = job.communicate(timeout=600)
+    finally:
+        job.kill()
+    assert "SIGBUS" not in stderr and "exitcode: -7" not in stderr, stderr[-3000:]
+    if change == "truncated":  # torchrun: its own summary of ranks that exited 2 (the code launchers never restart)
+        assert job.returncode == 1 and "(exitcode: 2)" in stderr and "core/train.py" not in stderr, stderr[-3000:]
+    else:
+        assert job.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    errors = {line for line in stderr.splitlines() if line.startswith("plait: error:")}
+    assert errors and all(f"{train_bin} changed under the run: {change}" in line for line in errors), stderr[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["exit_code"] == 2 and f"{train_bin} changed under the run: {change}" in status["detail"], status
+    assert committed(out / "checkpoints") == ["step_000000002"]
+    assert verifies(out / "checkpoints" / "step_000000002")
+
+
+# --- item 6: a crafted state.json naming a larger model -------------------------------------------
+
+
+def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_path):
+    import resource
+
+    from core.checkpoint.integrity import manifest_files
+
+    cfg = write_tiny_config(tmp_path, steps=1)
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    ckpt = tmp_path / "out" / "checkpoints" / "step_000000001"
+    state = json.loads((ckpt / "state.json").read_text())
+    state["config"]["model"] = {"name": "llama3", "flavor": "8b"}  # 8 billion parameters: 32 GB in fp32
+    (ckpt / "state.json").write_text(json.dumps(state))
+    manifest = json.loads((ckpt / "COMMITTED").read_text())
+    manifest.update(manifest_files(ckpt, exclude="COMMITTED", known={}))  # checksums regenerated, as an attacker would
+    (ckpt / "COMMITTED").write_text(json.dumps(manifest))
+
+    def cap_memory() -> None:  # without the check, the build fails here rather than exhausting the machine
+        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+    for argv in (
+        ["core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "exported")],
+        ["core.generate", "--checkpoint", str(ckpt), "--device", "cpu"],
+    ):
+        r = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
+        line = one_error_line(r)
+        assert f"checkpoint {ckpt} does not fit the model" in line, line
+
+
+# --- item 4: every checkpoint damaged --------------------------------------------------------------
+
+
+def test_a_fresh_start_after_every_checkpoint_was_damaged_saves_in_their_place(tmp_path):
+    cfg = write_tiny_config(tmp_path, steps=6, global_batch_tokens=512, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    for step in ("step_000000003", "step_000000006"):  # bit rot in a shard of each: found once the ranks check them
+        shard = next((root / step).glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    r = torchrun(2, "--config", str(cfg), "--train.steps=7")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "belongs to another run" not in r.stderr and "no usable checkpoint" in r.stderr, r.stderr[-3000:]
+    moved = [line for line in r.stderr.splitlines() if "could not be resumed" in line]
+    assert len(moved) == 1 and "step_000000003 to step_000000006" in moved[0], r.stderr[-3000:]
+    assert committed(root) == ["step_000000003", "step_000000006", "step_000000007"]  # every save of the fresh start
+    assert all(verifies(root / s) for s in committed(root))
+    (aside,) = (root / "abandoned").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["step_000000003", "step_000000006"]  # kept, never deleted
