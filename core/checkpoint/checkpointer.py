@@ -150,7 +150,7 @@ class Checkpointer:
         except OSError as e:
             error = e
         self.folders.fail_together(error, step, path, self.lineage)  # no rank enters DCP's collectives unless every rank got this far
-        json_state = self.contents.json_state(self.losses.mean_and_reset())
+        json_state = self.contents.json_state(self.losses.mean_and_reset(), self.losses.weights_loss_and_reset())
         writer = HashingFileSystemWriter(path)  # each block it writes is progress of the phase that waits for it (core.runtime.watchdog)
         watchdog.progress(f"saving the checkpoint of step {step} (writing its files)", waits=True)  # its blocks count, from whichever thread DCP writes them
         try:
@@ -258,6 +258,7 @@ class Checkpointer:
         self.load(target, exclude=frozenset({"data"}))
         self.state.loader.load_state_dict(position)
         self.state.run.state["wall_time_s"] = wall
+        self.losses.first_step = None  # the next step's loss is measured on the restored weights
         log.info(f"rolled back to {target.name}; the data since then is skipped")
         return True
 
