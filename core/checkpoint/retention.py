@@ -64,8 +64,9 @@ class LossTally:
     """The mean training loss over the steps since the last save, which the save records as
     ``train_loss``: each step's loss is copied into a device buffer (one small kernel, no host
     sync), which is summed on the device when it is full and at the save. It also keeps the first
-    of those losses with the step whose weights it was measured on: the save records it as
-    ``weights_loss`` (:func:`weights_losses`), the loss of the checkpoint of that step's weights."""
+    of those losses, measured on the weights the last save (or resume) holds: the loss of that
+    checkpoint, which each save records with those of the run's other checkpoints still on disk
+    (state.json ``weights_loss``, :func:`weights_losses`), so pruning one never loses another's."""
 
     def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
         self.group = group  # the checkpoint's gloo group (None on one process)
@@ -74,6 +75,7 @@ class LossTally:
         self.written = 0
         self.first = torch.zeros((), dtype=torch.float64, device=device)  # the first loss since the last save
         self.first_step: int | None = None  # the step of the weights it was measured on
+        self.measured: dict[int, float | None] = {}  # step -> the loss measured on that checkpoint's weights
 
     def add(self, loss: torch.Tensor, weights_step: int | None = None) -> None:
         """A step's loss (this rank's), measured on the weights after step ``weights_step``; a
@@ -86,15 +88,22 @@ class LossTally:
             self.first.copy_(loss.detach())
             self.first_step = weights_step
 
-    def weights_loss_and_reset(self) -> dict[str, Any] | None:
-        """``{"step": s, "loss": x}``: the mean over every rank of the first loss since the last save,
-        measured on the weights after step ``s`` (``x`` None if not finite on some rank); None if no
-        step counted. A collective: every rank calls it."""
-        step, self.first_step = self.first_step, None
-        if step is None:
-            return None
-        total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.group)
-        return {"step": step, "loss": total / ranks if math.isfinite(total) else None}
+    def resumed(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state.json: the losses it records; the next step measures its weights."""
+        self.first_step = None
+        recorded = state.get("weights_loss")
+        self.measured = {int(k): v for k, v in recorded.items() if str(k).isdigit()} if isinstance(recorded, dict) else {}
+
+    def weights_loss_and_reset(self, root: Path, step: int) -> dict[str, float | None]:
+        """For the save of ``step`` in ``root``: ``{"<step>": loss}`` for each earlier checkpoint still in
+        ``root`` whose weights a step measured, this save's measurement (the mean over every rank;
+        None if not finite on some rank) included. A collective: every rank calls it."""
+        if self.first_step is not None:
+            total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.group)
+            self.measured[self.first_step] = total / ranks if math.isfinite(total) else None
+            self.first_step = None
+        self.measured = {s: v for s, v in self.measured.items() if s < step and step_dir(root, s).is_dir()}
+        return {str(s): v for s, v in sorted(self.measured.items())}
 
     def fold(self) -> None:
         n, self.written = self.written, 0
@@ -210,19 +219,18 @@ def train_loss(state: dict[str, Any]) -> float | None:
 
 def weights_losses(states: dict[Path, dict[str, Any]]) -> dict[Path, float]:
     """The loss measured on each checkpoint's own weights, where a finite one is known: the first
-    training step after a save computes its loss on the saved weights, and the next save records it
-    (state.json ``weights_loss``: ``{"step": s, "loss": x}``, with the step ``s`` it describes). A
+    training step after a save (or a resume) computes its loss on the saved weights, and each later
+    save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`). A
     checkpoint with none is unconfirmed: no later save measured it (the newest; one the run diverged
     after). ``states``: checkpoints of one run with their state.json (either order)."""
     by_step = {step_of(p): p for p in states}
     found: dict[Path, float] = {}
     for state in states.values():
-        measured = state.get("weights_loss")
-        if not isinstance(measured, dict) or (path := by_step.get(measured.get("step"))) is None:
-            continue
-        loss = measured.get("loss")
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            found[path] = float(loss)
+        recorded = state.get("weights_loss")
+        for key, loss in recorded.items() if isinstance(recorded, dict) else ():
+            path = by_step.get(int(key)) if str(key).isdigit() else None
+            if path is not None and isinstance(loss, (int, float)) and math.isfinite(loss):
+                found[path] = float(loss)
     return found
 
 

@@ -49,10 +49,10 @@ class SaveContents:
             return state
         return mine
 
-    def json_state(self, train_loss: float | None, weights_loss: dict[str, Any] | None = None) -> dict[str, Any]:
+    def json_state(self, train_loss: float | None, weights_loss: dict[str, float | None] | None = None) -> dict[str, Any]:
         """``state.json``'s contents; ``train_loss``: the mean over the steps since the previous save;
-        ``weights_loss``: the first of those losses and the step whose weights it was measured on, the
-        loss of that step's checkpoint (:func:`core.checkpoint.retention.weights_losses`)."""
+        ``weights_loss``: the loss measured on the weights of each earlier checkpoint on disk, by step
+        (:func:`core.checkpoint.retention.weights_losses`)."""
         run, about = self.state.run, self.about
         sched = {k: plain(v) for k, v in self.state.scheduler.state_dict().items() if k != "lr_lambdas"}
         return {
