@@ -184,15 +184,16 @@ def test_a_kill_while_pruning_leaves_nothing_that_outlives_the_next_prune(tmp_pa
     a kill leaves is this run's unfinished folder, which the next prune removes."""
     from conftest import REPO
 
-    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
     root = tmp_path / "out" / "checkpoints"
     seams = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
-    r = run_module("core.train", "--config", str(cfg), extra_env={**seams, "PLAIT_TEST_KILL_IN_DELETE_AFTER": str(root / "step_000000004" / "COMMITTED")})
-    assert r.returncode == -9 and (root / "step_000000002").is_dir() and (root / "step_000000004" / "COMMITTED").is_file(), r.stderr[-2000:]
-    r = run_module("core.train", "--config", str(cfg), "--train.steps=6")
-    assert r.returncode == 0 and f"resumed from {root / 'step_000000004'}" in r.stdout + r.stderr, r.stderr[-2000:]
-    # committed or not: step 2 is gone; step 4 stays beside step 6, the newest one whose weights a later step measured
-    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000004", "step_000000006"]
+    # step 6's prune deletes step 2 (step 4 stays: the newest checkpoint a later step measured)
+    r = run_module("core.train", "--config", str(cfg), extra_env={**seams, "PLAIT_TEST_KILL_IN_DELETE_AFTER": str(root / "step_000000006" / "COMMITTED")})
+    assert r.returncode == -9 and (root / "step_000000002").is_dir() and (root / "step_000000006" / "COMMITTED").is_file(), r.stderr[-2000:]
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=8")
+    assert r.returncode == 0 and f"resumed from {root / 'step_000000006'}" in r.stdout + r.stderr, r.stderr[-2000:]
+    # committed or not: step 2 is gone; step 6 stays beside step 8, the newest one whose weights a later step measured
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000006", "step_000000008"]
 
 
 def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
