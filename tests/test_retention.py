@@ -316,3 +316,28 @@ def test_a_removal_that_fails_part_way_leaves_what_it_had_not_looked_at(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "notes.txt" in done.stdout.split() and "COMMITTED" not in done.stdout.split(), done.stdout
     assert (folder / "notes.txt").read_text() == "x"
+
+
+def test_each_save_records_the_loss_measured_on_each_earlier_checkpoints_weights(tmp_path):
+    """The first loss after a save is that checkpoint's (its weights'); each save carries the ones of
+    the checkpoints still on disk, so pruning the save that measured one never loses it."""
+    import torch
+
+    from core.checkpoint.retention import LossTally, weights_losses
+
+    tally = LossTally(torch.device("cpu"), None)
+    for step in (2, 4):
+        (tmp_path / f"step_{step:09d}").mkdir()
+    tally.add(torch.tensor(5.0), weights_step=2)
+    tally.add(torch.tensor(9.0), weights_step=3)  # not the first since the save: the mean's alone
+    assert tally.weights_loss_and_reset(tmp_path, 4) == {"2": 5.0}
+    tally.add(torch.tensor(float("nan")), weights_step=4)
+    assert tally.weights_loss_and_reset(tmp_path, 6) == {"2": 5.0, "4": None}  # measured, not finite
+    (tmp_path / "step_000000002").rmdir()  # pruned: no longer carried
+    assert tally.weights_loss_and_reset(tmp_path, 8) == {"4": None}
+    states = {
+        tmp_path / "step_000000002": {},
+        tmp_path / "step_000000004": {"weights_loss": {"2": 5.0}},
+        tmp_path / "step_000000006": {"weights_loss": {"2": 5.0, "4": None}},
+    }
+    assert weights_losses(states) == {tmp_path / "step_000000002": 5.0}  # step 4 and 6: unconfirmed

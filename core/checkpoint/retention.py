@@ -92,7 +92,8 @@ class LossTally:
         """Continue from a checkpoint's state.json: the losses it records; the next step measures its weights."""
         self.first_step = None
         recorded = state.get("weights_loss")
-        self.measured = {int(k): v for k, v in recorded.items() if str(k).isdigit()} if isinstance(recorded, dict) else {}
+        items = recorded.items() if isinstance(recorded, dict) else ()
+        self.measured = {int(k): float(v) for k, v in items if str(k).isdigit() and isinstance(v, (int, float)) and math.isfinite(v)}
 
     def weights_loss_and_reset(self, root: Path, step: int) -> dict[str, float | None]:
         """For the save of ``step`` in ``root``: ``{"<step>": loss}`` for each earlier checkpoint still in
