@@ -184,16 +184,14 @@ def test_a_kill_while_pruning_leaves_nothing_that_outlives_the_next_prune(tmp_pa
     a kill leaves is this run's unfinished folder, which the next prune removes."""
     from conftest import REPO
 
-    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
+    cfg = write_tiny_config(tmp_path, steps=4, body="[checkpoint]\nevery = 2\nkeep_latest = 1\n")
     root = tmp_path / "out" / "checkpoints"
     seams = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
-    # step 6's prune deletes step 2 (step 4 stays: the newest checkpoint a later step measured)
-    r = run_module("core.train", "--config", str(cfg), extra_env={**seams, "PLAIT_TEST_KILL_IN_DELETE_AFTER": str(root / "step_000000006" / "COMMITTED")})
-    assert r.returncode == -9 and (root / "step_000000002").is_dir() and (root / "step_000000006" / "COMMITTED").is_file(), r.stderr[-2000:]
-    r = run_module("core.train", "--config", str(cfg), "--train.steps=8")
-    assert r.returncode == 0 and f"resumed from {root / 'step_000000006'}" in r.stdout + r.stderr, r.stderr[-2000:]
-    # committed or not: step 2 is gone; step 6 stays beside step 8, the newest one whose weights a later step measured
-    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000006", "step_000000008"]
+    r = run_module("core.train", "--config", str(cfg), extra_env={**seams, "PLAIT_TEST_KILL_IN_DELETE_AFTER": str(root / "step_000000004" / "COMMITTED")})
+    assert r.returncode == -9 and (root / "step_000000002").is_dir() and (root / "step_000000004" / "COMMITTED").is_file(), r.stderr[-2000:]
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=6")
+    assert r.returncode == 0 and f"resumed from {root / 'step_000000004'}" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000000006"]  # committed or not
 
 
 def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
@@ -221,12 +219,14 @@ def test_a_diverged_update_is_never_kept_as_the_best_and_the_next_start_goes_bac
     still computes a finite loss on the good weights of step 2 and is saved, but its update collapses
     the model; a later step has a NaN gradient norm: exit 3, reason diverged. metrics.jsonl logs that
     NaN as strict JSON (null, named in not_finite). Each checkpoint's loss is the one measured on its
-    own weights (the next save's ``weights_loss``), so step 2 is the lowest and survives keep_latest = 1.
+    own weights (the next save's ``weights_loss``): with keep_measured, step 2 is the lowest and survives keep_latest = 1.
     The next start (core.plan and core.train alike) goes back to it in one line and sets the later ones
     aside; an explicit --checkpoint.resume overrides the choice."""
     from core.cli import plan
 
-    cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 1\n')
+    cfg = write_tiny_config(
+        tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 1\nkeep_measured = true\n'
+    )
     out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
     r = run_module("core.train", "--config", str(cfg), "--train.steps=2")
     assert r.returncode == 0, r.stderr[-2000:]

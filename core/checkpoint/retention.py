@@ -293,17 +293,20 @@ class Retention:
             keep |= self.lowest_loss(good, say=False)
         return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
 
-    @staticmethod
-    def newest_confirmed(good: dict[Path, dict[str, Any]]) -> set[Path]:
-        """The newest checkpoint whose weights a later step measured with a finite loss: while only
-        unconfirmed ones are newer (the run may be diverging from them), it is never pruned."""
-        measured = weights_losses(good)
+    def newest_confirmed(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
+        """With ``keep_measured``, the newest checkpoint whose weights a later step measured with a finite
+        loss: while only unconfirmed ones are newer (the run may be diverging from them), it is never pruned."""
+        measured = weights_losses(good) if self.opts.keep_measured else {}
         return {max(measured, key=step_of)} if measured else set()
 
     def lowest_loss(self, good: dict[Path, dict[str, Any]], say: bool = True) -> set[Path]:
-        """The checkpoint with the lowest loss measured on its own weights (:func:`weights_losses`;
-        none if none has one); one line when it is kept beyond ``keep_latest`` (``say``)."""
-        losses = weights_losses(good)
+        """The checkpoint with the lowest training loss (none if none has one): with ``keep_measured``,
+        the loss measured on its own weights (:func:`weights_losses`), else ``train_loss``, the mean of
+        the steps before it. One line when it is kept beyond ``keep_latest`` (``say``)."""
+        if self.opts.keep_measured:
+            losses, on = weights_losses(good), "measured on its weights"
+        else:
+            losses, on = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}, "the steps before it"
         if not losses:
             return set()
         best = lowest(losses)
@@ -311,8 +314,8 @@ class Retention:
         beyond = self.opts.keep_latest and best not in list(good)[-self.opts.keep_latest :]
         if say and beyond and best != self.said_lowest and newest != best:
             log.warn(
-                f"checkpoint {best.name} has this run's lowest training loss ({losses[best]:.4g}, measured on its weights; the newest "
-                f"measured, {newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "
+                f"checkpoint {best.name} has this run's lowest training loss ({losses[best]:.4g}, {on}; the newest, "
+                f"{newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "
                 f'resume from it with --checkpoint.resume="{best}"'
             )
             self.said_lowest = best

@@ -93,7 +93,7 @@ class CheckpointOptions:
     every: int = option(0, "steps between checkpoints; 0 saves only at the end and on a stop", ge=0)
     dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
     async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
-    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted (the newest one a later step measured stays too); 0 keeps all", ge=0)
+    keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all", ge=0)
     resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")
@@ -108,6 +108,10 @@ class CheckpointOptions:
     keep_lowest_loss: bool = option(
         True,
         "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
+    )
+    keep_measured: bool = option(
+        False,
+        "judge checkpoints by the loss the next step measured on their weights: the lowest-loss one (keep_lowest_loss) by it, and the newest measured one never pruned (one more checkpoint on disk)",
     )
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
     allow_foreign: bool = option(
