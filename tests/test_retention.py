@@ -210,18 +210,23 @@ def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
     assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == ["COMMITTED", "LINEAGE", "__0_0.distcp", "rng", "rng/rank_0.json"]
 
 
-def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go_back_to(tmp_path, capsys):
-    """Two good steps, then the same run resumed with an LR of 1e6: its first step still computes a
-    finite (higher) loss and is saved, the next one collapses the model and the one after has a NaN
-    gradient norm: exit 3, reason diverged. metrics.jsonl logs that NaN as strict JSON (null, named
-    in not_finite). A restart with resume = "auto" takes the newest checkpoint all the same; it used
-    to say nothing, now its start names the divergence and the lowest-loss checkpoint with the
-    exact --checkpoint.resume that goes back to it (which core.plan then accepts)."""
-    import shlex
+def weights_loss(ckpt: Path) -> dict | None:
+    return json.loads((ckpt / "state.json").read_text())["weights_loss"]
 
+
+def test_a_diverged_update_is_never_kept_as_the_best_and_the_next_start_goes_back_before_it(tmp_path, capsys):
+    """Two good steps (every = 1, keep_latest = 1), then the same run resumed with an LR of 1e6: step 3
+    still computes a finite loss on the good weights of step 2 and is saved, but its update collapses
+    the model; a later step has a NaN gradient norm: exit 3, reason diverged. metrics.jsonl logs that
+    NaN as strict JSON (null, named in not_finite). Each checkpoint's loss is the one measured on its
+    own weights (the next save's ``weights_loss``): with keep_measured, step 2 is the lowest and survives keep_latest = 1.
+    The next start (core.plan and core.train alike) goes back to it in one line and sets the later ones
+    aside; an explicit --checkpoint.resume overrides the choice."""
     from core.cli import plan
 
-    cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 0\n')
+    cfg = write_tiny_config(
+        tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 1\nkeep_measured = true\n'
+    )
     out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
     r = run_module("core.train", "--config", str(cfg), "--train.steps=2")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -233,19 +238,45 @@ def test_a_start_after_a_diverged_attempt_names_the_lowest_loss_checkpoint_to_go
     rows = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) for line in lines]
     assert any(row.get("not_finite") == {"grad_norm": "NaN"} and row["grad_norm"] is None for row in rows), lines
 
-    saved = {name: train_loss(root / name) for name in steps_in(root)}
-    newest, lowest = max(saved), min(saved, key=lambda name: saved[name])
-    assert lowest != newest and int(newest[5:]) < status["step"], saved  # the newest is not the one to go back to
+    kept = steps_in(root)
+    newest = kept[-1]
+    assert "step_000000002" in kept and newest != "step_000000002", kept  # the good checkpoint survives keep_latest = 1
+    measured = weights_loss(root / newest)
+    assert measured["2"] < measured["3"], measured  # step 3's weights (after the 1e6 update) measured worse
+    assert train_loss(root / "step_000000003") == pytest.approx(measured["2"])  # train_loss: the steps before the save
+
     capsys.readouterr()
     assert plan.main(["--config", str(cfg)]) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if "diverged" in line]
     assert len(warning) == 1 and f"stopped as diverged at step {status['step']}" in warning[0], warning
-    assert f"takes the newest checkpoint, {newest}" in warning[0] and f"the lowest training loss is {lowest}'s" in warning[0]
-    flag = shlex.split(warning[0].rsplit("to go back to it, ", 1)[1])
-    assert flag == [f"--checkpoint.resume={root / lowest}"]
+    assert 'resume = "auto" goes back to step_000000002' in warning[0], warning
     capsys.readouterr()
-    assert plan.main(["--config", str(cfg), *flag]) == 0  # the command it names is one that works
+    assert plan.main(["--config", str(cfg), f"--checkpoint.resume={root / newest}"]) == 0
     assert "diverged" not in capsys.readouterr().err  # an explicit resume is the user's choice: said no more
+
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=3")  # a sane LR again
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sum("goes back to step_000000002" in line for line in r.stderr.splitlines()) == 1, r.stderr[-2000:]
+    assert list(weights_loss(root / "step_000000003")) == ["2"]  # the new step 3 continued from step 2
+    (aside,) = (root / "abandoned").iterdir()
+    assert newest in steps_in(aside), steps_in(aside)  # the diverged saves are kept, out of the way
+
+
+def test_a_run_that_diverged_before_any_sound_checkpoint_says_so(tmp_path, capsys):
+    """An LR of 1e30 from the first step: step 1 is saved, step 2 is non-finite (exit 3). No later
+    step measured step 1's weights, so no checkpoint is known to be from before the divergence: the
+    next start says so in one line, and takes the newest."""
+    from core.cli import plan
+
+    cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 1e30\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 1\n')
+    r = run_module("core.train", "--config", str(cfg), "--train.max_nonfinite_steps=0")
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert steps_in(tmp_path / "out" / "checkpoints") == ["step_000000001"]
+    capsys.readouterr()
+    assert plan.main(["--config", str(cfg)]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "diverged" in line]
+    assert len(warning) == 1 and "no checkpoint is known to be from before the divergence" in warning[0], warning
+    assert "takes the newest, step_000000001" in warning[0], warning
 
 
 def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
@@ -285,3 +316,28 @@ def test_a_removal_that_fails_part_way_leaves_what_it_had_not_looked_at(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "notes.txt" in done.stdout.split() and "COMMITTED" not in done.stdout.split(), done.stdout
     assert (folder / "notes.txt").read_text() == "x"
+
+
+def test_each_save_records_the_loss_measured_on_each_earlier_checkpoints_weights(tmp_path):
+    """The first loss after a save is that checkpoint's (its weights'); each save carries the ones of
+    the checkpoints still on disk, so pruning the save that measured one never loses it."""
+    import torch
+
+    from core.checkpoint.retention import LossTally, weights_losses
+
+    tally = LossTally(torch.device("cpu"), None)
+    for step in (2, 4):
+        (tmp_path / f"step_{step:09d}").mkdir()
+    tally.add(torch.tensor(5.0), weights_step=2)
+    tally.add(torch.tensor(9.0), weights_step=3)  # not the first since the save: the mean's alone
+    assert tally.weights_loss_and_reset(tmp_path, 4) == {"2": 5.0}
+    tally.add(torch.tensor(float("nan")), weights_step=4)
+    assert tally.weights_loss_and_reset(tmp_path, 6) == {"2": 5.0, "4": None}  # measured, not finite
+    (tmp_path / "step_000000002").rmdir()  # pruned: no longer carried
+    assert tally.weights_loss_and_reset(tmp_path, 8) == {"4": None}
+    states = {
+        tmp_path / "step_000000002": {},
+        tmp_path / "step_000000004": {"weights_loss": {"2": 5.0}},
+        tmp_path / "step_000000006": {"weights_loss": {"2": 5.0, "4": None}},
+    }
+    assert weights_losses(states) == {tmp_path / "step_000000002": 5.0}  # step 4 and 6: unconfirmed

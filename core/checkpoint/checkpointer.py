@@ -20,7 +20,7 @@ from core.checkpoint import resume, retention
 from core.checkpoint.async_save import AsyncSaves
 from core.checkpoint.checkpoint_dir import CheckpointDir
 from core.checkpoint.commit import StepFolders
-from core.checkpoint.folders import CURRENT_RUN_FILE, SETTING_ASIDE_FILE, current_run, io_error, step_dir
+from core.checkpoint.folders import CURRENT_RUN_FILE, SETTING_ASIDE_FILE, STATE_FILE, current_run, io_error, read_json, step_dir
 from core.checkpoint.loading import Restorer
 from core.checkpoint.rng import rng_state
 from core.checkpoint.room import make_room
@@ -150,7 +150,7 @@ class Checkpointer:
         except OSError as e:
             error = e
         self.folders.fail_together(error, step, path, self.lineage)  # no rank enters DCP's collectives unless every rank got this far
-        json_state = self.contents.json_state(self.losses.mean_and_reset())
+        json_state = self.contents.json_state(self.losses.mean_and_reset(), self.losses.weights_loss_and_reset(self.root, step))
         writer = HashingFileSystemWriter(path)  # each block it writes is progress of the phase that waits for it (core.runtime.watchdog)
         watchdog.progress(f"saving the checkpoint of step {step} (writing its files)", waits=True)  # its blocks count, from whichever thread DCP writes them
         try:
@@ -267,3 +267,4 @@ class Checkpointer:
         self.wait_for_staging()  # an async save may still be copying the state this load overwrites
         self.restorer.load(path, set(self.opts.exclude_from_loading) | set(exclude))
         self.last_saved_step = self.state.run.step
+        self.losses.resumed(read_json(path / STATE_FILE))  # the next step measures the loaded weights

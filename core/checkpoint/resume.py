@@ -153,16 +153,17 @@ def check_stream_world(path: Path, meta: dict[str, Any], world: int) -> None:
         )
 
 
-def leave_branch(ckpt: Any, path: Path) -> None:
+def leave_branch(ckpt: Any, path: Path, passed_over: str = "") -> None:
     """After resuming from ``path``: this run's later checkpoints are a branch it leaves; rank 0
-    moves them aside (:func:`core.checkpoint.retention.set_aside_later`). A failed move stops every rank
-    (CheckpointError on rank 0): the new branch's saves would be pruned beside them."""
+    moves them aside (:func:`core.checkpoint.retention.set_aside_later`; ``passed_over``: why
+    ``resume = "auto"`` went back past them). A failed move stops every rank (CheckpointError on
+    rank 0): the new branch's saves would be pruned beside them."""
     from core.checkpoint.retention import set_aside_later
 
     error = None
     if ckpt.dist.is_main:
         try:
-            set_aside_later(ckpt.root, ckpt.lineage, path, ckpt.state.run.step, chosen=ckpt.opts.resume != "auto")
+            set_aside_later(ckpt.root, ckpt.lineage, path, ckpt.state.run.step, chosen=ckpt.opts.resume != "auto", passed_over=passed_over)
         except OSError as e:
             error = f"resumed from {path}, but could not move this run's later checkpoints aside ({e}); move them out of {ckpt.root} and start again"
     error = agree(ckpt.group, error)

@@ -4,7 +4,7 @@ Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
 
 * After each commit, of this run's verified checkpoints the newest ``keep_latest``
   stay, and so do the newest one, the ``keep_best`` ones (``best_metric``, ``BEST.json``)
-  and, with ``keep_lowest_loss``, the one with the lowest training loss: a loss that
+  and, with ``keep_lowest_loss``, the one with the lowest training loss (below): a loss that
   rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
   every checkpoint from before it. This run's interrupted saves older than its
   newest verified checkpoint go too.
@@ -14,10 +14,14 @@ Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
   ``resume = "auto"`` looks. Left in place they would outrank the new branch:
   pruning by step would delete each of its saves as soon as it is committed,
   and an automatic restart would continue the abandoned branch.
-* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) still takes the
-  newest checkpoint, which may already be past where the divergence began; the start says so
-  and names the lowest-loss checkpoint with the ``--checkpoint.resume`` that goes back to it
-  (:func:`after_divergence`).
+* A checkpoint's loss is the one measured on its own weights, by the first step after it
+  (:func:`weights_losses`); until a later save records it, the checkpoint is unconfirmed. The
+  newest confirmed checkpoint is never pruned while only unconfirmed ones are newer, and the
+  lowest-loss one is chosen by these losses, so a save whose update blew the weights up never
+  passes for the best.
+* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) goes back to the
+  checkpoint with the lowest loss measured on its weights, in one line that names it and why; an
+  explicit ``checkpoint.resume`` overrides it (:func:`after_divergence`).
 """
 
 from __future__ import annotations
@@ -59,20 +63,48 @@ ABANDONED_DIR = "abandoned"
 class LossTally:
     """The mean training loss over the steps since the last save, which the save records as
     ``train_loss``: each step's loss is copied into a device buffer (one small kernel, no host
-    sync), which is summed on the device when it is full and at the save."""
+    sync), which is summed on the device when it is full and at the save. It also keeps the first
+    of those losses, measured on the weights the last save (or resume) holds: the loss of that
+    checkpoint, which each save records with those of the run's other checkpoints still on disk
+    (state.json ``weights_loss``, :func:`weights_losses`), so pruning one never loses another's."""
 
     def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
         self.group = group  # the checkpoint's gloo group (None on one process)
         self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
         self.losses = torch.zeros(history, dtype=torch.float32, device=device)  # since the last fold
         self.written = 0
+        self.first = torch.zeros((), dtype=torch.float64, device=device)  # the first loss since the last save
+        self.first_step: int | None = None  # the step of the weights it was measured on
+        self.measured: dict[int, float | None] = {}  # step -> the loss measured on that checkpoint's weights
 
-    def add(self, loss: torch.Tensor) -> None:
-        """A step's loss (this rank's); a non-finite one does not count."""
+    def add(self, loss: torch.Tensor, weights_step: int | None = None) -> None:
+        """A step's loss (this rank's), measured on the weights after step ``weights_step``; a
+        non-finite one does not count in the mean."""
         if self.written == len(self.losses):
             self.fold()
         self.losses[self.written].copy_(loss.detach())
         self.written += 1
+        if self.first_step is None and weights_step is not None:
+            self.first.copy_(loss.detach())
+            self.first_step = weights_step
+
+    def resumed(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's state.json: the losses it records; the next step measures its weights."""
+        self.first_step = None
+        recorded = state.get("weights_loss")
+        items = recorded.items() if isinstance(recorded, dict) else ()
+        self.measured = {int(k): float(v) for k, v in items if str(k).isdigit() and isinstance(v, (int, float)) and math.isfinite(v)}
+
+    def weights_loss_and_reset(self, root: Path, step: int) -> dict[str, float | None]:
+        """For the save of ``step`` in ``root``: ``{"<step>": loss}`` for each earlier checkpoint still in
+        ``root`` whose weights a step measured, this save's measurement (the mean over every rank;
+        None if not finite on some rank) included. A collective: every rank calls it."""
+        if self.first_step is not None:
+            total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.group)
+            self.measured[self.first_step] = total / ranks if math.isfinite(total) else None
+            self.first_step = None
+        self.measured = {s: v for s, v in self.measured.items() if s < step and step_dir(root, s).is_dir()}
+        return {str(s): v for s, v in sorted(self.measured.items())}
 
     def fold(self) -> None:
         n, self.written = self.written, 0
@@ -186,6 +218,28 @@ def train_loss(state: dict[str, Any]) -> float | None:
     return float(loss) if isinstance(loss, (int, float)) and math.isfinite(loss) else None
 
 
+def weights_losses(states: dict[Path, dict[str, Any]]) -> dict[Path, float]:
+    """The loss measured on each checkpoint's own weights, where a finite one is known: the first
+    training step after a save (or a resume) computes its loss on the saved weights, and each later
+    save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`). A
+    checkpoint with none is unconfirmed: no later save measured it (the newest; one the run diverged
+    after). ``states``: checkpoints of one run with their state.json (either order)."""
+    by_step = {step_of(p): p for p in states}
+    found: dict[Path, float] = {}
+    for state in states.values():
+        recorded = state.get("weights_loss")
+        for key, loss in recorded.items() if isinstance(recorded, dict) else ():
+            path = by_step.get(int(key)) if str(key).isdigit() else None
+            if path is not None and isinstance(loss, (int, float)) and math.isfinite(loss):
+                found[path] = float(loss)
+    return found
+
+
+def lowest(losses: dict[Path, float]) -> Path:
+    """The checkpoint with the lowest of ``losses``; of equal ones, the newest."""
+    return min(sorted(losses, key=step_of, reverse=True), key=losses.__getitem__)
+
+
 class Retention:
     """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
 
@@ -212,7 +266,7 @@ class Retention:
         if not good:
             return
         paths = list(good)
-        keep = best_paths(self.root) | {paths[-1]}
+        keep = best_paths(self.root) | {paths[-1]} | self.newest_confirmed(good)
         if self.opts.keep_lowest_loss:
             keep |= self.lowest_loss(good)
         for old in paths[: -self.opts.keep_latest]:
@@ -234,60 +288,85 @@ class Retention:
         if not self.opts.keep_latest:
             return []
         paths = list(good)
-        keep = best_paths(self.root) | {paths[-1]}
+        keep = best_paths(self.root) | {paths[-1]} | self.newest_confirmed(good)
         if self.opts.keep_lowest_loss:
             keep |= self.lowest_loss(good, say=False)
         return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
 
+    def newest_confirmed(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
+        """With ``keep_measured``, the newest checkpoint whose weights a later step measured with a finite
+        loss: while only unconfirmed ones are newer (the run may be diverging from them), it is never pruned."""
+        measured = weights_losses(good) if self.opts.keep_measured else {}
+        return {max(measured, key=step_of)} if measured else set()
+
     def lowest_loss(self, good: dict[Path, dict[str, Any]], say: bool = True) -> set[Path]:
-        """The checkpoint with the lowest training loss (none if none has one); one line when it
-        is kept beyond ``keep_latest`` (``say``)."""
-        losses = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}
+        """The checkpoint with the lowest training loss (none if none has one): with ``keep_measured``,
+        the loss measured on its own weights (:func:`weights_losses`), else ``train_loss``, the mean of
+        the steps before it. One line when it is kept beyond ``keep_latest`` (``say``)."""
+        if self.opts.keep_measured:
+            losses, on = weights_losses(good), "measured on its weights"
+        else:
+            losses, on = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}, "the steps before it"
         if not losses:
             return set()
-        lowest = min(reversed(list(losses)), key=losses.__getitem__)  # ties: the newest
-        newest = list(good)[-1]
-        beyond = self.opts.keep_latest and lowest not in list(good)[-self.opts.keep_latest :]
-        if say and beyond and lowest != self.said_lowest and newest in losses:
+        best = lowest(losses)
+        newest = max(losses, key=step_of)
+        beyond = self.opts.keep_latest and best not in list(good)[-self.opts.keep_latest :]
+        if say and beyond and best != self.said_lowest and newest != best:
             log.warn(
-                f"checkpoint {lowest.name} has this run's lowest training loss ({losses[lowest]:.4g}; the newest, "
+                f"checkpoint {best.name} has this run's lowest training loss ({losses[best]:.4g}, {on}; the newest, "
                 f"{newest.name}, has {losses[newest]:.4g}): it is kept beyond keep_latest (checkpoint.keep_lowest_loss); "
-                f'resume from it with --checkpoint.resume="{lowest}"'
+                f'resume from it with --checkpoint.resume="{best}"'
             )
-            self.said_lowest = lowest
-        return {lowest}
+            self.said_lowest = best
+        return {best}
 
 
-def after_divergence(output_dir: Path, candidates: list[Path]) -> str | None:
-    """The warning for a ``resume = "auto"`` start from ``candidates`` (newest first) after an attempt
-    whose ``exit_status.json`` says exit code 3 (non-finite steps, a lasting change of level the
-    ``spikes`` monitor stopped on): where it diverged, the checkpoint taken, and the lowest-loss one
-    with the ``--checkpoint.resume`` that goes back to it. None after any other end."""
+def after_divergence(output_dir: Path, candidates: list[Path]) -> tuple[str, list[Path]] | None:
+    """For a ``resume = "auto"`` start from ``candidates`` (newest first) after an attempt whose
+    ``exit_status.json`` says exit code 3 (non-finite steps, a lasting change of level the ``spikes``
+    monitor stopped on): the candidates from the checkpoint to resume on, and the line that says
+    which and why. It is the checkpoint whose own weights measured the lowest loss
+    (:func:`weights_losses`; of equal ones the newest): in a run whose loss fell until it diverged,
+    the newest saved before the divergence began. The newer ones are left (set aside as a branch,
+    :func:`set_aside_later`). Where no checkpoint has a measured loss, the newest is taken and the
+    line says that none is known to be from before the divergence. None after any other end."""
     try:
         status = read_json(output_dir / "exit_status.json")
     except (OSError, ValueError):
         return None
     if not isinstance(status, dict) or status.get("exit_code") != 3 or not candidates:
         return None
-    losses: dict[Path, float] = {}
+    states: dict[Path, dict[str, Any]] = {}
     for path in candidates:
         try:
-            if (loss := train_loss(read_json(path / STATE_FILE))) is not None:
-                losses[path] = loss
-        except (OSError, ValueError, AttributeError):
+            if isinstance(state := read_json(path / STATE_FILE), dict):
+                states[path] = state
+        except (OSError, ValueError):
             continue
+    measured = weights_losses(states)
     newest = candidates[0]
-    said = f" ({losses[newest]:.4g})" if newest in losses else ""
-    line = (
-        f"the previous attempt stopped as diverged at step {status.get('step')} ({str(status.get('detail', ''))[:200]}); "
-        f'resume = "auto" takes the newest checkpoint, {newest.name}{said}, which may already be past where it began'
+    why = f"the previous attempt stopped as diverged at step {status.get('step')} ({str(status.get('detail', ''))[:200]})"
+    if not measured:
+        return (
+            f"{why}; no checkpoint is known to be from before the divergence (none has a loss measured on its weights by a "
+            f'later step): resume = "auto" takes the newest, {newest.name}, which may hold diverged weights; to start '
+            f"afresh instead, move the checkpoints out of {newest.parent}",
+            candidates,
+        )
+    chosen = lowest(measured)
+    older = candidates[candidates.index(chosen) :]
+    if chosen == newest:
+        return (
+            f"{why}; resuming from the newest checkpoint, {newest.name}, which also has the lowest loss measured on its weights ({measured[chosen]:.4g})",
+            older,
+        )
+    return (
+        f'{why}; resume = "auto" goes back to {chosen.name}, the checkpoint with the lowest loss measured on its weights '
+        f"({measured[chosen]:.4g}), from before the divergence; the {candidates.index(chosen)} newer one(s) are set aside; "
+        f"to resume another, --checkpoint.resume=<its folder>",
+        older,
     )
-    if not losses:
-        return line + "; no checkpoint records a training loss to compare"
-    lowest = min(losses, key=losses.__getitem__)  # ties: the newest
-    if lowest == newest:
-        return line + "; it also has this run's lowest training loss"
-    return line + f'; the lowest training loss is {lowest.name}\'s ({losses[lowest]:.4g}): to go back to it, --checkpoint.resume="{lowest}"'
 
 
 def best_paths(root: Path) -> set[Path]:
@@ -358,11 +437,12 @@ def settle_set_aside(root: Path) -> None:
         sync_dir(root)
 
 
-def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool) -> Path | None:
+def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: bool, passed_over: str = "") -> Path | None:
     """Move the checkpoints of this run in ``root`` that a resume from ``resumed`` (at ``step``)
     leaves behind (:func:`later_than`) to ``root/abandoned/<utc>_after_step_<n>/``; return that folder,
     or None if there were none. ``chosen``: ``resumed`` was named (``checkpoint.resume``), rather than reached by
-    ``resume = "auto"`` skipping the newer ones as damaged or unloadable. Raises OSError if a move fails (the caller stops the run: a new branch beside
+    ``resume = "auto"`` skipping the newer ones as damaged or unloadable; ``passed_over``: why ``resume =
+    "auto"`` went back past sound ones (after a diverged attempt, :func:`after_divergence`). Raises OSError if a move fails (the caller stops the run: a new branch beside
     them would lose its saves)."""
     later = later_than(root, lineage, resumed, step)
     if not later:
@@ -379,6 +459,8 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: 
             f"resumed from {resumed} (step {step}), which is not this run's newest checkpoint: the {len(later)} later one(s) "
             f"({span}) are a branch this run leaves; moved to {dest} (kept, never pruned or resumed from automatically)"
         )
+    elif passed_over:  # resume = "auto" went back past them (the start's line says why)
+        log.note(f"the {len(later)} newer checkpoint(s) ({span}) {passed_over}: moved to {dest} (kept, never pruned or resumed from automatically)")
     else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either
         log.note(f"the {len(later)} newer checkpoint(s) that could not be resumed ({span}) are moved to {dest}")
     return dest

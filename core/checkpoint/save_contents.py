@@ -49,8 +49,10 @@ class SaveContents:
             return state
         return mine
 
-    def json_state(self, train_loss: float | None) -> dict[str, Any]:
-        """``state.json``'s contents; ``train_loss``: the mean over the steps since the previous save (retention)."""
+    def json_state(self, train_loss: float | None, weights_loss: dict[str, float | None] | None = None) -> dict[str, Any]:
+        """``state.json``'s contents; ``train_loss``: the mean over the steps since the previous save;
+        ``weights_loss``: the loss measured on the weights of each earlier checkpoint on disk, by step
+        (:func:`core.checkpoint.retention.weights_losses`)."""
         run, about = self.state.run, self.about
         sched = {k: plain(v) for k, v in self.state.scheduler.state_dict().items() if k != "lr_lambdas"}
         return {
@@ -68,6 +70,7 @@ class SaveContents:
             "architecture": about.get("architecture"),  # resolved architecture values (core.checkpoint.architecture)
             "tokenizer": about.get("tokenizer"),  # the data source's declared tokenizer (core.data.tokenizer_spec)
             "train_loss": train_loss,
+            "weights_loss": weights_loss,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 

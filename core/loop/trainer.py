@@ -83,7 +83,7 @@ class Trainer:
             del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
         if path is not None:
-            resume.leave_branch(self.checkpointer, path)
+            resume.leave_branch(self.checkpointer, path, self.prep.passed_over)
         else:
             resume.set_aside_unusable(self.checkpointer)
         self.checkpointer.record_current_run()
@@ -193,7 +193,7 @@ class Trainer:
                 log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
                 return loss, grad_norm
         self.stepper.update(bad)
-        self.checkpointer.losses.add(loss)  # saves record the mean (retention keeps the lowest)
+        self.checkpointer.losses.add(loss, self.run.step)  # measured on the weights after run.step: saves record it (retention)
         return loss, grad_norm
 
     def log_metrics(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class Prepared:
     tokens_per_step: int
     total_steps: int
     resume_candidates: list[Path] = field(default_factory=list)  # checkpoints to try, best first (core.checkpoint.resume)
+    passed_over: str = ""  # why resume = "auto" passed over newer sound checkpoints (after a diverged attempt)
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
     model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)

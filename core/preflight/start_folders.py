@@ -65,8 +65,12 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
         size = checkpoint_bytes(model_meta, member("optimizer", components["optimizer"], "state_bytes_per_param"))
         check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
-    if ckpt.resume == "auto" and (line := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)):
+    if ckpt.resume == "auto" and (diverged := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)) is not None:
+        line, candidates = diverged
         warn(line)  # rank 0; core.plan says it too
+        if candidates[0] != prep.resume_candidates[0]:
+            prep.passed_over = "are from after the previous attempt's divergence began"
+        prep.resume_candidates = candidates
     check_resume = member("data", components["data"], "check_resume")
     if prep.resume_from is not None and "data" not in ckpt.exclude_from_loading:
         state = json.loads((prep.resume_from / STATE_FILE).read_text())
