@@ -140,3 +140,21 @@ def main_here(main, *args: str) -> tuple[int, str, str]:
     left = [t.name for t in set(threading.enumerate()) - threads]
     assert not left, f"{main.__module__}.main left threads running in the test process: {left}; run it as a process"
     return code, out.getvalue(), err.getvalue()
+
+
+def run_here(module: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``run_module(module, *args)`` in this process (``core.<cmd>`` is ``core.cli.<cmd>``'s ``main``):
+    the same exit code, stdout and stderr, without a new interpreter. For a command that refuses bad
+    input or stops before it builds anything (see :func:`main_here`); ``cwd``: the working directory it runs in."""
+    from importlib import import_module
+
+    name = f"core.cli.{module[5:]}" if module.startswith("core.") and module.count(".") == 1 else module
+    here = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        code, out, err = main_here(import_module(name).main, *args)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess([module, *args], code, out, err)
+

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, main_here, run_module, write_tiny_config
+from conftest import REPO, env, run_here, run_module, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +29,6 @@ def markers(root: Path) -> dict[str, str]:
 
 def train(cfg: Path, *args: str) -> subprocess.CompletedProcess:
     return run_module("core.train", "--config", str(cfg), *args)
-
-
-def here(module: str, *args: str) -> subprocess.CompletedProcess:
-    """``python -m <module> args`` for a command that stops before it builds anything (a plan, or a
-    start refused as bad input), run in this process: the same exit code and output, no new interpreter."""
-    from importlib import import_module
-
-    code, out, err = main_here(import_module(module.replace("core.", "core.cli.")).main, *args)
-    return subprocess.CompletedProcess([module, *args], code, out, err)
 
 
 def test_a_restart_continues_its_own_run_not_another_runs_newer_checkpoints_beside_it(tmp_path):
@@ -141,11 +132,11 @@ def test_initial_weights_are_checked_before_anything_is_built(tmp_path):
     assert train(cfg, "--model.n_layers=3", f"--train.output_dir={tmp_path / 'three'}").returncode == 0
     three = tmp_path / "three" / "checkpoints" / "step_000000002"
     for module in ("core.plan", "core.train"):
-        r = here(module, "--config", str(cfg), f"--checkpoint.initial_load={three}")
+        r = run_here(module, "--config", str(cfg), f"--checkpoint.initial_load={three}")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "model keys the model lacks" in r.stderr, r.stderr[-2000:]
     shard = next(three.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
-    r = here("core.plan", "--config", str(cfg), "--model.n_layers=3", f"--checkpoint.initial_load={three}")
+    r = run_here("core.plan", "--config", str(cfg), "--model.n_layers=3", f"--checkpoint.initial_load={three}")
     assert r.returncode == 2 and shard.name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
 
 
@@ -464,14 +455,14 @@ def test_plan_says_a_folder_looks_held_from_another_host_without_waiting(tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     (out / "plait.lock").write_text(json.dumps(THEIRS) + "\n")
-    r = here("core.plan", "--config", str(cfg))
+    r = run_here("core.plan", "--config", str(cfg))
     assert r.returncode == 0, r.stderr[-2000:]
     (line,) = [x for x in r.stderr.splitlines() if "looks held" in x]
     assert line.startswith(f"plait: warning: run folder {out} looks held by pid 4242 on host node-b (its record in plait.lock renewed "), line
     assert "a start waits 21 s to see whether it is still renewed" in line, line
     assert json.loads((out / "plait.lock").read_text()) == THEIRS  # a look only
     (out / "plait.lock").write_text(json.dumps({**THEIRS, "released": True}) + "\n")  # a clean end: nothing to say
-    r = here("core.plan", "--config", str(cfg))
+    r = run_here("core.plan", "--config", str(cfg))
     assert r.returncode == 0 and "looks held" not in r.stderr, r.stderr[-2000:]
 
 
@@ -490,7 +481,7 @@ def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, l
     else:
         (out / "plait.lock").mkdir()
     for module in ("core.plan", "core.train"):
-        r = here(module, "--config", str(cfg))
+        r = run_here(module, "--config", str(cfg))
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (module, r.stderr[-2000:])
         what = f"plait.lock is a symbolic link (to {notes})" if lock_file == "a_link" else "plait.lock is not a plain file"
         assert f"run folder {out}: {what}" in r.stderr, (module, r.stderr)
