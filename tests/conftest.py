@@ -157,4 +157,3 @@ def run_here(module: str, *args: str, cwd: Path | None = None) -> subprocess.Com
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess([module, *args], code, out, err)
-
