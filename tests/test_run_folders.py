@@ -264,8 +264,9 @@ def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch)
     ownership.lock_run_folders([tmp_path])
     try:
         first = json.loads((tmp_path / "plait.lock").read_text())
-        time.sleep(0.5)
-        later = json.loads((tmp_path / "plait.lock").read_text())
+        deadline = time.monotonic() + 60  # three renewals: a wait on the file, long only on a loaded machine
+        while (later := json.loads((tmp_path / "plait.lock").read_text()))["renewals"] < first["renewals"] + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert later["renewals"] >= first["renewals"] + 3 and later["pid"] == first["pid"] and "released" not in later, (first, later)
     finally:
         ownership.release_run_folders(ended=True)
@@ -284,16 +285,15 @@ def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkey
     monkeypatch.setattr(ownership, "_record", {})
     monkeypatch.setattr(ownership, "_renewing", None)
     ownership.lock_run_folders([tmp_path])
-    reads, unparsed = 0, 0
+    reads, unparsed, renewals = 0, 0, 0
     try:
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 60  # reads until 100 renewals went by: long only on a loaded machine
+        while renewals <= 100 and time.monotonic() < deadline:
             reads += 1
             try:
-                json.loads((tmp_path / "plait.lock").read_text())
+                renewals = json.loads((tmp_path / "plait.lock").read_text())["renewals"]
             except ValueError:
                 unparsed += 1
-        renewals = json.loads((tmp_path / "plait.lock").read_text())["renewals"]
     finally:
         ownership.release_run_folders(ended=True)
     assert renewals > 100 and unparsed == 0, (reads, unparsed, renewals)
@@ -551,7 +551,15 @@ ownership.LEASE_S = 0.05
 ownership.lock_run_folders([sys.argv[1]])
 print("held", flush=True)
 sys.stdin.readline()  # the test damages the record meanwhile; the renewing thread looks at it
-import time; time.sleep(0.5)
+import time
+deadline = time.monotonic() + 120  # five renewals over the damage: a wait on the file, long only on a loaded machine
+while time.monotonic() < deadline:
+    try:
+        if json.load(open(sys.argv[1] + "/plait.lock"))["renewals"] >= 5:
+            break
+    except (ValueError, KeyError, TypeError, RecursionError):  # the damage, until the first renewal over it
+        pass
+    time.sleep(0.05)
 ownership.fence()  # what each save and commit does
 print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flush=True)
 """
