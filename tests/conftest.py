@@ -130,13 +130,20 @@ def main_here(main, *args: str) -> tuple[int, str, str]:
     import threading
     from contextlib import redirect_stderr, redirect_stdout
 
+    from core.contract import log
+
     threads = set(threading.enumerate())
+    warned = set(log._warned)
+    log._warned.clear()  # a command's once-per-process warnings, as in a process of its own
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         try:
             code = main(list(args))
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            log._warned.clear()
+            log._warned.update(warned)
     left = [t.name for t in set(threading.enumerate()) - threads]
     assert not left, f"{main.__module__}.main left threads running in the test process: {left}; run it as a process"
     return code, out.getvalue(), err.getvalue()
