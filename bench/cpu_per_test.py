@@ -3,10 +3,10 @@ child it waited for, e.g. torchrun jobs) to a JSON-lines file, and a report of t
 
 CPU seconds, unlike wall time, do not grow when other work shares the machine.
 
-    python -m pytest -p bench.test_cost -p no:randomly -n 0 tests/test_x.py   # writes test_cost.jsonl
-    python -m bench.test_cost test_cost.jsonl                                  # totals per file, dearest first
+    python -m pytest -p bench.cpu_per_test -p no:randomly -n 0 tests/test_x.py   # writes cpu_per_test.jsonl
+    python -m bench.cpu_per_test cpu_per_test.jsonl                                      # totals per file, dearest first
 
-``PLAIT_TEST_COST`` names the output file (default ``test_cost.jsonl`` in the current folder).
+``PLAIT_CPU_PER_TEST`` names the output file (default ``cpu_per_test.jsonl`` in the current folder).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def pytest_runtest_protocol(item, nextitem):  # type: ignore[no-untyped-def]
     start = _cpu()
     yield
     row = {"test": item.nodeid, "file": item.nodeid.split("::")[0], "cpu_s": round(_cpu() - start, 3)}
-    with open(os.environ.get("PLAIT_TEST_COST", "test_cost.jsonl"), "a") as f:
+    with open(os.environ.get("PLAIT_CPU_PER_TEST", "cpu_per_test.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
 
 
