@@ -120,3 +120,47 @@ def in_a_small_disk(size: str, mountpoint: Path, script: str, extra_env: dict | 
             inner = f'mount -t tmpfs -o size={size} tmpfs "{mountpoint}" && {script}'
             return subprocess.run([*unshare, "sh", "-c", inner], cwd=REPO, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=300)
     return None
+
+
+def main_here(main, *args: str) -> tuple[int, str, str]:
+    """A command's ``main(list(args))`` in this process, with no new interpreter (no second import of
+    torch): (exit code, stdout, stderr). For what a command decides before it builds a process group
+    or starts a thread (a run folder's lock lease), such as bad input (exit 2); a thread it leaves fails the test."""
+    import io
+    import threading
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from core.contract import log
+
+    threads = set(threading.enumerate())
+    warned = set(log._warned)
+    log._warned.clear()  # a command's once-per-process warnings, as in a process of its own
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            log._warned.clear()
+            log._warned.update(warned)
+    left = [t.name for t in set(threading.enumerate()) - threads]
+    assert not left, f"{main.__module__}.main left threads running in the test process: {left}; run it as a process"
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_here(module: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``run_module(module, *args)`` in this process (``core.<cmd>`` is ``core.cli.<cmd>``'s ``main``):
+    the same exit code, stdout and stderr, without a new interpreter. For a command that refuses bad
+    input or stops before it builds anything (see :func:`main_here`); ``cwd``: the working directory it runs in."""
+    from importlib import import_module
+
+    name = f"core.cli.{module[5:]}" if module.startswith("core.") and module.count(".") == 1 else module
+    here = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        code, out, err = main_here(import_module(name).main, *args)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess([module, *args], code, out, err)

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_module, write_tiny_config
+from conftest import run_here, run_module, write_tiny_config
 
 from core.checkpoint import resume
 from core.checkpoint.architecture import RESOLVED, differences, run_architecture, saved_model_section
@@ -135,7 +135,7 @@ def test_a_resume_with_other_heads_of_the_same_shapes_exits_2_with_one_line_and_
     )
     assert "training steps" not in proc.stdout  # refused before the model was built
     assert files(tmp_path / "out" / "checkpoints") == before
-    plan = run_module("core.plan", "--config", str(cfg), "--train.steps=6", *change)
+    plan = run_here("core.plan", "--config", str(cfg), "--train.steps=6", *change)
     assert plan.returncode == 2 and line in plan.stderr, plan.stderr[-3000:]
 
 
@@ -253,7 +253,7 @@ def test_a_recurrent_moe_resume_compares_resolved_values(tmp_path):
     (tmp_path / "run.toml").write_text(cfg)
     first = run_module("core.train", "--config", str(tmp_path / "run.toml"))
     assert first.returncode == 0, first.stderr[-3000:]
-    same = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=2", "--model.n_loops=3")
+    same = run_here("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=2", "--model.n_loops=3")
     assert same.returncode == 0, same.stderr[-3000:]  # the debug flavor's own values, written out
-    other = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=1")
+    other = run_here("core.plan", "--config", str(tmp_path / "run.toml"), "--train.steps=3", "--model.top_k=1")
     assert other.returncode == 2 and f"{REFUSED}: model.top_k 2 -> 1;" in other.stderr, other.stderr[-3000:]

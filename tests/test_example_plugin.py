@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, flat_checkpoint, read_metrics, run_module
+from conftest import REPO, flat_checkpoint, read_metrics, run_module, write_tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -41,24 +41,37 @@ def test_listed_with_its_distribution(example_site):
     assert "loss_target" in proc.stdout and "stop once the logged training loss is below this value" in proc.stdout
 
 
-def test_trains_with_third_party_optimizer_and_monitor(example_site, tiny_config, tmp_path):
-    cfg = tiny_config(steps=40, body=('[optimizer]\nname = "lion"\nlr = 2e-3\n[monitors.loss_target]\ntarget = 3.6\n'))
+@pytest.fixture(scope="module")
+def lion_run(example_site, tmp_path_factory):
+    """A run with the example's optimizer (lion) and monitor (loss_target, which stops it once the loss
+    is below 3.6): (the finished process, its output folder)."""
+    tmp = tmp_path_factory.mktemp("lion")
+    cfg = write_tiny_config(tmp, steps=40, body=('[optimizer]\nname = "lion"\nlr = 2e-3\n[monitors.loss_target]\ntarget = 3.6\n'))
     proc = run_module("core.train", "--config", str(cfg), '--monitors.enabled=["console", "jsonl", "loss_target"]', extra_env=example_site)
+    return proc, tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def hidden_run(example_site, tmp_path_factory):
+    """``core.train`` naming the example's optimizer under ``PLAIT_PLUGINS=""`` (which loads no third-party plugin)."""
+    cfg = write_tiny_config(tmp_path_factory.mktemp("hidden"))
+    return run_module("core.train", "--config", str(cfg), "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
+
+
+def test_trains_with_third_party_optimizer_and_monitor(lion_run):
+    proc, out = lion_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = read_metrics(tmp_path / "out")
+    rows = read_metrics(out)
     assert rows[-1]["loss"] < 3.6 and rows[-1]["step"] < 40  # the monitor stopped the run early
     assert "loss_target" not in proc.stderr
     assert "checkpoint committed" in proc.stdout and "(requested)" in proc.stdout
 
 
-def test_allow_list_hides_third_party(example_site, tiny_config):
-    proc = run_module("core.train", "--config", str(tiny_config()), "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
-    assert proc.returncode == 2 and "no optimizer plugin named 'lion'" in proc.stderr
+def test_allow_list_hides_third_party(hidden_run):
+    assert hidden_run.returncode == 2 and "no optimizer plugin named 'lion'" in hidden_run.stderr
 
 
 def tied_config(tmp_path):
-    from conftest import write_tiny_config
-
     path = write_tiny_config(tmp_path, steps=6)
     text = path.read_text().replace(
         'name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "tiny_gpt"\nvocab_size = 512\ndim = 64\nn_layers = 2\nmax_seq_len = 128\n'
@@ -93,10 +106,9 @@ def test_tied_third_party_model_stays_tied(example_site, tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("RO"), proc.stderr[-3000:]
 
 
-def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
+def test_allow_list_errors_name_what_it_filters(example_site, hidden_run, tiny_config):
     cfg = str(tiny_config())
-    proc = run_module("core.train", "--config", cfg, "--optimizer.name=lion", extra_env={**example_site, "PLAIT_PLUGINS": ""})
-    assert proc.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in proc.stderr
+    assert hidden_run.returncode == 2 and "PLAIT_PLUGINS='' leaves out the installed plugin(s) example" in hidden_run.stderr
     proc = run_module("core.plan", "--config", cfg, extra_env={**example_site, "PLAIT_PLUGINS": "exmaple"})
     assert proc.returncode == 2
     assert "PLAIT_PLUGINS names 'exmaple', which no installed third-party plugin provides" in proc.stderr
@@ -106,14 +118,15 @@ def test_allow_list_errors_name_what_it_filters(example_site, tiny_config):
     assert proc.returncode == 2 and "names 'llama3', which no installed third-party plugin provides (plait's own always load)" in proc.stderr
 
 
-def test_third_party_versions_are_recorded(example_site, tiny_config, tmp_path):
+def test_third_party_versions_are_recorded(lion_run):
     import json
 
-    proc = run_module("core.train", "--config", str(tiny_config(steps=2)), extra_env=example_site)
+    proc, out = lion_run
     assert proc.returncode == 0, proc.stderr[-2000:]
-    info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+    info = json.loads((out / "run_info.json").read_text())
     assert info["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
-    state = json.loads((tmp_path / "out" / "checkpoints" / "step_000000002" / "state.json").read_text())
+    (checkpoint,) = (out / "checkpoints").glob("step_*")  # the one the monitor's stop saved
+    state = json.loads((checkpoint / "state.json").read_text())
     assert state["versions"]["plugin:example"] == "plait-example-plugin 0.1.0"
 
 

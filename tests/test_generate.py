@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, env, run_module, write_tiny_config
+from conftest import REPO, env, run_here, run_module, write_tiny_config
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 PROMPT = "ROMEO: What"
@@ -253,7 +253,7 @@ def test_a_run_folder_or_its_checkpoints_folder_is_refused_naming_its_newest_che
     for folder, what in ((ckpts.parent, "a run's output folder"), (ckpts, "a folder of checkpoints")):
         expected = f"{folder} is {what}, not a checkpoint: give one checkpoint folder, e.g. its newest, {bytes_ckpt}\n"
         assert one_line_error(capsys, "--checkpoint", folder).endswith(expected)
-        proc = run_module("core.export", "--checkpoint", str(folder), "--format", "hf", "--out", str(tmp_path / "hf"))
+        proc = run_here("core.export", "--checkpoint", str(folder), "--format", "hf", "--out", str(tmp_path / "hf"))
         assert proc.returncode == 2 and proc.stderr == f"plait: error: {expected}" and not (tmp_path / "hf").exists()
         for key in ("resume", "initial_load"):
             with pytest.raises(SystemExit) as e:

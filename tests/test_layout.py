@@ -9,7 +9,7 @@ import re
 import subprocess
 
 import pytest
-from conftest import PY, REPO, env, run_module
+from conftest import PY, REPO, env, run_here
 
 CORE = REPO / "core"
 # The library: what a run imports. core/cli/ (the commands) imports it, never the other way round.
@@ -135,8 +135,9 @@ def documented_flags(name: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", documented_commands())
 def test_documented_command_help(name):
-    """Every command the docs name has a --help, and every flag they give it is one of its own."""
-    proc = run_module(f"core.{name}", "--help", timeout=120)
+    """Every command the docs name has a --help, and every flag they give it is one of its own (its
+    ``main`` in this process; ``python -m core.<name>`` itself runs in the other tests' processes)."""
+    proc = run_here(f"core.{name}", "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"usage: python -m core.{name}"), proc.stdout[:200]
     unknown = {flag: where for flag, where in documented_flags(name).items() if not re.search(rf"{flag}\b", proc.stdout)}

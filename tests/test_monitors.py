@@ -310,9 +310,9 @@ def test_console_bad_template_is_one_line(template, expected):
 
 
 def test_console_bad_template_exits_2_before_training(tmp_path):
-    from conftest import run_module, write_tiny_config
+    from conftest import run_here, write_tiny_config
 
-    proc = run_module("core.train", "--config", str(write_tiny_config(tmp_path)), "--monitors.console.format=step {step} {lr:%}x {nope}", timeout=60)
+    proc = run_here("core.train", "--config", str(write_tiny_config(tmp_path)), "--monitors.console.format=step {step} {lr:%}x {nope}")
     assert proc.returncode == 2 and proc.stdout == ""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "[monitors.console]: format" in lines[0] and "unknown field 'nope'" in lines[0], proc.stderr

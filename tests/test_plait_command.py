@@ -10,7 +10,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, read_metrics, run_module
+from conftest import REPO, read_metrics, run_here, run_module
 
 from core.cli import main as plait
 
@@ -20,7 +20,7 @@ def plait_cmd(*args: str, **kw):
 
 
 def test_help_lists_every_command_of_the_table():
-    proc = plait_cmd("--help", timeout=120)
+    proc = run_here("core.cli.main", "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: plait <command>")
     listed = [line.split()[0] for line in proc.stdout.split("commands:\n", 1)[1].splitlines() if line.strip()]
@@ -74,7 +74,7 @@ def test_plait_train_nproc_2_trains_two_ranks_with_the_overrides(tiny_config, tm
     ],
 )
 def test_bad_input_under_nproc_is_one_line_exit_2_and_no_rank(tiny_config, tmp_path, args, named):
-    proc = plait_cmd("train", "--config", str(tiny_config()), "--nproc", "2", *args, timeout=120)
+    proc = run_here("core.cli.main", "train", "--config", str(tiny_config()), "--nproc", "2", *args)  # refused before any process starts
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("plait: error: ") and named in lines[0], lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from conftest import read_metrics, run_module
+from conftest import read_metrics, run_here, run_module
 
 # dims divisible by 32 so every block linear is eligible for fp8 and MXFP8
 SMALL = (
@@ -93,16 +93,16 @@ def test_fallback_chain_takes_first_supported_with_options(tiny_config, tmp_path
 
 
 def test_nothing_supported_is_a_clear_error(tiny_config):
-    proc = run_module("core.train", "--config", str(tiny_config()), '--precision.fallback=["te_fp8", "mxfp8"]')
+    proc = run_here("core.train", "--config", str(tiny_config()), '--precision.fallback=["te_fp8", "mxfp8"]')
     assert proc.returncode == 2
     line = proc.stderr.strip().splitlines()[-1]
     assert "nothing in fallback = ['te_fp8', 'mxfp8'] is supported here" in line and "te_fp8:" in line and "mxfp8:" in line
 
 
 def test_bad_recipe_and_no_eligible_linear(tiny_config):
-    proc = run_module("core.train", "--config", str(tiny_config()), "--precision.name=fp8", "--precision.recipe=fastest")
+    proc = run_here("core.train", "--config", str(tiny_config()), "--precision.name=fp8", "--precision.recipe=fastest")
     assert proc.returncode == 2 and "[precision] (precision 'fp8').recipe: expected 'tensorwise' | 'rowwise'" in proc.stderr
-    proc = run_module(
+    proc = run_here(
         "core.train",
         "--config",
         str(tiny_config()),

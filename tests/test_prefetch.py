@@ -172,6 +172,6 @@ def test_a_thread_that_fails_before_fetching_raises_in_the_consumer(monkeypatch)
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="specified index"):
         next(it)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # not the wait for a batch that never comes (forever); room for a loaded machine
     assert pre.state_dict() == {"consumed_samples": 0}
     pre.close()

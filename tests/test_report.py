@@ -6,7 +6,7 @@ import csv
 import json
 
 import torch
-from conftest import run_module
+from conftest import run_here, run_module
 
 
 def test_report_writes_every_artifact(tiny_config, tmp_path):
@@ -49,7 +49,7 @@ def test_report_follows_the_branch_a_resume_from_an_older_checkpoint_keeps(tiny_
     assert {"kind": "resume", "step": 6, "tokens_seen": 6 * 1024} in lines
     new_branch = {r["step"]: r["loss"] for r in lines[lines.index({"kind": "resume", "step": 6, "tokens_seen": 6 * 1024}) :] if r["kind"] == "train"}
     out = tmp_path / "report"
-    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
+    proc = run_here("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
     assert m["steps"] == 9 and m["final_loss"] == new_branch[9]  # not the left branch's step 12
@@ -68,7 +68,7 @@ def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoin
     lines = metrics.read_bytes().splitlines(keepends=True)
     metrics.write_bytes(b"".join(lines[:1] + [b'{"kind": "train", "step": 9, "loss": \xff\xfe}\n'] + lines[1:]))
     out = tmp_path / "report"
-    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
+    proc = run_here("core.report", "--run", str(tmp_path / "out"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r["name"] == "loss" and r["kind"] == "train"]
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
@@ -81,7 +81,7 @@ def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoin
     manifest = json.loads((final / "COMMITTED").read_text())
     manifest.update(manifest_files(final, exclude="COMMITTED", known={}))
     (final / "COMMITTED").write_text(json.dumps(manifest))
-    proc = run_module("core.report", "--run", str(tmp_path / "out"), "--out", str(tmp_path / "report2"))
+    proc = run_here("core.report", "--run", str(tmp_path / "out"), "--out", str(tmp_path / "report2"))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"plait: error: {final / 'state.json'}: 'train' is a list, expected dict"], proc.stderr
 
 

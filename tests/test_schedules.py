@@ -120,7 +120,7 @@ def test_logged_lr_is_the_lr_the_step_applied(tiny_config, tmp_path):
 
 
 def test_warmup_beyond_the_run_is_warned(tiny_config):
-    from conftest import run_module
+    from conftest import run_here
 
-    r = run_module("core.plan", "--config", str(tiny_config(steps=6)), "--lr_schedule.warmup_steps=10")
+    r = run_here("core.plan", "--config", str(tiny_config(steps=6)), "--lr_schedule.warmup_steps=10")
     assert r.returncode == 0 and "never reaches its peak" in r.stderr

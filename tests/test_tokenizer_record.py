@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_module, write_tiny_config
+from conftest import REPO, run_here, run_module, write_tiny_config
 from test_contract_author import bpe
 from test_plugin_author import error_lines
 
@@ -176,6 +176,6 @@ def test_text_stream_and_mixture_declare_their_tokenizer_and_a_mixture_refuses_t
     )
     cfg = cfg.replace(f'path = "{proj / "data"}"\n', "")
     (proj / "mixed.toml").write_text(cfg)
-    plan = run_module("core.plan", "--config", "mixed.toml", cwd=proj)
+    plan = run_here("core.plan", "--config", "mixed.toml", cwd=proj)
     assert plan.returncode == 2 and len(error_lines(plan)) == 1, plan.stderr[-3000:]
     assert "declare different tokenizers" in error_lines(plan)[0] and "'chat' (bytes)" in error_lines(plan)[0]

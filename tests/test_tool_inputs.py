@@ -1,5 +1,6 @@
 """Bad input to the tools (prepare, export, report, plan): one ``plait: error:`` line naming the flag,
-key or file, exit code 2, no traceback."""
+key or file, exit code 2, no traceback. Each command's ``main`` runs in this process (``conftest.run_here``):
+what is tested is its decision, made before it builds anything."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_module, write_tiny_config
+from conftest import run_here, run_module, write_tiny_config
 
 
 def one_line_error(proc, *names: str) -> str:
@@ -44,7 +45,7 @@ def corpus(tmp_path) -> Path:
 
 
 def prepare(corpus: Path, out: Path, *args: str):
-    return run_module("plugins.data.prepare", "--input", str(corpus), "--out", str(out), "--workers", "1", *args, timeout=60)
+    return run_here("plugins.data.prepare", "--input", str(corpus), "--out", str(out), "--workers", "1", *args)
 
 
 def hf_tokenizer(path: Path) -> Path:
@@ -81,7 +82,7 @@ def test_unknown_tokenizer_kind_in_the_data_section(tmp_path, corpus):
     data = text[text.index("[data]") : text.index("[precision]")]
     cfg = tmp_path / "stream.toml"
     cfg.write_text(text.replace(data, f'[data]\nname = "text_stream"\nfiles = ["{corpus}"]\ntokenizer = "sentencepiece"\nseq_len = 128\n'))
-    proc = run_module("core.plan", "--config", str(cfg))
+    proc = run_here("core.plan", "--config", str(cfg))
     line = one_line_error(proc, "tokenizer 'sentencepiece'", "expected bytes, hf:PATH")
     assert "not found" not in line
 
@@ -96,7 +97,7 @@ def test_a_relative_tokenizer_path_that_is_missing_says_where_it_looked(tmp_path
     (tmp_path / "tok.json").write_text("{}")  # beside the config, where the user expected it to be read from
     work = tmp_path / "work"
     work.mkdir()
-    one_line_error(run_module("core.plan", "--config", str(cfg), cwd=work), f"tok.json not found (a relative path is taken from the working directory, {work})")
+    one_line_error(run_here("core.plan", "--config", str(cfg), cwd=work), f"tok.json not found (a relative path is taken from the working directory, {work})")
 
 
 @pytest.mark.parametrize("tokenizer, eos", [("bytes", "300"), ("bytes", "-5"), ("hf", "-5"), ("hf", "270"), ("tiktoken", "-5"), ("tiktoken", "65")])
@@ -128,7 +129,7 @@ def test_output_folder_that_cannot_be_written(tmp_path, corpus, checkpoint, run_
         ("plugins.data.prepare", "--input", str(corpus), "--workers", "1"),
     ]
     for module, *args in cases:
-        one_line_error(run_module(module, *args, "--out", str(out)), "--out", str(out))
+        one_line_error(run_here(module, *args, "--out", str(out)), "--out", str(out))
 
 
 def test_an_export_or_report_into_a_checkpoint_folder_is_refused(run_dir, checkpoint, capsys):
@@ -161,7 +162,7 @@ def test_export_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("value", ["nan", "inf", "0"])
 def test_export_shard_gb_must_be_finite_and_positive(tmp_path, checkpoint, value):
     out = tmp_path / "hf"
-    proc = run_module("core.export", "--checkpoint", str(checkpoint), "--format", "hf", "--out", str(out), "--shard-gb", value)
+    proc = run_here("core.export", "--checkpoint", str(checkpoint), "--format", "hf", "--out", str(out), "--shard-gb", value)
     one_line_error(proc, "--shard-gb", "finite number > 0")
     assert not out.exists()
 
@@ -180,7 +181,7 @@ def test_report_on_damaged_run_files(tmp_path, run_dir, name, damage, expected):
     run = tmp_path / "run"
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints"))
     (run / name).write_text(damage)
-    proc = run_module("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
+    proc = run_here("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
     one_line_error(proc, str(run / name), expected)
     assert not (tmp_path / "report").exists()
 
@@ -190,7 +191,7 @@ def test_report_skips_a_metrics_line_that_is_not_an_object(tmp_path, run_dir):
     shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints"))
     with (run / "metrics.jsonl").open("a") as f:
         f.write("[1]\n42\n")
-    proc = run_module("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
+    proc = run_here("core.report", "--run", str(run), "--out", str(tmp_path / "report"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "report" / "manifest.json").read_text())["steps"] == 2
 
@@ -201,7 +202,7 @@ def test_report_skips_a_metrics_line_that_is_not_an_object(tmp_path, run_dir):
 @pytest.mark.parametrize("path, expected", [("/proc/plait-test/lr.png", "writable folder"), ("{d}/lr.txt", "expected a file name ending in")])
 def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
     path = path.format(d=tmp_path)
-    proc = run_module("core.plan", "--config", str(write_tiny_config(tmp_path)), "--config-only", "--plot-lr", path)
+    proc = run_here("core.plan", "--config", str(write_tiny_config(tmp_path)), "--config-only", "--plot-lr", path)
     one_line_error(proc, "--plot-lr", expected)
     assert proc.stdout == ""  # refused before the plan is made
 
