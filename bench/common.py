@@ -70,7 +70,7 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def wrap_prose(text: str, width: int = 100) -> str:
-    """Prose lines of a section wrapped at ``width`` (tests/test_docs.py holds docs/ to 400 characters a
+    """Prose lines of a section wrapped at ``width`` (tests/unit/project/test_docs.py holds docs/ to 400 characters a
     line); table rows and code blocks are left as they are."""
     import textwrap
 

@@ -37,7 +37,7 @@ part=${1:-a}
 # variants 82 s, the config variant 31 s, the overhead 16-25 s, an async stall run of two
 # saves about 100 s and a sync one 43 s; part a fits one 10-minute call with room to spare.
 if [ "$part" = a ]; then  # what issue 13 asks for
-  step test_cuda 200 python3 -m pytest -q tests/test_cuda.py
+  step test_cuda 200 python3 -m pytest -q tests/e2e/test_cuda.py
   step gpu_1b 200 python3 -m bench.gpu_1b --only config-1b_h100 bf16-compile-mb8 fp8-tensorwise-compile-mb8 fp8-rowwise-compile-mb8 \
     bf16-compile-mb16 fp8-tensorwise-compile-mb16 fp8-tensorwise-head-compile-mb16 --profile "$LOGS/logs/prof"
   step overhead 50 python3 -m bench.overhead --device cuda --precision bf16 --steps 100

@@ -3,7 +3,7 @@
 The core knows no concrete plugin: everything it trains with is found through the
 ``plait`` entry-point group. Its packages, bottom to top (imports run one way, upward
 never; ``pyproject.toml``'s ``[tool.importlinter]`` states the layers, and ``lint-imports`` checks
-them in CI and in ``tests/test_layout.py``):
+them in CI and in ``tests/unit/project/test_layout.py``):
 
 - :mod:`core.contract`: each slot's protocol and members, hooks, options and their checking, errors, logger
 - :mod:`core.config`: TOML files, extends, overrides, the core's own sections, the plugin registry and slot resolution

@@ -22,7 +22,7 @@ A :class:`core.checkpoint.checkpointer.Checkpointer` and its collaborators call 
 A point runs in the thread that saves; whatever it raises fails the save as that step would.
 :func:`observe` has every Checkpointer made afterwards in this process call an observer's points
 (``tests/seams/sitecustomize.py`` does so in a run's processes); a Checkpointer can also be given
-its own (its ``points`` argument). Shown by tests/test_kill_points.py and tests/test_integrity.py.
+its own (its ``points`` argument). Shown by tests/faults/test_kill_points.py and tests/faults/test_integrity.py.
 """
 
 from __future__ import annotations

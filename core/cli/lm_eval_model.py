@@ -11,7 +11,7 @@ reads it), ``tokenizer`` (default: the one the checkpoint recorded), ``max_len``
 model's ``max_seq_len``), ``batch_size`` and ``device``. The model and tokenizer are plait's own;
 ``loglikelihood`` and ``loglikelihood_rolling`` run :class:`core.loop.evaluation.Scorer`, the code
 ``core.eval`` and the ``downstream`` monitor run, so a task's scores equal theirs
-(``tests/test_evaluation.py``); ``generate_until`` decodes greedily (:func:`core.cli.generate.generate`)
+(``tests/e2e/test_evaluation.py``); ``generate_until`` decodes greedily (:func:`core.cli.generate.generate`)
 and cuts the text at the first stop string.
 """
 

@@ -4,7 +4,7 @@
 (``"NaN"``, ``"Infinity"``, ``"-Infinity"``), in the row's ``not_finite`` object (a key inside a
 nested value as ``outer.inner`` or ``outer[2]``); :func:`restore_not_finite` puts the top-level
 ones back. The ``jsonl`` monitor writes ``metrics.jsonl`` this way and ``python -m core.report``
-reads it back (tests/test_monitors.py::test_jsonl_lines_are_strict_json_and_say_which_values_were_not_finite).
+reads it back (tests/unit/plugins/test_monitors.py::test_jsonl_lines_are_strict_json_and_say_which_values_were_not_finite).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :data:`CONTRACT` lists, for each slot, every member the core reads from the object a component's
 factory returns: the **required** ones (which :mod:`core.contract.protocols` types for authors and
-mypy; ``tests/test_api.py`` holds the two to the same names) and the **optional** ones with what
+mypy; ``tests/unit/contract/test_api.py`` holds the two to the same names) and the **optional** ones with what
 the core does without them (the default column; a value's ``default`` is what the core reads).
 :data:`MADE` does the same for the objects those make and the core reads: the data source's loader
 and the model spec's built module.

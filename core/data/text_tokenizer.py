@@ -1,6 +1,6 @@
 """Text to token ids (:class:`Tokenizer`): ``bytes``, ``hf:PATH/tokenizer.json`` or ``tiktoken:PATH``,
 with its EOS id and a fingerprint of its file; the one encoding of data preparation, ``text_stream``
-and ``core.generate`` (tests/test_text_data.py, tests/test_generate.py)."""
+and ``core.generate`` (tests/test_text_data.py, tests/e2e/test_generate.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``g
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
-it on or off (``tests/test_evaluation.py``). Task files are read and encoded at start (and by
+it on or off (``tests/e2e/test_evaluation.py``). Task files are read and encoded at start (and by
 ``core.plan``): a bad one is one line naming ``file:line``, exit 2.
 """
 

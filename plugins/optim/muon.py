@@ -22,7 +22,7 @@ Under fsdp2 and HSDP a Muon parameter is a DTensor sharded on dim 0: each rank a
 momentum-updated matrix over its shard group (one all-gather per matrix, the bytes of FSDP's own
 parameter gather), runs Newton-Schulz on the whole matrix and keeps its own rows. Every rank does
 the same arithmetic on the same matrix, so the update equals ddp's up to the reduction order of
-the gradients (tests/test_muon.py).
+the gradients (tests/e2e/test_muon.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,270 @@
+"""Downstream evaluation: task files, the ``downstream`` monitor, ``core.eval``, lm-evaluation-harness, the converter."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, read_metrics, run_module, torchrun, write_tiny_config
+
+from core.loop import evaluation
+
+SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+
+
+def shakespeare_text(chars: int = 200_000) -> str:
+    val = np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:chars]
+    return bytes(int(t) for t in val if t < 256).decode("utf-8", "replace")
+
+
+def shuffles(gold: str, rng: random.Random) -> list[str]:
+    """Three distinct orderings of ``gold``'s characters other than ``gold`` (same characters: only order tells), or []."""
+    found: set[str] = set()
+    for _ in range(50):
+        chars = list(gold)
+        rng.shuffle(chars)
+        if "".join(chars) != gold:
+            found.add("".join(chars))
+        if len(found) == 3:
+            return sorted(found)
+    return []
+
+
+def write_task(path: Path, n: int, real_distractors: bool, seed: int = 0) -> Path:
+    """Contexts of Shakespeare's text; the gold continuation is the 8 characters that follow. Distractors
+    are the gold's characters shuffled (learnable: a model of English orders them; an untrained model
+    has nothing to tell them apart by) or text from elsewhere (harder)."""
+    text, rng = shakespeare_text(), random.Random(seed)
+    written = 0
+    with path.open("w") as f:
+        while written < n:
+            s = rng.randrange(0, len(text) - 100)
+            gold = text[s + 48 : s + 56]
+            others = [text[(o := rng.randrange(0, len(text) - 10)) : o + 8] for _ in range(3)] if real_distractors else shuffles(gold, rng)
+            if not others:
+                continue
+            g = rng.randrange(4)
+            others.insert(g, gold)
+            f.write(json.dumps({"context": text[s : s + 48], "continuations": others, "gold": g}) + "\n")
+            written += 1
+    return path
+
+
+def downstream_body(every: int, tasks: list[Path], held_out: Path | None = None) -> str:
+    held = f'\nheld_out = {{shakes = "{held_out}"}}' if held_out else ""
+    return f"[monitors.downstream]\nevery = {every}\ntasks = [{', '.join(json.dumps(str(t)) for t in tasks)}]\nlimit = 0{held}\n"
+
+
+def test_bad_task_file_is_exit_2_in_plan_and_train_before_any_process_group(tmp_path):
+    task = tmp_path / "task.jsonl"
+    task.write_text('{"context": "a", "continuations": [" b"], "gold": 0}\n{"context": "a", "continuations": [" b"], "gold": 3}\n')
+    cfg = write_tiny_config(
+        tmp_path, body=downstream_body(2, [task]).replace("[monitors.downstream]", '[monitors]\nenabled = ["downstream"]\n[monitors.downstream]')
+    )
+    cfg.write_text(cfg.read_text().replace('[monitors]\nenabled = ["console", "jsonl"]\n', ""))
+    for module in ("core.plan", "core.train"):
+        r = run_module(module, "--config", str(cfg), timeout=240)
+        assert r.returncode == 2, (module, r.stdout, r.stderr)
+        errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+        assert any(f"{task}:2: 'gold' is 3" in ln for ln in errors), (module, r.stderr)
+        assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing built
+
+
+def test_an_every_that_is_not_a_positive_multiple_of_log_every_is_exit_2(tmp_path):
+    task = write_task(tmp_path / "task.jsonl", 4, False)
+    body = downstream_body(3, [task]).replace("[monitors.downstream]", '[monitors]\nenabled = ["downstream"]\n[monitors.downstream]')
+    cfg = write_tiny_config(tmp_path, body=body)
+    cfg.write_text(cfg.read_text().replace('[monitors]\nenabled = ["console", "jsonl"]\n', "").replace("log_every = 1", "log_every = 2"))
+    r = run_module("core.plan", "--config", str(cfg), timeout=240)
+    assert r.returncode == 2 and "monitors.downstream.every = 3: expected a multiple of train.log_every = 2" in r.stderr, r.stderr
+    r = run_module("core.plan", "--config", str(cfg), "--monitors.downstream.every=0", timeout=240)
+    assert r.returncode == 2 and "every" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# -- training with the monitor ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 30-step single-rank run with the downstream monitor, keeping the best checkpoint by eval/hard/acc."""
+    tmp = tmp_path_factory.mktemp("trained")
+    toy, hard = write_task(tmp / "toy.jsonl", 120, False), write_task(tmp / "hard.jsonl", 120, True, seed=1)
+    held = tmp / "held.txt"
+    held.write_text(shakespeare_text(6000)[1000:4000])
+    body = downstream_body(10, [toy, hard], held) + (
+        '[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 10\nkeep_latest = 1\nkeep_best = 1\nbest_metric = "eval/hard/gold_ll"\nbest_mode = "max"\n'
+    )
+    cfg = write_tiny_config(tmp, body=body, steps=30, global_batch_tokens=2048, micro_batch=4)
+    cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
+    r = run_module("core.train", "--config", str(cfg), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"dir": tmp, "toy": toy, "hard": hard, "held": held, "out": tmp / "out"}
+
+
+def test_the_monitor_logs_every_metric_at_its_steps_and_retention_keeps_the_best_by_it(trained):
+    rows = {r["step"]: r for r in read_metrics(trained["out"])}
+    for step in (10, 20, 30):
+        assert {"eval/toy/acc", "eval/toy/acc_norm", "eval/toy/acc_norm_tokens", "eval/hard/gold_ll", "eval/shakes/bpb"} <= set(rows[step])
+    assert not any(k.startswith("eval/") for k in rows[5])
+    root = trained["out"] / "checkpoints"
+    best = json.loads((root / "BEST.json").read_text())["best"]
+    values = {s: rows[s]["eval/hard/gold_ll"] for s in (10, 20, 30)}
+    top = max(values, key=values.__getitem__)
+    assert [b["step"] for b in best] == [top] and best[0]["eval/hard/gold_ll"] == pytest.approx(values[top])
+    assert (root / best[0]["path"]).is_dir()  # kept through pruning (keep_latest = 1)
+
+
+def test_a_trained_model_scores_above_chance_and_an_untrained_one_near_it(trained):
+    import torch
+
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.generate import load
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    got = evaluate_checkpoint(ckpt, [str(trained["toy"])], {}, max_len=128)
+    assert got["eval/toy/acc"] > 0.6, got  # chance: 0.25
+    spec = load(ckpt).spec
+    torch.manual_seed(0)
+    fresh = spec.build()
+    spec.init_weights(fresh)
+    task = evaluation.read_task(trained["toy"])
+    prepared = evaluation.prepare([task], [], lambda s: list(s.encode("utf-8")), 256, spec.vocab_size)
+    untrained = evaluation.evaluate_locally(prepared, evaluation.Scorer(fresh, 128))
+    assert abs(untrained["eval/toy/acc"] - 0.25) < 0.12, untrained  # 4 choices, 120 examples: one standard deviation is 0.04
+
+
+def test_core_eval_prints_a_table_writes_json_and_agrees_with_the_loop(trained):
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    out = trained["dir"] / "eval.json"
+    r = run_module(
+        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), str(trained["hard"]),
+        "--held-out", f"shakes={trained['held']}", "--max-len", "128", "--json", str(out), timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "acc_norm" in r.stdout and "hard" in r.stdout and "shakes" in r.stdout
+    metrics = json.loads(out.read_text())["metrics"]
+    logged = {r["step"]: r for r in read_metrics(trained["out"])}[30]
+    for key, value in metrics.items():
+        assert value == pytest.approx(logged[key], abs=1e-6), key
+    assert 0 < metrics["eval/shakes/bpb"] < 8
+
+
+def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trained, tmp_path):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")  # the dev extra installs it
+    from lm_eval import simple_evaluate
+    from lm_eval.api.instance import Instance
+    from lm_eval.tasks import TaskManager
+
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.lm_eval_model import PlaitLM  # registers "plait"
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    (tmp_path / "hard.yaml").write_text(
+        f"task: plait_hard\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {trained['hard']}\ntest_split: test\n"
+        'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{continuations}}"\ndoc_to_target: "{{gold}}"\n'
+        'target_delimiter: ""\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n'
+    )
+    result = simple_evaluate(
+        model="plait",
+        model_args=f"checkpoint={ckpt},max_len=128",
+        tasks=["plait_hard"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        log_samples=False,
+    )["results"]["plait_hard"]
+    ours = evaluate_checkpoint(ckpt, [str(trained["hard"])], {}, max_len=128)
+    assert 0.3 < ours["eval/hard/acc"] < 1.0  # neither chance nor trivially 1: the comparison can tell
+    assert result["acc,none"] == pytest.approx(ours["eval/hard/acc"], abs=1e-6)
+    assert result["acc_norm,none"] == pytest.approx(ours["eval/hard/acc_norm"], abs=1e-6)
+    lm = PlaitLM(checkpoint=str(ckpt), max_len=128)
+    text = trained["held"].read_text()
+    rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])[0]
+    held = evaluate_checkpoint(ckpt, [], {"shakes": trained["held"]}, max_len=128)
+    n_tokens = len(text.encode("utf-8"))
+    assert -rolling / n_tokens == pytest.approx(held["eval/shakes/loss"], abs=1e-6)
+    [generated] = lm.generate_until([Instance("generate_until", {}, ("To be, or not", {"until": ["\n"], "max_gen_toks": 12}), 0)])
+    assert isinstance(generated, str) and "\n" not in generated and len(generated.encode("utf-8")) <= 12
+
+
+# -- two ranks ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_rank_training_is_bit_identical_with_evaluation_on_and_off_and_scores_match_one_process(tmp_path):
+    toy = write_task(tmp_path / "toy.jsonl", 21, False)  # 21: the ranks' shares differ in size
+    runs = {}
+    for name, on in (("off", False), ("on", True)):
+        folder = tmp_path / name
+        folder.mkdir()
+        body = downstream_body(2, [toy]) if on else ""
+        cfg = write_tiny_config(folder, body=body, steps=4, global_batch_tokens=2048, micro_batch=4)
+        if on:
+            cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["console", "downstream", "jsonl"]'))
+        r = torchrun(2, "--config", str(cfg), "--parallelism.name=ddp", timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = read_metrics(folder / "out")
+    assert [r["loss"] for r in runs["on"]] == [r["loss"] for r in runs["off"]]  # bit-identical
+    assert [r["grad_norm"] for r in runs["on"]] == [r["grad_norm"] for r in runs["off"]]
+    from core.cli.eval import evaluate_checkpoint
+
+    alone = evaluate_checkpoint(tmp_path / "on" / "out" / "checkpoints" / "step_000000004", [str(toy)], {}, max_len=128)
+    final = runs["on"][-1]
+    for key, value in alone.items():
+        assert final[key] == pytest.approx(value, abs=1e-6) and math.isfinite(value), key
+
+
+# -- converter --------------------------------------------------------------
+
+
+def test_the_converter_turns_hellaswag_arc_and_piqa_parquet_into_task_files(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="the 'data' extra (pyarrow) reads parquet")
+    import pyarrow.parquet as pq
+
+    tables = {
+        "hellaswag": [
+            {
+                "activity_label": "Baking",
+                "ctx_a": "A man mixes flour.",
+                "ctx_b": "he",
+                "endings": ["bakes [title] it.", "sings.", "runs.", "flies."],
+                "label": "0",
+            },
+            {"activity_label": "Baking", "ctx_a": "x", "ctx_b": "y", "endings": ["a", "b", "c", "d"], "label": ""},
+        ],
+        "arc": [{"question": "What is 2+2?", "choices": {"text": ["3", "4"], "label": ["A", "B"]}, "answerKey": "B"}],
+        "piqa": [{"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat it", "label": 0}],
+    }
+    for kind, rows in tables.items():
+        src, out = tmp_path / f"{kind}.parquet", tmp_path / f"{kind}.jsonl"
+        pq.write_table(pa.Table.from_pylist(rows), src)
+        r = run_module("core.cli.eval_convert", "--kind", kind, "--parquet", str(src), "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        task = evaluation.read_task(out)
+        assert len(task.examples) == 1
+        ex = task.examples[0]
+        assert all(c.startswith(" ") for c in ex.continuations)
+        if kind == "hellaswag":
+            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == " bakes. it." and ex.gold == 0
+            assert "1 rows without an answer left out" in r.stdout + r.stderr
+        if kind == "arc":
+            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == " 4"
+        if kind == "piqa":
+            assert ex.continuations == (" twist the lid", " eat it") and ex.gold == 0
+    r = run_module("core.cli.eval_convert", "--kind", "arc", "--parquet", str(tmp_path / "piqa.parquet"), "--out", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 2 and "no column 'question'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_evaluation_runs_under_fsdp2_and_bf16_with_uneven_shares(tmp_path):
+    toy = write_task(tmp_path / "toy.jsonl", 21, False)  # 11 and 10 examples: the shorter share pads its forwards
+    cfg = write_tiny_config(tmp_path, body=downstream_body(2, [toy]), steps=4, global_batch_tokens=2048, micro_batch=4)
+    cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["console", "jsonl", "downstream"]'))
+    r = torchrun(2, "--config", str(cfg), "--parallelism.name=fsdp2", "--precision.name=bf16", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["step"]: row for row in read_metrics(tmp_path / "out")}
+    for step in (2, 4):
+        assert 0 <= rows[step]["eval/toy/acc"] <= 1 and math.isfinite(rows[step]["eval/toy/gold_ll"]), rows[step]

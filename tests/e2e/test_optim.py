@@ -1,0 +1,72 @@
+"""Optimizer plugins and schedules: low-bit AdamW tracks AdamW, resume across optimizers, groups, wsd/linear, auto micro-batch."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import read_metrics, run_module
+
+
+@pytest.mark.slow
+def test_an_adamw8bit_checkpoint_resumes_with_new_settings_and_with_adamw(tmp_path):
+    """One adamw8bit leg (torchao compiles its step: the slow part), resumed twice from copies:
+    with a new peak LR and betas (torchao keeps the LR in a tensor: the line shows it rounded, the
+    update uses it), and with plain AdamW (its state is not loaded, said once)."""
+    import shutil
+
+    from conftest import write_tiny_config
+
+    cfg = write_tiny_config(tmp_path, body="[checkpoint]\nevery = 2\n")
+    first = tmp_path / "first"
+    args = ("core.train", "--config", str(cfg), "--model.ffn_dim=256")
+    proc = run_module(*args, f"--train.output_dir={first}", "--optimizer.name=adamw8bit", "--train.steps=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr, proc.stderr[-3000:]  # torchao's states trip no library warning into the log
+
+    settings, other = tmp_path / "settings", tmp_path / "adamw"
+    shutil.copytree(first, settings)
+    shutil.copytree(first, other)
+    proc = run_module(
+        *args, f"--train.output_dir={settings}", "--optimizer.name=adamw8bit", "--train.steps=6", "--optimizer.lr=0.01", "--optimizer.betas=[0.9, 0.99]"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "betas (0.9, 0.95) -> (0.9, 0.99), peak lr 0.0003 -> 0.01" in proc.stderr
+    rows = [r for r in read_metrics(settings) if r["step"] == 5]
+    assert rows and rows[-1]["lr"] > 1e-3  # the new peak times the schedule, not the checkpoint's 3e-4 peak
+
+    proc = run_module(*args, f"--train.output_dir={other}", "--optimizer.name=adamw", "--train.steps=6")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("holds optimizer state of 'adamw8bit', this run uses 'adamw'") == 1
+    assert "at step 4" in proc.stdout
+    assert [r["step"] for r in read_metrics(other)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_unknown_optimizer_option(tiny_config):
+    proc = run_module("core.train", "--config", str(tiny_config()), "--optimizer.name=adamw8bit", "--optimizer.momentum=0.9")
+    assert proc.returncode == 2 and "unknown key 'momentum'" in proc.stderr
+
+
+def test_plot_lr_writes_png(tmp_path):
+    out = tmp_path / "lr.png"
+    proc = run_module(
+        "core.plan",
+        "--config",
+        "train_configs/debug_cpu.toml",
+        "--plot-lr",
+        str(out),
+        "--lr_schedule.name=wsd",
+        "--lr_schedule.warmup_steps=0",
+        "--lr_schedule.min_lr_ratio=0.0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
+    from core.config import files as config
+
+    cfg = tiny_config(steps=1, global_batch_tokens=3072)  # 24 sequences of 128
+    proc = run_module("core.train", "--config", str(cfg), '--train.micro_batch="auto"', "--train.micro_batch_max=10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'micro_batch = "auto" chose 8 (accumulation 3)' in proc.stdout
+    resolved = config.tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())
+    assert resolved["train"]["micro_batch"] == 8 and resolved["derived"]["grad_accum"] == 3

@@ -1,0 +1,100 @@
+"""The built-in data sources declare their tokenizer through the same seam a third party uses
+(``tokenizer()``, recorded in each checkpoint's ``state.json``), and a recorded tokenizer is found
+again when the run folder, the tokenizer or the checkpoint alone moved (relative to the checkpoint,
+or the copy in it), its sha256 checked. A checkpoint saved before the record exports through its
+``[data]`` section as before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, run_module, write_tiny_config
+from test_contract_author import bpe
+
+SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+CKPT = Path("out") / "checkpoints" / "step_000000003"
+
+
+def prepared_project(proj: Path, monkeypatch) -> Path:
+    """``proj/tok/tokenizer.json`` (a BPE), ``proj/data`` prepared with it as ``hf:tok/tokenizer.json`` (relative:
+    meta.json records it so), ``proj/run.toml`` training on it with its output in ``proj/out``."""
+    from plugins.data.prepare import main as prepare
+
+    tok = bpe(proj / "tok")
+    text = bytes(np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:60_000].astype(np.uint8)).decode("utf-8", "replace")
+    (proj / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n") if d.strip()))
+    monkeypatch.chdir(proj)
+    assert prepare(["--input", "corpus.jsonl", "--out", "data", "--tokenizer", "hf:tok/tokenizer.json", "--workers", "1", "--val-fraction", "0.1"]) == 0
+    cfg = write_tiny_config(proj, steps=3, global_batch_tokens=512)
+    cfg.write_text(cfg.read_text().replace(str(SHAKESPEARE), str(proj / "data")))
+    return tok
+
+
+def rewrite_state(ckpt: Path, state: dict) -> None:
+    """``state.json`` replaced, and the COMMITTED manifest made to list it (a checkpoint as an older plait wrote it)."""
+    from core.checkpoint import integrity
+
+    (ckpt / "state.json").write_text(json.dumps(state, indent=1))
+    manifest = json.loads((ckpt / "COMMITTED").read_text())
+    (ckpt / "COMMITTED").write_text(json.dumps({**manifest, **integrity.manifest_files(ckpt, exclude="COMMITTED", known={})}, indent=1))
+
+
+@pytest.mark.slow  # spawns plait's commands
+def test_token_bin_records_its_tokenizer_and_a_moved_run_still_exports_and_generates(tmp_path, monkeypatch):
+    """token_bin named its tokenizer only in meta.json, which export and generate read through the
+    [data] section: with the data folder moved they found nothing. It declares it now; the record
+    holds the path relative to the checkpoint and a copy of the file, so moving the run folder with
+    its tokenizer, then the tokenizer elsewhere, still exports and generates."""
+    pytest.importorskip("tokenizers", reason="the Hugging Face tokenizers library is a dependency of the 'dev' extra")
+    proj = tmp_path / "proj"
+    tok = prepared_project(proj, monkeypatch)
+    train = run_module("core.train", "--config", "run.toml", "--checkpoint.every=1", "--checkpoint.keep_latest=1", cwd=proj)
+    assert train.returncode == 0, train.stderr[-3000:]
+    ckpt = proj / CKPT
+    assert [p.name for p in ckpt.parent.glob("step_*")] == [ckpt.name] and "the folder stays" not in train.stderr  # the copy is the save's: pruned
+    recorded = json.loads((ckpt / "state.json").read_text())["tokenizer"]
+    digest = hashlib.sha256(tok.read_bytes()).hexdigest()
+    assert recorded == {"spec": f"hf:{tok}", "eos_id": 0, "fingerprint": digest, "relative": "../../../tok/tokenizer.json", "copy": "tokenizer.json"}
+    assert (ckpt / "tokenizer.json").read_bytes() == tok.read_bytes()
+
+    shutil.move(proj, tmp_path / "moved")  # the whole project: run folder, data and tokenizer; nothing at the recorded paths
+    ckpt = tmp_path / "moved" / CKPT
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for step, setup in enumerate(("moved together", "tokenizer moved away")):
+        if setup == "tokenizer moved away":
+            shutil.move(tmp_path / "moved" / "tok", elsewhere / "tok")  # only the copy in the checkpoint is left
+        out = tmp_path / f"export{step}"
+        export = run_module("core.export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(out), cwd=elsewhere)
+        assert export.returncode == 0 and "no tokenizer exported" not in export.stderr, (setup, export.stderr[-3000:])
+        assert (out / "tokenizer.json").read_bytes() == (
+            elsewhere / "tok" / "tokenizer.json" if step else tmp_path / "moved" / "tok" / "tokenizer.json"
+        ).read_bytes()
+        gen = run_module("core.generate", "--checkpoint", str(ckpt), "--prompt", "to be", "--max-new-tokens", "4", cwd=elsewhere)
+        assert gen.returncode == 0 and gen.stdout.startswith("to be"), (setup, gen.stderr[-3000:])
+
+
+@pytest.mark.slow  # spawns plait's commands
+def test_a_checkpoint_saved_before_the_record_exports_through_its_data_section(tmp_path, monkeypatch):
+    """A state.json without ``tokenizer`` (as saved before data sources declared it): the [data]
+    section's meta.json still names the tokenizer, relative to the working directory."""
+    pytest.importorskip("tokenizers", reason="the Hugging Face tokenizers library is a dependency of the 'dev' extra")
+    proj = tmp_path / "proj"
+    tok = prepared_project(proj, monkeypatch)
+    train = run_module("core.train", "--config", "run.toml", cwd=proj)
+    assert train.returncode == 0, train.stderr[-3000:]
+    ckpt = proj / CKPT
+    state = json.loads((ckpt / "state.json").read_text())
+    del state["tokenizer"]
+    (ckpt / "tokenizer.json").unlink(missing_ok=True)
+    rewrite_state(ckpt, state)
+    export = run_module("core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "st"), cwd=proj)
+    assert export.returncode == 0 and "no tokenizer exported" not in export.stderr, export.stderr[-3000:]
+    assert (tmp_path / "st" / "tokenizer.json").read_bytes() == tok.read_bytes()
+    gen = run_module("core.generate", "--checkpoint", str(ckpt), "--prompt", "to be", "--max-new-tokens", "4", cwd=proj)
+    assert gen.returncode == 0 and gen.stdout.startswith("to be"), gen.stderr[-3000:]

@@ -1,0 +1,56 @@
+"""Room on the disk for the checkpoints, checked at the start (``core.train`` and ``core.plan``): a
+checkpoint folder that cannot hold one checkpoint is bad input, before any training; one that
+cannot hold what the run keeps at once is a warning, rather than a disk found too small at the first
+save, hours in. The real filesystem's free space."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import PY, in_a_small_disk
+
+VERIFY = """
+import json, sys
+from pathlib import Path
+from core.checkpoint.folders import committed, step_dirs, verify
+root = Path(sys.argv[1])
+print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify(p)["step"] for p in committed(root)]}))
+"""
+
+
+def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_every_time(tiny_config, tmp_path):
+    """A checkpoint of this model takes about 3.1 MB; the disk holds two. keep_latest = 2 needs a third
+    while each save is written (pruning follows the commit), so the oldest, which that prune would
+    remove, goes first and the third save fits."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    body = f'[checkpoint]\ndir = "{disk}"\nevery = 1\nkeep_latest = 2\nkeep_lowest_loss = false\n'
+    config = tiny_config(body=body, steps=5)
+    script = f'{PY} -m core.train --config "{config}"; rc=$?; {PY} -c \'{VERIFY}\' "{disk}"; exit $rc'
+    done = in_a_small_disk("8m", disk, script)
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"dirs": ["step_000000004", "step_000000005"], "verified": [4, 5]}, found
+    early = [line for line in done.stderr.splitlines() if "before the save of step" in line]
+    assert len(early) == 3 and "step_000000001" in early[0] and "before the save of step 3" in early[0], early
+    assert "still short of room" not in done.stderr
+
+
+def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(tiny_config, tmp_path):
+    """The start's write probe failed after creating its (empty) file, and left it in the user's folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = f'dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null; {PY} -m core.train --config "{tiny_config()}"; rc=$?; ls -A "{out}"; exit $rc'
+    done = in_a_small_disk("1m", out, script)
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("plait: error:")]
+    assert errors == [
+        f"plait: error: [train].output_dir = {out}: cannot create or write a file there (OSError: No space left on device); expected a writable folder"
+    ], errors
+    assert done.stdout.split() == ["filler"], done.stdout

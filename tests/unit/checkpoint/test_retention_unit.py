@@ -1,0 +1,76 @@
+"""Retention under a diverging loss and after a resume from an older checkpoint.
+
+Two ways the newest checkpoints stop being the good ones, neither of which loses data:
+a loss that rises without reaching NaN (the lowest-loss checkpoint is kept), and a
+resume from an older checkpoint (the abandoned branch's later checkpoints are set aside,
+so pruning by step never deletes the new branch's saves and an automatic restart
+continues the new branch). Real runs,
+real DCP checkpoints; the branch resume runs on two gloo ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_removing_a_checkpoint_never_follows_a_symbolic_link(tmp_path):
+    """A user's symlink named like a checkpoint (step_000000004 -> a backup elsewhere): pruning it
+    must delete nothing it points to (shutil.rmtree refuses links; a removal file by file would not)."""
+    from core.checkpoint.retention import remove
+
+    backup = tmp_path / "backup" / "step_000000004"
+    (backup / "rng").mkdir(parents=True)
+    for name in ("COMMITTED", "LINEAGE", "__0_0.distcp", "rng/rank_0.json"):
+        (backup / name).write_text("kept")
+    link = tmp_path / "ckpt" / "step_000000004"
+    link.parent.mkdir()
+    link.symlink_to(backup, target_is_directory=True)
+    remove(link)
+    assert sorted(str(p.relative_to(backup)) for p in backup.rglob("*")) == ["COMMITTED", "LINEAGE", "__0_0.distcp", "rng", "rng/rank_0.json"]
+
+
+def test_pruning_deletes_only_what_a_save_wrote(tmp_path, capsys):
+    """A user's notes, or an export made inside a checkpoint folder, were deleted with it when
+    pruning removed the folder: plait never deletes what it did not write."""
+    from core.checkpoint.retention import remove
+
+    plaits = ["COMMITTED", "LINEAGE", "state.json", ".metadata", "__0_0.distcp", "__1_0.distcp", "rng/rank_0.json", "rng/data_rank_1.json"]
+    users = ["notes.txt", "hf/model.safetensors", "rng/my_seed.txt"]
+    both, only_plaits = tmp_path / "step_000000004", tmp_path / "step_000000008"
+    for folder, names in ((both, plaits + users), (only_plaits, plaits)):
+        for name in names:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("x")
+    remove(only_plaits)
+    assert not only_plaits.exists()
+    remove(both)
+    assert sorted(str(p.relative_to(both)) for p in both.rglob("*") if p.is_file()) == sorted(users)
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "plait did not write" in ln]
+    assert str(both) in line and "hf/model.safetensors, notes.txt, rng/my_seed.txt" in line, line
+
+
+def test_each_save_records_the_loss_measured_on_each_earlier_checkpoints_weights(tmp_path):
+    """The first loss after a save is that checkpoint's (its weights'); each save carries the ones of
+    the checkpoints still on disk, so pruning the save that measured one never loses it."""
+    import torch
+
+    from core.checkpoint.retention import LossTally, weights_losses
+
+    tally = LossTally(torch.device("cpu"), None)
+    for step in (2, 4):
+        (tmp_path / f"step_{step:09d}").mkdir()
+    tally.add(torch.tensor(5.0), weights_step=2)
+    tally.add(torch.tensor(9.0), weights_step=3)  # not the first since the save: the mean's alone
+    assert tally.weights_loss_and_reset(tmp_path, 4) == {"2": 5.0}
+    tally.add(torch.tensor(float("nan")), weights_step=4)
+    assert tally.weights_loss_and_reset(tmp_path, 6) == {"2": 5.0, "4": None}  # measured, not finite
+    (tmp_path / "step_000000002").rmdir()  # pruned: no longer carried
+    assert tally.weights_loss_and_reset(tmp_path, 8) == {"4": None}
+    states = {
+        tmp_path / "step_000000002": {},
+        tmp_path / "step_000000004": {"weights_loss": {"2": 5.0}},
+        tmp_path / "step_000000006": {"weights_loss": {"2": 5.0, "4": None}},
+    }
+    assert weights_losses(states) == {tmp_path / "step_000000002": 5.0}  # step 4 and 6: unconfirmed

@@ -1,0 +1,122 @@
+"""Optimizer plugins and schedules: low-bit AdamW tracks AdamW, resume across optimizers, groups, wsd/linear, auto micro-batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+
+def train_debug(name: str, steps: int = 30) -> list[float]:
+    """30 steps of the debug llama on the shipped corpus, in this process, with optimizer plugin
+    ``name`` built through the registry (real options, real parameter groups). Shapes are chosen so
+    every matrix is 64 x 64 or 512 x 64: a torchao low-bit optimizer compiles its step only a few times."""
+    import numpy as np
+    import torch
+    from conftest import REPO
+
+    from core.config import registry
+    from core.contract.option_values import build_options
+    from core.contract.param_groups import param_groups
+    from model_specs.llama3.spec import Llama3Spec
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    torch.manual_seed(0)
+    spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
+    model = spec.build()
+    spec.init_weights(model)
+    data = TokenBin(TokenBinOptions(path=str(REPO / "plugins" / "data" / "corpus" / "shakespeare")))
+    component = registry.load().get("optimizer", name, "test")
+    opts = build_options(component.options, {"lr": 3e-3}, f"[optimizer] {name}")
+    optimizer = component.factory(opts).build(param_groups(model, opts))
+    losses = []
+    for step in range(steps):
+        rows = torch.from_numpy(np.stack([data.sample(step * 8 + j, 64, "train") for j in range(8)]))
+        loss = model(rows[:, :-1], rows[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def adamw_reference():
+    return train_debug("adamw")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    ["adamw8bit", pytest.param("adamw4bit", marks=pytest.mark.bench), "adamw_fp8", "bnb_adamw8bit"],  # 4-bit: the longest compile; `pytest -m bench`
+)
+def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
+    if name == "bnb_adamw8bit":
+        pytest.importorskip("bitsandbytes", reason="bitsandbytes is the optional extra 'bitsandbytes' (in 'dev')")
+    got = train_debug(name)
+    ref = adamw_reference
+    assert got[-1] < 0.5 * got[0]  # it optimizes
+    # stated tolerance: final loss within 0.15 nats of AdamW's after 30 steps for the 8-bit states,
+    # 0.3 for 4-bit (its coarser state lags early: 3.30 vs 3.08 here); not identical (really low-bit)
+    tolerance = 0.3 if name == "adamw4bit" else 0.15
+    assert abs(got[-1] - ref[-1]) < tolerance, (got[-1], ref[-1])
+    assert got != ref
+
+
+def test_param_groups_and_multipliers():
+    from core.contract.param_groups import OptimizerOptions, param_groups
+    from model_specs.llama3.spec import Llama3Spec
+
+    spec = Llama3Spec.from_flavor("debug", dim=64, tie_embeddings="true")
+    model = spec.build()
+    groups = {g["name"]: g for g in param_groups(model, OptimizerOptions(lr=1.0, lr_multipliers={"embedding": 0.5}))}
+    assert groups["embedding"]["weight_decay"] == 0 and groups["embedding"]["lr"] == 0.5
+    assert groups["norm"]["weight_decay"] == 0 and groups["matrix"]["weight_decay"] == 0.1
+    ids = {id(p) for g in groups.values() for p in g["params"]}
+    assert len(ids) == sum(len(g["params"]) for g in groups.values())  # the tied weight appears once
+    assert model.output.weight is model.tok_embeddings.weight and id(model.tok_embeddings.weight) in ids
+
+
+def test_wsd_and_linear_values():
+    from plugins.schedules.schedules import WSD, Linear, LinearOptions, WSDOptions
+
+    wsd = WSD(WSDOptions(warmup_steps=10, decay_fraction=0.2, decay_shape="linear", min_lr_ratio=0.0))
+    assert wsd.multiplier(9, 100) == 1.0 and wsd.multiplier(79, 100) == 1.0
+    assert wsd.multiplier(89, 100) == pytest.approx(0.5) and wsd.multiplier(99, 100) == pytest.approx(0.0)
+    sq = WSD(WSDOptions(decay_fraction=0.5, decay_shape="1-sqrt", min_lr_ratio=0.1))
+    assert sq.multiplier(74, 100) == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.5)))
+    cos = WSD(WSDOptions(decay_fraction=0.5, decay_shape="cosine"))
+    assert cos.multiplier(74, 100) == pytest.approx(0.5)
+    lin = Linear(LinearOptions(warmup_steps=10, min_lr_ratio=0.1))
+    assert lin.multiplier(0, 110) == pytest.approx(0.1) and lin.multiplier(9, 110) == 1.0
+    assert lin.multiplier(59, 110) == pytest.approx(0.55) and lin.multiplier(109, 110) == pytest.approx(0.1)
+
+
+def test_adamw_auto_picks_the_fused_kernel_where_torch_has_one():
+    """``impl = "auto"``: fused on CPU (3.5-5x the foreach kernel there, docs/benchmarks.md) and CUDA;
+    foreach where torch has no fused kernel (the meta device of a plan). The fused kernel moves the
+    weights as the foreach one does, and skips an update on the device (found_inf)."""
+    import torch
+
+    from plugins.optim.adamw import AdamW, AdamWOptions
+
+    def build(impl: str, device: str = "cpu") -> torch.optim.Optimizer:
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(64, 32, device=device))
+        return AdamW(AdamWOptions(lr=1e-2, impl=impl)).build([{"params": [p], "weight_decay": 0.1}])
+
+    assert build("auto").defaults["fused"] is True
+    assert build("auto", "meta").defaults["fused"] is None and build("auto", "meta").defaults["foreach"] is True
+    fused, foreach = build("auto"), build("foreach")
+    for opt in (fused, foreach):
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            p = opt.param_groups[0]["params"][0]
+            p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+    a, b = fused.param_groups[0]["params"][0], foreach.param_groups[0]["params"][0]
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6) and not torch.equal(a, build("auto").param_groups[0]["params"][0])
+    before = a.detach().clone()
+    fused.grad_scale, fused.found_inf = None, torch.ones(())  # what core.loop.nonfinite sets on a non-finite step
+    fused.step()
+    assert torch.equal(a, before)

@@ -1,0 +1,151 @@
+"""Who owns what in a run folder: a restart continues its own run, a dead save never blocks its
+step, a checkpoint folder inside another job's output folder is locked too, a resume from a copy
+leaves this run's later checkpoints aside (never deleted), a checkpoint larger than the model is
+refused, and folders a user named like checkpoints are not plait's. Each of these lost or mixed
+checkpoints before (found by trying to break a run folder from outside). Real runs, real DCP
+checkpoints, one process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_here, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+# A holder on another host whose file system does not share flock: it holds no lock this host can see,
+# and renews its record in plait.lock every 0.2 s, as core.runtime.ownership's holders do every LEASE_S.
+OTHER_HOST_HOLDER = """
+import json, os, sys, time
+path, n = sys.argv[1], 0
+while True:
+    record = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 0.2, "renewals": n}
+    with open(path, "w") as f:
+        f.write(json.dumps(record) + "\\n")
+    print("renewed", flush=True)
+    n += 1
+    time.sleep(0.2)
+"""
+
+
+def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch):
+    import time
+
+    from core.runtime import ownership
+
+    monkeypatch.setattr(ownership, "LEASE_S", 0.05)
+    monkeypatch.setattr(ownership, "_record", {})
+    monkeypatch.setattr(ownership, "_renewing", None)  # a renewing thread of an earlier test waits its 10 s
+    ownership.lock_run_folders([tmp_path])
+    try:
+        first = json.loads((tmp_path / "plait.lock").read_text())
+        deadline = time.monotonic() + 60  # three renewals: a wait on the file, long only on a loaded machine
+        while (later := json.loads((tmp_path / "plait.lock").read_text()))["renewals"] < first["renewals"] + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert later["renewals"] >= first["renewals"] + 3 and later["pid"] == first["pid"] and "released" not in later, (first, later)
+    finally:
+        ownership.release_run_folders(ended=True)
+    assert json.loads((tmp_path / "plait.lock").read_text())["released"] is True
+
+
+def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkeypatch):
+    """A renewal writes the record over the one before in one write, padded, and never leaves the file
+    empty: a start on another host that read an empty record would take the folder for one never
+    held (renewing every 0.5 ms here, to read it mid-renewal often)."""
+    import time
+
+    from core.runtime import ownership
+
+    monkeypatch.setattr(ownership, "LEASE_S", 0.0005)
+    monkeypatch.setattr(ownership, "_record", {})
+    monkeypatch.setattr(ownership, "_renewing", None)
+    ownership.lock_run_folders([tmp_path])
+    reads, unparsed, renewals = 0, 0, 0
+    try:
+        deadline = time.monotonic() + 60  # reads until 100 renewals went by: long only on a loaded machine
+        while renewals <= 100 and time.monotonic() < deadline:
+            reads += 1
+            try:
+                renewals = json.loads((tmp_path / "plait.lock").read_text())["renewals"]
+            except ValueError:
+                unparsed += 1
+    finally:
+        ownership.release_run_folders(ended=True)
+    assert renewals > 100 and unparsed == 0, (reads, unparsed, renewals)
+
+
+# What another host's job writes in plait.lock when it takes a folder whose holder stopped renewing.
+THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 10.0, "renewals": 0}
+
+
+def test_plan_says_a_folder_looks_held_from_another_host_without_waiting(tmp_path):
+    """``core.plan`` looks without claiming: it said nothing of another host's record, renewed and never
+    released, where a start watches the record for two lease periods and stops if it is renewed."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plait.lock").write_text(json.dumps(THEIRS) + "\n")
+    r = run_here("core.plan", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [x for x in r.stderr.splitlines() if "looks held" in x]
+    assert line.startswith(f"plait: warning: run folder {out} looks held by pid 4242 on host node-b (its record in plait.lock renewed "), line
+    assert "a start waits 21 s to see whether it is still renewed" in line, line
+    assert json.loads((out / "plait.lock").read_text()) == THEIRS  # a look only
+    (out / "plait.lock").write_text(json.dumps({**THEIRS, "released": True}) + "\n")  # a clean end: nothing to say
+    r = run_here("core.plan", "--config", str(cfg))
+    assert r.returncode == 0 and "looks held" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("lock_file", ["a_link", "a_folder"])
+def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, lock_file):
+    """``plait.lock`` a symbolic link: the start opened it through the link and wrote its record over the
+    file it points to (a user's notes, another run's lock). A folder there: ``core.plan`` said nothing,
+    and the start failed. Both are refused now, by the plan and the start, in one line (exit code 2)."""
+    cfg = write_tiny_config(tmp_path, steps=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    if lock_file == "a_link":
+        (out / "plait.lock").symlink_to(notes)
+    else:
+        (out / "plait.lock").mkdir()
+    for module in ("core.plan", "core.train"):
+        r = run_here(module, "--config", str(cfg))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (module, r.stderr[-2000:])
+        what = f"plait.lock is a symbolic link (to {notes})" if lock_file == "a_link" else "plait.lock is not a plain file"
+        assert f"run folder {out}: {what}" in r.stderr, (module, r.stderr)
+    assert notes.read_text() == "my notes\n" and not (out / "checkpoints").exists()
+
+
+# What a tool may leave in plait.lock: an editor's save of half a record, bytes that are no text, a
+# value nested without end, a JSON object that names no holder, a record of 10 MB.
+DAMAGED_RECORDS = {
+    "truncated": b'{"pid": 4242, "host": "node-b", "since": "2026-11-',
+    "garbage_bytes": bytes(range(256)) * 4,
+    "nested_without_end": b"[" * 100_000,
+    "names_no_holder": b'{"note": "edited by hand"}\n',
+    "ten_megabytes": json.dumps({"pad": "x" * 10_000_000}).encode(),
+}
+
+LOCAL_HOLDER = """
+import json, sys
+from core.runtime import ownership
+ownership.LEASE_S = 0.05
+ownership.lock_run_folders([sys.argv[1]])
+print("held", flush=True)
+sys.stdin.readline()  # the test damages the record meanwhile; the renewing thread looks at it
+import time
+deadline = time.monotonic() + 120  # five renewals over the damage: a wait on the file, long only on a loaded machine
+while time.monotonic() < deadline:
+    try:
+        if json.load(open(sys.argv[1] + "/plait.lock"))["renewals"] >= 5:
+            break
+    except (ValueError, KeyError, TypeError, RecursionError):  # the damage, until the first renewal over it
+        pass
+    time.sleep(0.05)
+ownership.fence()  # what each save and commit does
+print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flush=True)
+"""
