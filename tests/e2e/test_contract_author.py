@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_module, torchrun, write_tiny_config
-from test_plugin_author import error_lines, install
+from shared import bpe, error_lines
+from test_plugin_author import install
 
 from core.contract.errors import DataError, PluginError
 
@@ -135,20 +136,6 @@ class OwnTokenizer(IndexedSource):
 def plait_register(registry):
     registry.add("data", "own_tokenizer", OwnTokenizer, options=Options, doc="ids of a tokenizer it names itself")
 """
-
-
-def bpe(folder: Path) -> Path:
-    """A 300-token byte-level BPE trained here (no download), saved as ``folder/tokenizer.json``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    docs = ["to be or not to be, that is the question. " * 4, "whether tis nobler in the mind to suffer"] * 20
-    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    folder.mkdir(parents=True)
-    tok.save(str(folder / "tokenizer.json"))
-    return folder / "tokenizer.json"
 
 
 def own_tokenizer_config(tmp_path: Path, **train) -> None:

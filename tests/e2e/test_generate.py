@@ -238,7 +238,7 @@ def test_a_run_folder_or_its_checkpoints_folder_is_refused_naming_its_newest_che
 
 
 def test_crafted_checkpoint_runs_nothing(bytes_ckpt, tmp_path, capsys):
-    from test_integrity import craft_metadata
+    from shared import craft_metadata
 
     ckpt = shutil.copytree(bytes_ckpt, tmp_path / "step_000000003")
     marker = tmp_path / "pwned"

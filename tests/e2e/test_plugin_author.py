@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_module, torchrun, write_tiny_config
+from shared import error_lines
 
 
 def install(site: Path, code: str, package: str = "author_plugin") -> dict[str, str]:
@@ -24,10 +25,6 @@ def install(site: Path, code: str, package: str = "author_plugin") -> dict[str, 
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(f"[plait]\nauthor = {package}\n")
     return {"PYTHONPATH": str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
 
 
 # A monitor whose verdict and failure depend on the rank: rank 1 alone skips step 2's update and

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, run_module, write_tiny_config
-from test_contract_author import bpe
+from shared import bpe
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 CKPT = Path("out") / "checkpoints" / "step_000000003"

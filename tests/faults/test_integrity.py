@@ -17,22 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
+from shared import RunsAShellCommand, craft_metadata, recommit
 
-from core.checkpoint.integrity import checksum_file, manifest_files
+from core.checkpoint.integrity import checksum_file
 
 pytestmark = pytest.mark.slow
 
 STEP = "checkpoints/step_{:09d}"
-
-
-class RunsAShellCommand:
-    """Pickles to a call of os.system: what a crafted checkpoint would carry."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.fixture(scope="module")
@@ -58,23 +49,11 @@ def ckpt(run: Path, step: int) -> Path:
     return run / STEP.format(step)
 
 
-def recommit(folder: Path) -> None:
-    """Rewrite COMMITTED to match the files as they are now (a buggy writer, or an attacker)."""
-    manifest = json.loads((folder / "COMMITTED").read_text())
-    manifest.update(manifest_files(folder, exclude="COMMITTED", known={}))
-    (folder / "COMMITTED").write_text(json.dumps(manifest))
-
-
 def flip_bytes(file: Path, at: float = 0.5) -> None:
     data = bytearray(file.read_bytes())
     i = int(len(data) * at)
     data[i : i + 8] = bytes(b ^ 0xFF for b in data[i : i + 8])
     file.write_bytes(bytes(data))
-
-
-def craft_metadata(folder: Path, marker: Path) -> None:
-    (folder / ".metadata").write_bytes(pickle.dumps(RunsAShellCommand(marker)))
-    recommit(folder)
 
 
 def craft_bytes_item(folder: Path, marker: Path) -> str:

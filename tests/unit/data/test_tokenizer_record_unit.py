@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, run_here, write_tiny_config
-from test_contract_author import bpe
-from test_plugin_author import error_lines
+from shared import bpe, error_lines
 
 from core.contract.errors import DataError
 

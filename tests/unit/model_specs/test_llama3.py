@@ -367,10 +367,13 @@ def test_chunked_loss_equals_full_loss_and_grads():
         assert torch.allclose(p.grad, q.grad, atol=1e-5), n
 
 
-def test_flash_attn_request_falls_back_to_sdpa_with_reason(capsys):
+def test_flash_attn_request_falls_back_to_sdpa_with_reason(capsys, monkeypatch):
     import importlib.util
 
+    from core.contract import log
     from model_specs.llama3.spec import Llama3Spec
+
+    monkeypatch.setattr(log, "_warned", set())  # the warning is once per process; another test may have had it
 
     spec = Llama3Spec.from_flavor("debug", attention="flash_attn")
     if importlib.util.find_spec("flash_attn") is None:

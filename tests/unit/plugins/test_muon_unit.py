@@ -19,7 +19,7 @@ def debug_llama(**kw):
 
 
 def muon_groups(spec, model, **options):
-    from core.config.option_values import build_options
+    from core.contract.option_values import build_options
     from core.contract import registry
     from core.contract.param_groups import param_groups
     from core.contract.protocols import output_head_params
