@@ -212,7 +212,9 @@ class Mixture(IndexedSource):
 
     def end_of_document_id(self) -> int | None:
         """The one end-of-document id its sources declare (those without one, ``synthetic``, are left
-        out: each of their samples is one document); two different ids are refused, naming the sources."""
+        out: each of their samples is one document); two different ids are refused, naming the sources,
+        after two different tokenizers (the cause of two ids, named first)."""
+        self.tokenizer()
         ids: dict[int, str] = {}
         for label, source in zip(self.labels, self.sources):
             eod = data_end_of_document_id(source, f"[data] mixture: source {label!r}")
