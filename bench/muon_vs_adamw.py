@@ -29,8 +29,8 @@ def train(name: str, flavor: str, steps: int, seq_len: int, micro_batch: int) ->
     import numpy as np
     import torch
 
-    from core.contract.option_values import build_options
     from core.config import registry
+    from core.contract.option_values import build_options
     from core.contract.param_groups import param_groups
     from core.contract.protocols import output_head_params
     from model_specs.llama3.spec import Llama3Spec

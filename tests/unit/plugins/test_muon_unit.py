@@ -19,8 +19,8 @@ def debug_llama(**kw):
 
 
 def muon_groups(spec, model, **options):
-    from core.contract.option_values import build_options
     from core.config import registry
+    from core.contract.option_values import build_options
     from core.contract.param_groups import param_groups
     from core.contract.protocols import output_head_params
 
