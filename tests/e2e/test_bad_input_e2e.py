@@ -17,7 +17,9 @@ def one_error_line(proc) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-2000:])
     lines = [l for l in proc.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("plait: error: "), proc.stderr
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert "Traceback" not in proc.stderr + proc.stdout
+    # nothing on stdout, or (core.plan with a data or checkpoint problem) the plan with the problem listed under it
+    assert proc.stdout == "" or lines[0].removeprefix("plait: error: ") in proc.stdout, proc.stdout[-2000:]
     return lines[0]
 
 
