@@ -141,8 +141,8 @@ for dist in ("plait", "torchao"):
         print(f"{dist} {md.version(dist)}")
     except md.PackageNotFoundError:
         print(f"{dist} not installed")
-import core.contract.registry
-core.contract.registry.load()
+import core.config.registry
+core.config.registry.load()
 print(f"gpus {torch.cuda.device_count()}")
 PY
 ); then
