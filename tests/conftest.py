@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import prestarted
 import pytest
 
 from bench.common import free_port  # noqa: F401  (for the tests: a port outside the ephemeral range)
@@ -25,14 +26,12 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PY, "-m", module, *args],
-        cwd=cwd,
-        env=env(**(extra_env or {})),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python -m module *args``: a plait command in a process forked from a warm interpreter
+    (:mod:`prestarted`) where that behaves the same, otherwise in a fresh one."""
+    full = env(**(extra_env or {}))
+    if prestarted.can_run(module, full, env()):
+        return prestarted.run(module, list(args), nproc=1, env=full, base=env(), cwd=Path(cwd), timeout=timeout)
+    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[str]:
@@ -43,6 +42,16 @@ def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[st
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """A job of ``nproc`` ranks of ``core.train``: forked from warm interpreters with torchrun's
+    variables and store (:mod:`prestarted`) where that behaves the same, otherwise real torchrun."""
+    full = env(**(extra_env or {}))
+    if prestarted.can_run("core.train", full, env()):
+        return prestarted.run("core.train", list(args), nproc=nproc, env=full, base=env(), cwd=Path(cwd), timeout=timeout)
+    return real_torchrun(nproc, *args, timeout=timeout, extra_env=extra_env, cwd=cwd)
+
+
+def real_torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``python -m torch.distributed.run --standalone --nproc_per_node=nproc -m core.train *args``."""
     cmd = torchrun_argv(nproc, *args)
     return subprocess.run(cmd, cwd=cwd, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=timeout)
 

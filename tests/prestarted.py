@@ -1,0 +1,249 @@
+"""plait's commands in processes forked from interpreters that have already imported torch.
+
+A fresh ``python -m core.train`` spends about three CPU seconds of this 2-core machine importing
+torch, its compiler front end (which ``torch.optim`` loads) and DTensor before plait runs a line;
+the suite starts some hundreds of them. Here a *warm interpreter* (one per pytest worker and rank
+slot, started on first use) imports those once, then forks one process per command. Each is a real
+process with its own pid, process group, working directory, environment, stdout/stderr files and
+exit code, running the module as ``python -m`` does (``runpy``, ``sys.argv``, ``PYTHONPATH`` entries
+first on ``sys.path``, then thread joins and exit handlers at its end). plait's own modules are
+imported in the fork, never in the warm interpreter, so they see the command's environment.
+
+The ranks of a job rendezvous as torchrun's do: each gets torchrun's variables (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ...) and connects to a ``TCPStore`` that
+this process hosts (``TORCHELASTIC_USE_AGENT_STORE``). Rank r forks from slot r's interpreter, so
+the ranks of a job hash strings differently, as separate interpreters do. As with torchrun, the
+first rank to fail has the others stopped (SIGTERM, then SIGKILL after 30 s), and the job's exit
+code is 1 when any rank failed.
+
+Not for: the launchers themselves (their tests run real ``torchrun`` and ``plait train --nproc``),
+a command that must start without torch, a ``sitecustomize`` on ``PYTHONPATH`` (the kill-point
+seams) or another ``OMP_NUM_THREADS``: :func:`can_run` sends those to a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+PRELOADED = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.distributed.fsdp", "numpy")
+"""What the warm interpreter imports: third-party modules only (plait's own load in each command)."""
+
+
+def can_run(module: str, env: dict[str, str], base: dict[str, str]) -> bool:
+    """Whether ``python -m module`` with ``env`` behaves the same forked from a warm interpreter
+    started with ``base``: a plait command (``core.*``) whose environment changes nothing read at
+    interpreter start."""
+    if not module.startswith("core.") or os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS"):
+        return False
+    if env.get("OMP_NUM_THREADS") != base.get("OMP_NUM_THREADS"):
+        return False
+    if any(env.get(k) != base.get(k) for k in ("PYTHONHASHSEED", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE")):
+        return False
+    return not any((Path(p) / "sitecustomize.py").exists() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)
+
+
+# --- the warm interpreter ------------------------------------------------------------------------
+
+
+def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    for line in requests:
+        req = json.loads(line)
+        if req["op"] == "start":
+            pid = os.fork()
+            if pid == 0:
+                _child(req, base_path)
+            answer = {"pid": pid}
+        else:
+            try:
+                done, status = os.waitpid(req["pid"], os.WNOHANG)
+                answer = {"code": os.waitstatus_to_exitcode(status) if done else None}
+            except ChildProcessError:
+                answer = {"code": None, "gone": True}
+        replies.write(json.dumps(answer).encode() + b"\n")
+        replies.flush()
+
+
+def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs in the fork)
+    import atexit
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+            f = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(f, fd)
+            os.close(f)
+        os.close(devnull)
+        extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [req["cwd"], *extra, *base_path]
+        sys.argv = ["-m", *req["args"]]
+        try:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # type: ignore[attr-defined]  # as Python's exit does: join non-daemon threads,
+        atexit._run_exitfuncs()  # then the exit handlers
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+# --- this side ---------------------------------------------------------------------------------
+
+
+class WarmInterpreter:
+    """One warm interpreter and the pipe to it; started with ``base`` as its environment."""
+
+    def __init__(self, base: dict[str, str]) -> None:
+        env = {k: v for k, v in base.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=Path(__file__).parent)
+        self.lock = threading.Lock()
+
+    def ask(self, req: dict) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self.lock:
+            self.proc.stdin.write(json.dumps(req).encode() + b"\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm interpreter ended (exit code {self.proc.poll()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_slots: dict[int, WarmInterpreter] = {}
+
+
+def _slot(rank: int, base: dict[str, str]) -> WarmInterpreter:
+    warm = _slots.get(rank)
+    if warm is None or warm.proc.poll() is not None:
+        warm = _slots[rank] = WarmInterpreter(base)
+    return warm
+
+
+def close_all() -> None:
+    while _slots:
+        _slots.popitem()[1].close()
+
+
+def run(module: str, args: list[str], *, nproc: int, env: dict[str, str], base: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m module *args`` (``nproc`` > 1: as a job of that many ranks) in forked processes:
+    stdout and stderr of all ranks together, as torchrun's are; the exit code of the one process, or
+    of a job 0 when every rank ended 0 and 1 otherwise."""
+    store = None
+    envs = [dict(env)]
+    if nproc > 1:
+        from torch.distributed import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False)
+        run_id = uuid.uuid4().hex[:12]
+        envs = [
+            {
+                **env,
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "GROUP_RANK": "0",
+                "ROLE_RANK": str(r),
+                "ROLE_NAME": "default",
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_WORLD_SIZE": "1",
+                "ROLE_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port),
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": run_id,
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+            }
+            for r in range(nproc)
+        ]
+    with tempfile.TemporaryDirectory(prefix="plait_cmd_") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        started = []
+        for r, rank_env in enumerate(envs):
+            warm = _slot(r, base)
+            req = {"op": "start", "module": module, "args": list(args), "env": rank_env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            started.append((warm, warm.ask(req)["pid"]))
+        codes = _wait(started, timeout, [sys.executable, "-m", module, *args])
+        del store
+        stdout = out.read_text(errors="replace") if out.exists() else ""
+        stderr = err.read_text(errors="replace") if err.exists() else ""
+    code = codes[0] if nproc == 1 else (0 if all(c == 0 for c in codes) else 1)
+    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, stdout, stderr)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait(started: list[tuple[WarmInterpreter, int]], timeout: float, cmd: list[str]) -> list[int]:
+    codes: list[int | None] = [None] * len(started)
+    deadline = time.monotonic() + timeout
+    stopping_since: float | None = None
+    pause = 0.01
+    while any(c is None for c in codes):
+        for i, (warm, pid) in enumerate(started):
+            if codes[i] is None:
+                answer = warm.ask({"op": "poll", "pid": pid})
+                codes[i] = answer["code"] if not answer.get("gone") else 1
+        running = [pid for (_, pid), c in zip(started, codes) if c is None]
+        if not running:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            for pid in running:
+                _kill(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        if stopping_since is None and any(c not in (None, 0) for c in codes):
+            stopping_since = now  # torchrun's rule: one rank failed, the job stops
+            for pid in running:
+                _kill(pid, signal.SIGTERM)
+        elif stopping_since is not None and now - stopping_since > 30:
+            for pid in running:
+                _kill(pid, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+    return [c if c is not None else 1 for c in codes]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    _serve()
