@@ -54,3 +54,31 @@ def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(t
         f"plait: error: [train].output_dir = {out}: cannot create or write a file there (OSError: No space left on device); expected a writable folder"
     ], errors
     assert done.stdout.split() == ["filler"], done.stdout
+
+
+def test_a_full_disk_under_tensorboard_is_one_warning_and_the_exit_74_line_no_traceback(tiny_config, tmp_path):
+    """The output folder's disk fills during the run: first its ``tensorboard`` folder (a 4 KiB disk of
+    its own, full after a few logged steps), then its checkpoints (room for two of three). TensorBoard's
+    writer thread printed a traceback and the monitor's failure stopped the run (exit 4); now the monitor
+    warns once and writes no more events, and the run ends at the save that finds no room: exit 74, one error line."""
+    out = tmp_path / "out"
+    out.mkdir()
+    config = tiny_config(body="[checkpoint]\nevery = 5\nkeep_latest = 3\nkeep_lowest_loss = false\n", steps=20)
+    config.write_text(config.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["console", "jsonl", "tensorboard"]', 1))
+    board = out / "tensorboard"
+    script = (
+        f'mkdir "{board}" && mount -t tmpfs -o size=4k tmpfs "{board}" && {PY} -m core.train --config "{config}"; rc=$?; cat "{out}/exit_status.json"; exit $rc'
+    )
+    done = in_a_small_disk("8m", out, script)
+    if done is None:
+        pytest.skip("this machine may not mount a tmpfs, even in a namespace of its own (unshare -m / -rm)")
+    assert done.returncode == 74, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("plait: error:")]
+    assert len(errors) == 1 and "checkpoint save at step 15 failed" in errors[0] and "exit code 74" in errors[0], errors
+    board_lines = [line for line in done.stderr.splitlines() if "'tensorboard'" in line]
+    assert len(board_lines) == 1 and board_lines[0].startswith("plait: warning: monitor 'tensorboard': cannot write ") and "ENOSPC" in board_lines[0], (
+        board_lines
+    )
+    status = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status["exit_code"] == 74 and status["reason"] == "save_failed" and status["step"] == 15, status

@@ -233,6 +233,26 @@ def test_tensorboard_scalars(tmp_path):
     assert got["val/loss"] == pytest.approx({20: 2.9})
 
 
+def test_tensorboard_resume_hides_the_steps_after_the_checkpoint(tmp_path):
+    """A run logged to step 30, then resumed from its step-20 checkpoint: TensorBoard shows steps 21-30
+    of the resumed run, not of the first (the resumed file's START event at step 21 purges them)."""
+    import time
+
+    from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
+
+    out = tmp_path / "out"
+    drive(manager(TensorBoard(TensorBoardOptions())), make_run(out, total=30), range(1, 31))
+    time.sleep(1.1)  # events files sort by the second they were opened in
+    drive(manager(TensorBoard(TensorBoardOptions())), make_run(out, step=20, total=40), range(21, 41), loss=lambda s: 1.0)
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = acc.Scalars("train/loss")
+    assert [e.step for e in got] == [10, 20, 30, 40] and [e.value for e in got] == pytest.approx([2.9, 2.8, 1.0, 1.0])
+
+
 # -- ranks other than 0 -----------------------------------------------------------
 
 
