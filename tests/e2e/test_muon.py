@@ -1,6 +1,6 @@
-"""The ``muon`` optimizer: torch.optim.Muon's arithmetic on the hidden matrices and AdamW's on the rest,
-the output head found by the core, bad options refused before any process group, and (slow) the
-same updates under ddp, fsdp2 and HSDP, exact resumes, resumes across world sizes and optimizers."""
+"""The ``muon`` optimizer through the trainer: bad options refused in one line by ``core.train`` and
+``core.plan``, and (slow) the same updates under ddp, fsdp2 and HSDP, exact resumes, resumes across
+world sizes and optimizers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The recurrent MoE's sparse dispatch: the dense model's function (losses, gradients, health metrics),
-a capacity factor that drops what exceeds it, FLOPs of the active experts, and a run whose checkpoint
-the dense path saved resumed on the sparse path under fsdp2 to the losses of an uninterrupted run."""
+"""The recurrent MoE's sparse dispatch in process: the dense model's function (losses, gradients, health
+metrics), a capacity factor that drops what exceeds it, FLOPs of the active experts, bad options named.
+Through the trainer on 2 ranks: tests/e2e/test_moe_dispatch_e2e.py."""
 
 from __future__ import annotations
 

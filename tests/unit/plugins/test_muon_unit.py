@@ -1,6 +1,5 @@
-"""The ``muon`` optimizer: torch.optim.Muon's arithmetic on the hidden matrices and AdamW's on the rest,
-the output head found by the core, bad options refused before any process group, and (slow) the
-same updates under ddp, fsdp2 and HSDP, exact resumes, resumes across world sizes and optimizers."""
+"""The ``muon`` optimizer in process: torch.optim.Muon's arithmetic on the hidden matrices and AdamW's on
+the rest, the output head found by the core, and Newton-Schulz in float32 on CPU under ``ns_dtype = "auto"``."""
 
 from __future__ import annotations
 
@@ -95,6 +94,3 @@ def test_auto_iterates_in_float32_on_cpu():
     assert torch.equal(auto, fp32) and not torch.equal(auto, bf16) and auto.dtype == torch.float32
     singular = torch.linalg.svdvals(auto)
     assert 0.6 < singular.min() and singular.max() < 1.3  # near-orthogonal (Keller Jordan's quintic: roughly 0.7-1.2)
-
-
-MUON = ("--optimizer.name=muon", "--optimizer.weight_decay=0.01", "--checkpoint.every=3")
