@@ -95,6 +95,3 @@ def test_auto_iterates_in_float32_on_cpu():
     assert torch.equal(auto, fp32) and not torch.equal(auto, bf16) and auto.dtype == torch.float32
     singular = torch.linalg.svdvals(auto)
     assert 0.6 < singular.min() and singular.max() < 1.3  # near-orthogonal (Keller Jordan's quintic: roughly 0.7-1.2)
-
-
-MUON = ("--optimizer.name=muon", "--optimizer.weight_decay=0.01", "--checkpoint.every=3")
