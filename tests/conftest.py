@@ -106,6 +106,18 @@ def tiny_config(tmp_path: Path):
     return make
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one intra-op thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_thread")``): on two
+    shared CPU cores intra-op threads only contend (a step of the tiny model takes ~1 ms on one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def flat_checkpoint(path: Path) -> dict:
     """A DCP checkpoint folder as one nested dict of tensors ({"model": ..., "optimizer": ...}), read with
     DCP's own single-process converter and loaded with ``weights_only=True``."""

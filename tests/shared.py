@@ -1,14 +1,28 @@
 """Helpers that test modules in different folders share (``tests/`` is on ``sys.path`` beside
-``conftest``): a tokenizer trained here, a command's error lines, a crafted checkpoint."""
+``conftest``): a tokenizer trained here, a command's error lines, a crafted checkpoint, the
+Shakespeare corpus and tasks made from it, the watchdog's test double, checkpoint folder listings."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pickle
+import random
+import threading
 from pathlib import Path
 
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, flat_checkpoint, write_tiny_config
+
 from core.checkpoint.integrity import manifest_files
+from core.runtime.marks import Marks
+from core.runtime.peers import PeerView
+from core.runtime.watchdog import Watchdog
+
+SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
 
 def bpe(folder: Path) -> Path:
@@ -49,3 +63,180 @@ def recommit(folder: Path) -> None:
 def craft_metadata(folder: Path, marker: Path) -> None:
     (folder / ".metadata").write_bytes(pickle.dumps(RunsAShellCommand(marker)))
     recommit(folder)
+
+
+# -- commands in this process (tests/unit/cli, tests/e2e) ------------------------------------
+
+
+def one_line_error(proc, *names: str) -> str:
+    """The single stderr line of a refused command; it names every one of ``names``."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: "), proc.stderr[-2000:]
+    for name in names:
+        assert name in lines[0], lines[0]
+    return lines[0]
+
+
+def generate_error_line(capsys, *args):
+    """``core.generate``'s ``main(args)`` in this process: exit 2 and one ``plait: error:`` line, which it returns."""
+    from core.cli.generate import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("plait: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def plan_json(capsys, *args: str) -> dict:
+    """``core.plan``'s ``main(args + --json)`` in this process: it succeeds; its JSON."""
+    from core.cli.plan import main
+
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def plan_text(capsys, *args: str) -> str:
+    """``core.plan``'s ``main(args)`` in this process: it succeeds; what it printed."""
+    from core.cli.plan import main
+
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+def write(path, ids, dtype="uint16"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.asarray(ids, dtype=dtype).tofile(path)
+
+
+def shakespeare_text(chars: int = 200_000) -> str:
+    val = np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:chars]
+    return bytes(int(t) for t in val if t < 256).decode("utf-8", "replace")
+
+
+def shuffles(gold: str, rng: random.Random) -> list[str]:
+    """Three distinct orderings of ``gold``'s characters other than ``gold`` (same characters: only order tells), or []."""
+    found: set[str] = set()
+    for _ in range(50):
+        chars = list(gold)
+        rng.shuffle(chars)
+        if "".join(chars) != gold:
+            found.add("".join(chars))
+        if len(found) == 3:
+            return sorted(found)
+    return []
+
+
+def write_task(path: Path, n: int, real_distractors: bool, seed: int = 0) -> Path:
+    """Contexts of Shakespeare's text; the gold continuation is the 8 characters that follow. Distractors
+    are the gold's characters shuffled (learnable: a model of English orders them; an untrained model
+    has nothing to tell them apart by) or text from elsewhere (harder)."""
+    text, rng = shakespeare_text(), random.Random(seed)
+    written = 0
+    with path.open("w") as f:
+        while written < n:
+            s = rng.randrange(0, len(text) - 100)
+            gold = text[s + 48 : s + 56]
+            others = [text[(o := rng.randrange(0, len(text) - 10)) : o + 8] for _ in range(3)] if real_distractors else shuffles(gold, rng)
+            if not others:
+                continue
+            g = rng.randrange(4)
+            others.insert(g, gold)
+            f.write(json.dumps({"context": text[s : s + 48], "continuations": others, "gold": g}) + "\n")
+            written += 1
+    return path
+
+
+def prepared_project(proj: Path, monkeypatch) -> Path:
+    """``proj/tok/tokenizer.json`` (a BPE), ``proj/data`` prepared with it as ``hf:tok/tokenizer.json`` (relative:
+    meta.json records it so), ``proj/run.toml`` training on it with its output in ``proj/out``."""
+    from plugins.data.prepare import main as prepare
+
+    tok = bpe(proj / "tok")
+    text = bytes(np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:60_000].astype(np.uint8)).decode("utf-8", "replace")
+    (proj / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n") if d.strip()))
+    monkeypatch.chdir(proj)
+    assert prepare(["--input", "corpus.jsonl", "--out", "data", "--tokenizer", "hf:tok/tokenizer.json", "--workers", "1", "--val-fraction", "0.1"]) == 0
+    cfg = write_tiny_config(proj, steps=3, global_batch_tokens=512)
+    cfg.write_text(cfg.read_text().replace(str(SHAKESPEARE), str(proj / "data")))
+    return tok
+
+
+# -- checkpoints and run folders ---------------------------------------------------------------
+
+
+def ckpt_dirs(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+
+
+def committed_steps(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
+
+
+def nonfinite_tensors(path: Path) -> int:
+    """NaN/inf tensors in a DCP checkpoint, read with DCP's own single-process loader."""
+    flat = flat_checkpoint(path)
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, dict):
+            for v in x.values():
+                yield from walk(v)
+
+    return sum(int(not torch.isfinite(t).all()) for t in walk(flat) if t.is_floating_point())
+
+
+# What another host's job writes in plait.lock when it takes a folder whose holder stopped renewing.
+THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 10.0, "renewals": 0}
+
+
+# -- the budget guard --------------------------------------------------------------------------
+
+
+def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
+    stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
+    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0, "projected_total_usd": projected, "last_update_utc": stamp}))
+    return path
+
+
+# -- the stall watchdog ------------------------------------------------------------------------
+
+TIMEOUT_S = 1.0  # what a test asserts does not happen waits a few of these: room for a loaded machine's scheduling
+ENDS_WITHIN_S = 60.0  # the wait for an end that must come: it returns once the end comes, long only on a loaded machine
+
+
+class Ending:
+    """What a watchdog did at its end: the exit code, and the exit_status.json it asked for."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.statuses: list[tuple] = []
+        self.done = threading.Event()
+
+    def write_status(self, code: int, reason: str, step: int, detail: str) -> None:
+        self.statuses.append((code, reason, step, detail))
+
+    def exit(self, code: int) -> None:
+        self.codes.append(code)
+        self.done.set()
+
+
+def steady_marks() -> Marks:
+    """Marks of a rank that has completed a step: the plain timeout applies."""
+    marks = Marks()
+    marks.progress("reading the data of step 1", 0)
+    marks.progress("after step 1", 1)
+    return marks
+
+
+def watch(marks: Marks, rank: int = 0, view: PeerView | None = None, timeout_s: float = TIMEOUT_S) -> tuple[Watchdog, Ending]:
+    ending = Ending()
+    dog = Watchdog(marks, timeout_s, ending.write_status, rank, view, end=ending.exit, grace_s=0.1)
+    dog.start()
+    return dog, ending

@@ -26,7 +26,6 @@ from model_specs.llama3.spec import Llama3Spec
 pytestmark = pytest.mark.slow
 
 REFUSED = "was saved with another model architecture"
-SECTION = {"name": "llama3", "flavor": "debug", "n_heads": 0, "n_kv_heads": 0, "norm_eps": 1e-5, "tie_embeddings": "flavor", "rope_theta": 0.0}
 
 
 # -- real runs --------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import time
@@ -10,12 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, read_metrics, run_module, torchrun
-
-
-def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
-    stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
-    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0, "projected_total_usd": projected, "last_update_utc": stamp}))
-    return path
+from shared import budget_file
 
 
 @pytest.fixture
@@ -104,17 +98,6 @@ def test_two_ranks_follow_rank_zero(guarded):
     proc = torchrun(2, *args, extra_env=env)
     assert proc.returncode != 0  # torchrun reports a non-zero child as failure
     assert status(tmp / "out")["exit_code"] == 75 and committed(tmp / "out") == ["step_000000001"]
-
-
-@pytest.fixture
-def clock(tmp_path, monkeypatch):
-    f = tmp_path / "clock"
-    f.write_text("1800000000")
-    import plugins.monitors.budget_guard as budget_guard
-
-    monkeypatch.setattr(budget_guard, "now", lambda: float(f.read_text().strip()))
-    monkeypatch.setattr(budget_guard, "elapsed", lambda: float(f.read_text().strip()), raising=False)  # the monotonic clock too
-    return f
 
 
 def test_preflight_refuses_over_cap_unless_forced(guarded):

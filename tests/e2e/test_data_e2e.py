@@ -7,14 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO, read_metrics, run_module
-
-CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
-
-
-def write(path, ids, dtype="uint16"):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.asarray(ids, dtype=dtype).tofile(path)
-
+from shared import write
 
 STAGES = '--monitors.enabled=["console", "jsonl", "seq_len_stages"]'
 

@@ -4,8 +4,6 @@ in the ids on the device, and a document mask without an end-of-document id is r
 
 from __future__ import annotations
 
-EOD = 7
-
 
 def test_a_run_trains_with_the_document_mask(tiny_config, tmp_path):
     from conftest import read_metrics, run_module

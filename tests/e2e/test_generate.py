@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, env, run_here, run_module, write_tiny_config
+from shared import SHAKESPEARE
+from shared import generate_error_line as one_line_error
 
-SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one intra-op thread (conftest.one_thread)
+
 PROMPT = "ROMEO: What"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two shared CPU cores: intra-op threads only contend here (a step of the tiny model takes ~1 ms on one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def train(tmp, data_path=SHAKESPEARE):
@@ -182,17 +176,6 @@ def test_sampling_is_seeded(bytes_ckpt, tmp_path, capsys):
     kw = dict(max_seq_len=loaded.spec.max_seq_len, vocab_limit=257)
     greedy = generate(loaded.model, ids, 12, **kw)
     assert generate(loaded.model, ids, 12, temperature=1.5, top_k=1, seed=5, **kw) == greedy  # top-1 is greedy
-
-
-def one_line_error(capsys, *args):
-    from core.cli.generate import main
-
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(list(map(str, args)))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("plait: error: ") and err.count("\n") == 1, err
-    return err
 
 
 def test_errors_one_line_exit_2(bytes_ckpt, tmp_path, capsys):

@@ -10,8 +10,6 @@ import subprocess
 from conftest import PY, REPO, env
 
 CORE = REPO / "core"
-# The library: what a run imports. core/cli/ (the commands) imports it, never the other way round.
-LIBRARY = [CORE]
 # python -m core.<name> for each command: it lives in core/cli/<name>.py
 SHIMS = ("train", "plan", "plugins", "export", "report", "generate", "eval")
 

@@ -2,21 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from core.cli.plan import main
-
-GUARD = '["console", "jsonl", "budget_guard"]'
-
-
-def plan_json(capsys, *args: str) -> dict:
-    assert main([*args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def plan_text(capsys, *args: str) -> str:
-    assert main(list(args)) == 0
-    return capsys.readouterr().out
+from shared import plan_json, plan_text
 
 
 def test_plan_names_the_checkpoint_it_would_resume_and_what_changed_since(tiny_config, capsys, tmp_path):

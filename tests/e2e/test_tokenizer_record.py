@@ -11,28 +11,11 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import REPO, run_module, write_tiny_config
-from shared import bpe
+from conftest import run_module
+from shared import prepared_project
 
-SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 CKPT = Path("out") / "checkpoints" / "step_000000003"
-
-
-def prepared_project(proj: Path, monkeypatch) -> Path:
-    """``proj/tok/tokenizer.json`` (a BPE), ``proj/data`` prepared with it as ``hf:tok/tokenizer.json`` (relative:
-    meta.json records it so), ``proj/run.toml`` training on it with its output in ``proj/out``."""
-    from plugins.data.prepare import main as prepare
-
-    tok = bpe(proj / "tok")
-    text = bytes(np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:60_000].astype(np.uint8)).decode("utf-8", "replace")
-    (proj / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in text.split("\n\n") if d.strip()))
-    monkeypatch.chdir(proj)
-    assert prepare(["--input", "corpus.jsonl", "--out", "data", "--tokenizer", "hf:tok/tokenizer.json", "--workers", "1", "--val-fraction", "0.1"]) == 0
-    cfg = write_tiny_config(proj, steps=3, global_batch_tokens=512)
-    cfg.write_text(cfg.read_text().replace(str(SHAKESPEARE), str(proj / "data")))
-    return tok
 
 
 def rewrite_state(ckpt: Path, state: dict) -> None:

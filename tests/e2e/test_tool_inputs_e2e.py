@@ -10,16 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_here, run_module, write_tiny_config
-
-
-def one_line_error(proc, *names: str) -> str:
-    """The single stderr line of a refused command; it names every one of ``names``."""
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(lines) == 1 and lines[0].startswith("plait: error: "), proc.stderr[-2000:]
-    for name in names:
-        assert name in lines[0], lines[0]
-    return lines[0]
+from shared import one_line_error
 
 
 @pytest.fixture(scope="module")

@@ -15,32 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import REPO, env, flat_checkpoint, run_module, torchrun_argv, write_tiny_config
+from conftest import REPO, env, run_module, torchrun_argv, write_tiny_config
+from shared import ckpt_dirs, committed_steps, nonfinite_tensors
 
 pytestmark = pytest.mark.slow
-
-
-def ckpt_dirs(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*"))
-
-
-def committed_steps(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
-
-
-def nonfinite_tensors(path: Path) -> int:
-    """NaN/inf tensors in a DCP checkpoint, read with DCP's own single-process loader."""
-    flat = flat_checkpoint(path)
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, dict):
-            for v in x.values():
-                yield from walk(v)
-
-    return sum(int(not torch.isfinite(t).all()) for t in walk(flat) if t.is_floating_point())
 
 
 def test_huge_learning_rate_never_writes_a_poisoned_checkpoint(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, env, run_here, run_module, write_tiny_config
+from shared import THEIRS
 
 pytestmark = pytest.mark.slow
 
@@ -337,10 +338,6 @@ def test_a_failed_save_never_deletes_a_folder_it_did_not_make(tmp_path):
     assert "checkpoint save at step 2 failed on rank 0: NotADirectoryError" in proc.stderr
     assert (root / "step_000000002" / "notes.txt").read_text() == "my notes\n"
     assert (root / "abandoned").read_text() == "not a folder\n"
-
-
-# What another host's job writes in plait.lock when it takes a folder whose holder stopped renewing.
-THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 10.0, "renewals": 0}
 
 
 @pytest.mark.parametrize("woken_in", ["its_lease", "its_save", "its_commit"])

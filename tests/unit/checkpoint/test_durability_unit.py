@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import flat_checkpoint, write_tiny_config
+from shared import ckpt_dirs, committed_steps, nonfinite_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -26,28 +27,6 @@ def trainer_for(cfg: Path, *overrides: str):
     t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
     t.build()
     return t
-
-
-def ckpt_dirs(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*"))
-
-
-def committed_steps(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
-
-
-def nonfinite_tensors(path: Path) -> int:
-    """NaN/inf tensors in a DCP checkpoint, read with DCP's own single-process loader."""
-    flat = flat_checkpoint(path)
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            yield x
-        elif isinstance(x, dict):
-            for v in x.values():
-                yield from walk(v)
-
-    return sum(int(not torch.isfinite(t).all()) for t in walk(flat) if t.is_floating_point())
 
 
 def poison_gradients(model: torch.nn.Module):
@@ -288,14 +267,6 @@ def test_setting_a_branch_aside_reaches_the_disk_before_the_marker_goes(tmp_path
 
 
 # --- one writer, and no orphans -------------------------------------------------------
-
-HOLDER = """
-import sys, time
-from core.runtime.ownership import lock_run_folders
-lock_run_folders([sys.argv[1]])
-print("locked", flush=True)
-time.sleep(600)
-"""
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", pytest.param("adamw8bit", marks=pytest.mark.bench)])  # adamw8bit: CI time

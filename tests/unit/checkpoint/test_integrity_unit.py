@@ -12,8 +12,6 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-STEP = "checkpoints/step_{:09d}"
-
 
 def test_the_fsync_dcp_asks_for_covers_the_whole_shard(tmp_path):
     """DCP fsyncs ``stream.fileno()`` before closing the stream; the checksumming stream hands over

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-NOTE = "the optimizer settings it holds differ from this run's"
-
 
 def stream_docs(tmp_path: Path) -> Path:
     path = tmp_path / "docs.jsonl"

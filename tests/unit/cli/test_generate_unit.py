@@ -7,19 +7,9 @@ import json
 
 import pytest
 import torch
-from conftest import REPO
+from shared import generate_error_line as one_line_error
 
-SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
-PROMPT = "ROMEO: What"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two shared CPU cores: intra-op threads only contend here (a step of the tiny model takes ~1 ms on one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # torch on one intra-op thread (conftest.one_thread)
 
 
 class Recorder(torch.nn.Module):
@@ -45,17 +35,6 @@ def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
     assert out == list(range(4, 24))
     assert model.lengths == [min(3 + i, 8) for i in range(20)]
     assert generate(Recorder(), [250], 20, max_seq_len=8, vocab_limit=257, eos_id=253) == [251, 252, 253]  # stops at EOS
-
-
-def one_line_error(capsys, *args):
-    from core.cli.generate import main
-
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(list(map(str, args)))
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("plait: error: ") and err.count("\n") == 1, err
-    return err
 
 
 def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from conftest import REPO
+from shared import plan_json, plan_text
 
 from core.cli.plan import main
 
 GUARD = '["console", "jsonl", "budget_guard"]'
-
-
-def plan_json(capsys, *args: str) -> dict:
-    assert main([*args, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def plan_text(capsys, *args: str) -> str:
-    assert main(list(args)) == 0
-    return capsys.readouterr().out
 
 
 def test_eta_and_cost_from_the_flags(tiny_config, capsys):

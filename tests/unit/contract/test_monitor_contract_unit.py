@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
 
 from core.config.registry import plugin_manager
 from core.contract.errors import PluginError
 from core.contract.hookspecs import hookimpl, register_monitor
-
-SEAMS = REPO / "tests" / "seams"
 
 
 class Good:

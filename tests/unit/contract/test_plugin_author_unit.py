@@ -17,76 +17,6 @@ from core.config import registry as registry_mod
 from core.contract.errors import PluginError
 from core.contract.options import option
 
-# A monitor whose verdict and failure depend on the rank: rank 1 alone skips step 2's update and
-# raises in step 3's plait_step_end, after writing what its rank's weights sum to.
-SPLIT = """
-import json, os
-from core.api import hookimpl
-
-class Split:
-    def __init__(self, options):
-        pass
-
-    @hookimpl
-    def plait_before_update(self, run, step):
-        return "skip" if run.dist.rank == 1 and step == 2 else None
-
-    @hookimpl
-    def plait_step_end(self, run, step):
-        if step == 3:
-            total = sum(float(p.detach().double().sum()) for p in run.model.parameters())
-            with open(os.path.join(run.output_dir, f"weights_{run.dist.rank}.json"), "w") as f:
-                json.dump(total, f)
-            if run.dist.rank == 1:
-                raise RuntimeError("rank 1's sensor broke")
-
-@hookimpl
-def plait_register(registry):
-    registry.add("monitor", "split", Split, doc="decides and fails on rank 1 alone")
-"""
-
-
-# A stream whose loader keeps a position per rank (``per_rank_state``) and declares no check_resume.
-STREAM = """
-import torch
-from core.api import hookimpl, log
-
-class Loader:
-    per_rank_state = True
-    may_end = True
-
-    def __init__(self, spec):
-        self.spec, self.n = spec, 0
-
-    def __iter__(self):
-        while True:
-            s = self.spec
-            ids = (torch.arange(s.micro_batch * (s.seq_len + 1)).view(s.micro_batch, -1) + self.n + s.dp_rank) % 50
-            self.n += 1
-            yield ids[:, :-1], ids[:, 1:]
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, state):
-        self.n = state["n"]
-
-class Counting:
-    def __init__(self, options):
-        pass
-
-    def validate(self, vocab_size, seq_len):
-        pass
-
-    def loader(self, spec):
-        log.info(f"counting: loader for rank {spec.dp_rank}", all_ranks=True)
-        return Loader(spec)
-
-@hookimpl
-def plait_register(registry):
-    registry.add("data", "counting", Counting, doc="a per-rank stream of counting ids")
-"""
-
 
 class Color(enum.Enum):
     RED = "red"
@@ -139,29 +69,6 @@ def test_options_toml_can_set_still_register():
     assert reg.names("lr_schedule") == ["fine-name_1"]
 
 
-KEEPS_A_SET = """
-import json, os
-from core.api import hookimpl
-
-class KeepsASet:
-    def __init__(self, options):
-        pass
-
-    @hookimpl
-    def plait_step_end(self, run, step):
-        run.state["seen"] = {"steps": {step}}
-
-    @hookimpl
-    def plait_train_end(self, run, reason):
-        with open(os.path.join(run.output_dir, "train_end.json"), "w") as f:
-            json.dump(reason, f)
-
-@hookimpl
-def plait_register(registry):
-    registry.add("monitor", "keeps_a_set", KeepsASet, doc="keeps a set in run.state")
-"""
-
-
 def test_a_monitor_that_fails_in_train_end_is_not_said_to_stop_the_run(capsys):
     """At ``plait_train_end`` the run is over; the line said "stopping the run" all the same."""
     from core.contract.hookspecs import hookimpl
@@ -178,47 +85,3 @@ def test_a_monitor_that_fails_in_train_end_is_not_said_to_stop_the_run(capsys):
     MonitorHub([("late", Late())]).emit("plait_train_end", run=run, reason="completed")
     err = capsys.readouterr().err
     assert "monitor 'late' failed in plait_train_end: OSError: upload failed; the run has ended; its exit code stands" in err, err
-
-
-HF_HABIT = """
-import torch.nn.functional as F
-from torch import nn
-from core.api import hookimpl
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb, self.blocks, self.head = nn.Embedding(512, 16), nn.ModuleList([nn.Linear(16, 16)]), nn.Linear(16, 512)
-
-    def forward(self, ids, labels=None):
-        logits = self.head(self.blocks[0](self.emb(ids)))
-        if labels is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten()), logits  # the Hugging Face habit
-
-class Spec:
-    vocab_size = 512
-
-    def __init__(self, options):
-        pass
-
-    def build(self):
-        return Net()
-
-    def init_weights(self, model):
-        for p in model.parameters():
-            nn.init.normal_(p, std=0.02)
-
-    def blocks(self, model):
-        return list(model.blocks)
-
-    def flops_per_token(self, seq_len):
-        return 6.0 * 16 * 1024
-
-    def activation_bytes(self, micro_batch, seq_len, bytes_per_element):
-        return micro_batch * seq_len * 1024 * bytes_per_element
-
-@hookimpl
-def plait_register(registry):
-    registry.add("model", "hf_habit", Spec, doc="forward returns (loss, logits)")
-"""

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO
+from shared import write
 
 from core.contract.errors import ConfigError, DataError
 from core.contract.protocols import LoaderSpec
@@ -61,11 +62,6 @@ def test_resume_at_other_world_size_continues_global_stream():
     rest = global_rows(src, steps=2, global_batch=8, dp_size=4, start=16)
     assert sorted(first) + sorted(rest) == list(range(32))  # nothing repeated, nothing skipped
     assert all(np.array_equal({**first, **rest}[i], straight[i]) for i in straight)
-
-
-def write(path, ids, dtype="uint16"):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.asarray(ids, dtype=dtype).tofile(path)
 
 
 @pytest.mark.parametrize(
@@ -151,9 +147,6 @@ def test_mixture_stages_switch_weights_by_run_fraction():
     assert (which[:500] == 0).all() and (which[500:] == 1).all()
     with pytest.raises(ConfigError, match="stage at 0.5 gives 1 weights for 2 sources"):
         Mixture(MixtureOptions(sources=sources, stages=[(0.0, [1.0, 0.0]), (0.5, [1.0])]))
-
-
-STAGES = '--monitors.enabled=["console", "jsonl", "seq_len_stages"]'
 
 
 def test_a_third_party_seq_len_schedule_is_checked():
@@ -246,35 +239,6 @@ def test_mixture_with_a_stream_refuses_a_resume_at_another_world_size(tmp_path):
     mixture.check_resume({"world_size": 2}, 2)
     with pytest.raises(DataError, match="stream source\\(s\\) qa saved their positions on 2 ranks, this run has 1"):
         mixture.check_resume({"world_size": 2}, 1)
-
-
-PER_SOURCE_SCRIPT = """
-import json, sys
-import numpy as np, torch
-from core.runtime import distributed
-from core.preflight.prepare import prepare
-from core.loop.trainer import Trainer
-from core.loop.validation import evaluate
-
-prep = prepare(sys.argv[1], [])
-info = distributed.init(prep.rc.train.device)
-trainer = Trainer(prep, info)
-trainer.build()
-opts = prep.rc.sections["validation"]
-seeds_before = [trainer.c["data"].seed] + [s.seed for s in trainer.c["data"].sources]  # what the training stream draws with
-loss = evaluate(trainer, opts)
-seeds_after = [trainer.c["data"].seed] + [s.seed for s in trainer.c["data"].sources]
-seq, micro = trainer.loader_spec.seq_len, trainer.loader_spec.micro_batch
-with torch.no_grad():  # the whole model on one constant sequence: every window of that source is this one
-    direct = {t: trainer.model(torch.full((1, seq), t), torch.full((1, seq), t)).item() for t in (7, 9)}
-picks = trainer.c["data"].choose(np.arange(opts.batches * micro * info.world_size))  # every rank's validation rows
-if info.is_main:
-    json.dump({"loss": float(loss), "type": type(loss).__name__, "parts": loss.parts, "direct": direct,
-               "rows_a": int((picks == 0).sum()), "rows_b": int((picks == 1).sum()), "world": info.world_size,
-               "seeds_kept": seeds_before == seeds_after}, open(sys.argv[2], "w"))
-trainer = None
-distributed.shutdown()
-"""
 
 
 def test_validation_parts_are_declared_and_checked():

@@ -11,8 +11,6 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)")
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-
 
 def test_prefetch_on_cuda_matches_the_synchronous_loader():
     """core.data.prefetch on CUDA: pinned host copies, device copies on a side stream; the consumer's

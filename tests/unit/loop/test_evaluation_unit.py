@@ -2,57 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import random
-from pathlib import Path
-
-import numpy as np
 import pytest
-from conftest import REPO
+from shared import write_task
 
 from core.contract.errors import ConfigError, DataError
 from core.loop import evaluation
-
-SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare"
-
-
-def shakespeare_text(chars: int = 200_000) -> str:
-    val = np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:chars]
-    return bytes(int(t) for t in val if t < 256).decode("utf-8", "replace")
-
-
-def shuffles(gold: str, rng: random.Random) -> list[str]:
-    """Three distinct orderings of ``gold``'s characters other than ``gold`` (same characters: only order tells), or []."""
-    found: set[str] = set()
-    for _ in range(50):
-        chars = list(gold)
-        rng.shuffle(chars)
-        if "".join(chars) != gold:
-            found.add("".join(chars))
-        if len(found) == 3:
-            return sorted(found)
-    return []
-
-
-def write_task(path: Path, n: int, real_distractors: bool, seed: int = 0) -> Path:
-    """Contexts of Shakespeare's text; the gold continuation is the 8 characters that follow. Distractors
-    are the gold's characters shuffled (learnable: a model of English orders them; an untrained model
-    has nothing to tell them apart by) or text from elsewhere (harder)."""
-    text, rng = shakespeare_text(), random.Random(seed)
-    written = 0
-    with path.open("w") as f:
-        while written < n:
-            s = rng.randrange(0, len(text) - 100)
-            gold = text[s + 48 : s + 56]
-            others = [text[(o := rng.randrange(0, len(text) - 10)) : o + 8] for _ in range(3)] if real_distractors else shuffles(gold, rng)
-            if not others:
-                continue
-            g = rng.randrange(4)
-            others.insert(g, gold)
-            f.write(json.dumps({"context": text[s : s + 48], "continuations": others, "gold": g}) + "\n")
-            written += 1
-    return path
-
 
 # -- task files -------------------------------------------------------------
 

@@ -183,16 +183,3 @@ def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_m
     run = Run(config={}, output_dir=Path("."), dist=DistInfo(), total_steps=5, tokens_per_step=8)
     (kept,) = MonitorHub([("m", Ignored())], vocab_size=512).emit("plait_replace_batch", run=run, step=1, micro=0, inputs=real, labels=real)
     assert kept is not None and run.stop is None
-
-
-# a rehearsed spike at step 10 that the spikes monitor answers with a rollback; a checkpoint every 3 steps
-ROLLBACK_AT_STEP_10 = (
-    "--optimizer.lr=3e-3",
-    '--monitors.enabled=["console", "jsonl", "spikes", "spike_rehearsal"]',
-    "--monitors.spike_rehearsal.at_step=10",
-    "--monitors.spike_rehearsal.steps=1",
-    "--monitors.spikes.action=rollback",
-    "--monitors.spikes.window=5",
-    "--monitors.spikes.min_steps=5",
-    "--checkpoint.every=3",
-)

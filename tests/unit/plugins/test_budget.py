@@ -6,12 +6,7 @@ import datetime
 import json
 
 import pytest
-
-
-def budget_file(path, spent, projected, age_s=0.0, clock=1_800_000_000.0):
-    stamp = datetime.datetime.fromtimestamp(clock - age_s, datetime.timezone.utc).isoformat()
-    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.5, "hours_elapsed": 3.0, "projected_total_usd": projected, "last_update_utc": stamp}))
-    return path
+from shared import budget_file
 
 
 def guard(tmp_path, **opts):

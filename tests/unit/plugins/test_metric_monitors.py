@@ -106,6 +106,3 @@ def test_mfu_arithmetic_and_no_guess_on_cpu(monkeypatch):
 
 def test_memory_adds_nothing_on_cpu():
     assert Memory(NoOptions()).plait_metrics(make_run()) == {}
-
-
-MONITORS = '--monitors.enabled=["jsonl", "mfu", "memory", "update_ratio"]'

@@ -9,30 +9,6 @@ import torch.distributed as tdist
 from core.contract.protocols import DistInfo
 from core.runtime.distributed import AGREE_MODES, ControlPlane, agree
 
-TWO_RANKS = r"""
-import json, sys
-import torch.distributed as tdist
-import torch.multiprocessing as mp
-
-def rank_main(rank, store_path, out):
-    from core.runtime.distributed import agree
-    tdist.init_process_group("gloo", store=tdist.FileStore(store_path, 2), rank=rank, world_size=2)
-    group = tdist.group.WORLD
-    got = {
-        "max": agree([rank, 5 - rank], "max", group),
-        "min": agree(7 + rank, "min", group),
-        "sum": agree([1, 0.25 * (rank + 1)], "sum", group),
-        "all": agree({"rank": rank, "why": f"r{rank}"}, "all", group),
-        "root": agree(f"from {rank}", "root", group),
-    }
-    with open(f"{out}.{rank}", "w") as f:
-        json.dump(got, f)
-    tdist.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.spawn(rank_main, args=(sys.argv[1], sys.argv[2]), nprocs=2)
-"""
-
 
 def test_one_process_gets_its_own_values_back():
     assert agree([3, 1], "max", None) == [3, 1]

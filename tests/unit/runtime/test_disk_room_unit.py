@@ -31,12 +31,3 @@ def test_a_disk_that_fills_before_the_run_ends_is_a_warning(tiny_config, capsys)
     assert main(["--config", str(tiny_config()), "--checkpoint.keep_latest=0", "--checkpoint.every=1", "--train.steps=100000000"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("plait: warning: [checkpoint].dir")]
     assert len(warnings) == 1 and "this run keeps up to 100,000,001 at once: the disk may fill before the run ends" in warnings[0], warnings
-
-
-VERIFY = """
-import json, sys
-from pathlib import Path
-from core.checkpoint.folders import committed, step_dirs, verify
-root = Path(sys.argv[1])
-print(json.dumps({"dirs": [p.name for p in step_dirs(root)], "verified": [verify(p)["step"] for p in committed(root)]}))
-"""

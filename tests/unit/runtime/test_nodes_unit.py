@@ -6,14 +6,9 @@ in the ``bench`` marker (``pytest -m bench``)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from conftest import REPO
 
 pytestmark = pytest.mark.slow
-
-SEAMS = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
 
 
 def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):

@@ -11,23 +11,9 @@ import json
 
 import pytest
 from conftest import run_here, write_tiny_config
+from shared import THEIRS
 
 pytestmark = pytest.mark.slow
-
-
-# A holder on another host whose file system does not share flock: it holds no lock this host can see,
-# and renews its record in plait.lock every 0.2 s, as core.runtime.ownership's holders do every LEASE_S.
-OTHER_HOST_HOLDER = """
-import json, os, sys, time
-path, n = sys.argv[1], 0
-while True:
-    record = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 0.2, "renewals": n}
-    with open(path, "w") as f:
-        f.write(json.dumps(record) + "\\n")
-    print("renewed", flush=True)
-    n += 1
-    time.sleep(0.2)
-"""
 
 
 def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch):
@@ -76,10 +62,6 @@ def test_a_record_read_while_its_holder_renews_it_always_parses(tmp_path, monkey
     assert renewals > 100 and unparsed == 0, (reads, unparsed, renewals)
 
 
-# What another host's job writes in plait.lock when it takes a folder whose holder stopped renewing.
-THEIRS = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 10.0, "renewals": 0}
-
-
 def test_plan_says_a_folder_looks_held_from_another_host_without_waiting(tmp_path):
     """``core.plan`` looks without claiming: it said nothing of another host's record, renewed and never
     released, where a start watches the record for two lease periods and stops if it is renewed."""
@@ -118,34 +100,3 @@ def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, l
         what = f"plait.lock is a symbolic link (to {notes})" if lock_file == "a_link" else "plait.lock is not a plain file"
         assert f"run folder {out}: {what}" in r.stderr, (module, r.stderr)
     assert notes.read_text() == "my notes\n" and not (out / "checkpoints").exists()
-
-
-# What a tool may leave in plait.lock: an editor's save of half a record, bytes that are no text, a
-# value nested without end, a JSON object that names no holder, a record of 10 MB.
-DAMAGED_RECORDS = {
-    "truncated": b'{"pid": 4242, "host": "node-b", "since": "2026-11-',
-    "garbage_bytes": bytes(range(256)) * 4,
-    "nested_without_end": b"[" * 100_000,
-    "names_no_holder": b'{"note": "edited by hand"}\n',
-    "ten_megabytes": json.dumps({"pad": "x" * 10_000_000}).encode(),
-}
-
-LOCAL_HOLDER = """
-import json, sys
-from core.runtime import ownership
-ownership.LEASE_S = 0.05
-ownership.lock_run_folders([sys.argv[1]])
-print("held", flush=True)
-sys.stdin.readline()  # the test damages the record meanwhile; the renewing thread looks at it
-import time
-deadline = time.monotonic() + 120  # five renewals over the damage: a wait on the file, long only on a loaded machine
-while time.monotonic() < deadline:
-    try:
-        if json.load(open(sys.argv[1] + "/plait.lock"))["renewals"] >= 5:
-            break
-    except (ValueError, KeyError, TypeError, RecursionError):  # the damage, until the first renewal over it
-        pass
-    time.sleep(0.05)
-ownership.fence()  # what each save and commit does
-print("renewals", json.load(open(sys.argv[1] + "/plait.lock"))["renewals"], flush=True)
-"""

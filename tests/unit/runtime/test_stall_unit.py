@@ -5,14 +5,9 @@ after the run's end is recorded, ends the process but keeps that record."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from conftest import REPO
 
 pytestmark = pytest.mark.slow
-
-SEAMS = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
 
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])

@@ -11,44 +11,11 @@ import time
 import pytest
 import torch.distributed as dist
 from conftest import free_port
+from shared import ENDS_WITHIN_S, TIMEOUT_S, steady_marks, watch
 
 from core.runtime.marks import Marks
 from core.runtime.peers import PeerView
-from core.runtime.watchdog import EXIT_STALLED, Watchdog
-
-TIMEOUT_S = 1.0  # what a test asserts does not happen waits a few of these: room for a loaded machine's scheduling
-ENDS_WITHIN_S = 60.0  # the wait for an end that must come: it returns once the end comes, long only on a loaded machine
-
-
-class Ending:
-    """What a watchdog did at its end: the exit code, and the exit_status.json it asked for."""
-
-    def __init__(self) -> None:
-        self.codes: list[int] = []
-        self.statuses: list[tuple] = []
-        self.done = threading.Event()
-
-    def write_status(self, code: int, reason: str, step: int, detail: str) -> None:
-        self.statuses.append((code, reason, step, detail))
-
-    def exit(self, code: int) -> None:
-        self.codes.append(code)
-        self.done.set()
-
-
-def steady_marks() -> Marks:
-    """Marks of a rank that has completed a step: the plain timeout applies."""
-    marks = Marks()
-    marks.progress("reading the data of step 1", 0)
-    marks.progress("after step 1", 1)
-    return marks
-
-
-def watch(marks: Marks, rank: int = 0, view: PeerView | None = None, timeout_s: float = TIMEOUT_S) -> tuple[Watchdog, Ending]:
-    ending = Ending()
-    dog = Watchdog(marks, timeout_s, ending.write_status, rank, view, end=ending.exit, grace_s=0.1)
-    dog.start()
-    return dog, ending
+from core.runtime.watchdog import EXIT_STALLED
 
 
 def background_writer(marks: Marks, stop: threading.Event) -> threading.Thread:
