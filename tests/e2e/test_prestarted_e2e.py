@@ -1,0 +1,54 @@
+"""The suite's warm-interpreter launcher (tests/prestarted.py) runs a command as a fresh interpreter
+and torchrun would: the same outputs, losses, exit codes, environment and working directory."""
+
+from __future__ import annotations
+
+import subprocess
+
+import prestarted
+import pytest
+from conftest import PY, REPO, env, read_metrics, real_torchrun, run_module, torchrun
+
+
+def fresh(module: str, *args: str, cwd=REPO, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=env(**(extra_env or {})), capture_output=True, text=True, timeout=300)
+
+
+def test_a_command_prints_and_exits_as_in_a_fresh_interpreter(tmp_path):
+    warm, cold = run_module("core.plugins"), fresh("core.plugins")
+    assert warm.returncode == cold.returncode == 0
+    assert warm.stdout == cold.stdout and "llama3" in warm.stdout
+    bad = ("--config", str(tmp_path / "missing.toml"))
+    warm, cold = run_module("core.train", *bad), fresh("core.train", *bad)
+    assert warm.returncode == cold.returncode == 2
+    assert warm.stderr == cold.stderr and "missing.toml" in warm.stderr
+
+
+def test_a_command_sees_its_own_working_directory_environment_and_path(tmp_path, tiny_config):
+    cfg = tiny_config(steps=2)
+    site = tmp_path / "site"
+    site.mkdir()
+    # A relative output folder lands in the command's working directory; a PYTHONPATH entry is importable
+    # (a data source of another package would be found the same way); the environment is the command's own.
+    (site / "probe_env.py").write_text("import os\nVALUE = os.environ.get('PLAIT_PROBE')\n")
+    (tmp_path / "use.toml").write_text(cfg.read_text().replace(f'"{tmp_path / "out"}"', '"rel_out"'))
+    proc = run_module("core.train", "--config", str(tmp_path / "use.toml"), cwd=tmp_path, extra_env={"PYTHONPATH": str(site), "PLAIT_PROBE": "seen"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "rel_out" / "metrics.jsonl").exists()
+    assert prestarted.can_run("core.train", env(PYTHONPATH=str(site)), env())
+    assert not prestarted.can_run("core.train", env(PYTHONPATH=str(REPO / "tests" / "seams")), env())  # a sitecustomize: fresh
+    assert not prestarted.can_run("plugins.data.prepare", env(), env())  # must start without torch: fresh
+
+
+@pytest.mark.slow
+def test_a_two_rank_job_has_torchruns_losses_and_exit_codes(tiny_config, tmp_path):
+    cfg = tiny_config(steps=4)
+    warm = torchrun(2, "--config", str(cfg), f"--train.output_dir={tmp_path / 'warm'}")
+    cold = real_torchrun(2, "--config", str(cfg), f"--train.output_dir={tmp_path / 'cold'}")
+    assert warm.returncode == cold.returncode == 0, warm.stderr[-2000:] + cold.stderr[-2000:]
+    assert [r["loss"] for r in read_metrics(tmp_path / "warm")] == [r["loss"] for r in read_metrics(tmp_path / "cold")]  # bitwise
+    # One rank refusing its input ends the job with exit 1, as under torchrun, without waiting on the other.
+    bad = ("--config", str(cfg), f"--train.output_dir={tmp_path / 'bad'}", f"--checkpoint.resume={tmp_path / 'nowhere'}")
+    warm, cold = torchrun(2, *bad, timeout=120), real_torchrun(2, *bad, timeout=120)
+    assert warm.returncode == cold.returncode == 1
+    assert "nowhere" in warm.stderr
