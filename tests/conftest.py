@@ -25,13 +25,23 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def run_module(module: str, *args: str, timeout: float = 300, cwd: Path = REPO, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+def run_module(
+    module: str, *args: str, timeout: float = 300, cwd: Path = REPO, extra_env: dict | None = None, address_space: int | None = None
+) -> subprocess.CompletedProcess:
     """``python -m module *args``: a plait command in a process forked from a warm interpreter
-    (:mod:`prestarted`) where that behaves the same, otherwise in a fresh one."""
+    (:mod:`prestarted`) where that behaves the same, otherwise in a fresh one. ``address_space``:
+    the process's ``RLIMIT_AS`` in bytes (a read that would take the machine's memory fails instead)."""
     full = env(**(extra_env or {}))
     if prestarted.can_run(module, full, env()):
-        return prestarted.run(module, list(args), nproc=1, env=full, base=env(), cwd=Path(cwd), timeout=timeout)
-    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+        return prestarted.run(module, list(args), nproc=1, env=full, base=env(), cwd=Path(cwd), timeout=timeout, address_space=address_space)
+
+    def limit() -> None:
+        import resource
+
+        if address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
 
 
 def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[str]:

@@ -86,6 +86,10 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
     code = 1
     try:
         os.setpgid(0, 0)
+        if req.get("address_space"):
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (req["address_space"], req["address_space"]))
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -161,10 +165,13 @@ def close_all() -> None:
         _slots.popitem()[1].close()
 
 
-def run(module: str, args: list[str], *, nproc: int, env: dict[str, str], base: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+def run(
+    module: str, args: list[str], *, nproc: int, env: dict[str, str], base: dict[str, str], cwd: Path, timeout: float, address_space: int | None = None
+) -> subprocess.CompletedProcess:
     """``python -m module *args`` (``nproc`` > 1: as a job of that many ranks) in forked processes:
     stdout and stderr of all ranks together, as torchrun's are; the exit code of the one process, or
-    of a job 0 when every rank ended 0 and 1 otherwise."""
+    of a job 0 when every rank ended 0 and 1 otherwise. ``address_space``: each process's
+    ``RLIMIT_AS`` in bytes."""
     store = None
     envs = [dict(env)]
     if nproc > 1:
@@ -198,7 +205,16 @@ def run(module: str, args: list[str], *, nproc: int, env: dict[str, str], base: 
         started = []
         for r, rank_env in enumerate(envs):
             warm = _slot(r, base)
-            req = {"op": "start", "module": module, "args": list(args), "env": rank_env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            req = {
+                "op": "start",
+                "module": module,
+                "args": list(args),
+                "env": rank_env,
+                "cwd": str(cwd),
+                "stdout": str(out),
+                "stderr": str(err),
+                "address_space": address_space,
+            }
             started.append((warm, warm.ask(req)["pid"]))
         codes = _wait(started, timeout, [sys.executable, "-m", module, *args])
         del store

@@ -137,7 +137,6 @@ def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_statu
 
 
 def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_path):
-    import resource
 
     from core.checkpoint.integrity import manifest_files
 
@@ -151,14 +150,11 @@ def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_pa
     manifest.update(manifest_files(ckpt, exclude="COMMITTED", known={}))  # checksums regenerated, as an attacker would
     (ckpt / "COMMITTED").write_text(json.dumps(manifest))
 
-    def cap_memory() -> None:  # without the check, the build fails here rather than exhausting the machine
-        resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
-
-    for argv in (
+    for argv in (  # a 16 GiB address space: without the check, the build fails there rather than exhausting the machine
         ["core.export", "--checkpoint", str(ckpt), "--format", "safetensors", "--out", str(tmp_path / "exported")],
         ["core.generate", "--checkpoint", str(ckpt), "--device", "cpu"],
     ):
-        r = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
+        r = run_module(*argv, address_space=16 << 30)
         line = one_error_line(r)
         assert f"checkpoint {ckpt} does not fit the model" in line, line
 
