@@ -1,10 +1,10 @@
 """A plait checkpoint as an lm-evaluation-harness model: ``plait`` (the optional extra ``eval``).
 
 Importing this module registers the model ``plait`` with lm-evaluation-harness
-(``lm_eval.api.registry``). ``python -m core.cli.lm_eval_model`` is lm-evaluation-harness's own
-command line with the model registered::
+(``lm_eval.api.registry``). ``plait lm-eval`` (or ``python -m core.cli.lm_eval_model``) is
+lm-evaluation-harness's own command line with the model registered::
 
-    python -m core.cli.lm_eval_model run --model plait --model_args checkpoint=DIR --tasks hellaswag
+    plait lm-eval run --model plait --model_args checkpoint=DIR --tasks hellaswag
 
 ``--model_args`` takes ``checkpoint`` (a checkpoint folder or an export, as ``core.generate``
 reads it), ``tokenizer`` (default: the one the checkpoint recorded), ``max_len`` (default: the
@@ -86,14 +86,17 @@ class PlaitLM(LM):
         return out
 
 
-def main() -> None:
-    """lm-evaluation-harness's command line, with ``plait`` registered."""
+def main(argv: list[str] | None = None) -> int:
+    """lm-evaluation-harness's command line (``argv``, default ``sys.argv[1:]``), with ``plait`` registered."""
     from lm_eval.__main__ import cli_evaluate
 
+    if argv is not None:
+        sys.argv = ["lm_eval", *argv]
     with torch.no_grad():
         cli_evaluate()
+    return 0
 
 
 if __name__ == "__main__":
     sys.argv[0] = "lm_eval"
-    main()
+    raise SystemExit(main())

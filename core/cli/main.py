@@ -18,6 +18,7 @@ from core.contract.errors import ConfigError, exit_bad_input
 class Command(NamedTuple):
     module: str  # its main(argv: list[str] | None) -> int runs the command
     summary: str
+    extra: str = ""  # the optional extra (pyproject.toml) whose libraries the module imports, if any
 
 
 COMMANDS: dict[str, Command] = {
@@ -28,6 +29,7 @@ COMMANDS: dict[str, Command] = {
     "generate": Command("core.cli.generate", "sample text from a checkpoint or an export"),
     "report": Command("core.cli.report", "a run's manifest, metrics CSV, curves and final weights"),
     "eval": Command("core.cli.eval", "score a checkpoint or an export on task and held-out files: a table and JSON"),
+    "lm-eval": Command("core.cli.lm_eval_model", "lm-evaluation-harness's command line with the model plait registered", extra="eval"),
 }
 
 
@@ -59,7 +61,17 @@ def main(argv: list[str] | None = None) -> int:
         exit_bad_input(
             ConfigError(f"command line: unknown command {name!r}{closest(name, COMMANDS)}; expected one of {', '.join(COMMANDS)} (see plait --help)")
         )
-    return importlib.import_module(command.module).main(rest)
+    try:
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as e:
+        if not command.extra or (e.name or "").startswith(("core", "plugins", "model_specs")):
+            raise
+        exit_bad_input(
+            ConfigError(
+                f"plait {name}: needs {(e.name or '?').split('.')[0]}, which is in the optional extra {command.extra!r}: pip install -e '.[{command.extra}]'"
+            )
+        )
+    return module.main(rest)
 
 
 if __name__ == "__main__":

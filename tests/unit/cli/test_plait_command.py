@@ -130,3 +130,29 @@ def test_plan_json_lists_the_problems_and_every_plugins_options(tiny_config, tmp
     assert got["problems"] == []
     assert got["options"]["optimizer"]["lr"] == 0.002 and got["options"]["data"]["seq_len"] == 128
     assert set(got["options"]) == {"model", "parallelism", "precision", "data", "optimizer", "lr_schedule", "monitors.console", "monitors.jsonl"}
+
+
+def test_lm_eval_is_the_harness_command_line_with_plait_registered(capsys, monkeypatch):
+    """``plait lm-eval ...`` is lm-evaluation-harness's own command line, with the model ``plait``
+    registered; without the extra 'eval' installed it is one line naming it, exit 2."""
+    import sys
+
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the optional extra 'eval' (in 'dev')")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as e:
+        plait.main(["lm-eval", "run", "--help"])
+    assert e.value.code == 0
+    assert "--model_args" in capsys.readouterr().out
+    from lm_eval.api.registry import get_model
+
+    from core.cli.lm_eval_model import PlaitLM
+
+    assert get_model("plait") is PlaitLM
+    for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if the extra were not installed
+    monkeypatch.delitem(sys.modules, "core.cli.lm_eval_model")
+    with pytest.raises(SystemExit) as e:
+        plait.main(["lm-eval", "--help"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert "plait lm-eval: needs lm_eval" in err and "pip install -e '.[eval]'" in err
