@@ -68,7 +68,7 @@ class Checkpointer:
         self.where, self.state, self.about, self.on_saved = where, state, about, on_saved
         self.opts, self.root, self.dist, self.group = where.opts, where.root, where.dist, where.group
         self.points = observed() if points is None else points
-        self.losses = retention.LossTally(where.dist.device, self.group)
+        self.losses = retention.LossTally(where.dist.device, self.group, measure_group=getattr(where.control, "group", None))
         self.retention = retention.Retention(self.root, self.opts, self.losses)
         self.contents = SaveContents(where, state, about)
         self.folders = StepFolders(where, self.retention, self.points)

@@ -70,8 +70,10 @@ class LossTally:
     checkpoint, which each save records with those of the run's other checkpoints still on disk
     (state.json ``weights_loss``, :func:`weights_losses`), so pruning one never loses another's."""
 
-    def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
+    def __init__(self, device: torch.device, group: Any, history: int = 1024, measure_group: Any = None) -> None:
         self.group = group  # the checkpoint's gloo group (None on one process)
+        # measure() runs at step boundaries, beside an async save's collectives on ``group`` (its own thread): not on it
+        self.measure_group = group if measure_group is None else measure_group
         self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
         self.losses = torch.zeros(history, dtype=torch.float32, device=device)  # since the last fold
         self.written = 0
@@ -105,7 +107,7 @@ class LossTally:
         every rank calls it at the same point (each step's boundary, and each save before it makes room)."""
         if self.first_step is None:
             return None
-        total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.group)
+        total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.measure_group)
         step, self.first_step = self.first_step, None
         self.measured[step] = total / ranks if math.isfinite(total) else None
         return step
