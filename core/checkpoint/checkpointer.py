@@ -68,8 +68,8 @@ class Checkpointer:
         self.where, self.state, self.about, self.on_saved = where, state, about, on_saved
         self.opts, self.root, self.dist, self.group = where.opts, where.root, where.dist, where.group
         self.points = observed() if points is None else points
-        self.retention = retention.Retention(self.root, self.opts)
-        self.losses = retention.LossTally(where.dist.device, self.group)
+        self.losses = retention.LossTally(where.dist.device, self.group, measure_group=getattr(where.control, "group", None))
+        self.retention = retention.Retention(self.root, self.opts, self.losses)
         self.contents = SaveContents(where, state, about)
         self.folders = StepFolders(where, self.retention, self.points)
         self.async_saves = AsyncSaves(where, self.contents)
@@ -127,6 +127,7 @@ class Checkpointer:
         path = step_dir(self.root, step)
         error: BaseException | None = None
         claimed, in_use = 1, None  # claimed: 1 ready, 0 skipped, -1 a folder of the run is another job's now
+        self.losses.measure()  # before make_room: a sound measurement of the newest releases the older ones (retention.held)
         try:
             if self.dist.is_main:
                 ownership.hold_run_folders()  # a run folder deleted or moved aside mid-run is locked again, or another job's
@@ -194,10 +195,22 @@ class Checkpointer:
         self.last_stall_s += self.async_saves.wait_for_copy(self.last_saved_step)
 
     def poll(self) -> None:
-        """Commit a finished async save (called at step boundaries; never blocks): every rank
+        """Called at step boundaries (never blocks): once a step measured the newest checkpoint's
+        weights, every rank agrees on that loss and rank 0 prunes what the checkpoint was holding
+        (:func:`core.checkpoint.retention.held`); and a finished async save is committed: every rank
         commits it, or agrees on its failure, at the same step."""
+        measured = self.losses.measure()
+        if measured is not None and self.dist.is_main and self.opts.keep_latest and step_dir(self.root, measured).is_dir():
+            in_flight = self.async_saves.pending.path if self.async_saves.pending is not None else None
+            self.retention.prune(self.lineage, in_flight)
         if self.async_saves.written_everywhere():
             self.wait()
+
+    def finish(self, diverged: bool) -> None:
+        """The run ends (after its last save is committed): unless it ``diverged``, the newest
+        checkpoint, which no step of this run will measure, holds no older one (rank 0 prunes)."""
+        if not diverged and self.dist.is_main and self.opts.keep_latest:
+            self.retention.prune(self.lineage, None, final=True)
 
     def wait(self) -> None:
         """Block until the save in flight is written, then commit it."""

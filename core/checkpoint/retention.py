@@ -15,10 +15,12 @@ Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
   pruning by step would delete each of its saves as soon as it is committed,
   and an automatic restart would continue the abandoned branch.
 * A checkpoint's loss is the one measured on its own weights, by the first step after it
-  (:func:`weights_losses`); until a later save records it, the checkpoint is unconfirmed. The
-  newest confirmed checkpoint is never pruned while only unconfirmed ones are newer, and the
-  lowest-loss one is chosen by these losses, so a save whose update blew the weights up never
-  passes for the best.
+  (:func:`weights_losses`; the run's own measurements from memory, :class:`LossTally`, at once).
+  With ``keep_measured`` (the default) the lowest-loss one is chosen by these losses, and the newest
+  checkpoint with a sound measurement (:func:`held`) stays beyond ``keep_latest`` while a newer one
+  is unmeasured or measured non-finite or over 20% higher: a save whose update
+  blew the weights up never passes for the best, nor prunes the last sound one. A step measuring the
+  newest as sound releases the older one at once; so does the end of a run that did not diverge.
 * ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) goes back to the
   checkpoint with the lowest loss measured on its weights, in one line that names it and why; an
   explicit ``checkpoint.resume`` overrides it (:func:`after_divergence`).
@@ -68,13 +70,16 @@ class LossTally:
     checkpoint, which each save records with those of the run's other checkpoints still on disk
     (state.json ``weights_loss``, :func:`weights_losses`), so pruning one never loses another's."""
 
-    def __init__(self, device: torch.device, group: Any, history: int = 1024) -> None:
+    def __init__(self, device: torch.device, group: Any, history: int = 1024, measure_group: Any = None) -> None:
         self.group = group  # the checkpoint's gloo group (None on one process)
+        # measure() runs at step boundaries, beside an async save's collectives on ``group`` (its own thread): not on it
+        self.measure_group = group if measure_group is None else measure_group
         self.total = torch.zeros(2, dtype=torch.float64, device=device)  # [sum of finite losses, their count]
         self.losses = torch.zeros(history, dtype=torch.float32, device=device)  # since the last fold
         self.written = 0
         self.first = torch.zeros((), dtype=torch.float64, device=device)  # the first loss since the last save
-        self.first_step: int | None = None  # the step of the weights it was measured on
+        self.first_step: int | None = None  # the step of the weights it was measured on, until measure()
+        self.armed = True  # the next step's loss is measured on a checkpoint's weights (set by a save, a resume)
         self.measured: dict[int, float | None] = {}  # step -> the loss measured on that checkpoint's weights
 
     def add(self, loss: torch.Tensor, weights_step: int | None = None) -> None:
@@ -84,25 +89,35 @@ class LossTally:
             self.fold()
         self.losses[self.written].copy_(loss.detach())
         self.written += 1
-        if self.first_step is None and weights_step is not None:
+        if self.armed and weights_step is not None:
             self.first.copy_(loss.detach())
-            self.first_step = weights_step
+            self.first_step, self.armed = weights_step, False
 
     def resumed(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's state.json: the losses it records; the next step measures its weights."""
-        self.first_step = None
+        self.first_step, self.armed = None, True
         recorded = state.get("weights_loss")
         items = recorded.items() if isinstance(recorded, dict) else ()
         self.measured = {int(k): float(v) for k, v in items if str(k).isdigit() and isinstance(v, (int, float)) and math.isfinite(v)}
 
+    def measure(self) -> int | None:
+        """Agree on the loss the first step after the last save measured (the mean over every rank;
+        None if not finite on some rank) and keep it in :attr:`measured`; the step of the weights it
+        was measured on, or None if there was none to agree on. A collective when one was taken:
+        every rank calls it at the same point (each step's boundary, and each save before it makes room)."""
+        if self.first_step is None:
+            return None
+        total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.measure_group)
+        step, self.first_step = self.first_step, None
+        self.measured[step] = total / ranks if math.isfinite(total) else None
+        return step
+
     def weights_loss_and_reset(self, root: Path, step: int) -> dict[str, float | None]:
         """For the save of ``step`` in ``root``: ``{"<step>": loss}`` for each earlier checkpoint still in
-        ``root`` whose weights a step measured, this save's measurement (the mean over every rank;
-        None if not finite on some rank) included. A collective: every rank calls it."""
-        if self.first_step is not None:
-            total, ranks = distributed.agree([float(self.first.item()), 1.0], "sum", self.group)
-            self.measured[self.first_step] = total / ranks if math.isfinite(total) else None
-            self.first_step = None
+        ``root`` whose weights a step measured (:meth:`measure`, called here too: a collective, every
+        rank calls it); the next step's loss is then measured on this save's weights."""
+        self.measure()
+        self.armed = True
         self.measured = {s: v for s, v in self.measured.items() if s < step and step_dir(root, s).is_dir()}
         return {str(s): v for s, v in sorted(self.measured.items())}
 
@@ -235,6 +250,49 @@ def weights_losses(states: dict[Path, dict[str, Any]]) -> dict[Path, float]:
     return found
 
 
+def measurements(states: dict[Path, dict[str, Any]], memory: dict[int, float | None] | None = None) -> dict[Path, float | None]:
+    """Each checkpoint's measured loss, as :func:`weights_losses` reads it, None where it was measured
+    non-finite, with this run's measurements still in memory (``memory``: step -> loss, :class:`LossTally`)
+    added: a checkpoint missing here is unmeasured."""
+    by_step = {step_of(p): p for p in states}
+    found: dict[Path, float | None] = {}
+    recorded = [state.get("weights_loss") for state in states.values()] + [memory or {}]
+    for entries in recorded:
+        for key, loss in entries.items() if isinstance(entries, dict) else ():
+            path = by_step.get(int(key)) if str(key).isdigit() else None
+            if path is None:
+                continue
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+                found[path] = float(loss)
+            elif loss is None or isinstance(loss, float):
+                found.setdefault(path, None)
+    return found
+
+
+JUMP, JUMP_NATS = 1.2, 0.1  # a measured loss above JUMP times the last sound one's plus JUMP_NATS shows the weights diverged
+
+
+def held(paths: list[Path], measured: dict[Path, float | None], final: bool = False) -> set[Path]:
+    """Of a run's checkpoints ``paths`` (oldest first) with their ``measured`` losses (:func:`measurements`),
+    the one kept beyond ``keep_latest``: the newest *sound* one (a finite loss, at most ``JUMP`` times the
+    sound one before it plus ``JUMP_NATS``), while a newer one is unmeasured (the newest, until the step after it
+    measures it; not when ``final``: the run ended without diverging) or measured unsound. None otherwise."""
+    sound: Path | None = None
+    diverging = False
+    for p in paths:
+        if p not in measured:
+            continue
+        loss = measured[p]
+        if loss is not None and (sound is None or loss <= JUMP * (measured[sound] or 0.0) + JUMP_NATS):
+            sound, diverging = p, False
+        else:
+            diverging = True
+    if sound is None or sound == paths[-1]:
+        return set()
+    pending = not final and paths[-1] not in measured
+    return {sound} if diverging or pending else set()
+
+
 def lowest(losses: dict[Path, float]) -> Path:
     """The checkpoint with the lowest of ``losses``; of equal ones, the newest."""
     return min(sorted(losses, key=step_of, reverse=True), key=losses.__getitem__)
@@ -243,21 +301,22 @@ def lowest(losses: dict[Path, float]) -> Path:
 class Retention:
     """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
 
-    def __init__(self, root: Path, opts: CheckpointOptions) -> None:
-        self.root, self.opts = root, opts
+    def __init__(self, root: Path, opts: CheckpointOptions, losses: LossTally | None = None) -> None:
+        self.root, self.opts, self.losses = root, opts, losses  # losses: the run's measurements in memory
         self.said_lowest: Path | None = None
 
-    def prune(self, lineage: str, in_flight: Path | None) -> None:
-        """Apply the retention rules after a commit (rank 0). With ``keep_latest = 0`` every
+    def prune(self, lineage: str, in_flight: Path | None, final: bool = False) -> None:
+        """Apply the retention rules after a commit, after a step measured the newest checkpoint, and
+        as a run that did not diverge ends (``final``) (rank 0). With ``keep_latest = 0`` every
         checkpoint stays and only the newest sound one is looked for: verifying them all after each
         commit made every save slower than the one before (soak: 2 ms more per checkpoint kept).
         A folder that cannot be read or deleted is one warning; the commit stands and training goes on."""
         try:
-            self._prune(lineage, in_flight)
+            self._prune(lineage, in_flight, final)
         except OSError as e:
             log.warn(f"pruning old checkpoints in {self.root} failed ({e.strerror or e}: {e.filename or self.root}); they stay, and training goes on")
 
-    def _prune(self, lineage: str, in_flight: Path | None) -> None:
+    def _prune(self, lineage: str, in_flight: Path | None, final: bool) -> None:
         if not self.opts.keep_latest:
             if (newest := newest_verified(self.root, lineage)) is not None:
                 self.remove_interrupted(lineage, newest, in_flight)
@@ -266,13 +325,22 @@ class Retention:
         if not good:
             return
         paths = list(good)
-        keep = best_paths(self.root) | {paths[-1]} | self.newest_confirmed(good)
-        if self.opts.keep_lowest_loss:
-            keep |= self.lowest_loss(good)
+        keep = self.kept(good, say=True, final=final)
         for old in paths[: -self.opts.keep_latest]:
             if old not in keep:
                 remove(old)
         self.remove_interrupted(lineage, paths[-1], in_flight)
+
+    def kept(self, good: dict[Path, dict[str, Any]], say: bool, final: bool = False) -> set[Path]:
+        """Of this run's verified checkpoints ``good`` (oldest first), those kept whatever their age:
+        the newest, the best ones, the lowest-loss one and, with ``keep_measured``, the :func:`held` one."""
+        keep = best_paths(self.root) | {list(good)[-1]}
+        measured = measurements(good, self.losses.measured if self.losses is not None else None) if self.opts.keep_measured else {}
+        if self.opts.keep_measured:
+            keep |= held(list(good), measured, final)
+        if self.opts.keep_lowest_loss:
+            keep |= self.lowest_loss(good, measured, say)
+        return keep
 
     def remove_interrupted(self, lineage: str, newest: Path, in_flight: Path | None) -> None:
         """This run's interrupted saves older than its newest verified checkpoint ``newest``."""
@@ -288,29 +356,25 @@ class Retention:
         if not self.opts.keep_latest:
             return []
         paths = list(good)
-        keep = best_paths(self.root) | {paths[-1]} | self.newest_confirmed(good)
-        if self.opts.keep_lowest_loss:
-            keep |= self.lowest_loss(good, say=False)
+        keep = self.kept(good, say=False)  # the next save is unmeasured then: it holds the newest sound one
         return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
 
-    def newest_confirmed(self, good: dict[Path, dict[str, Any]]) -> set[Path]:
-        """With ``keep_measured``, the newest checkpoint whose weights a later step measured with a finite
-        loss: while only unconfirmed ones are newer (the run may be diverging from them), it is never pruned."""
-        measured = weights_losses(good) if self.opts.keep_measured else {}
-        return {max(measured, key=step_of)} if measured else set()
-
-    def lowest_loss(self, good: dict[Path, dict[str, Any]], say: bool = True) -> set[Path]:
+    def lowest_loss(self, good: dict[Path, dict[str, Any]], measured: dict[Path, float | None], say: bool = True) -> set[Path]:
         """The checkpoint with the lowest training loss (none if none has one): with ``keep_measured``,
-        the loss measured on its own weights (:func:`weights_losses`), else ``train_loss``, the mean of
-        the steps before it. One line when it is kept beyond ``keep_latest`` (``say``)."""
+        the loss ``measured`` on its own weights (:func:`measurements`), kept unless it is the newest
+        measured one (then no later one measured worse; :func:`held` keeps it while the newer ones are
+        unmeasured), else ``train_loss``, the mean of the steps before it. One line when it is kept
+        beyond ``keep_latest`` (``say``)."""
         if self.opts.keep_measured:
-            losses, on = weights_losses(good), "measured on its weights"
+            losses, on = {p: loss for p, loss in measured.items() if loss is not None}, "measured on its weights"
         else:
             losses, on = {p: loss for p, s in good.items() if (loss := train_loss(s)) is not None}, "the steps before it"
         if not losses:
             return set()
         best = lowest(losses)
         newest = max(losses, key=step_of)
+        if self.opts.keep_measured and best == max(measured, key=step_of):
+            return set()
         beyond = self.opts.keep_latest and best not in list(good)[-self.opts.keep_latest :]
         if say and beyond and best != self.said_lowest and newest != best:
             log.warn(

@@ -110,8 +110,8 @@ class CheckpointOptions:
         "also keep this run's checkpoint with the lowest training loss, so a loss that rises without reaching NaN never prunes every good one",
     )
     keep_measured: bool = option(
-        False,
-        "judge checkpoints by the loss the next step measured on their weights: the lowest-loss one (keep_lowest_loss) by it, and the newest measured one never pruned (one more checkpoint on disk)",
+        True,
+        "judge checkpoints by the loss the next step measured on their weights: the lowest-loss one by it, and the last sound one kept while newer ones are unmeasured or diverged",
     )
     initial_load: str = option("", "weights to start from when not resuming: a checkpoint folder, a safetensors export or a Hugging Face folder", path=True)
     allow_foreign: bool = option(

@@ -309,6 +309,7 @@ class Trainer:
         if policy.final_save(reason, ckpt.opts.at_end, ckpt.opts.on_stop, wants) and not self.save_checkpoint(run.step, use_async=False):
             reason = policy.DIVERGED
         ckpt.wait()
+        ckpt.finish(diverged=reason == policy.DIVERGED or (run.stop is not None and run.stop.exit_code == EXIT_NONFINITE))
         watchdog.progress("ending the run: stopping the data loader's read-ahead thread")  # teardown is watched too
         self.close_loader()
         self.monitors.emit("plait_train_end", run=run, reason=reason)

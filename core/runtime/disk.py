@@ -64,4 +64,4 @@ def kept_at_once(opts: Any, total_steps: int) -> int:
     saves = (total_steps // opts.every if opts.every else 0) + 1  # the end's, or a stop's
     if not opts.keep_latest:
         return saves
-    return min(saves, max(opts.keep_latest, 2) + int(opts.keep_lowest_loss) + int(opts.keep_measured) + opts.keep_best)
+    return min(saves, max(opts.keep_latest, 2) + int(opts.keep_lowest_loss) + opts.keep_best)

@@ -11,10 +11,12 @@ real DCP checkpoints; the branch resume runs on two gloo ranks.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
 
 pytestmark = pytest.mark.slow
@@ -45,7 +47,8 @@ def test_a_diverging_loss_never_prunes_the_lowest_loss_checkpoint(tmp_path):
 
 
 def test_keep_lowest_loss_off_prunes_by_step_alone(tmp_path):
-    cfg = write_tiny_config(tmp_path, steps=14, body="[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 2\nkeep_latest = 2\nkeep_lowest_loss = false\n")
+    body = "[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 2\nkeep_latest = 2\nkeep_lowest_loss = false\nkeep_measured = false\n"  # on, the jump holds step 6
+    cfg = write_tiny_config(tmp_path, steps=14, body=body)
     root = tmp_path / "out" / "checkpoints"
     assert run_module("core.train", "--config", str(cfg), "--train.steps=6").returncode == 0
     r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=3.0")
@@ -227,7 +230,8 @@ def test_a_diverged_update_is_never_kept_as_the_best_and_the_next_start_goes_bac
     assert "step_000000002" in kept and newest != "step_000000002", kept  # the good checkpoint survives keep_latest = 1
     measured = weights_loss(root / newest)
     assert measured["2"] < measured["3"], measured  # step 3's weights (after the 1e6 update) measured worse
-    assert train_loss(root / "step_000000003") == pytest.approx(measured["2"])  # train_loss: the steps before the save
+    before = str(int(newest.removeprefix("step_")) - 1)  # step 3 is pruned: its weights measured worse, neither lowest nor sound
+    assert train_loss(root / newest) == pytest.approx(measured[before])  # train_loss: the steps before the save
 
     capsys.readouterr()
     assert plan.main(["--config", str(cfg)]) == 0
@@ -244,6 +248,36 @@ def test_a_diverged_update_is_never_kept_as_the_best_and_the_next_start_goes_bac
     assert list(weights_loss(root / "step_000000003")) == ["2"]  # the new step 3 continued from step 2
     (aside,) = (root / "abandoned").iterdir()
     assert newest in steps_in(aside), steps_in(aside)  # the diverged saves are kept, out of the way
+
+
+def test_with_default_retention_an_update_that_blows_the_weights_up_never_prunes_the_sound_checkpoint(tmp_path):
+    """Issue 34, item 1, with the default retention (every = 1, keep_latest = 1): two good steps, then
+    an LR of 5e4, whose first update (step 3, its loss measured on step 2's sound weights) blows the
+    weights up to about 5e4; the run ends diverged (exit 3). Step 3's save was labelled with a finite
+    loss and pruned step 2; every restart resumed the blown-up weights. Now step 2 is held until a step
+    measures the newer one, and that one measures worse: it survives, and the next start goes back to
+    it, in one line that says which and why."""
+    cfg = write_tiny_config(tmp_path, steps=12, body='[optimizer]\nlr = 0.3\n[lr_schedule]\nname = "constant"\n[checkpoint]\nevery = 1\nkeep_latest = 1\n')
+    out, root = tmp_path / "out", tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg), "--train.steps=2").returncode == 0
+    assert steps_in(root) == ["step_000000002"]
+    r = run_module("core.train", "--config", str(cfg), "--optimizer.lr=5e4")
+    assert r.returncode == 3 and json.loads((out / "exit_status.json").read_text())["reason"] == "diverged", r.stderr[-2000:]
+    kept = steps_in(root)
+    assert kept[0] == "step_000000002" and len(kept) == 2, kept  # the sound one, and the newest
+    measured = weights_loss(root / kept[-1])
+    assert math.isfinite(measured["2"]) and (measured.get("3") is None or measured["3"] > measured["2"]), measured
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(root / kept[-1], tmp_path / "newest.pt")
+    blown = max(float(t.abs().max()) for t in torch.load(tmp_path / "newest.pt", weights_only=True)["model"].values())
+    assert blown > 1e4, blown  # the newest holds the blown-up weights
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=3", "--optimizer.lr=0.3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [line for line in r.stderr.splitlines() if "diverged" in line]
+    assert 'resume = "auto" goes back to step_000000002' in line and "stopped as diverged at step" in line, line
+    assert f"resumed from {root / 'step_000000002'} at step 2" in r.stdout + r.stderr
+    assert list(weights_loss(root / "step_000000003")) == ["2"]  # step 3 trained again, from step 2
 
 
 def test_a_run_that_diverged_before_any_sound_checkpoint_says_so(tmp_path, capsys):

@@ -74,3 +74,31 @@ def test_each_save_records_the_loss_measured_on_each_earlier_checkpoints_weights
         tmp_path / "step_000000006": {"weights_loss": {"2": 5.0, "4": None}},
     }
     assert weights_losses(states) == {tmp_path / "step_000000002": 5.0}  # step 4 and 6: unconfirmed
+
+
+def test_the_last_sound_checkpoint_is_held_while_a_newer_one_is_unmeasured_or_diverged(tmp_path):
+    """retention.held: the newest checkpoint measured sound is kept beyond keep_latest while a newer
+    one is unmeasured (not at the end of a run that did not diverge), non-finite or over 20% higher;
+    a sound measurement of the newest releases it. Memory's measurements count as the disk's."""
+    import torch
+
+    from core.checkpoint.retention import LossTally, held, measurements
+
+    p = [tmp_path / f"step_{s:09d}" for s in (1, 2, 3, 4)]
+    assert held(p[:2], {p[0]: 5.0}) == {p[0]}  # step 2 unmeasured: step 1 held
+    assert held(p[:2], {p[0]: 5.0}, final=True) == set()  # a run that ends without diverging releases it
+    assert held(p[:2], {p[0]: 5.0, p[1]: 4.9}) == set()  # measured sound: released
+    assert held(p[:2], {p[0]: 5.0, p[1]: 5.5}) == set()  # noise is no divergence
+    assert held(p[:3], {p[0]: 5.0, p[1]: None}, final=True) == {p[0]}  # measured non-finite
+    assert held(p[:3], {p[0]: 5.0, p[1]: 6.24, p[2]: 6.24}, final=True) == {p[0]}  # over 20% higher: weights blown up
+    assert held(p, {p[0]: 5.0, p[1]: 60.0, p[2]: 4.8}) == {p[2]}  # recovered: the newer sound one is held instead
+    assert held(p[:2], {p[0]: None}) == set()  # nothing sound to hold
+    states = {p[0]: {}, p[1]: {"weights_loss": {"1": 5.0}}, p[2]: {"weights_loss": {"1": 5.0, "2": None}}}
+    assert measurements(states, {3: 4.0, 9: 1.0}) == {p[0]: 5.0, p[1]: None, p[2]: 4.0}
+    tally = LossTally(torch.device("cpu"), None)
+    assert tally.measure() is None  # nothing taken yet: no collective
+    tally.add(torch.tensor(3.0), weights_step=2)
+    tally.add(torch.tensor(2.0), weights_step=3)  # taken only once per save
+    assert tally.measure() == 2 and tally.measured == {2: 3.0} and tally.measure() is None
+    tally.add(torch.tensor(1.0), weights_step=4)
+    assert tally.measure() is None  # not armed again until the next save
