@@ -6,7 +6,8 @@ the suite starts some hundreds of them. Here a *warm interpreter* (one per pytes
 slot, started on first use) imports those once, then forks one process per command. Each is a real
 process with its own pid, process group, working directory, environment, stdout/stderr files and
 exit code, running the module as ``python -m`` does (``runpy``, ``sys.argv``, ``PYTHONPATH`` entries
-first on ``sys.path``, then thread joins and exit handlers at its end). plait's own modules are
+first on ``sys.path`` and a ``sitecustomize`` there imported first, as the test seams are; thread
+joins and exit handlers at its end). plait's own modules are
 imported in the fork, never in the warm interpreter, so they see the command's environment.
 
 The ranks of a job rendezvous as torchrun's do: each gets torchrun's variables (``RANK``,
@@ -17,8 +18,8 @@ first rank to fail has the others stopped (SIGTERM, then SIGKILL after 30 s), an
 code is 1 when any rank failed.
 
 Not for: the launchers themselves (their tests run real ``torchrun`` and ``plait train --nproc``),
-a command that must start without torch, a ``sitecustomize`` on ``PYTHONPATH`` (the kill-point
-seams) or another ``OMP_NUM_THREADS``: :func:`can_run` sends those to a fresh interpreter.
+a command that must start without torch, or another ``OMP_NUM_THREADS``: :func:`can_run` sends
+those to a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -46,9 +47,7 @@ def can_run(module: str, env: dict[str, str], base: dict[str, str]) -> bool:
         return False
     if env.get("OMP_NUM_THREADS") != base.get("OMP_NUM_THREADS"):
         return False
-    if any(env.get(k) != base.get(k) for k in ("PYTHONHASHSEED", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE")):
-        return False
-    return not any((Path(p) / "sitecustomize.py").exists() for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)
+    return all(env.get(k) == base.get(k) for k in ("PYTHONHASHSEED", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE"))
 
 
 # --- the warm interpreter ------------------------------------------------------------------------
@@ -80,6 +79,7 @@ def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
 
 def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs in the fork)
     import atexit
+    import importlib
     import runpy
     import traceback
 
@@ -102,6 +102,9 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
         os.close(devnull)
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [req["cwd"], *extra, *base_path]
+        if any(os.path.exists(os.path.join(p, "sitecustomize.py")) for p in extra):
+            sys.modules.pop("sitecustomize", None)  # as at interpreter start: the first on sys.path, before the command
+            importlib.import_module("sitecustomize")
         sys.argv = ["-m", *req["args"]]
         try:
             runpy.run_module(req["module"], run_name="__main__", alter_sys=True)

@@ -36,8 +36,20 @@ def test_a_command_sees_its_own_working_directory_environment_and_path(tmp_path,
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "rel_out" / "metrics.jsonl").exists()
     assert prestarted.can_run("core.train", env(PYTHONPATH=str(site)), env())
-    assert not prestarted.can_run("core.train", env(PYTHONPATH=str(REPO / "tests" / "seams")), env())  # a sitecustomize: fresh
     assert not prestarted.can_run("plugins.data.prepare", env(), env())  # must start without torch: fresh
+    assert not prestarted.can_run("core.train", env(OMP_NUM_THREADS="2"), env())  # read when torch loads: fresh
+
+
+def test_a_sitecustomize_on_pythonpath_acts_as_at_interpreter_start(tiny_config, tmp_path):
+    """The test seams (tests/seams/sitecustomize.py) patch plait before the command runs, warm as fresh."""
+    cfg = tiny_config(steps=4)
+    seams = {"PYTHONPATH": str(REPO / "tests" / "seams"), "PLAIT_TEST_CRASH_AT_STEP": "3"}
+    runs = []
+    for name, run in (("warm", run_module), ("cold", fresh)):
+        proc = run("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / name}", extra_env=seams)
+        runs.append(proc)
+        assert proc.returncode != 0 and [r["step"] for r in read_metrics(tmp_path / name)] == [1, 2], proc.stderr[-2000:]
+    assert runs[0].returncode == runs[1].returncode
 
 
 @pytest.mark.slow
