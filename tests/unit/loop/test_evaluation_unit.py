@@ -42,6 +42,25 @@ def test_missing_empty_and_twice_named_task_files_are_refused(tmp_path):
         evaluation.read_tasks([one, two])
 
 
+def test_a_text_the_tokenizer_cannot_encode_is_one_error_naming_the_file_and_line(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"context": "a", "continuations": [" b"], "gold": 0}\n{"context": "\u00e9t\u00e9", "continuations": [" c", " "], "gold": 0}\n')
+    task = evaluation.read_task(f)
+
+    def ascii_only(text: str) -> list[int]:
+        return list(text.encode("ascii"))
+
+    for encode, vocab, says in (
+        (ascii_only, 256, ":2: the tokenizer cannot encode this example (UnicodeEncodeError"),
+        (lambda text: list(text.strip().encode("utf-8")), 256, ":2: the context or a continuation encodes to no tokens"),
+        (lambda text: [200] * max(1, len(text)), 100, ":1: token id 200 is at or above the model's vocabulary size 100"),
+    ):
+        with pytest.raises(DataError) as e:
+            evaluation.encode_task(task, encode, 0, vocab)
+        assert str(e.value).startswith(str(f)) and says in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert evaluation.encode_task(evaluation.Task("t", f, task.examples[:1]), ascii_only, 0, 256) == [([97], [[32, 98]])]
+
+
 # -- scoring ---------------------------------------------------------------
 
 
