@@ -195,3 +195,8 @@ def run_here(module: str, *args: str, cwd: Path | None = None) -> subprocess.Com
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess([module, *args], code, out, err)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The warm interpreters of this pytest process end with it (:mod:`prestarted`)."""
+    prestarted.close_all()
