@@ -1,16 +1,13 @@
 """Every rank must write into the same checkpoint folder: one folder that every node sees.
 
-A DCP save writes each rank's shards into the checkpoint folder, and rank 0 alone commits it. On
-several nodes whose ``checkpoint.dir`` is a disk of each node's own (a local path where a shared
-file system was meant, or different paths per node), each node held pieces of every checkpoint:
-the first save failed on the rank whose folder lacked the step folder rank 0 had made, as exit 74
-(``save_failed``, the code of a full disk), after the training until then was spent; and a
-restart's ranks checked rank 0's candidates in folders that did not hold them, skipped every one
-of them and started afresh. :func:`check_shared` finds it when the process group starts, before
-any checkpoint is read or written: rank 0 writes a file with a random name into its folder, and
-every rank looks for it in its own; a rank that does not see it ends the run with one line from
-rank 0 (exit code 2), and removes the folders its start made there if they are empty. ``core.plan`` runs on one node and cannot see the others: it only names the
-folder that must be shared.
+A DCP save writes each rank's shards into the checkpoint folder, and rank 0 alone commits it, so a
+``checkpoint.dir`` that is a disk of each node's own (a local path where a shared file system was
+meant) would leave every checkpoint in pieces. :func:`check_shared` finds it when the process group
+starts, before any checkpoint is read or written: rank 0 writes a file with a random name into its
+folder, and every rank looks for it in its own; a rank that does not see it ends the run with one
+line from rank 0 (exit code 2), and removes the folders its start made there if they are empty
+(never a lock file another process wrote). ``core.plan`` runs on one node and cannot see the
+others: it only names the folder that must be shared. Test: ``tests/faults/test_nodes.py``.
 """
 
 from __future__ import annotations

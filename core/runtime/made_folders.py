@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 from core.contract.errors import ConfigError
-from core.runtime.ownership import LOCK_FILE, release_run_folders
+from core.runtime.ownership import LOCK_FILE, held_here, release_run_folders
 
 
 def probe_folder(folder: Path, what: str, keep: bool = True) -> list[Path]:
@@ -56,13 +56,16 @@ def probe_folder(folder: Path, what: str, keep: bool = True) -> list[Path]:
 
 def remove_created(created: list[Path]) -> None:
     """Remove folders this start created (outermost first in ``created``), innermost first, each
-    only if it is empty but for the lock file this process wrote there; anything else stays."""
+    only if it is empty but for the lock file this process wrote there; anything else stays (a
+    lock file that another process wrote into a folder this one made, among them)."""
     if not created:
         return
+    ours = {d for d in created if held_here(d)}
     release_run_folders(ended=True)  # the start failed: this process writes nothing there
     for d in reversed(created):
         try:
-            (d / LOCK_FILE).unlink(missing_ok=True)  # a lock file in a folder made a moment ago is ours
+            if d in ours:
+                (d / LOCK_FILE).unlink(missing_ok=True)
             d.rmdir()
         except OSError:  # not empty (another rank's probe, a user's file), or gone
             pass

@@ -343,12 +343,17 @@ def check_run_folders(folders: list[str | Path]) -> None:
             )
 
 
+def held_here(folder: str | Path) -> bool:
+    """Whether this process holds ``folder``'s lock (it wrote the lock file there)."""
+    return str(Path(folder).resolve() / LOCK_FILE) in {f.name for f in _held}
+
+
 def held_elsewhere(folder: str | Path) -> bool:
     """Whether another live process holds ``folder``'s lock now (this process's own does not count)."""
     import fcntl
 
     path = Path(folder).resolve() / LOCK_FILE
-    if str(path) in {f.name for f in _held}:
+    if held_here(folder):
         return False
     try:
         with open(path) as f:  # a probe: held only for this instant, and only if nobody else holds it

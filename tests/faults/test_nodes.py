@@ -186,6 +186,7 @@ def test_nodes_whose_checkpoint_folders_are_disks_of_their_own_are_refused_at_th
         nodes.stop()
     text = nodes.output(0) + nodes.output(1)
     assert codes == [1, 1], text[-3000:]  # torchrun reports 1 for any failed child; the code is in exit_status.json
+    assert (out / "exit_status.json").exists(), text[-6000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["exit_code"] == 2 and status["reason"] == "bad_input", status
     lines = [line for line in text.splitlines() if line.startswith("plait: error:")]

@@ -135,6 +135,39 @@ def test_plan_probe_removes_only_what_it_created(tiny_config, tmp_path, capsys):
     assert out.is_dir() and list(out.iterdir()) == []
 
 
+def test_removing_a_made_folder_keeps_the_lock_another_process_wrote_there(tmp_path):
+    """Two ranks of one host start one run: the one whose start made the output folder is refused
+    later and removes what its start made, while the other holds the folder's lock. The other's
+    lock file stays, and with it the folder; this process's own lock file and empty folder go."""
+    import subprocess
+    import sys
+    import time
+
+    from core.runtime import ownership
+    from core.runtime.made_folders import probe_folder, remove_created
+
+    theirs, mine = tmp_path / "out", tmp_path / "mine"
+    made = probe_folder(theirs, "[train].output_dir") + probe_folder(mine, "[checkpoint].dir")
+    assert made == [theirs, mine]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from core.runtime import ownership; ownership.lock_run_folders([sys.argv[1]]); input()", str(theirs)],
+        stdin=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.time() + 120
+        while not ownership.held_elsewhere(theirs):
+            assert holder.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        ownership.lock_run_folders([mine])
+        assert ownership.held_here(mine) and not ownership.held_here(theirs)
+        remove_created(made)
+        assert (theirs / ownership.LOCK_FILE).is_file() and not mine.exists()
+        assert ownership.held_elsewhere(theirs)
+    finally:
+        holder.communicate(b"\n", timeout=60)
+
+
 def test_resume_checkpoint_checked_by_plan(tiny_config, tmp_path, capsys):
     msg = plan_error(capsys, "--config", str(tiny_config()), f"--checkpoint.resume={tmp_path / 'nope'}")
     assert "checkpoint" in msg and "nope does not exist" in msg
