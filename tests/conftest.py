@@ -44,6 +44,18 @@ def run_module(
     return subprocess.run([PY, "-m", module, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
 
 
+def start_module(module: str, *args: str, cwd: Path = REPO, extra_env: dict | None = None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """``python -m module *args`` started and returned at once, for a test that acts on it while it
+    runs (signals, kills, a second job beside it): forked from a warm interpreter (:mod:`prestarted`)
+    where that behaves the same, otherwise a fresh one; its own process group either way, so
+    ``os.killpg(proc.pid, ...)`` reaches it and its children. ``stdout``/``stderr`` as for
+    :class:`subprocess.Popen` (PIPE, DEVNULL, an open file, STDOUT); read PIPEs with ``communicate``."""
+    full = env(**(extra_env or {}))
+    if prestarted.can_run(module, full, env()):
+        return prestarted.start(module, list(args), env=full, base=env(), cwd=Path(cwd), stdout=stdout, stderr=stderr)
+    return subprocess.Popen([PY, "-m", module, *args], cwd=cwd, env=full, stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+
+
 def torchrun_argv(nproc: int, *args: str, script: Path | None = None) -> list[str]:
     """The command line of a local torchrun job: ``core.train`` (or ``script``) with ``args``. Its store
     binds a port the kernel picks (``--standalone``), so parallel jobs never race for one."""

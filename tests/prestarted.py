@@ -227,6 +227,68 @@ def run(
     return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, stdout, stderr)
 
 
+class Process:
+    """A command forked from a warm interpreter that runs on while the test acts on it, with the part
+    of :class:`subprocess.Popen` the tests use: ``pid`` (also its process group's id), ``returncode``,
+    :meth:`poll`, :meth:`wait` and :meth:`communicate` (the text of its stdout and stderr files where
+    they were asked for with ``subprocess.PIPE``)."""
+
+    def __init__(self, warm: WarmInterpreter, pid: int, args: list[str], outputs: tuple[Path | None, Path | None], tmp: tempfile.TemporaryDirectory) -> None:
+        self.warm, self.pid, self.args, self.outputs, self.tmp = warm, pid, args, outputs, tmp
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            answer = self.warm.ask({"op": "poll", "pid": self.pid})
+            if answer.get("gone"):
+                self.returncode = 1
+            elif answer["code"] is not None:
+                self.returncode = answer["code"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.01
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL to its process group, unless it has ended."""
+        if self.poll() is None:
+            _kill(self.pid, signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        self.wait(timeout)
+        texts = tuple(path.read_text(errors="replace") if path is not None and path.exists() else ("" if path is not None else None) for path in self.outputs)
+        self.tmp.cleanup()
+        return texts  # type: ignore[return-value]
+
+
+def start(module: str, args: list[str], *, env: dict[str, str], base: dict[str, str], cwd: Path, stdout: object, stderr: object) -> Process:
+    """``python -m module *args`` forked from this worker's warm interpreter, returned at once.
+    ``stdout``: ``subprocess.PIPE`` (:meth:`Process.communicate` returns it), ``subprocess.DEVNULL``
+    or an open file; ``stderr``: the same, or ``subprocess.STDOUT``."""
+    tmp = tempfile.TemporaryDirectory(prefix="plait_cmd_")
+
+    def target(choice: object, name: str) -> tuple[str, Path | None]:
+        if choice == subprocess.PIPE:
+            return str(Path(tmp.name) / name), Path(tmp.name) / name
+        if choice == subprocess.DEVNULL or choice is None:
+            return os.devnull, None
+        return str(Path(choice.name).resolve()), None  # type: ignore[attr-defined]  # an open file: its path
+
+    out, out_text = target(stdout, "stdout")
+    err, err_text = (out, None) if stderr == subprocess.STDOUT else target(stderr, "stderr")
+    warm = _slot(0, base)
+    req = {"op": "start", "module": module, "args": list(args), "env": env, "cwd": str(cwd), "stdout": out, "stderr": err, "address_space": None}
+    return Process(warm, warm.ask(req)["pid"], [sys.executable, "-m", module, *args], (out_text, err_text), tmp)
+
+
 def _kill(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)

@@ -64,3 +64,43 @@ def test_a_two_rank_job_has_torchruns_losses_and_exit_codes(tiny_config, tmp_pat
     warm, cold = torchrun(2, *bad, timeout=120), real_torchrun(2, *bad, timeout=120)
     assert warm.returncode == cold.returncode == 1
     assert "nowhere" in warm.stderr
+
+
+def test_a_started_command_is_a_process_group_of_its_own_that_signals_and_kills_reach(tiny_config, tmp_path):
+    """``start_module``: the returned process's pid leads its process group, SIGTERM to that group
+    stops the run at a step boundary as it stops a fresh interpreter's (exit code 0, reason signal),
+    SIGKILL gives -9 as Popen reports it, and the outputs come back through ``communicate``: apart,
+    merged (``stderr=STDOUT``) or into an open file."""
+    import json
+    import os
+    import signal
+    import time
+
+    from conftest import start_module
+
+    cfg = tiny_config(steps=100000)
+    out = tmp_path / "out"
+    proc = start_module("core.train", "--config", str(cfg))
+    assert isinstance(proc, prestarted.Process) or os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS")  # else Popen, held to the same
+    assert os.getpgid(proc.pid) == proc.pid
+    deadline = time.time() + 120
+    while not ((out / "metrics.jsonl").exists() and read_metrics(out)):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "training ended at step" in stdout + stderr, stderr[-2000:]
+    assert json.loads((out / "exit_status.json").read_text())["reason"] == "signal"
+
+    merged = start_module("core.train", "--config", str(tmp_path / "missing.toml"), stderr=subprocess.STDOUT)
+    text, nothing = merged.communicate(timeout=120)
+    assert merged.returncode == 2 and nothing is None and "missing.toml" in text
+
+    with open(tmp_path / "log", "w") as log:
+        held = start_module("core.train", "--config", str(cfg), "--train.output_dir", str(tmp_path / "other"), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while "step 1/" not in (tmp_path / "log").read_text():
+            assert held.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        held.kill()
+        assert held.wait(timeout=60) == -signal.SIGKILL and held.communicate() == (None, None)

@@ -14,12 +14,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, run_module, torchrun, torchrun_argv, write_tiny_config
+from conftest import REPO, env, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
 
 from core.checkpoint.folders import verifies
 
@@ -103,8 +102,11 @@ def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_statu
     cfg = write_tiny_config(tmp_path, steps=4, global_batch_tokens=512, body="[checkpoint]\nevery = 2\n")
     out, go = tmp_path / "out", tmp_path / "go"
     args = ("--config", str(cfg), f"--data.path={data}")
-    argv = torchrun_argv(2, *args) if change == "truncated" else [sys.executable, "-m", "core.train", *args]
-    job = subprocess.Popen(argv, cwd=REPO, env=env(**SEAMS, PLAIT_TEST_WAIT_BEFORE_STEP=f"3:{go}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seams = {**SEAMS, "PLAIT_TEST_WAIT_BEFORE_STEP": f"3:{go}"}
+    if change == "truncated":
+        job = subprocess.Popen(torchrun_argv(2, *args), cwd=REPO, env=env(**seams), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    else:
+        job = start_module("core.train", *args, extra_env=seams)
     try:
         while not Path(f"{go}.waiting").exists():  # steps 1 and 2 trained, step 2 saved
             assert job.poll() is None, job.communicate()[1][-3000:]

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, run_here, run_module, write_tiny_config
+from conftest import REPO, env, run_here, run_module, start_module, write_tiny_config
 from shared import THEIRS
 
 pytestmark = pytest.mark.slow
@@ -181,9 +181,8 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
     go_a, go_b = tmp_path / "go_a", tmp_path / "go_b"
 
-    def start(*args: str, **extra: str) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "core.train", "--config", str(cfg), *args]
-        return subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def start(*args: str, **extra: str):
+        return start_module("core.train", "--config", str(cfg), *args, extra_env={"PYTHONPATH": seams, **extra}, stderr=subprocess.STDOUT)
 
     def wait_for(path: Path) -> None:
         deadline = time.monotonic() + 120
@@ -279,7 +278,9 @@ def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.1)
 
-    def start(argv: list[str], **extra: str) -> subprocess.Popen:
+    def start(argv: list[str], **extra: str):
+        if argv[1:3] == ["-m", "core.train"]:
+            return start_module(*argv[2:], extra_env={"PYTHONPATH": seams, **extra}, stderr=subprocess.STDOUT)
         return subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     waits = f"3:{go},5:{go_again}"
@@ -373,7 +374,10 @@ def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(
         argv = [sys.executable, "-m", "core.train", "--config", str(cfg)]
         wait = "PLAIT_TEST_WAIT_BEFORE_STEP" if woken_in == "its_save" else "PLAIT_TEST_WAIT_BEFORE_COMMIT"
         seam = {wait: f"{3 if woken_in == 'its_save' else 4}:{go}", "PLAIT_TEST_LEASE_S": "1000"}
-    a = subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **seam), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if argv[1:3] == ["-m", "core.train"]:
+        a = start_module(*argv[2:], extra_env={"PYTHONPATH": seams, **seam}, stderr=subprocess.STDOUT)
+    else:
+        a = subprocess.Popen(argv, cwd=REPO, env=env(PYTHONPATH=seams, **seam), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(Path(f"{go}.waiting") if woken_in != "its_commit" else root / "step_000000004" / ".metadata")
         holder = json.loads((out / "plait.lock").read_text())["pid"]  # rank 0

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PY, REPO, env, read_metrics, torchrun_argv, write_tiny_config
+from conftest import PY, REPO, env, read_metrics, start_module, torchrun_argv, write_tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
     cfg = write_tiny_config(tmp_path, steps=100000, global_batch_tokens=256)
     cmd = [PY, "-m", "core.train", "--config", str(cfg), "--data.name=text_stream", f'--data.files=["{corpus}"]', "--data.workers=1", "--data.seq_len=64"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_module(*cmd[2:])
     out = tmp_path / "out"
     try:
         wait_for_steps(out, 3, proc)
@@ -120,7 +120,7 @@ shuffle_buffer = 4
 enabled = ["jsonl"]
 ''')
     cmd = [PY, "-m", "core.train", "--config", str(cfg)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_module(*cmd[2:])
     try:
         wait_for_steps(out, 3, proc)
         assert len(loader_workers(proc.pid)) == 2  # the loader's two workers
@@ -136,7 +136,7 @@ enabled = ["jsonl"]
     assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
     log = (tmp_path / "resumed.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_module(*cmd[2:], stdout=log, stderr=subprocess.STDOUT)
     workers: list[int] = []
     try:
         wait_for_steps(out, status["step"] + 2, proc)
@@ -217,15 +217,8 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
     a save (a 60 s pause before the commit of step 2), stops at once instead of finishing it."""
     cfg = write_tiny_config(tmp_path, steps=100000)
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [PY, "-m", "core.train", "--config", str(cfg), "--checkpoint.every=2"],
-        cwd=REPO,
-        env=env(PLAIT_TEST_PAUSE_BEFORE_COMMIT="2:60", PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    proc = start_module("core.train", "--config", str(cfg), "--checkpoint.every=2", extra_env={"PLAIT_TEST_PAUSE_BEFORE_COMMIT": "2:60", "PYTHONPATH": seams})
     try:
         deadline = time.time() + 120  # the seam pauses after the shards and .metadata, before the commit
         while time.time() < deadline and not (out / "checkpoints" / "step_000000002" / ".metadata").exists():
