@@ -8,13 +8,12 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, env, read_metrics, run_module, torchrun, torchrun_argv, write_tiny_config
+from conftest import REPO, env, read_metrics, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
 
 SEAMS = REPO / "tests" / "seams"
 
@@ -142,12 +141,11 @@ def test_sigkill_during_save_resumes_from_last_complete(cfg, tmp_path):
 
 def test_sigterm_stops_at_step_boundary_with_checkpoint(cfg, tmp_path):
     out = tmp_path / "term"
-    cmd = [sys.executable, "-m", "core.train", "--config", str(cfg), f"--train.output_dir={out}", "--train.steps=100000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_module("core.train", "--config", str(cfg), f"--train.output_dir={out}", "--train.steps=100000")
     deadline = time.time() + 120
     while time.time() < deadline and not ((out / "metrics.jsonl").exists() and len(read_metrics(out)) >= 3):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.pid, signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr[-2000:]
     assert "(signal)" in stdout

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, read_metrics, torchrun_argv, write_tiny_config
+from conftest import REPO, env, read_metrics, torchrun, torchrun_argv, write_tiny_config
 
 from bench.chaos import usable
 
@@ -44,23 +44,33 @@ def cases() -> list:
 
 
 def job(cfg: Path, out: Path, async_save: bool, **extra: str) -> subprocess.CompletedProcess:
+    """A 2-rank job of ``cfg``. One with a kill point is a real torchrun job (``all`` kills the
+    launcher, and the ranks die with it); the others fork from warm interpreters (:mod:`prestarted`,
+    whose losses equal real torchrun's bitwise)."""
     args = ["--config", str(cfg), f"--train.output_dir={out}", f"--checkpoint.every={EVERY}", f"--checkpoint.async={str(async_save).lower()}"]
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
-    return subprocess.run(torchrun_argv(2, *args), cwd=REPO, env=env(PYTHONPATH=seams, **extra), capture_output=True, text=True, timeout=600)
+    if "PLAIT_TEST_KILL_AT" in extra:
+        return subprocess.run(torchrun_argv(2, *args), cwd=REPO, env=env(PYTHONPATH=seams, **extra), capture_output=True, text=True, timeout=600)
+    return torchrun(2, *args, timeout=600, extra_env={"PYTHONPATH": seams, **extra})
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run of each mode: {mode: (config, {step: loss}, [committed step folders])}."""
+    """An uninterrupted run of a mode, made once when a case first asks for it:
+    ``reference(mode) == (config, {step: loss}, [committed step folders])``."""
     tmp = tmp_path_factory.mktemp("reference")
     cfg = write_tiny_config(tmp, steps=STEPS, body="[checkpoint]\nkeep_latest = 2\n")
-    runs = {}
-    for mode in ("sync", "async"):
-        out = tmp / mode
-        proc = job(cfg, out, mode == "async")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[mode] = (cfg, {r["step"]: r["loss"] for r in read_metrics(out)}, committed(out))
-    return runs
+    runs: dict[str, tuple] = {}
+
+    def of(mode: str) -> tuple:
+        if mode not in runs:
+            out = tmp / mode
+            proc = job(cfg, out, mode == "async")
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[mode] = (cfg, {r["step"]: r["loss"] for r in read_metrics(out)}, committed(out))
+        return runs[mode]
+
+    return of
 
 
 def committed(out: Path) -> list[str]:
@@ -83,7 +93,7 @@ def last_losses(out: Path) -> dict[int, float]:
 
 @pytest.mark.parametrize("point, mode, who", cases())
 def test_a_kill_inside_a_save_loses_nothing_committed_and_the_resumed_run_is_bitwise_the_same(reference, tmp_path, point, mode, who):
-    cfg, straight, kept = reference[mode]
+    cfg, straight, kept = reference(mode)
     out = tmp_path / "out"
     rank = "1" if point == "shard" and who == "rank" else "0"  # a shard of rank 1's; the rest is rank 0's work
     step = KILLED_SAVE + EVERY if point == "pruning" else KILLED_SAVE  # the first save that prunes (keep_latest = 2): step 2 goes
