@@ -72,6 +72,16 @@ def torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | Non
     return real_torchrun(nproc, *args, timeout=timeout, extra_env=extra_env, cwd=cwd)
 
 
+def torchrun_script(nproc: int, script: Path, *args: str, timeout: float = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """A job of ``nproc`` ranks of ``python script *args`` (a test's worker script using plait's
+    internals under torch.distributed): forked from warm interpreters with torchrun's variables and
+    store (:mod:`prestarted`) where that behaves the same, otherwise real torchrun."""
+    full = env(**(extra_env or {}))
+    if prestarted.same_start(full, env()):
+        return prestarted.run("", list(args), nproc=nproc, env=full, base=env(), cwd=REPO, timeout=timeout, script=Path(script))
+    return subprocess.run(torchrun_argv(nproc, *args, script=Path(script)), cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
+
+
 def real_torchrun(nproc: int, *args: str, timeout: float = 300, extra_env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """``python -m torch.distributed.run --standalone --nproc_per_node=nproc -m core.train *args``."""
     cmd = torchrun_argv(nproc, *args)

@@ -43,7 +43,13 @@ def can_run(module: str, env: dict[str, str], base: dict[str, str]) -> bool:
     """Whether ``python -m module`` with ``env`` behaves the same forked from a warm interpreter
     started with ``base``: a plait command (``core.*``) whose environment changes nothing read at
     interpreter start."""
-    if not module.startswith("core.") or os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS"):
+    return module.startswith("core.") and same_start(env, base)
+
+
+def same_start(env: dict[str, str], base: dict[str, str]) -> bool:
+    """Whether a process with ``env`` starts as the warm interpreter started with ``base`` did: none
+    of the variables read at interpreter start (or when torch loads) differ."""
+    if os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS"):
         return False
     if env.get("OMP_NUM_THREADS") != base.get("OMP_NUM_THREADS"):
         return False
@@ -101,13 +107,18 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
             os.close(f)
         os.close(devnull)
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [req["cwd"], *extra, *base_path]
+        script = req.get("script")  # ``python script.py``: the script's folder is first on sys.path, not the cwd
+        sys.path[:] = [os.path.dirname(os.path.abspath(script)) if script else req["cwd"], *extra, *base_path]
         if any(os.path.exists(os.path.join(p, "sitecustomize.py")) for p in extra):
             sys.modules.pop("sitecustomize", None)  # as at interpreter start: the first on sys.path, before the command
             importlib.import_module("sitecustomize")
-        sys.argv = ["-m", *req["args"]]
         try:
-            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            if script:
+                sys.argv = [script, *req["args"]]
+                runpy.run_path(script, run_name="__main__")
+            else:
+                sys.argv = ["-m", *req["args"]]
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
             if e.code is None or isinstance(e.code, int):
@@ -169,12 +180,21 @@ def close_all() -> None:
 
 
 def run(
-    module: str, args: list[str], *, nproc: int, env: dict[str, str], base: dict[str, str], cwd: Path, timeout: float, address_space: int | None = None
+    module: str,
+    args: list[str],
+    *,
+    nproc: int,
+    env: dict[str, str],
+    base: dict[str, str],
+    cwd: Path,
+    timeout: float,
+    address_space: int | None = None,
+    script: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """``python -m module *args`` (``nproc`` > 1: as a job of that many ranks) in forked processes:
     stdout and stderr of all ranks together, as torchrun's are; the exit code of the one process, or
     of a job 0 when every rank ended 0 and 1 otherwise. ``address_space``: each process's
-    ``RLIMIT_AS`` in bytes."""
+    ``RLIMIT_AS`` in bytes. ``script``: ``python script *args`` instead of the module."""
     store = None
     envs = [dict(env)]
     if nproc > 1:
@@ -217,14 +237,16 @@ def run(
                 "stdout": str(out),
                 "stderr": str(err),
                 "address_space": address_space,
+                "script": str(script) if script else None,
             }
             started.append((warm, warm.ask(req)["pid"]))
-        codes = _wait(started, timeout, [sys.executable, "-m", module, *args])
+        command = [sys.executable, str(script)] if script else [sys.executable, "-m", module]
+        codes = _wait(started, timeout, [*command, *args])
         del store
         stdout = out.read_text(errors="replace") if out.exists() else ""
         stderr = err.read_text(errors="replace") if err.exists() else ""
     code = codes[0] if nproc == 1 else (0 if all(c == 0 for c in codes) else 1)
-    return subprocess.CompletedProcess([sys.executable, "-m", module, *args], code, stdout, stderr)
+    return subprocess.CompletedProcess([*command, *args], code, stdout, stderr)
 
 
 class Process:

@@ -111,9 +111,8 @@ distributed.shutdown()
 def test_mixture_reports_validation_loss_per_source(tmp_path):
     """Two token_bin sources of one repeated id each (7 and 9), mixed 0.7/0.3, evaluated on 2 gloo ranks:
     val_loss/<label> is the model's loss on that source's sequence, and val_loss the row-weighted mean."""
-    import subprocess
 
-    from conftest import env, torchrun_argv
+    from conftest import torchrun_script
 
     for label, tok in (("sevens", 7), ("nines", 9)):
         write(tmp_path / label / "train.bin", np.full(4000, tok))
@@ -150,14 +149,7 @@ enabled = []
 ''')
     (tmp_path / "script.py").write_text(PER_SOURCE_SCRIPT)
     out = tmp_path / "result.json"
-    proc = subprocess.run(
-        torchrun_argv(2, str(cfg), str(out), script=tmp_path / "script.py"),
-        cwd=REPO,
-        env=env(PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = torchrun_script(2, tmp_path / "script.py", str(cfg), str(out), timeout=240, extra_env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["world"] == 2 and r["type"] == "ValidationLoss" and r["seeds_kept"]

@@ -46,13 +46,11 @@ def test_update_ratio_under_fsdp2_and_hsdp_is_the_whole_models_ratio(tmp_path):
     reports on the same weights, and the one computed from the gathered weights (fsdp2, and HSDP whose
     replicated shards count once)."""
     import json
-    import subprocess
 
-    from conftest import REPO, env, torchrun_argv
+    from conftest import REPO, torchrun_script
 
     out = tmp_path / "ratios.json"
-    script = REPO / "tests" / "workers" / "update_ratio_ranks.py"
-    r = subprocess.run(torchrun_argv(2, str(out), script=script), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    r = torchrun_script(2, REPO / "tests" / "workers" / "update_ratio_ranks.py", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads(Path(f"{out}.{rank}").read_text())

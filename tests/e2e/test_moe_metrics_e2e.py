@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, env, torchrun_argv
+from conftest import REPO, torchrun_script
 
 sys.path.insert(0, str(REPO / "tests" / "workers"))
 import moe_parts  # noqa: E402
@@ -29,8 +28,7 @@ def per_micro_batch(model, ids):
 
 def test_loss_parts_are_means_over_ranks_and_micro_batches(tmp_path):
     out = tmp_path / "got.json"
-    cmd = torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "moe_parts.py")
-    proc = subprocess.run(cmd, cwd=REPO, env=env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300)
+    proc = torchrun_script(2, REPO / "tests" / "workers" / "moe_parts.py", str(out), extra_env={"PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
 

@@ -3,6 +3,7 @@ and torchrun would: the same outputs, losses, exit codes, environment and workin
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import prestarted
@@ -104,3 +105,39 @@ def test_a_started_command_is_a_process_group_of_its_own_that_signals_and_kills_
             time.sleep(0.1)
         held.kill()
         assert held.wait(timeout=60) == -signal.SIGKILL and held.communicate() == (None, None)
+
+
+def test_a_script_job_sees_what_it_sees_under_torchrun(tmp_path):
+    """``torchrun_script``: each rank runs the script as ``__main__`` with its path as ``sys.argv[0]``
+    and its folder first on ``sys.path``, torchrun's variables set, and one process group of the
+    ranks: what each rank writes is what real torchrun's ranks write."""
+    from conftest import torchrun_script
+
+    script = tmp_path / "scripts" / "probe.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import json, os, sys\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "t = __import__('torch').tensor([dist.get_rank() + 1])\n"
+        "dist.all_reduce(t)\n"
+        "seen = dict(name=__name__, argv=sys.argv, first=sys.path[0], rank=os.environ['RANK'], world=dist.get_world_size(), sum=int(t))\n"
+        "open(f'{sys.argv[1]}.{dist.get_rank()}', 'w').write(json.dumps(seen))\n"
+        "dist.destroy_process_group()\n"
+    )
+    warm = torchrun_script(2, script, str(tmp_path / "warm"), timeout=120)
+    cold = subprocess.run(
+        [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path / "cold")],
+        cwd=REPO,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert warm.returncode == cold.returncode == 0, warm.stderr[-2000:] + cold.stderr[-2000:]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"warm.{rank}").read_text())
+        want = json.loads((tmp_path / f"cold.{rank}").read_text())
+        assert got["argv"][1:] == [str(tmp_path / "warm")] and want["argv"][1:] == [str(tmp_path / "cold")]
+        got["argv"], want["argv"] = got["argv"][0], want["argv"][0]
+        assert got == want and got["rank"] == str(rank) and got["sum"] == 3 and got["first"] == str(script.parent), (got, want)

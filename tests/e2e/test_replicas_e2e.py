@@ -6,14 +6,11 @@ from __future__ import annotations
 def test_two_ranks_split_the_same_state_and_keep_everything_when_they_differ(tmp_path):
     """Plain tensors split over the ranks; HSDP's repeated DTensor shards split between the ranks holding them."""
     import json
-    import subprocess
 
-    from conftest import REPO, env, torchrun_argv
+    from conftest import REPO, torchrun_script
 
     out = tmp_path / "shares.json"
-    r = subprocess.run(
-        torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "replica_shares.py"), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300
-    )
+    r = torchrun_script(2, REPO / "tests" / "workers" / "replica_shares.py", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     rank0, rank1 = json.loads(out.read_text())
     assert set(rank0["same"]) | set(rank1["same"]) == {f"w{i}" for i in range(6)}

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, run_module, torchrun_argv, write_tiny_config
+from conftest import REPO, env, run_module, torchrun_argv, torchrun_script, write_tiny_config
 from shared import ckpt_dirs, committed_steps, nonfinite_tensors
 
 pytestmark = pytest.mark.slow
@@ -133,9 +133,7 @@ def _state(pid: int) -> str:
 
 def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_both(tmp_path):
     out = tmp_path / "guard.json"
-    r = subprocess.run(
-        torchrun_argv(2, str(out), script=REPO / "tests" / "workers" / "guard_ranks.py"), cwd=REPO, env=env(), capture_output=True, text=True, timeout=300
-    )
+    r = torchrun_script(2, REPO / "tests" / "workers" / "guard_ranks.py", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["flags"] == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0]  # rank 0's own loss was finite throughout
