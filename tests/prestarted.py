@@ -51,9 +51,10 @@ def same_start(env: dict[str, str], base: dict[str, str]) -> bool:
     of the variables read at interpreter start (or when torch loads) differ."""
     if os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS"):
         return False
-    if env.get("OMP_NUM_THREADS") != base.get("OMP_NUM_THREADS"):
-        return False
-    return all(env.get(k) == base.get(k) for k in ("PYTHONHASHSEED", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE"))
+    read_at_start = {"OMP_NUM_THREADS", "PYTHONHASHSEED", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE"}
+    # torch's own settings (TORCHDYNAMO_*, TORCHINDUCTOR_*, TORCH_LOGS, ...) are read when torch loads
+    read_at_start |= {k for k in {*env, *base} if k.startswith("TORCH") and not k.startswith("TORCHELASTIC_")}
+    return all(env.get(k) == base.get(k) for k in read_at_start)
 
 
 # --- the warm interpreter ------------------------------------------------------------------------

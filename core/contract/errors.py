@@ -6,7 +6,6 @@ import argparse
 import difflib
 import json
 import os
-import sys
 import time
 from typing import Iterable, NoReturn
 
@@ -58,7 +57,9 @@ def tell_torchrun(message: str, callstack: str | None = None) -> None:
 
 def exit_bad_input(err: PlaitError) -> NoReturn:
     """Print ``err`` as plait's one line (``plait: error: ...``, also to torchrun's error file) and exit with code 2."""
-    print(f"plait: error: {err}", file=sys.stderr, flush=True)
+    from core.contract import log
+
+    log.error(str(err), all_ranks=True)  # every rank that met it: one line each, never split by another's
     tell_torchrun(f"plait: error: {err}")
     raise SystemExit(EXIT_BAD_INPUT)
 

@@ -1,7 +1,8 @@
 """plait's one logger: rank-aware lines with the ``plait:`` prefix.
 
-``info`` goes to stdout, ``note``, ``warn`` and ``error`` to stderr, each flushed at
-once (launchers and tests read the streams while the run goes on). By default
+``info`` goes to stdout, ``note``, ``warn`` and ``error`` to stderr, each line in one write,
+flushed at once (launchers and tests read the streams while the run goes on; ranks that share
+torchrun's pipe never split each other's lines of up to 4 KiB, the pipe's atomic write). By default
 only global rank 0 speaks, so an N-rank run prints each line once; pass
 ``all_ranks=True`` for what only one rank can know (its own data error).
 ``warn(..., once="key")`` prints a given warning once per process.
@@ -30,7 +31,8 @@ def is_main() -> bool:
 
 def _emit(stream, text: str, all_ranks: bool) -> None:
     if all_ranks or is_main():
-        print(text, file=stream, flush=True)
+        stream.write(text + "\n")  # one write: another rank's line cannot land inside this one
+        stream.flush()
 
 
 def info(message: str, all_ranks: bool = False) -> None:

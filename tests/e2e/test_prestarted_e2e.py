@@ -39,6 +39,7 @@ def test_a_command_sees_its_own_working_directory_environment_and_path(tmp_path,
     assert prestarted.can_run("core.train", env(PYTHONPATH=str(site)), env())
     assert not prestarted.can_run("plugins.data.prepare", env(), env())  # must start without torch: fresh
     assert not prestarted.can_run("core.train", env(OMP_NUM_THREADS="2"), env())  # read when torch loads: fresh
+    assert not prestarted.can_run("core.train", env(TORCHDYNAMO_DISABLE="1"), env())  # so are torch's own settings
 
 
 def test_a_sitecustomize_on_pythonpath_acts_as_at_interpreter_start(tiny_config, tmp_path):
