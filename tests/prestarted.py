@@ -73,6 +73,10 @@ def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
             pid = os.fork()
             if pid == 0:
                 _child(req, base_path)
+            try:  # the child sets it too: whichever runs first, it leads its group before the pid is answered
+                os.setpgid(pid, pid)
+            except OSError:
+                pass  # already ended, or already in its group
             answer = {"pid": pid}
         else:
             try:

@@ -85,7 +85,7 @@ def test_a_started_command_is_a_process_group_of_its_own_that_signals_and_kills_
     proc = start_module("core.train", "--config", str(cfg))
     assert isinstance(proc, prestarted.Process) or os.environ.get("PLAIT_TEST_FRESH_INTERPRETERS")  # else Popen, held to the same
     assert os.getpgid(proc.pid) == proc.pid
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while not ((out / "metrics.jsonl").exists() and read_metrics(out)):
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.1)
@@ -100,7 +100,7 @@ def test_a_started_command_is_a_process_group_of_its_own_that_signals_and_kills_
 
     with open(tmp_path / "log", "w") as log:
         held = start_module("core.train", "--config", str(cfg), "--train.output_dir", str(tmp_path / "other"), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while "step 1/" not in (tmp_path / "log").read_text():
             assert held.poll() is None and time.time() < deadline
             time.sleep(0.1)

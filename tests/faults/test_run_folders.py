@@ -185,7 +185,7 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
         return start_module("core.train", "--config", str(cfg), *args, extra_env={"PYTHONPATH": seams, **extra}, stderr=subprocess.STDOUT)
 
     def wait_for(path: Path) -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600
         while not path.exists():
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.1)
@@ -273,7 +273,7 @@ def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
     go, go_again, go_b = tmp_path / "go", tmp_path / "go_again", tmp_path / "go_b"
 
     def wait_for(path: Path) -> None:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600
         while not path.exists():
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.1)
@@ -363,7 +363,7 @@ def test_a_holder_frozen_past_its_lease_stops_when_another_host_took_its_folder(
     go = tmp_path / "go"
 
     def wait_for(path: Path) -> None:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600
         while not path.exists():
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.1)
@@ -467,7 +467,7 @@ ownership.lock_run_folders([sys.argv[1]])
 print("held", flush=True)
 sys.stdin.readline()  # the test damages the record meanwhile; the renewing thread looks at it
 import time
-deadline = time.monotonic() + 120  # five renewals over the damage: a wait on the file, long only on a loaded machine
+deadline = time.monotonic() + 600  # five renewals over the damage: a wait on the file, long only on a loaded machine
 while time.monotonic() < deadline:
     try:
         if json.load(open(sys.argv[1] + "/plait.lock"))["renewals"] >= 5:

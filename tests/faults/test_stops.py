@@ -220,7 +220,7 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
     proc = start_module("core.train", "--config", str(cfg), "--checkpoint.every=2", extra_env={"PLAIT_TEST_PAUSE_BEFORE_COMMIT": "2:60", "PYTHONPATH": seams})
     try:
-        deadline = time.time() + 120  # the seam pauses after the shards and .metadata, before the commit
+        deadline = time.time() + 600  # the seam pauses after the shards and .metadata, before the commit
         while time.time() < deadline and not (out / "checkpoints" / "step_000000002" / ".metadata").exists():
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)

@@ -123,7 +123,7 @@ def test_position_is_what_was_consumed_not_what_was_fetched():
     it = iter(pre)
     for _ in range(2 * ACCUM):
         next(it)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while pre.inner.state_dict()["consumed_samples"] <= 2 * MICRO * ACCUM:  # the thread has read ahead
         assert time.monotonic() < deadline, "the prefetch thread never read ahead"
         time.sleep(0.01)

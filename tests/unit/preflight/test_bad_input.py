@@ -155,7 +155,7 @@ def test_removing_a_made_folder_keeps_the_lock_another_process_wrote_there(tmp_p
         cwd=REPO,
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while not ownership.held_elsewhere(theirs):
             assert holder.poll() is None and time.time() < deadline
             time.sleep(0.05)
