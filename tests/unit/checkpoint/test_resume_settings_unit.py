@@ -1,8 +1,8 @@
 """A resumed run trains with its own config's optimizer settings, not the checkpoint's, and says which changed.
 
-Before core/checkpoint/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
-``--optimizer.lr=...`` on a resumed run was silently ignored, and a checkpoint saved with
-``impl = "foreach"`` crashed a resume under the fused default (``found_inf`` reached the foreach kernel).
+DCP's optimizer load restores every param-group setting as saved; core/checkpoint/hyperparams.py puts
+this run's back, so ``--optimizer.lr=...`` applies on a resumed run and a checkpoint saved with
+``impl = "foreach"`` resumes under the fused default.
 """
 
 from __future__ import annotations
@@ -36,3 +36,36 @@ def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_p
     with pytest.raises(DataError, match="the checkpoint holds a global data position of data source 'token_bin'"):
         streaming.check_resume({"world_size": 1, "data": {"consumed_samples": 48}, "config": {"data": {"name": "token_bin"}}}, 1)
     streaming.check_resume({"world_size": 1, "data": {}}, 1)
+
+
+def test_new_betas_apply_to_a_torchao_optimizer_after_its_load_and_are_named(capsys):
+    """``adamw8bit`` (torchao keeps each group's LR in a tensor): a load restores the checkpoint's betas,
+    ``reapply`` puts this run's back into every group (what torchao's step reads), and the note names
+    the change. No step is taken: torchao compiles its step, which the e2e resume test pays for once."""
+    import torch
+
+    from core.checkpoint import hyperparams
+    from core.config import registry
+    from core.contract.option_values import build_options
+    from core.contract.param_groups import param_groups
+    from model_specs.llama3.spec import Llama3Spec
+
+    pytest.importorskip("torchao.optim", reason="adamw8bit is torchao's (a dependency of plait's)")
+    spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
+    component = registry.load().get("optimizer", "adamw8bit", "test")
+
+    def build(values):
+        torch.manual_seed(0)
+        opts = build_options(component.options, values, "[optimizer] adamw8bit")
+        return component.factory(opts).build(param_groups(spec.build(), opts))
+
+    saved = build({"lr": 3e-4}).state_dict()
+    optimizer = build({"lr": 0.01, "betas": [0.9, 0.99]})
+    mine = hyperparams.settings(optimizer)
+    optimizer.load_state_dict(saved)
+    assert {tuple(g["betas"]) for g in optimizer.param_groups} == {(0.9, 0.95)}  # the load alone: the checkpoint's
+    changed = hyperparams.reapply(optimizer, mine)
+    assert {tuple(g["betas"]) for g in optimizer.param_groups} == {(0.9, 0.99)}
+    assert all(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups)  # torchao refuses a float LR
+    hyperparams.say_changes("ckpt", changed)
+    assert "betas (0.9, 0.95) -> (0.9, 0.99)" in capsys.readouterr().err

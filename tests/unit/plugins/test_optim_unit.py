@@ -46,6 +46,7 @@ def adamw_reference():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")  # the trainer's thread count: inductor's cache can serve the e2e adamw8bit test the graphs it shares
 @pytest.mark.parametrize(
     "name",
     ["adamw8bit", pytest.param("adamw4bit", marks=pytest.mark.bench), "adamw_fp8", "bnb_adamw8bit"],  # 4-bit: the longest compile; `pytest -m bench`
