@@ -28,9 +28,7 @@ def test_an_adamw8bit_checkpoint_resumes_with_new_settings_and_with_adamw(tmp_pa
     settings, other = tmp_path / "settings", tmp_path / "adamw"
     shutil.copytree(first, settings)
     shutil.copytree(first, other)
-    proc = run_module(
-        *args, f"--train.output_dir={settings}", "--optimizer.name=adamw8bit", "--train.steps=6", "--optimizer.lr=0.01"
-    )
+    proc = run_module(*args, f"--train.output_dir={settings}", "--optimizer.name=adamw8bit", "--train.steps=6", "--optimizer.lr=0.01")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "differ from this run's, which apply from the next step: peak lr 0.0003 -> 0.01" in proc.stderr
     rows = [r for r in read_metrics(settings) if r["step"] == 5]
