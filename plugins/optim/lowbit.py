@@ -45,7 +45,7 @@ class TorchaoAdamW:
         except ImportError as e:
             raise PluginError(f"optimizer {self.name!r} needs torchao.optim: {e}") from None
         # torch's compile cache asks every tensor subclass for a stable hash that torchao's optimizer
-        # states lack; it warns once per run and only skips that cache (nothing the user can act on)
+        # states lack; it warns once per run and hashes their flattened form instead (nothing to act on)
         warnings.filterwarnings("ignore", message=r"OptimState\w+ does not implement _stable_hash_for_caching")
         o = self.options
         cls = getattr(ao, TORCHAO_CLASSES[self.name])
