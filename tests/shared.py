@@ -1,6 +1,7 @@
 """Helpers that test modules in different folders share (``tests/`` is on ``sys.path`` beside
 ``conftest``): a tokenizer trained here, a command's error lines, a crafted checkpoint, the
-Shakespeare corpus and tasks made from it, the watchdog's test double, checkpoint folder listings."""
+Shakespeare corpus and tasks made from it, the watchdog's test double, checkpoint folder listings, an
+optimizer plugin built as a run builds it."""
 
 from __future__ import annotations
 
@@ -240,3 +241,15 @@ def watch(marks: Marks, rank: int = 0, view: PeerView | None = None, timeout_s: 
     dog = Watchdog(marks, timeout_s, ending.write_status, rank, view, end=ending.exit, grace_s=0.1)
     dog.start()
     return dog, ending
+
+
+def build_optimizer(name: str, values: dict, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Optimizer plugin ``name`` as a run builds it: through the registry, its options from ``values``
+    (a TOML table), over the core's parameter groups of ``model``."""
+    from core.config import registry
+    from core.contract.option_values import build_options
+    from core.contract.param_groups import param_groups
+
+    component = registry.load().get("optimizer", name, "test")
+    opts = build_options(component.options, values, f"[optimizer] {name}")
+    return component.factory(opts).build(param_groups(model, opts))

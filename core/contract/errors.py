@@ -9,6 +9,8 @@ import os
 import time
 from typing import Iterable, NoReturn
 
+from core.contract import log
+
 EXIT_BAD_INPUT = 2
 
 
@@ -57,8 +59,6 @@ def tell_torchrun(message: str, callstack: str | None = None) -> None:
 
 def exit_bad_input(err: PlaitError) -> NoReturn:
     """Print ``err`` as plait's one line (``plait: error: ...``, also to torchrun's error file) and exit with code 2."""
-    from core.contract import log
-
     log.error(str(err), all_ranks=True)  # every rank that met it: one line each, never split by another's
     tell_torchrun(f"plait: error: {err}")
     raise SystemExit(EXIT_BAD_INPUT)

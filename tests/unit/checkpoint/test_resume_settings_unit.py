@@ -43,21 +43,17 @@ def test_new_betas_apply_to_a_torchao_optimizer_after_its_load_and_are_named(cap
     ``reapply`` puts this run's back into every group (what torchao's step reads), and the note names
     the change. No step is taken: torchao compiles its step, which the e2e resume test pays for once."""
     import torch
+    from shared import build_optimizer
 
     from core.checkpoint import hyperparams
-    from core.config import registry
-    from core.contract.option_values import build_options
-    from core.contract.param_groups import param_groups
     from model_specs.llama3.spec import Llama3Spec
 
     pytest.importorskip("torchao.optim", reason="adamw8bit is torchao's (a dependency of plait's)")
     spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
-    component = registry.load().get("optimizer", "adamw8bit", "test")
 
     def build(values):
         torch.manual_seed(0)
-        opts = build_options(component.options, values, "[optimizer] adamw8bit")
-        return component.factory(opts).build(param_groups(spec.build(), opts))
+        return build_optimizer("adamw8bit", values, spec.build())
 
     saved = build({"lr": 3e-4}).state_dict()
     optimizer = build({"lr": 0.01, "betas": [0.9, 0.99]})

@@ -14,10 +14,8 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     import numpy as np
     import torch
     from conftest import REPO
+    from shared import build_optimizer
 
-    from core.config import registry
-    from core.contract.option_values import build_options
-    from core.contract.param_groups import param_groups
     from model_specs.llama3.spec import Llama3Spec
     from plugins.data.token_bin import TokenBin, TokenBinOptions
 
@@ -26,9 +24,7 @@ def train_debug(name: str, steps: int = 30) -> list[float]:
     model = spec.build()
     spec.init_weights(model)
     data = TokenBin(TokenBinOptions(path=str(REPO / "plugins" / "data" / "corpus" / "shakespeare")))
-    component = registry.load().get("optimizer", name, "test")
-    opts = build_options(component.options, {"lr": 3e-3}, f"[optimizer] {name}")
-    optimizer = component.factory(opts).build(param_groups(model, opts))
+    optimizer = build_optimizer(name, {"lr": 3e-3}, model)
     losses = []
     for step in range(steps):
         rows = torch.from_numpy(np.stack([data.sample(step * 8 + j, 64, "train") for j in range(8)]))
