@@ -35,7 +35,16 @@ import time
 import uuid
 from pathlib import Path
 
-PRELOADED = ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.distributed.fsdp", "numpy")
+PRELOADED = (
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+    "numpy",
+    "tensorboard.summary.writer.record_writer",
+    "tensorboard.compat.proto.event_pb2",
+)
 """What the warm interpreter imports: third-party modules only (plait's own load in each command)."""
 
 
@@ -61,10 +70,16 @@ def same_start(env: dict[str, str], base: dict[str, str]) -> bool:
 
 
 def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
+    import gc
     import importlib
 
     for name in PRELOADED:
         importlib.import_module(name)
+    # The preloaded modules' objects live as long as the process: keep them out of every collection
+    # a command makes (each full collection would otherwise walk torch's million objects, and touch
+    # the pages it shares with the warm interpreter).
+    gc.collect()
+    gc.freeze()
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     for line in requests:

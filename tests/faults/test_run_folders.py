@@ -215,10 +215,13 @@ def test_a_job_started_as_another_ends_resumes_what_that_job_saved_last(tmp_path
 OTHER_HOST_HOLDER = """
 import json, os, sys, time
 path, n = sys.argv[1], 0
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 while True:
     record = {"pid": 4242, "host": "node-b", "since": "2026-11-26T00:00:00Z", "command": "core.train", "lease_s": 0.2, "renewals": n}
-    with open(path, "w") as f:
-        f.write(json.dumps(record) + "\\n")
+    # as plait renews its record: over the last one in one write, never truncated (the test kills this
+    # process at any point, and must find the last record whole)
+    text = json.dumps(record)
+    os.pwrite(fd, (text.ljust(os.fstat(fd).st_size - 1) + "\\n").encode(), 0)
     print("renewed", flush=True)
     n += 1
     time.sleep(0.2)
