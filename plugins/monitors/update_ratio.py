@@ -16,22 +16,33 @@ nothing.
 from __future__ import annotations
 
 import math
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
-from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 from core.api import NoOptions, Reduced, hookimpl
 
 
+def _is_dtensor(p: torch.Tensor) -> TypeGuard[DTensor]:
+    """Whether ``p`` is a DTensor. Asked of the loaded module, never importing it: there is no DTensor
+    before ``torch.distributed.tensor`` is loaded, and loading it costs every plait command that
+    reads the plugins (``core.plan`` too) about a CPU-second."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(p, module.DTensor)
+
+
 def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if isinstance(p, DTensor) else p
+    return p.to_local() if _is_dtensor(p) else p
 
 
 def _copies(p: torch.Tensor, world_size: int) -> int:
     """How many ranks hold this rank's part of ``p``: a plain tensor is on every rank (DDP's
     replicas, or one process); a DTensor's part is repeated over the mesh dims it is replicated on."""
-    if not isinstance(p, DTensor):
+    if not _is_dtensor(p):
         return world_size
     return math.prod(p.device_mesh.size(dim) for dim, placement in enumerate(p.placements) if placement.is_replicate())
 
