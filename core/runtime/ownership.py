@@ -74,7 +74,8 @@ def _read_record(path: Path) -> dict:
     object without pid and host are read as untrusted, :mod:`core.runtime.small_files`, never a hang,
     an exception or a fence). A record that does not parse is read again a few times first: a reader on
     another host may catch a write of it half done (a record taken for none would let a start take a
-    live holder's folder)."""
+    live holder's folder). An empty file is read once: no holder ever wrote there (:func:`_write` never
+    leaves the file empty), as for the lock file a start has just made."""
     from core.runtime import small_files
 
     for attempt in range(RECORD_READS):
@@ -83,12 +84,21 @@ def _read_record(path: Path) -> dict:
         except OSError:
             return {}
         except ValueError:
+            if _empty(path):
+                return {}
             if attempt + 1 < RECORD_READS:
                 time.sleep(0.05)
             continue
         holder = isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("host"), str) and len(record["host"]) < 256
         return record if holder else {}
     return {}
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return True
 
 
 def _write(f: IO[str], record: dict) -> None:

@@ -100,3 +100,21 @@ def test_a_lock_file_that_is_not_a_plain_file_is_refused_in_one_line(tmp_path, l
         what = f"plait.lock is a symbolic link (to {notes})" if lock_file == "a_link" else "plait.lock is not a plain file"
         assert f"run folder {out}: {what}" in r.stderr, (module, r.stderr)
     assert notes.read_text() == "my notes\n" and not (out / "checkpoints").exists()
+
+
+def test_a_fresh_lock_file_is_read_once_and_a_half_written_record_again(tmp_path, monkeypatch):
+    """A start reads the record of the lock file it has just made (empty: no holder ever wrote there)
+    once, without waiting; a record that does not parse (another host's write caught half done) is
+    read again, 50 ms apart, before it counts as none."""
+    from core.runtime import ownership
+
+    waits: list[float] = []
+    monkeypatch.setattr(ownership.time, "sleep", waits.append)
+    monkeypatch.setattr(ownership, "_record", {})
+    monkeypatch.setattr(ownership, "_renewing", None)
+    ownership.lock_run_folders([tmp_path / "a", tmp_path / "b"])
+    ownership.release_run_folders(ended=True)
+    assert waits == [] and json.loads((tmp_path / "a" / "plait.lock").read_text())["released"] is True
+    half = tmp_path / "half.lock"
+    half.write_text('{"pid": 4242, "host": "node-b", "si')
+    assert ownership._read_record(half) == {} and waits == [0.05] * (ownership.RECORD_READS - 1)
