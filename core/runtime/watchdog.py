@@ -20,7 +20,7 @@ resume checks, the first step's compiles) it
    loop has moved within half the timeout, this one is waiting for a straggler: it goes on waiting,
 2. logs one line naming its phase and how long it has lasted, and the rank furthest behind with
    what the others are doing,
-3. dumps every thread's Python stack to stderr (:func:`faulthandler.dump_traceback`): where it hung,
+3. dumps every thread's Python stack to stderr (:func:`dump_stacks`): where it hung,
 4. has ``exit_status.json`` written (rank 0; reason ``stalled``, exit code 1), which launchers restart
    like a crash, from the last complete checkpoint, unless the run's end is already written there
    (:func:`end_recorded`: a hang in teardown keeps ``completed``, ``signal``...), waiting at most
@@ -151,7 +151,7 @@ class Watchdog:
             restart = "" if marks.recorded else f" ({whose} reason 'stalled': a launcher restarts it from the last complete checkpoint)"
             log.error(f"{line}{kept}; every thread's stack follows; ending the process{restart}", all_ranks=True)
             try:
-                faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
+                dump_stacks()
             except (AttributeError, OSError, ValueError):  # no usable stderr: the line above has said it
                 pass
             tell_torchrun(f"plait: error: {line}")
@@ -163,6 +163,24 @@ class Watchdog:
         reporter.join(REPORT_S)
         time.sleep(self.grace_s)  # the ranks waiting for this one say where they are before its exit breaks their collectives
         self.exit(EXIT_STALLED)
+
+
+def dump_stacks() -> None:
+    """Every thread's Python stack (:func:`faulthandler.dump_traceback`) to stderr, each line in one
+    write: the ranks share torchrun's pipe, and faulthandler writes a line in pieces, between which
+    another rank's line would land (and no longer start a line)."""
+    import tempfile
+
+    try:
+        f = tempfile.TemporaryFile()
+    except OSError:  # no room for it (a full disk may be what hangs): straight to stderr, in faulthandler's writes
+        faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
+        return
+    with f:
+        faulthandler.dump_traceback(file=f.fileno(), all_threads=True)
+        f.seek(0)
+        for line in f.read().splitlines(keepends=True):
+            os.write(sys.stderr.fileno(), line)
 
 
 _marks = Marks()
