@@ -32,7 +32,9 @@ PACKAGES = ("core", "plugins", "model_specs")
 
 WARM = r"""
 import gc, importlib, os, resource, sys, time
-for name in ("torch", "torch._dynamo", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch.distributed.fsdp", "numpy"):
+sys.path.insert(0, sys.argv.pop(1))
+from prestarted import PRELOADED  # what the tests' warm interpreters import
+for name in PRELOADED:
     importlib.import_module(name)
 if sys.argv[1] == "freeze":
     gc.collect()
@@ -81,7 +83,7 @@ def fresh(checkout: Path, module: str, args: list[str]) -> tuple[float, float]:
 def forked(sources: Path, gc_mode: str, args: list[str]) -> tuple[float, float]:
     """CPU seconds and wall seconds of the child forked from a warm interpreter (the warm one's own imports not counted)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(sources)}
-    r = subprocess.run([sys.executable, "-c", WARM, gc_mode, *args], cwd=sources, env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", WARM, str(REPO / "tests"), gc_mode, *args], cwd=sources, env=env, capture_output=True, text=True)
     code, cpu, wall = r.stdout.split()
     if r.returncode != 0 or code != "0":
         raise SystemExit(f"a forked run failed ({code}): {r.stderr[-2000:]}")

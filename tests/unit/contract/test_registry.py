@@ -72,3 +72,17 @@ def test_every_builtin_option_is_documented():
             assert comp.doc and "\n" not in comp.doc, (slot, comp.name)  # the line core.plugins prints beside the name
             for name, tp, default, doc in describe(comp.options):
                 assert doc and tp and "\n" not in doc, (slot, comp.name, name)
+
+
+def test_loading_the_plugins_imports_no_dtensor():
+    """Reading the installed plugins (every command does, ``core.plan`` included) leaves
+    ``torch.distributed.tensor`` unloaded: it costs a fresh process about a CPU-second, and only a
+    sharded run needs it (``bench/command_cost.py`` measures a fresh ``core.plan``)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, env
+
+    code = "import sys; from core.config import registry; registry.load(); print('torch.distributed.tensor' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr[-2000:])
