@@ -100,20 +100,21 @@ class Registry:
         return [self._components[slot][n] for n in self.names(slot)]
 
 
-def _entry_points() -> list[metadata.EntryPoint]:
+def _entry_points() -> list[tuple[metadata.EntryPoint, str]]:
+    """The entry points in the group ``plait``, each with its distribution's name: plait's own first,
+    then by distribution and name. Each distribution's name is read once (a read parses its METADATA)."""
     seen: set[tuple[str, str]] = set()
-    eps = []
+    names: dict[metadata.Distribution, str] = {}
+    found = []
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         key = (ep.name, ep.value)
         if key in seen:  # the same distribution visible twice on sys.path
             continue
         seen.add(key)
-        eps.append(ep)
-
-    def dist_name(ep: metadata.EntryPoint) -> str:
-        return ep.dist.name if ep.dist is not None else "?"
-
-    return sorted(eps, key=lambda ep: (dist_name(ep) != OWN_DISTRIBUTION, dist_name(ep), ep.name))
+        if ep.dist is not None and ep.dist not in names:
+            names[ep.dist] = ep.dist.name
+        found.append((ep, names[ep.dist] if ep.dist is not None else "?"))
+    return sorted(found, key=lambda pair: (pair[1] != OWN_DISTRIBUTION, pair[1], pair[0].name))
 
 
 def plugin_manager() -> pluggy.PluginManager:
@@ -142,15 +143,14 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
     versions: dict[str, str] = {}
     eps = _entry_points()
     if allowed is not None:
-        third = {ep.name for ep in eps if (ep.dist.name if ep.dist is not None else "?") != OWN_DISTRIBUTION}
+        third = {ep.name for ep, dist in eps if dist != OWN_DISTRIBUTION}
         unknown = sorted(allowed - third)
         if unknown:
             raise PluginError(
                 f"{ALLOW_ENV} names {', '.join(map(repr, unknown))}, which no installed third-party plugin provides (plait's own always load); "
                 f"installed third-party plugins: {', '.join(sorted(third)) or '(none)'}"
             )
-    for ep in eps:
-        dist = ep.dist.name if ep.dist is not None else "?"
+    for ep, dist in eps:
         if dist != OWN_DISTRIBUTION and allowed is not None and ep.name not in allowed:
             hidden.append(ep.name)
             continue
@@ -161,7 +161,7 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         try:
             module = ep.load()
         except (Exception, SystemExit) as e:  # any import failure (sys.exit, argparse at import too) is that plugin's problem
-            others = ",".join(sorted({o.name for o in eps if o.dist is None or o.dist.name != OWN_DISTRIBUTION} - {ep.name})) or "''"
+            others = ",".join(sorted({o.name for o, o_dist in eps if o_dist != OWN_DISTRIBUTION} - {ep.name})) or "''"
             out = f"; to run without it: {ALLOW_ENV}={others} (the other third-party plugins), or uninstall {dist}" if dist != OWN_DISTRIBUTION else ""
             raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}{out}") from None
         try:

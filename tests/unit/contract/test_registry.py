@@ -86,3 +86,23 @@ def test_loading_the_plugins_imports_no_dtensor():
     code = "import sys; from core.config import registry; registry.load(); print('torch.distributed.tensor' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr[-2000:])
+
+
+def test_each_plugin_distributions_metadata_is_read_once(monkeypatch):
+    """Every command loads the plugins; a distribution's name comes from parsing its METADATA file,
+    so plait reads each distribution's once (importlib's own listing of the entry points may read it
+    once more), never once per entry point."""
+    from collections import Counter
+    from importlib import metadata
+
+    reads: Counter[str] = Counter()
+    real = metadata.PathDistribution.read_text
+
+    def counting(self, filename):  # type: ignore[no-untyped-def]
+        if filename in ("METADATA", "PKG-INFO"):
+            reads[str(self._path)] += 1
+        return real(self, filename)
+
+    monkeypatch.setattr(metadata.PathDistribution, "read_text", counting)
+    registry_mod._load(None)  # what registry.load() does once per process
+    assert reads and max(reads.values()) <= 2, reads  # plait's own distribution has 8 entry points
