@@ -6,9 +6,9 @@ takes on a 2-core machine. Measured here, each in its own process, in turn round
 
 - a fresh ``python -m core.plan`` and a fresh one-step ``python -m core.train`` of the tests' small
   config, in this checkout and, with ``--vs PATH``, in another one (another commit, side by side);
-- the same one-step run forked from a warm interpreter, from a copy of this checkout's sources with
-  and without their bytecode beside them (where ``PYTHONDONTWRITEBYTECODE`` is set nothing else
-  writes it), and with and without ``gc.freeze()`` in the warm interpreter after its imports.
+- the same one-step run forked from a warm interpreter as the tests make them (this checkout's
+  sources and their bytecode, ``gc.freeze()`` after the imports): one that has imported torch
+  (``prestarted.PRELOADED``) and one that has imported plait's modules too (``prestarted.plait_modules``).
 
     python -m bench.command_cost --rounds 3 [--vs /path/to/other/checkout]
 """
@@ -33,12 +33,11 @@ PACKAGES = ("core", "plugins", "model_specs")
 WARM = r"""
 import gc, importlib, os, resource, sys, time
 sys.path.insert(0, sys.argv.pop(1))
-from prestarted import PRELOADED  # what the tests' warm interpreters import
-for name in PRELOADED:
+from prestarted import PRELOADED, plait_modules  # what the tests' warm interpreters import
+for name in (*PRELOADED, *(plait_modules() if sys.argv[1] == "plait" else ())):
     importlib.import_module(name)
-if sys.argv[1] == "freeze":
-    gc.collect()
-    gc.freeze()
+gc.collect()
+gc.freeze()
 before = resource.getrusage(resource.RUSAGE_CHILDREN)
 t0 = time.perf_counter()
 pid = os.fork()
@@ -80,10 +79,11 @@ def fresh(checkout: Path, module: str, args: list[str]) -> tuple[float, float]:
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, wall
 
 
-def forked(sources: Path, gc_mode: str, args: list[str]) -> tuple[float, float]:
-    """CPU seconds and wall seconds of the child forked from a warm interpreter (the warm one's own imports not counted)."""
+def forked(sources: Path, preload: str, args: list[str]) -> tuple[float, float]:
+    """CPU seconds and wall seconds of the child forked from a warm interpreter that has imported torch
+    (``preload`` ``torch``) or torch and plait (``plait``); the warm one's own imports are not counted."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(sources)}
-    r = subprocess.run([sys.executable, "-c", WARM, str(REPO / "tests"), gc_mode, *args], cwd=sources, env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", WARM, str(REPO / "tests"), preload, *args], cwd=sources, env=env, capture_output=True, text=True)
     code, cpu, wall = r.stdout.split()
     if r.returncode != 0 or code != "0":
         raise SystemExit(f"a forked run failed ({code}): {r.stderr[-2000:]}")
@@ -111,20 +111,13 @@ def main() -> None:
         root = Path(tmp)
         config = tiny_config(root)
         checkouts = {"this checkout": REPO} | ({f"{a.vs}": a.vs.resolve()} if a.vs else {})
-        source = copy_sources(root / "source", bytecode=False)
         compiled = copy_sources(root / "bytecode", bytecode=True)
         cases: dict[str, object] = {}
         for name, checkout in checkouts.items():
             cases[f"fresh `core.plan`, {name}"] = ("fresh", checkout, "core.plan", [])
             cases[f"fresh `core.train`, 1 step, {name}"] = ("fresh", checkout, "core.train", ["--train.steps=1"])
-        for label, sources in (("sources only", source), ("sources and bytecode", compiled)):
-            for gc_mode in ("collect", "freeze"):
-                cases[f"forked `core.train`, 1 step, {label}, warm interpreter {'gc.freeze()' if gc_mode == 'freeze' else 'as imported'}"] = (
-                    "forked",
-                    sources,
-                    gc_mode,
-                    ["--train.steps=1"],
-                )
+        for preload, label in (("torch", "torch"), ("plait", "torch and plait")):
+            cases[f"forked `core.train`, 1 step, warm interpreter with {label} imported"] = ("forked", compiled, preload, ["--train.steps=1"])
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
         run = 0
         for _ in range(a.rounds):

@@ -7,8 +7,11 @@ slot, started on first use) imports those once, then forks one process per comma
 process with its own pid, process group, working directory, environment, stdout/stderr files and
 exit code, running the module as ``python -m`` does (``runpy``, ``sys.argv``, ``PYTHONPATH`` entries
 first on ``sys.path`` and a ``sitecustomize`` there imported first, as the test seams are; thread
-joins and exit handlers at its end). plait's own modules are
-imported in the fork, never in the warm interpreter, so they see the command's environment.
+joins and exit handlers at its end). Each warm interpreter forks, on first use, a *plait warm
+interpreter* that has imported plait's own modules too (no plait module reads the environment, the
+working directory or ``sys.argv`` when it loads): a command forks from that one unless the test seams
+are on its ``PYTHONPATH`` (they patch plait before it loads, and a module that has loaded keeps what
+it imported) or another plait package would be found first (:func:`plait_is_shared`).
 
 The ranks of a job rendezvous as torchrun's do: each gets torchrun's variables (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ...) and connects to a ``TCPStore`` that
@@ -34,6 +37,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 PRELOADED = (
     "torch",
@@ -45,7 +49,39 @@ PRELOADED = (
     "tensorboard.summary.writer.record_writer",
     "tensorboard.compat.proto.event_pb2",
 )
-"""What the warm interpreter imports: third-party modules only (plait's own load in each command)."""
+"""What every warm interpreter imports: torch and the third-party modules a run loads."""
+
+PLAIT_PACKAGES = ("core", "plugins", "model_specs")
+NOT_PRELOADED = ("core.cli.lm_eval_model",)
+"""plait modules a plait warm interpreter leaves to the command: this one imports lm-eval (and
+registers plait's model with it), which a plait command loads only when asked to."""
+
+
+def plait_modules() -> list[str]:
+    """What a plait warm interpreter imports besides :data:`PRELOADED`: every module of plait's
+    packages but :data:`NOT_PRELOADED` (a plugin package imports its modules only when plait
+    registers it, so importing the packages alone would leave most of a run's imports to it)."""
+    import importlib
+    import pkgutil
+
+    names = []
+    for package in PLAIT_PACKAGES:
+        root = importlib.import_module(package)
+        names += [package, *(m.name for m in pkgutil.walk_packages(root.__path__, f"{package}.") if m.name not in NOT_PRELOADED)]
+    return names
+
+
+def plait_is_shared(env: dict[str, str], cwd: Path) -> bool:
+    """Whether a command with ``env`` in ``cwd`` imports plait as a plait warm interpreter has:
+    the installed packages, with no ``sitecustomize`` (the test seams) on ``PYTHONPATH`` to patch
+    them before they load, and no other ``core``, ``plugins`` or ``model_specs`` package in the
+    working directory or on ``PYTHONPATH`` to be found first. Otherwise the command forks from an
+    interpreter that has imported torch alone and loads plait itself."""
+    installed = Path(__file__).resolve().parents[1]
+    extra = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if any((p / "sitecustomize.py").exists() for p in extra):
+        return False
+    return not any(p.resolve() != installed and any((p / name).exists() for name in PLAIT_PACKAGES) for p in [Path(cwd), *extra])
 
 
 def can_run(module: str, env: dict[str, str], base: dict[str, str]) -> bool:
@@ -80,27 +116,87 @@ def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
     # the pages it shares with the warm interpreter).
     gc.collect()
     gc.freeze()
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    for line in requests:
+    plait: tuple[int, BinaryIO, BinaryIO] | None = None  # the plait warm interpreter, once forked: pid, pipes
+    replies = sys.stdout.buffer
+    for line in sys.stdin.buffer:
         req = json.loads(line)
-        if req["op"] == "start":
-            pid = os.fork()
-            if pid == 0:
-                _child(req, base_path)
-            try:  # the child sets it too: whichever runs first, it leads its group before the pid is answered
-                os.setpgid(pid, pid)
-            except OSError:
-                pass  # already ended, or already in its group
-            answer = {"pid": pid}
+        if req.get("plait"):
+            if plait is None:
+                plait = _fork_plait_server(base_path)
+            _, to_it, from_it = plait
+            to_it.write(line)
+            to_it.flush()
+            answer = from_it.readline()
+            if not answer:
+                break  # the plait warm interpreter ended: so does this one, and the test side starts them again
+            replies.write(answer)
         else:
-            try:
-                done, status = os.waitpid(req["pid"], os.WNOHANG)
-                answer = {"code": os.waitstatus_to_exitcode(status) if done else None}
-            except ChildProcessError:
-                answer = {"code": None, "gone": True}
-        replies.write(json.dumps(answer).encode() + b"\n")
+            replies.write(json.dumps(_answer(req, base_path)).encode() + b"\n")
         replies.flush()
+    if plait is not None:  # its request pipe closed, it ends; waited for, its CPU time is this process's children's
+        plait[1].close()
+        os.waitpid(plait[0], 0)
+
+
+def _fork_plait_server(base_path: list[str]) -> tuple[int, BinaryIO, BinaryIO]:  # pragma: no cover  (warm interpreter)
+    """Fork the plait warm interpreter: this one's child, with plait's modules imported too, serving
+    the requests this one passes on through a pair of pipes until the first of them closes."""
+    import gc
+    import importlib
+
+    requests, to_it = os.pipe()
+    from_it, replies = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(to_it)
+            os.close(from_it)
+            _PIPES[:] = [requests, replies]  # no command it forks holds them
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)  # the test's pipes stay with the warm interpreter, which answers on them
+            os.dup2(devnull, 1)
+            for name in plait_modules():
+                importlib.import_module(name)
+            gc.collect()
+            gc.freeze()
+            out = os.fdopen(replies, "wb")
+            for line in os.fdopen(requests, "rb"):
+                out.write(json.dumps(_answer(json.loads(line), base_path)).encode() + b"\n")
+                out.flush()
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()  # to the test's stderr; the warm interpreter ends on the closed pipe
+        finally:
+            os._exit(0)
+    os.close(requests)
+    os.close(replies)
+    _PIPES[:] = [to_it, from_it]
+    return pid, os.fdopen(to_it, "wb"), os.fdopen(from_it, "rb")
+
+
+_PIPES: list[int] = []
+"""The file descriptors of the pipes between a warm interpreter and its plait warm interpreter, which a
+forked command closes: only the two interpreters hold them, so either sees the other end."""
+
+
+def _answer(req: dict, base_path: list[str]) -> dict:  # pragma: no cover  (warm interpreter)
+    """``start``: fork the command, answer its pid; ``poll``: its exit code once it has ended."""
+    if req["op"] == "start":
+        pid = os.fork()
+        if pid == 0:
+            _child(req, base_path)
+        try:  # the child sets it too: whichever runs first, it leads its group before the pid is answered
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # already ended, or already in its group
+        return {"pid": pid}
+    try:
+        done, status = os.waitpid(req["pid"], os.WNOHANG)
+        return {"code": os.waitstatus_to_exitcode(status) if done else None}
+    except ChildProcessError:
+        return {"code": None, "gone": True}
 
 
 def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs in the fork)
@@ -111,6 +207,8 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
 
     code = 1
     try:
+        for fd in _PIPES:
+            os.close(fd)
         os.setpgid(0, 0)
         if req.get("address_space"):
             import resource
@@ -138,6 +236,7 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
                 runpy.run_path(script, run_name="__main__")
             else:
                 sys.argv = ["-m", *req["args"]]
+                _unload(req["module"])
                 runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as e:
@@ -157,11 +256,21 @@ def _child(req: dict, base_path: list[str]) -> None:  # pragma: no cover  (runs 
         os._exit(code)
 
 
+def _unload(name: str) -> None:  # pragma: no cover  (runs in the fork)
+    """Forget module ``name`` where a plait warm interpreter imported it: ``python -m name`` runs it as
+    ``__main__`` and finds it neither in ``sys.modules`` nor on its package."""
+    module = sys.modules.pop(name, None)
+    parent, _, child = name.rpartition(".")
+    if module is not None and parent in sys.modules and getattr(sys.modules[parent], child, None) is module:
+        delattr(sys.modules[parent], child)
+
+
 # --- this side ---------------------------------------------------------------------------------
 
 
 class WarmInterpreter:
-    """One warm interpreter and the pipe to it; started with ``base`` as its environment."""
+    """One warm interpreter and the pipe to it; started with ``base`` as its environment. A request
+    with ``"plait": true`` goes on to its plait warm interpreter (forked on first use)."""
 
     def __init__(self, base: dict[str, str]) -> None:
         env = {k: v for k, v in base.items() if k != "PYTHONPATH"}
@@ -250,6 +359,7 @@ def run(
             warm = _slot(r, base)
             req = {
                 "op": "start",
+                "plait": plait_is_shared(rank_env, script.parent if script else cwd),  # sys.path[0]: the script's folder or the cwd
                 "module": module,
                 "args": list(args),
                 "env": rank_env,
@@ -259,7 +369,7 @@ def run(
                 "address_space": address_space,
                 "script": str(script) if script else None,
             }
-            started.append((warm, warm.ask(req)["pid"]))
+            started.append((warm, warm.ask(req)["pid"], req["plait"]))
         command = [sys.executable, str(script)] if script else [sys.executable, "-m", module]
         codes = _wait(started, timeout, [*command, *args])
         del store
@@ -275,13 +385,15 @@ class Process:
     :meth:`poll`, :meth:`wait` and :meth:`communicate` (the text of its stdout and stderr files where
     they were asked for with ``subprocess.PIPE``)."""
 
-    def __init__(self, warm: WarmInterpreter, pid: int, args: list[str], outputs: tuple[Path | None, Path | None], tmp: tempfile.TemporaryDirectory) -> None:
-        self.warm, self.pid, self.args, self.outputs, self.tmp = warm, pid, args, outputs, tmp
+    def __init__(
+        self, warm: WarmInterpreter, pid: int, plait: bool, args: list[str], outputs: tuple[Path | None, Path | None], tmp: tempfile.TemporaryDirectory
+    ) -> None:
+        self.warm, self.pid, self.plait, self.args, self.outputs, self.tmp = warm, pid, plait, args, outputs, tmp
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            answer = self.warm.ask({"op": "poll", "pid": self.pid})
+            answer = self.warm.ask({"op": "poll", "pid": self.pid, "plait": self.plait})
             if answer.get("gone"):
                 self.returncode = 1
             elif answer["code"] is not None:
@@ -327,8 +439,19 @@ def start(module: str, args: list[str], *, env: dict[str, str], base: dict[str, 
     out, out_text = target(stdout, "stdout")
     err, err_text = (out, None) if stderr == subprocess.STDOUT else target(stderr, "stderr")
     warm = _slot(0, base)
-    req = {"op": "start", "module": module, "args": list(args), "env": env, "cwd": str(cwd), "stdout": out, "stderr": err, "address_space": None}
-    return Process(warm, warm.ask(req)["pid"], [sys.executable, "-m", module, *args], (out_text, err_text), tmp)
+    plait = plait_is_shared(env, cwd)
+    req = {
+        "op": "start",
+        "plait": plait,
+        "module": module,
+        "args": list(args),
+        "env": env,
+        "cwd": str(cwd),
+        "stdout": out,
+        "stderr": err,
+        "address_space": None,
+    }
+    return Process(warm, warm.ask(req)["pid"], plait, [sys.executable, "-m", module, *args], (out_text, err_text), tmp)
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -338,17 +461,17 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def _wait(started: list[tuple[WarmInterpreter, int]], timeout: float, cmd: list[str]) -> list[int]:
+def _wait(started: list[tuple[WarmInterpreter, int, bool]], timeout: float, cmd: list[str]) -> list[int]:
     codes: list[int | None] = [None] * len(started)
     deadline = time.monotonic() + timeout
     stopping_since: float | None = None
     pause = 0.01
     while any(c is None for c in codes):
-        for i, (warm, pid) in enumerate(started):
+        for i, (warm, pid, plait) in enumerate(started):
             if codes[i] is None:
-                answer = warm.ask({"op": "poll", "pid": pid})
+                answer = warm.ask({"op": "poll", "pid": pid, "plait": plait})
                 codes[i] = answer["code"] if not answer.get("gone") else 1
-        running = [pid for (_, pid), c in zip(started, codes) if c is None]
+        running = [pid for (_, pid, _), c in zip(started, codes) if c is None]
         if not running:
             break
         now = time.monotonic()

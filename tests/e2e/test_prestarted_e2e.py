@@ -40,6 +40,12 @@ def test_a_command_sees_its_own_working_directory_environment_and_path(tmp_path,
     assert not prestarted.can_run("plugins.data.prepare", env(), env())  # must start without torch: fresh
     assert not prestarted.can_run("core.train", env(OMP_NUM_THREADS="2"), env())  # read when torch loads: fresh
     assert not prestarted.can_run("core.train", env(TORCHDYNAMO_DISABLE="1"), env())  # so are torch's own settings
+    # plait's modules come from the warm interpreter that has imported them unless the seams would patch them
+    # before they load, or another plait package would be found first
+    assert prestarted.plait_is_shared(env(PYTHONPATH=str(site)), tmp_path)
+    assert not prestarted.plait_is_shared(env(PYTHONPATH=str(REPO / "tests" / "seams")), REPO)
+    (site / "plugins").mkdir()
+    assert not prestarted.plait_is_shared(env(PYTHONPATH=str(site)), REPO) and not prestarted.plait_is_shared(env(), site)
 
 
 def test_a_sitecustomize_on_pythonpath_acts_as_at_interpreter_start(tiny_config, tmp_path):
