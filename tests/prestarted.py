@@ -355,11 +355,12 @@ def run(
     with tempfile.TemporaryDirectory(prefix="plait_cmd_") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         started = []
+        plait = plait_is_shared(env, script.parent if script else cwd)  # sys.path[0]: the script's folder or the cwd
         for r, rank_env in enumerate(envs):
             warm = _slot(r, base)
             req = {
                 "op": "start",
-                "plait": plait_is_shared(rank_env, script.parent if script else cwd),  # sys.path[0]: the script's folder or the cwd
+                "plait": plait,
                 "module": module,
                 "args": list(args),
                 "env": rank_env,
@@ -369,7 +370,7 @@ def run(
                 "address_space": address_space,
                 "script": str(script) if script else None,
             }
-            started.append((warm, warm.ask(req)["pid"], req["plait"]))
+            started.append((warm, warm.ask(req)["pid"], plait))
         command = [sys.executable, str(script)] if script else [sys.executable, "-m", module]
         codes = _wait(started, timeout, [*command, *args])
         del store
