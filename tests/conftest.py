@@ -21,6 +21,13 @@ PY = sys.executable
 # pool of fresh interpreters that import torch, and the suite already keeps every core busy.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
+# The suite starts some hundreds of interpreters: the first to import a module writes its bytecode
+# and the rest read it. The README installs without compiling (pip's --no-compile), so only what the
+# suite imports is ever compiled; with PYTHONDONTWRITEBYTECODE set (this machine and its CI set it)
+# every interpreter would compile torch and plait from source instead.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def env(**extra: str) -> dict[str, str]:
     e = dict(os.environ)
@@ -222,21 +229,6 @@ def run_here(module: str, *args: str, cwd: Path | None = None) -> subprocess.Com
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess([module, *args], code, out, err)
-
-
-def pytest_configure(config) -> None:
-    """Compile plait's sources and the tests' scripts to bytecode once, in the controlling process,
-    before any test starts a process: where ``PYTHONDONTWRITEBYTECODE`` is set (this machine and its
-    CI set it), every plait process would otherwise compile each module it imports from source
-    (about 0.2 CPU-seconds a process, for some thousands of processes). Python reads bytecode found
-    beside its source whatever that variable says; ``__pycache__`` is ignored by git."""
-    if hasattr(config, "workerinput"):  # an xdist worker: the controller compiled before it started
-        return
-    import compileall
-
-    for folder in ("core", "plugins", "model_specs", "tests", "bench", "examples"):
-        if (REPO / folder).is_dir():
-            compileall.compile_dir(REPO / folder, quiet=2, workers=1)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -27,6 +27,7 @@ those to a fresh interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -125,9 +126,12 @@ def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
             if plait is None:
                 plait = _fork_plait_server(base_path)
             _, to_it, from_it = plait
-            to_it.write(line)
-            to_it.flush()
-            answer = from_it.readline()
+            try:
+                to_it.write(line)
+                to_it.flush()
+                answer = from_it.readline()
+            except BrokenPipeError:
+                answer = b""
             if not answer:
                 break  # the plait warm interpreter ended: so does this one, and the test side starts them again
             replies.write(answer)
@@ -135,7 +139,8 @@ def _serve() -> None:  # pragma: no cover  (runs in the warm interpreter)
             replies.write(json.dumps(_answer(req, base_path)).encode() + b"\n")
         replies.flush()
     if plait is not None:  # its request pipe closed, it ends; waited for, its CPU time is this process's children's
-        plait[1].close()
+        with contextlib.suppress(BrokenPipeError):
+            plait[1].close()
         os.waitpid(plait[0], 0)
 
 
@@ -268,6 +273,10 @@ def _unload(name: str) -> None:  # pragma: no cover  (runs in the fork)
 # --- this side ---------------------------------------------------------------------------------
 
 
+class WarmInterpreterEnded(RuntimeError):
+    """A warm interpreter ended before it answered: killed, or its plait warm interpreter ended."""
+
+
 class WarmInterpreter:
     """One warm interpreter and the pipe to it; started with ``base`` as its environment. A request
     with ``"plait": true`` goes on to its plait warm interpreter (forked on first use)."""
@@ -284,7 +293,7 @@ class WarmInterpreter:
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the warm interpreter ended (exit code {self.proc.poll()})")
+            raise WarmInterpreterEnded(f"the warm interpreter ended (exit code {self.proc.poll()})")
         return json.loads(line)
 
     def close(self) -> None:
@@ -301,6 +310,18 @@ def _slot(rank: int, base: dict[str, str]) -> WarmInterpreter:
     if warm is None or warm.proc.poll() is not None:
         warm = _slots[rank] = WarmInterpreter(base)
     return warm
+
+
+def _fork(rank: int, base: dict[str, str], req: dict) -> tuple[WarmInterpreter, int]:
+    """Fork ``req``'s command from slot ``rank``'s warm interpreter: the interpreter and the command's
+    pid. A warm interpreter that has ended (killed, or its plait warm interpreter was) is started again."""
+    warm = _slot(rank, base)
+    try:
+        return warm, warm.ask(req)["pid"]
+    except WarmInterpreterEnded:
+        warm.proc.wait(timeout=30)
+        warm = _slot(rank, base)
+        return warm, warm.ask(req)["pid"]
 
 
 def close_all() -> None:
@@ -357,7 +378,6 @@ def run(
         started = []
         plait = plait_is_shared(env, script.parent if script else cwd)  # sys.path[0]: the script's folder or the cwd
         for r, rank_env in enumerate(envs):
-            warm = _slot(r, base)
             req = {
                 "op": "start",
                 "plait": plait,
@@ -370,7 +390,8 @@ def run(
                 "address_space": address_space,
                 "script": str(script) if script else None,
             }
-            started.append((warm, warm.ask(req)["pid"], plait))
+            warm, pid = _fork(r, base, req)
+            started.append((warm, pid, plait))
         command = [sys.executable, str(script)] if script else [sys.executable, "-m", module]
         codes = _wait(started, timeout, [*command, *args])
         del store
@@ -439,7 +460,6 @@ def start(module: str, args: list[str], *, env: dict[str, str], base: dict[str, 
 
     out, out_text = target(stdout, "stdout")
     err, err_text = (out, None) if stderr == subprocess.STDOUT else target(stderr, "stderr")
-    warm = _slot(0, base)
     plait = plait_is_shared(env, cwd)
     req = {
         "op": "start",
@@ -452,7 +472,8 @@ def start(module: str, args: list[str], *, env: dict[str, str], base: dict[str, 
         "stderr": err,
         "address_space": None,
     }
-    return Process(warm, warm.ask(req)["pid"], plait, [sys.executable, "-m", module, *args], (out_text, err_text), tmp)
+    warm, pid = _fork(0, base, req)
+    return Process(warm, pid, plait, [sys.executable, "-m", module, *args], (out_text, err_text), tmp)
 
 
 def _kill(pid: int, sig: int) -> None:

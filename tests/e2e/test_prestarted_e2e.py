@@ -4,7 +4,10 @@ and torchrun would: the same outputs, losses, exit codes, environment and workin
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+from pathlib import Path
 
 import prestarted
 import pytest
@@ -148,3 +151,27 @@ def test_a_script_job_sees_what_it_sees_under_torchrun(tmp_path):
         assert got["argv"][1:] == [str(tmp_path / "warm")] and want["argv"][1:] == [str(tmp_path / "cold")]
         got["argv"], want["argv"] = got["argv"][0], want["argv"][0]
         assert got == want and got["rank"] == str(rank) and got["sum"] == 3 and got["first"] == str(script.parent), (got, want)
+
+
+def test_a_warm_interpreter_whose_plait_warm_interpreter_died_is_started_again():
+    """The plait warm interpreter is its warm interpreter's child: when it dies (killed, out of memory),
+    the next command starts both again and runs."""
+    assert prestarted.run("core.plugins", [], nproc=1, env=env(), base=env(), cwd=REPO, timeout=120).returncode == 0
+    warm = prestarted._slots[0]
+    (plait_server,) = children(warm.proc.pid)  # the commands it forked have ended and been reaped
+    os.kill(plait_server, signal.SIGKILL)
+    proc = prestarted.run("core.plugins", [], nproc=1, env=env(), base=env(), cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and "llama3" in proc.stdout
+    assert warm.proc.wait(timeout=30) == 0 and prestarted._slots[0] is not warm
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
