@@ -158,7 +158,7 @@ def test_a_warm_interpreter_whose_plait_warm_interpreter_died_is_started_again()
     the next command starts both again and runs."""
     assert prestarted.run("core.plugins", [], nproc=1, env=env(), base=env(), cwd=REPO, timeout=120).returncode == 0
     warm = prestarted._slots[0]
-    (plait_server,) = children(warm.proc.pid)  # the commands it forked have ended and been reaped
+    plait_server = children(warm.proc.pid)[0]  # its oldest live child: forked at its first plait command
     os.kill(plait_server, signal.SIGKILL)
     proc = prestarted.run("core.plugins", [], nproc=1, env=env(), base=env(), cwd=REPO, timeout=120)
     assert proc.returncode == 0 and "llama3" in proc.stdout
@@ -166,12 +166,14 @@ def test_a_warm_interpreter_whose_plait_warm_interpreter_died_is_started_again()
 
 
 def children(pid: int) -> list[int]:
+    """The live (not zombie) children of ``pid``, oldest first."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            state, parent, started = fields[0], int(fields[1]), int(fields[19])
         except (OSError, IndexError, ValueError):
             continue
-        if parent == pid:
-            found.append(int(stat.parent.name))
-    return found
+        if parent == pid and state != "Z":
+            found.append((started, int(stat.parent.name)))
+    return [child for _, child in sorted(found)]
