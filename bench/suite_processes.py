@@ -21,6 +21,7 @@ import ctypes
 import json
 import os
 import shlex
+import signal
 import struct
 import subprocess
 import sys
@@ -146,6 +147,7 @@ def run(command: list[str]) -> tuple[list[dict], float, int]:
     accounting.touch()
     hook = Path(sysconfig.get_paths()["purelib"]) / "plait_bench_process_starts.pth"
     hook.write_text("import os; exec(" + repr(HOOK.format(path=str(start_log))) + ", {})\n")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the hook and the accounting are undone on SIGTERM too
     try:
         if libc.acct(str(accounting).encode()) != 0:
             raise SystemExit(
