@@ -70,7 +70,7 @@ def read_accounting(data: bytes) -> list[dict]:
 def kind_of(argv: list[str]) -> str:
     """What a Python interpreter started as, from its command line (``sys.orig_argv``)."""
     args = argv[1:]
-    while args and args[0] in ("-u", "-B", "-E", "-s", "-I") or (args and args[0].startswith("-X")):
+    while args and (args[0] in ("-u", "-B", "-E", "-s", "-I") or args[0].startswith("-X")):
         args = args[2:] if args[0] == "-X" else args[1:]
     if not args:
         return "python"
@@ -103,9 +103,9 @@ def attribute(acct: list[dict], starts: list[dict]) -> list[dict]:
     parent = {r["pid"]: r["ppid"] for r in acct}
     out = []
     for r in acct:
-        pid, forks, chain = r["pid"], 0, 0
-        while pid not in started and pid in parent and chain < 64:
-            forks, pid, chain = forks + 1, parent[pid], chain + 1
+        pid, forks = r["pid"], 0
+        while pid not in started and pid in parent and forks < 64:
+            pid, forks = parent[pid], forks + 1
         if pid in started:
             kind = kind_of(started[pid]["argv"])
             test = None if kind.startswith(("warm", "pytest")) else started[pid].get("test")
@@ -127,7 +127,7 @@ def report(rows: list[dict], wall_s: float, code: int, command: list[str]) -> st
     kinds = [[k, round(v, 1), count[k], round(v / count[k], 2), f"{100 * v / total:.1f}%"] for k, v in by_kind.most_common() if v >= 1.0]
     by_test = Counter()
     for r in rows:
-        if r["test"] and not r["kind"].startswith("pytest"):
+        if r["test"]:
             by_test[r["test"]] += r["cpu"]
     tests = [[f"`{t}`", round(v, 1)] for t, v in by_test.most_common(20)]
     return (
