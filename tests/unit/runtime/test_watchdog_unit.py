@@ -80,6 +80,17 @@ def store():
     del server
 
 
+def settled_ender(view: PeerView) -> int | None:
+    """The rank ``view`` reads as having ended the run, read once every request it queued before has
+    run (its thread serves them in order), so that none is left to fail after the store is gone."""
+    deadline = time.monotonic() + ENDS_WITHIN_S
+    while time.monotonic() < deadline:
+        if (ender := view.ended_by(wait_s=0.5)) is not None:
+            return ender
+        time.sleep(0.05)  # an earlier read still unanswered: ended_by returned at once
+    return None
+
+
 def test_every_rank_names_the_rank_behind_and_waits_while_a_straggler_moves(store, capfd):
     """Two ranks sharing a store. Rank 1 reads the data of step 2 slowly while rank 0 waits in the
     step (it is ahead in the loop): as long as rank 1 moves, rank 0 is not stalled, however long it
@@ -99,6 +110,8 @@ def test_every_rank_names_the_rank_behind_and_waits_while_a_straggler_moves(stor
     assert end0.done.wait(ENDS_WITHIN_S) and end1.done.wait(ENDS_WITHIN_S), capfd.readouterr().err
     dog0.stop()
     dog1.stop()
+    enders = [settled_ender(view) for view in views]
+    assert enders[0] == enders[1] and enders[0] in (0, 1), enders  # one rank ended the run as stalled; both read which
     err = capfd.readouterr().err
     assert "rank 0: no progress for" in err and "waiting for rank 1, which still moves (reading the data of step 2); not a stall yet" in err, err
     lines = {r: [line for line in err.splitlines() if f"rank {r}: stalled: " in line] for r in (0, 1)}
