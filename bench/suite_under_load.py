@@ -2,10 +2,10 @@
 
 Starts ``--busy`` processes that each spin without pause (``sh -c 'while :; do :; done'``), runs the
 command beside them, and reports its exit code, its wall time, the one-minute load average as it
-ended and its last summary line (pytest's counts). The busy loops end with the command, on an
+ended and its last summary line (pytest's counts); its whole output is kept in ``--log``. The busy loops end with the command, on an
 exception or on SIGTERM. It shows whether a test depends on the machine being idle: none may.
 
-    python -m bench.suite_under_load [--busy 2] [--no-write] [-- python -m pytest -q -n 3 --dist worksteal]
+    python -m bench.suite_under_load [--busy 2] [--log FILE] [--no-write] [-- python -m pytest -q -n 3 --dist worksteal]
 """
 
 from __future__ import annotations
@@ -53,17 +53,15 @@ def busy_loops(n: int) -> Iterator[list[subprocess.Popen]]:
             loop.wait()
 
 
-def run(command: list[str], busy: int) -> dict:
-    """The command beside ``busy`` busy loops: exit code, wall seconds, load average, summary line."""
-    with tempfile.TemporaryFile("w+") as log, busy_loops(busy):
+def run(command: list[str], busy: int, log: Path) -> dict:
+    """The command beside ``busy`` busy loops, its output in ``log``: exit code, wall seconds, load
+    average, summary line."""
+    with log.open("w+") as out, busy_loops(busy):
         start = time.monotonic()
-        code = subprocess.call(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        code = subprocess.call(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         wall = time.monotonic() - start
         load = os.getloadavg()[0]
-        log.seek(0)
-        output = log.read()
-    sys.stdout.write(output[-3000:])
-    return {"code": code, "wall": wall, "load": load, "summary": summary_line(output)}
+    return {"code": code, "wall": wall, "load": load, "summary": summary_line(log.read_text(errors="replace"))}
 
 
 def main() -> None:
@@ -71,9 +69,12 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=2, help="how many busy loops run beside the command")
     parser.add_argument("--no-write", action="store_true", help="print the report only; do not append it to docs/benchmarks.md")
     parser.add_argument("command", nargs="*", help="the command (default: the README's pytest command)")
+    parser.add_argument("--log", type=Path, help="where the command's whole output goes (default: a new file in the temporary folder)")
     args = parser.parse_args()
     command = args.command or DEFAULT_COMMAND
-    result = run(command, args.busy)
+    log = args.log or Path(tempfile.mkstemp(prefix="suite-under-load-", suffix=".log")[1])
+    result = run(command, args.busy, log)
+    sys.stdout.write(f"the command's whole output: {log}\n")
     shown = [Path(command[0]).name if command[0] == sys.executable else command[0], *command[1:]]
     body = f"`{' '.join(shown)}` beside {args.busy} busy loops on {os.cpu_count()} cores:\n\n" + table(
         ["busy loops", "exit code", "result", "wall s", "load average at the end (1 min)"],

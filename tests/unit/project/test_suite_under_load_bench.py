@@ -26,9 +26,11 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_busy_loops_spin_while_the_command_runs_and_end_with_it_or_with_an_exception():
-    result = run([sys.executable, "-c", "print('= 2 passed in 0.01s =')"], busy=1)
+def test_busy_loops_spin_while_the_command_runs_and_end_with_it_or_with_an_exception(tmp_path):
+    log = tmp_path / "out.log"
+    result = run([sys.executable, "-c", "print('= 2 passed in 0.01s =')"], busy=1, log=log)
     assert result["code"] == 0 and result["summary"] == "2 passed" and result["wall"] > 0
+    assert log.read_text() == "= 2 passed in 0.01s =\n"
     with pytest.raises(RuntimeError), busy_loops(2) as loops:
         pids = [loop.pid for loop in loops]
         assert all(alive(pid) and loop.poll() is None for pid, loop in zip(pids, loops, strict=True))
