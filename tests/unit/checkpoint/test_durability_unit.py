@@ -280,8 +280,12 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     from core.checkpoint import staging
     from core.checkpoint.async_save import AsyncSaves
 
-    real, real_wait = staging.HostStager._copy, AsyncSaves.wait_for_copy
-    waiting = threading.Event()  # the training loop has reached the wait for a copy in flight
+    real, real_wait, real_start = staging.HostStager._copy, AsyncSaves.wait_for_copy, AsyncSaves.start
+    waiting = threading.Event()  # the training loop has reached the wait for the copy of the save in flight
+
+    def marking_start(self, *args):
+        waiting.clear()  # before the copy is asked for: the loop may reach its wait before the copy's thread starts
+        return real_start(self, *args)
 
     def marking_wait(self, step):
         if self.copying is not None:
@@ -289,15 +293,16 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
         return real_wait(self, step)
 
     def slow(self, state):
-        # The copy starts only once the loop waits for it (or after 10 s: without the wait, the next update
-        # changes the state mid-copy and the checkpoints differ), then takes 0.3 s more: a wait of at least
-        # that long, however loaded the machine (a fixed sleep was outrun by a loaded CI's step).
-        waiting.wait(timeout=10)
-        waiting.clear()
+        # The copy starts only once the loop waits for it, then takes 0.3 s more: the loop waits at least
+        # that long, however loaded the machine. Every path that uses the state waits for the copy first;
+        # on one that did not, the next update would change the state mid-copy and the checkpoints would
+        # differ (the 300 s bound only keeps such a failure from hanging the test).
+        waiting.wait(timeout=300)
         time.sleep(0.3)
         return real(self, state)
 
     monkeypatch.setattr(staging.HostStager, "_copy", slow)
+    monkeypatch.setattr(AsyncSaves, "start", marking_start)
     monkeypatch.setattr(AsyncSaves, "wait_for_copy", marking_wait)
     from core.contract import log
 
