@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import REPO, append_section, table
+from bench.suite_processes import DEFAULT_COMMAND as README_PYTEST
 
-DEFAULT_COMMAND = [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "worksteal", "-p", "no:cacheprovider"]
+DEFAULT_COMMAND = [*README_PYTEST, "-p", "no:cacheprovider"]
 SUMMARY = re.compile(r"^=*\s*(\d+ [a-z]+(?:, \d+ [a-z]+)*) in [\d.]+s")
 
 
@@ -71,8 +72,14 @@ def main() -> None:
     parser.add_argument("command", nargs="*", help="the command (default: the README's pytest command)")
     parser.add_argument("--log", type=Path, help="where the command's whole output goes (default: a new file in the temporary folder)")
     args = parser.parse_args()
+    if args.busy < 0:
+        parser.error(f"--busy: expected a count of busy loops (0 or more), got {args.busy}")
     command = args.command or DEFAULT_COMMAND
-    log = args.log or Path(tempfile.mkstemp(prefix="suite-under-load-", suffix=".log")[1])
+    log = args.log
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="suite-under-load-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
     result = run(command, args.busy, log)
     sys.stdout.write(f"the command's whole output: {log}\n")
     shown = [Path(command[0]).name if command[0] == sys.executable else command[0], *command[1:]]

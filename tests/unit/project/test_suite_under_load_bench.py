@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.suite_under_load import busy_loops, run, summary_line
+from bench.suite_under_load import busy_loops, main, run, summary_line
 
 
 def test_the_summary_line_is_pytests_closing_counts():
@@ -37,3 +37,10 @@ def test_busy_loops_spin_while_the_command_runs_and_end_with_it_or_with_an_excep
         raise RuntimeError("the command failed")
     assert [loop.returncode for loop in loops] == [-9, -9]
     assert not any(alive(pid) for pid in pids)
+
+
+def test_a_negative_count_of_busy_loops_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["suite_under_load.py", "--busy", "-1", "--no-write"])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    assert ended.value.code == 2 and "--busy: expected a count of busy loops (0 or more), got -1" in capsys.readouterr().err
