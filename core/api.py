@@ -8,7 +8,8 @@ What this module holds, by group:
 
 * **Hooks**: :data:`hookimpl` marks ``plait_register`` and a monitor's run-event methods
   (:data:`RUN_EVENT_HOOKS`; each hook's arguments, return value and timing: ``help(core.api.hookspecs)``).
-  ``plait_register`` receives a :class:`Registry`; run-event hooks receive a :class:`Run`.
+  ``plait_register`` receives a :class:`Registry`; ``plait_preflight`` a :class:`PreparedRun`, the
+  other run-event hooks a :class:`Run`.
 * **Options**: every component has an options dataclass; each field is declared with
   :func:`option` (default, one-line doc, bounds). :class:`NoOptions` is for components without.
 * **Slot protocols and run types**: the object a factory returns satisfies its slot's protocol
@@ -42,7 +43,9 @@ What this module holds, by group:
 * **Model helpers**: :func:`chunked_cross_entropy` and :func:`output_cross_entropy` (the loss
   without materializing all logits); a model module's ``step_metrics(reduce)`` receives
   ``reduce = lambda parts: reduce_parts(parts, dist)`` (:func:`reduce_parts` states its rules); a
-  monitor's ``plait_metrics`` returns :class:`Reduced` values instead of a collective of its own.
+  monitor's ``plait_metrics`` returns :class:`Reduced` values instead of a collective of its own;
+  :func:`squared_norm_share` is a parameter's (or gradient's) share of its squared norm, summed over
+  the ranks under ddp and fsdp2 alike.
 * **Errors**: raise :class:`ConfigError`, :class:`DataError`, :class:`PluginError` or
   :class:`CheckpointError` (all :class:`PlaitError`) with one line naming the key or file: plait
   prints it and exits with code 2. :func:`closest` makes the ``(did you mean ...?)`` suffix.
@@ -55,14 +58,20 @@ What this module holds, by group:
 
 Where the answers are:
 
-* the fields of a :class:`Run` and the signature of ``run.request_stop(reason, checkpoint=True,
-  source="", exit_code=0)``: ``help(core.api.Run)``;
+* the fields of a :class:`Run`, the core's ``run.state`` keys and the signature of
+  ``run.request_stop(reason, checkpoint=True, source="", exit_code=0)``: ``help(core.api.Run)``;
+  what ``plait_preflight``'s ``prep`` holds: ``help(core.api.PreparedRun)``;
+* that gradients at ``plait_before_update`` are already clipped (its ``clip_coef``):
+  ``help(core.api.hookspecs.plait_before_update)``;
+* how to declare a required option, and whether a list default is allowed (it is):
+  ``help(core.api.option)``;
 * whether ``multiplier(step, total_steps)`` is 0- or 1-based (0-based: the first update uses step
   0): ``help(core.api.LRSchedule)``;
 * how parameters are sorted into kinds (a tied head stays ``embedding``; learned positions are
   ``embedding`` as an ``nn.Embedding``, ``matrix`` as a bare parameter), and whether a tied
-  ``lm_head.weight`` reaches ``to_hf_state_dict`` (it does, under its own name):
-  ``help(core.api.ModelSpec)``;
+  ``lm_head.weight`` reaches ``to_hf_state_dict`` (it does, under its own name), what
+  ``param_counts()``'s non-embedding count leaves out, and that ``hf_config()`` decides the exported
+  architecture: ``help(core.api.ModelSpec)``;
 * the keys of a parameter group (``params``, ``name``, ``lr``, ``lr_mult``, ``weight_decay``):
   ``help(core.api.OptimizerOptions)``;
 * what ``epoch_samples`` returns and what the loader does at an epoch's end (nothing: the source
@@ -114,12 +123,12 @@ if _typing.TYPE_CHECKING:
         data_tokens_per_epoch,
         high_precision_modules,
     )
-    from core.contract.run import Run
+    from core.contract.run import PreparedRun, Run
     from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
     from core.data.worker_start import worker_context
     from core.loop import evaluation
     from core.runtime.durable_io import replace_durable
-    from core.runtime.monitor_reductions import Reduced
+    from core.runtime.monitor_reductions import Reduced, squared_norm_share
 
 # The exports whose modules import torch, by module: imported on first use (module __getattr__).
 _ON_FIRST_USE: dict[str, tuple[str, ...]] = {
@@ -148,7 +157,7 @@ _ON_FIRST_USE: dict[str, tuple[str, ...]] = {
         "data_tokens_per_epoch",
         "high_precision_modules",
     ),
-    "core.contract.run": ("Run",),
+    "core.contract.run": ("PreparedRun", "Run"),
     "core.data.indexed": (
         "DataExhausted",
         "IndexedLoader",
@@ -161,7 +170,7 @@ _ON_FIRST_USE: dict[str, tuple[str, ...]] = {
     ),
     "core.data.worker_start": ("worker_context",),
     "core.runtime.durable_io": ("replace_durable",),
-    "core.runtime.monitor_reductions": ("Reduced",),
+    "core.runtime.monitor_reductions": ("Reduced", "squared_norm_share"),
     "core.loop.evaluation": ("evaluation",),
 }
 _MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
@@ -187,6 +196,7 @@ __all__ = [
     "hookspecs",
     "RUN_EVENT_HOOKS",
     "Registry",
+    "PreparedRun",
     "Run",
     # options
     "option",
@@ -209,6 +219,7 @@ __all__ = [
     "declared_tokenizer",
     "data_end_of_document_id",
     "Reduced",
+    "squared_norm_share",
     "high_precision_modules",
     "data_fingerprint",
     "data_has_split",

@@ -38,19 +38,22 @@ from core.cli.plan_render import render
 from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
 from core.contract.members import member
+from core.contract.protocols import output_head_params
 from core.runtime.disk import checkpoint_bytes
 
 GiB = 2**30
 
 
 def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
-    """(total, non-embedding) parameters of ``model`` (on the meta device); tied weights count once."""
+    """(total, non-embedding) parameters of ``model`` (on the meta device), as ``ModelSpec`` defines
+    ``param_counts()``: tied weights count once; every ``nn.Embedding``'s and the output head's are not
+    non-embedding."""
     counts = member("model", spec, "param_counts")
     if counts is not None:
         return tuple(counts())  # type: ignore[return-value]
     unique = {id(p): p for p in model.parameters()}
     total = sum(p.numel() for p in unique.values())
-    emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+    emb = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()} | {id(p) for p in output_head_params(spec, model)}
     return total, total - sum(unique[i].numel() for i in emb if i in unique)
 
 

@@ -10,8 +10,13 @@ that no installed plugin provides is an error.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import linecache
 import os
+import sys
+import textwrap
+import traceback
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Callable
@@ -117,6 +122,44 @@ def _entry_points() -> list[tuple[metadata.EntryPoint, str]]:
     return sorted(found, key=lambda pair: (pair[1] != OWN_DISTRIBUTION, pair[1], pair[0].name))
 
 
+def internal_import_hint(e: BaseException) -> str:
+    """For a plugin whose import of a ``core`` module other than ``core.api`` failed (an internal path,
+    moved or never public): the ``core.api`` names to import instead, as the end of its one-line
+    error; '' for any other failure."""
+    module = e.name if isinstance(e, ImportError) else None
+    if not module or module.split(".")[0] != "core" or module == "core.api":
+        return ""
+    # core.api sits above every core package, which never import it; plait's own plugins, loaded
+    # before any third-party one, have imported it by now
+    exported = set(getattr(sys.modules.get("core.api"), "__all__", ()))
+    use = [name for name in imported_names(e) if name in exported]
+    if not use:
+        return "; plugins import from core.api alone (help(core.api) lists its names)"
+    return f"; plugins import from core.api alone: from core.api import {', '.join(use)}"
+
+
+def imported_names(e: BaseException) -> list[str]:
+    """The names the failed import statement asked for (``from core.x import a, b``: a and b;
+    ``import core.x.y``: y), read from the innermost frame of the plugin's code."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
+    first = frames[-1].lineno if frames else None
+    if first is None:
+        return []
+    last = frames[-1]
+    lines = range(first, (last.end_lineno or first) + 1)
+    try:
+        tree = ast.parse(textwrap.dedent("".join(linecache.getline(last.filename, n) for n in lines)))
+    except SyntaxError:
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names += [alias.name.rsplit(".", 1)[-1] for alias in node.names]
+    return names
+
+
 def plugin_manager() -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -163,7 +206,8 @@ def _load(allow: str | None) -> tuple[Registry, pluggy.PluginManager]:
         except (Exception, SystemExit) as e:  # any import failure (sys.exit, argparse at import too) is that plugin's problem
             others = ",".join(sorted({o.name for o, o_dist in eps if o_dist != OWN_DISTRIBUTION} - {ep.name})) or "''"
             out = f"; to run without it: {ALLOW_ENV}={others} (the other third-party plugins), or uninstall {dist}" if dist != OWN_DISTRIBUTION else ""
-            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {type(e).__name__}: {e}{out}") from None
+            why = f"{type(e).__name__}: {e}{internal_import_hint(e)}"
+            raise PluginError(f"plugin {ep.name!r} (distribution {dist}, {ep.value}) failed to import: {why}{out}") from None
         try:
             pm.register(module, name=ep.name)
         except pluggy.PluginValidationError as e:  # a hook implementation of the wrong shape

@@ -41,7 +41,7 @@ from core.contract.errors import PluginError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from core.contract.run import Run
+    from core.contract.run import PreparedRun, Run
 
 PROJECT = "plait"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -121,15 +121,13 @@ def plait_replace_batch(run: "Run", step: int, micro: int, inputs: "torch.Tensor
 
 
 @hookspec
-def plait_preflight(prep: Any, force: bool) -> None:
+def plait_preflight(prep: "PreparedRun", force: bool) -> None:
     """The run is planned and checked; no process group or model exists yet (``core.train`` on
-    every rank, and ``core.plan``). ``prep`` is the prepared run (:class:`core.preflight.prepare.Prepared`);
-    a monitor may read its ``world_size``, ``device``, ``grad_accum``, ``tokens_per_step``, ``total_steps``,
-    ``resolved`` (the config, as ``run.config`` will hold it), ``spec`` (the model spec), ``tokenizer`` (the
-    data source's declared tokenizer, as ``run.tokenizer``) and ``resume_from`` (the checkpoint a resume tries
-    first, or None); the rest is plait's own. ``force`` is ``budget.force``. Raise :class:`core.contract.errors.ConfigError` to refuse the run in one
-    line (exit 2); anything else is reported as the monitor's failure, also exit 2. The
-    ``budget_guard`` refuses a run whose projected cost is over its cap this way.
+    every rank, and ``core.plan``). ``prep`` is a :class:`core.api.PreparedRun` (its fields:
+    ``help(core.api.PreparedRun)``). ``force`` is ``budget.force``. Raise
+    :class:`core.contract.errors.ConfigError` to refuse the run in one line (exit 2); anything else is
+    reported as the monitor's failure, also exit 2. The ``budget_guard`` refuses a run whose projected
+    cost is over its cap this way.
     """
 
 
@@ -151,19 +149,24 @@ def plait_seq_len_schedule(seq_len: int, total_steps: int) -> list[tuple[int, in
 
 
 @hookspec
-def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float) -> str | None:
-    """Gradients of step ``step`` (1-based) are ready; the optimizer has not stepped yet.
+def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float, clip_coef: float) -> str | None:
+    """Gradients of step ``step`` (1-based) are ready and already clipped; the optimizer has not stepped yet.
 
     ``loss`` is the step's loss averaged over all ranks and ``grad_norm`` the
-    global gradient norm, as floats. Implementing this hook costs two small
-    all-reduces and a device sync per step, so only monitors that must act
-    before the update (spike handling) should. Return ``"skip"`` to drop this
-    update (gradients are discarded; the step still counts), ``"rollback"``
-    to restore the last complete checkpoint while keeping the data position
-    (so the batches since then, the offending ones included, are skipped), or
-    None. Every rank follows the strongest verdict of any rank's monitors
-    (rollback, then skip), so one that decides, or fails, on one rank never
-    splits the replicas. A rollback restores all the checkpoint holds, the
+    global gradient norm *before* clipping, as floats. The gradients (``p.grad``)
+    are already clipped to ``train.grad_clip``: multiplied by ``clip_coef`` =
+    ``min(1, grad_clip / (grad_norm + 1e-6))`` (1.0 when ``grad_clip = 0`` or the
+    norm is below it; NaN when the norm is), so a gradient's norm before clipping
+    is its norm now divided by ``clip_coef``. A parameter's or gradient's share of
+    a norm over the ranks: :func:`core.api.squared_norm_share`. Implementing this
+    hook costs two small all-reduces and a device sync per step, so only monitors
+    that must act before the update (spike handling) should. Return ``"skip"`` to
+    drop this update (gradients are discarded; the step still counts),
+    ``"rollback"`` to restore the last complete checkpoint while keeping the data
+    position (so the batches since then, the offending ones included, are
+    skipped), or None. Every rank follows the strongest verdict of any rank's
+    monitors (rollback, then skip), so one that decides, or fails, on one rank
+    never splits the replicas. A rollback restores all the checkpoint holds, the
     ``run.state`` keys it saved included (keep what must outlive a rollback on
     the monitor object), but the data position and the wall time.
     """

@@ -6,7 +6,10 @@
         betas: tuple[float, float] = option((0.9, 0.95), "Adam's betas", ge=0, lt=1)  # each element
         filename: str = option("metrics.jsonl", "file inside output_dir", inside=True)
 
-Bounds (``ge``, ``gt``, ``le``, ``lt``) apply to a number, or to each element
+A required option (no default: a config that leaves it unset is refused naming the key, exit 2) is
+``option(dataclasses.MISSING, "doc")``; it comes before the fields with defaults, or the dataclass
+is ``@dataclass(kw_only=True)``. A list or dict default is allowed: each options object gets its own
+copy. Bounds (``ge``, ``gt``, ``le``, ``lt``) apply to a number, or to each element
 of a list or tuple, or to each value of a dict, and imply a finite number. ``inside=True`` asks for a
 relative path that stays inside its folder (no ``..``, not absolute). A
 dataclass may also define ``check()`` for rules across fields; it raises
@@ -38,6 +41,9 @@ def option(
     **kwargs: Any,
 ) -> Any:
     """A dataclass field with a one-line ``doc`` shown by ``python -m core.plugins``.
+
+    ``default``: the value an unset key takes; ``dataclasses.MISSING`` makes the option required
+    (shown as ``(required)``); a list or dict is copied for each options object.
 
     ``key`` spells the TOML key when it cannot be a Python name (``async``).
     ``ge``/``gt``/``le``/``lt`` bound a number (each element of a list, tuple

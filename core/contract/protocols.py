@@ -92,6 +92,19 @@ class ModelSpec(Protocol):
     returns ``{option: value}`` as the spec was built (a flavor's defaults filled in); each
     checkpoint records it, and a resume compares those values.
 
+    **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
+    ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;
+    ``non_embedding`` leaves out the token embedding, learned positions made as an ``nn.Embedding``
+    and the output head, tied or not (Kaplan et al. 2020's convention), and counts every other
+    parameter, learned positions held as a bare ``nn.Parameter`` included. Without the member, the
+    core counts a meta build by that rule: the parameters of every ``nn.Embedding`` and of every
+    linear outside ``blocks(model)`` that maps to the vocabulary are not non-embedding.
+
+    **Hugging Face export.** ``core.export --format hf`` writes ``config.json`` from ``hf_config()``
+    alone, adding only ``torch_dtype`` and the tokenizer's ``bos_token_id``/``eos_token_id``: its ``architectures`` and
+    ``model_type`` decide which transformers class loads the weights, so the names
+    ``to_hf_state_dict(sd)`` returns must be that class's.
+
     **Tied weights.** Tie inside ``build()`` (``self.lm_head.weight = self.wte.weight``): the core
     records shared parameters before giving the module storage and shares them again after, so a
     tied weight is trained, counted, saved and loaded once. ``to_hf_state_dict(sd)`` receives the
@@ -156,7 +169,8 @@ class Parallelism(Protocol):
         ...
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """Clip gradients (max_norm <= 0: no clipping) and return the global grad norm."""
+        """Clip gradients (max_norm <= 0: no clipping) and return the global grad norm before clipping
+        (as ``torch.nn.utils.clip_grad_norm_``: gradients scaled by ``min(1, max_norm / (norm + 1e-6))``)."""
         ...
 
 

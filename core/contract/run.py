@@ -1,4 +1,5 @@
-"""The object that run-event hooks receive: where the run is, and a way to stop it."""
+"""What monitors receive: :class:`PreparedRun` before the run starts (``plait_preflight``), then
+:class:`Run` in every run-event hook (where the run is, and a way to stop it)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.contract.protocols import DistInfo
+import torch
+
+from core.contract.protocols import DistInfo, ModelSpec
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """What ``plait_preflight(prep, force)`` receives as ``prep``: the run as planned and checked, before
+    any process group or model exists (``core.train`` on every rank, and ``core.plan``).
+
+    * ``world_size``: the ranks of the run (``core.plan``: its ``--nproc``);
+    * ``device``: this rank's device;
+    * ``grad_accum``: micro-batches per optimizer step on each rank;
+    * ``tokens_per_step``: tokens of one optimizer step, all ranks together (``train.global_batch_tokens``);
+    * ``total_steps``: the run's length as the config gives it (``train.steps``, or ``train.target_tokens``
+      over ``tokens_per_step``); a resume of a ``target_tokens`` run at another batch size ends elsewhere;
+    * ``resolved``: the resolved config as a dict, as ``run.config`` will hold it;
+    * ``spec``: the model spec (:class:`ModelSpec`), its module not built;
+    * ``tokenizer``: the data source's declared tokenizer, as ``run.tokenizer`` will hold it (None if none).
+
+    Which checkpoint a resume starts from is not known yet: the run's folders are checked after this hook.
+    """
+
+    world_size: int
+    device: torch.device
+    grad_accum: int
+    tokens_per_step: int
+    total_steps: int
+    resolved: dict[str, Any]
+    spec: ModelSpec
+    tokenizer: dict[str, Any] | None
 
 
 @dataclass
 class StopRequest:
+    """A stop asked for with :meth:`Run.request_stop` (its arguments, as given)."""
+
     reason: str
     checkpoint: bool
     source: str = ""
@@ -32,30 +65,39 @@ class Run:
       1-based number of the step it is about); ``tokens_seen``: tokens trained so far, resumes
       included;
     * ``model``: the module the model spec built, converted by the precision (under fsdp2, sharded
-      in place; not the parallelism's wrapper); ``spec``: the model spec; ``optimizer``: the torch
-      optimizer the optimizer plugin built;
-    * ``state``: the train state saved in every checkpoint (``best_val_loss``, ...). A monitor may
-      keep JSON values under a key of its own: they are back after a resume and after a rollback; a
-      value that is not JSON stops the run naming the key;
+      in place: its parameters are DTensors; not the parallelism's wrapper); ``spec``: the model spec
+      (:class:`ModelSpec`); ``optimizer``: the torch optimizer the optimizer plugin built;
+      ``precision``: the precision plugin's object (``run.precision.autocast(run.dist.device)``
+      around a forward of a monitor's own);
+    * ``tokenizer``: the data source's declared tokenizer (``spec``, ``eos_id``, ``fingerprint``),
+      None if it declares none;
+    * ``state``: the train state saved in every checkpoint and restored on a resume or rollback. The
+      core's keys (read them, never write them): ``lineage`` (this run's id, hex text made at a fresh
+      start and kept through every resume), ``wall_time_s`` (seconds of training, all attempts
+      together, saves included; a rollback keeps it), ``best_val_loss`` (the lowest ``val_loss`` so
+      far; ``inf`` before the first validation) and ``best_checkpoints`` (``checkpoint.keep_best``'s
+      ranking, ``[[value, step], ...]`` best first, the value negated for ``best_mode = "max"``). A
+      monitor may keep JSON values under a key of its own: they are back after a resume and after a
+      rollback; a value that is not JSON stops the run naming the key;
     * ``stop``: the stop requested so far (``reason``, ``checkpoint``, ``source``, ``exit_code``), or
       ``None``; ``log_every``: ``train.log_every`` (:meth:`is_log_step`).
     """
 
-    config: dict[str, Any]  # the resolved config, as written to <output_dir>/config.resolved.toml
-    output_dir: Path  # train.output_dir
-    dist: DistInfo  # this process: rank, world size, device
-    total_steps: int  # the step the run ends at
-    tokens_per_step: int  # tokens of one optimizer step, all ranks together
-    step: int = 0  # optimizer steps completed
-    tokens_seen: int = 0  # tokens trained on so far, resumes included
-    model: Any = None  # the model spec's module, converted by the precision (under fsdp2, sharded in place)
-    spec: Any = None  # the model spec (core.contract.protocols.ModelSpec)
-    optimizer: Any = None  # the torch optimizer the optimizer plugin built
-    precision: Any = None  # the precision plugin's object: ``run.precision.autocast(run.dist.device)`` around a forward
-    tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (``spec``, ``eos_id``, ``fingerprint``), None if none
+    config: dict[str, Any]
+    output_dir: Path
+    dist: DistInfo
+    total_steps: int
+    tokens_per_step: int
+    step: int = 0
+    tokens_seen: int = 0
+    model: Any = None
+    spec: Any = None
+    optimizer: Any = None
+    precision: Any = None
+    tokenizer: dict[str, Any] | None = None
     state: dict[str, Any] = field(default_factory=dict)
-    stop: StopRequest | None = None  # the stop requested so far (reason, checkpoint, exit code), if any
-    log_every: int = 1  # train.log_every
+    stop: StopRequest | None = None
+    log_every: int = 1
 
     def is_log_step(self, step: int) -> bool:
         """Are metrics logged after ``step`` (1-based)? Every ``train.log_every`` steps, and the last."""

@@ -53,7 +53,7 @@ class IndexedSource:
     seed: int = 0
 
     def sample(self, index: int, seq_len: int, split: str) -> np.ndarray:
-        """Sample ``index`` of ``split`` (``"train"`` or ``"val"``): a 1-D integer array of exactly
+        """Sample ``index`` of ``split`` (``"train"`` or ``"val"``): a 1-D numpy integer array (not a torch tensor) of exactly
         ``seq_len + 1`` token ids; the loader makes inputs of the first ``seq_len`` and labels of
         the last ``seq_len`` (-100: ignored). Checked on every sample; a wrong shape is one line."""
         raise NotImplementedError
@@ -112,7 +112,7 @@ def check_replacement_batch(result: Any, inputs: Any, labels: Any, vocab_size: i
 
 
 def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str, vocab_size: int | None = None, name: str = "") -> np.ndarray:
-    """``source.sample(...)``, refused with one line unless it is ``seq_len + 1`` integer token ids,
+    """``source.sample(...)``, refused with one line unless it is a numpy array of ``seq_len + 1`` integer token ids,
     below ``vocab_size`` when given (the last id, a label only, may also be -100: ignored). ``name``:
     the plugin's, for the message (else the source's class)."""
     from core.contract.errors import DataError
@@ -120,6 +120,10 @@ def checked_sample(source: IndexedSource, index: int, seq_len: int, split: str, 
     row = source.sample(index, seq_len, split)
     shape = getattr(row, "shape", None)
     where = f"{f'data {name!r}' if name else f'data source {type(source).__name__}'}: sample({index}, seq_len={seq_len}, {split!r}) returned"
+    if isinstance(row, torch.Tensor):
+        raise PluginError(
+            f"{where} a torch.Tensor ({row.dtype}); expected a numpy integer array of seq_len + 1 = {seq_len + 1} token ids (tensor.numpy() gives one)"
+        )
     if shape != (seq_len + 1,) or not np.issubdtype(getattr(row, "dtype", np.float64), np.integer):
         raise DataError(
             f"{where} {type(row).__name__} of shape {shape} and dtype {getattr(row, 'dtype', '?')}; expected a 1-D "

@@ -8,6 +8,7 @@ host sync: a NaN/inf on any rank is skipped on the device (:mod:`core.loop.nonfi
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -71,6 +72,14 @@ class TrainStep:
         grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
         bad = self.guard.flag(loss_sum, grad_norm)
         return loss_sum / accum, grad_norm, bad
+
+    def clip_coef(self, grad_norm: float) -> float:
+        """The factor clipping multiplied the gradients by (``plait_before_update``'s ``clip_coef``):
+        ``min(1, grad_clip / (grad_norm + 1e-6))`` as ``torch.nn.utils.clip_grad_norm_`` takes it, 1.0
+        without clipping (``train.grad_clip = 0``), NaN when the norm is NaN."""
+        if self.grad_clip <= 0:
+            return 1.0
+        return grad_norm if math.isnan(grad_norm) else min(1.0, self.grad_clip / (grad_norm + 1e-6))
 
     def update(self, bad: torch.Tensor) -> None:
         """Apply the gradients (unless ``bad``), move the schedule on, clear the gradients."""

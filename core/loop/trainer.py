@@ -183,14 +183,17 @@ class Trainer:
         if self.before_update_hooks:
             step = self.run.step + 1
             global_loss = distributed.mean_across_ranks(loss, self.dist).item()
-            verdicts = self.monitors.emit("plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=float(grad_norm))
+            norm = float(grad_norm)
+            verdicts = self.monitors.emit(
+                "plait_before_update", run=self.run, step=step, loss=global_loss, grad_norm=norm, clip_coef=self.stepper.clip_coef(norm)
+            )
             # every rank acts on the strongest verdict of any rank's monitors (one may decide, or fail, alone)
             verdict = self.control.agree(2 if "rollback" in verdicts else int("skip" in verdicts), "max")
             if verdict == 2 and self.checkpointer.roll_back():
                 return None, grad_norm
             if verdict:
                 self.stepper.skip_update()
-                log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {float(grad_norm):.3f})")
+                log.info(f"step {step}: update skipped (loss {global_loss:.4f}, grad norm {norm:.3f})")
                 return loss, grad_norm
         self.stepper.update(bad)
         self.checkpointer.losses.add(loss, self.run.step)  # measured on the weights after run.step: saves record it (retention)

@@ -31,6 +31,7 @@ from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitE
 from core.contract.hookspecs import register_monitor
 from core.contract.members import check_component, member
 from core.contract.protocols import LoaderSpec
+from core.contract.run import PreparedRun
 from core.data.tokenizer_spec import data_end_of_document_id, declared_tokenizer
 from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from core.preflight.start_folders import check_start
@@ -75,6 +76,10 @@ class Prepared:
     @property
     def spec(self):
         return self.components["model"]
+
+    def for_monitors(self) -> PreparedRun:
+        """What ``plait_preflight`` receives."""
+        return PreparedRun(self.world_size, self.device, self.grad_accum, self.tokens_per_step, self.total_steps, self.resolved, self.spec, self.tokenizer)
 
     @property
     def resolved(self) -> dict[str, Any]:
@@ -171,7 +176,7 @@ def prepare(
     with noted(problems):
         prep.tokenizer = call_plugin(f"{data_name}: tokenizer", declared_tokenizer, components["data"], data_name)  # recorded in checkpoints
     prep.seq_len_schedule = schedule
-    args = {"prep": prep, "force": rc.sections["budget"].force}
+    args = {"prep": prep.for_monitors(), "force": rc.sections["budget"].force}
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
         with noted(problems):
             call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})

@@ -14,8 +14,10 @@ said once, and the failure itself stops the run as any monitor's does (``monitor
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeGuard
 
 import torch
 import torch.distributed as torch_dist
@@ -24,6 +26,9 @@ from core.contract import log
 from core.contract.metrics import REDUCTIONS, reduce_parts
 from core.contract.protocols import DistInfo
 from core.runtime.distributed import agree
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 MAX_ELEMENTS = 2**16  # a Reduced value's most elements: a metric, not a model's tensor (every rank gathers every rank's; metrics.jsonl writes them all)
 
@@ -45,6 +50,34 @@ class Reduced:
     def __post_init__(self) -> None:
         if self.op not in REDUCTIONS:
             raise ValueError(f"Reduced: op {self.op!r}; expected one of {', '.join(REDUCTIONS)}")
+
+
+def squared_norm_share(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """This rank's share of ``tensor``'s squared L2 norm (a parameter, or its ``.grad``): summed over
+    the ranks (``Reduced("sum", share)``), the shares give the whole tensor's squared norm under every
+    parallelism. A plain tensor is held whole by every rank (one process; ddp's replicas, and its
+    gradients once reduced), so each of the ``world_size`` ranks counts ``1 / world_size`` of it. An
+    fsdp2 parameter is a ``DTensor``: this rank counts its local shard, divided by the number of ranks
+    holding that same shard (HSDP's replicas). Returns a 0-dim float32 tensor on the tensor's device;
+    no collective, no host sync."""
+    local = tensor.to_local() if _is_dtensor(tensor) else tensor
+    share = local.detach().float().square().sum()
+    return share / _copies(tensor, world_size)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> TypeGuard[DTensor]:
+    """Whether ``tensor`` is a DTensor, without importing ``torch.distributed.tensor`` (no DTensor
+    exists before it is loaded; loading it costs a command that reads the plugins about a CPU-second)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def _copies(tensor: torch.Tensor, world_size: int) -> int:
+    """How many ranks hold this rank's part of ``tensor``: a plain tensor is on every rank; a DTensor's
+    part is repeated over the mesh dims it is replicated on."""
+    if not _is_dtensor(tensor):
+        return world_size
+    return math.prod(tensor.device_mesh.size(dim) for dim, placement in enumerate(tensor.placements) if placement.is_replicate())
 
 
 def reduce_monitor_values(metrics: dict[str, Any], dist: DistInfo) -> dict[str, Any]:
