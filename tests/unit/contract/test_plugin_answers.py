@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from core.api import hookimpl
 from core.config import registry as registry_mod
 from core.contract.errors import ConfigError, DataError, PlaitError, PluginError
 from core.contract.option_values import build_options
@@ -48,6 +49,10 @@ class Data(IndexedSource):
         if self.fault == "sample":
             raise KeyError("boom in sample")
         ids = np.arange(seq_len + 1, dtype=np.int64) % 50
+        if self.fault == "torch_sample":
+            import torch
+
+            return torch.from_numpy(ids)
         return ids + 10_000 if self.fault == "streams_attribute" else ids
 
     def tokens_per_epoch(self):
@@ -123,6 +128,12 @@ def one_line(err: pytest.ExceptionInfo, words: str) -> None:
     [
         ("validate", [], "data 'atk_data': validate failed: RuntimeError: boom in validate"),
         ("sample", [], "data 'atk_data': sample failed: KeyError: 'boom in sample'"),
+        (
+            "torch_sample",
+            [],
+            "data 'atk_data': sample(0, seq_len=128, 'train') returned a torch.Tensor (torch.int64); expected a numpy integer array of "
+            "seq_len + 1 = 129 token ids (tensor.numpy() gives one)",
+        ),
         ("tokens_per_epoch", [], "data 'atk_data': tokens_per_epoch() returned 'lots'; expected an int >= 0 or None"),
         ("fingerprint", [], "data 'atk_data': fingerprint failed: RuntimeError: boom in fingerprint"),
         ("has_split", ["--validation.every=2"], "data 'atk_data': has_split failed: RuntimeError: boom in has_split"),
@@ -150,6 +161,18 @@ def test_a_model_plugin_that_raises_or_answers_wrong_is_one_line_naming_it(third
     with pytest.raises(PluginError) as e:
         plan(cfg, f"--model.fault={fault}")
     one_line(e, words)
+
+
+def test_a_sample_as_a_torch_tensor_stops_core_train_with_exit_2_before_training(third_party, tiny_config, tmp_path):
+    """``sample()`` returning a torch tensor (not the numpy array the contract asks for) is one line
+    naming the plugin, exit code 2, and no run folder: refused before anything trains."""
+    from conftest import run_here
+
+    proc = run_here("core.train", "--config", str(tiny_config()), "--data.name=atk_data", "--data.fault=torch_sample")
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("plait: error: ")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "data 'atk_data': sample(0, seq_len=128, 'train') returned a torch.Tensor (torch.int64); expected a numpy integer array" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_attribute_named_streams_does_not_switch_off_the_first_sample_check(third_party, tiny_config):
@@ -202,11 +225,25 @@ def test_an_options_check_that_raises_anything_else_is_one_line_naming_the_secti
     one_line(e, "[lr_schedule] (lr_schedule 'atk'): check() failed: TypeError: x cannot be 2 (check() should raise ValueError)")
 
 
-def test_an_option_without_a_default_is_named_when_unset():
+@dataclass(kw_only=True)
+class RequiredByOption:
+    weights: list[float] = option([1.0, 2.0], "a list default: each options object gets its own copy", gt=0)
+    path: str = option(dataclasses.MISSING, "where the data is")
+
+
+@pytest.mark.parametrize("options", [Required, RequiredByOption])
+def test_an_option_without_a_default_is_named_when_unset(options):
+    """A required option, declared as ``option(dataclasses.MISSING, doc)`` (``core.api.option``) or as a
+    bare field with a doc, is registered, and a config that leaves it unset is one line naming it."""
+    registry_mod.Registry().add("data", "atk", object, options=options, doc="a required option")
     with pytest.raises(ConfigError) as e:
-        build_options(Required, {}, "run.toml: [data] (data 'atk')")
+        build_options(options, {}, "run.toml: [data] (data 'atk')")
     one_line(e, "[data] (data 'atk'): missing key 'path' (where the data is): this option has no default; set it")
-    assert build_options(Required, {"path": "x"}, "w").path == "x"
+    assert build_options(options, {"path": "x"}, "w").path == "x"
+    if options is RequiredByOption:
+        first, second = (build_options(options, {"path": "x"}, "w") for _ in range(2))
+        first.weights.append(3.0)
+        assert second.weights == [1.0, 2.0]
 
 
 class Optimizer:
@@ -442,3 +479,48 @@ def test_a_loader_of_its_own_is_held_to_the_declared_batch_shape(batch, words):
     with pytest.raises(PluginError) as err:
         fetch.fetch(iter([yielded]), spec)
     one_line(err, f"data 'mine': {words}")
+
+
+class Preflight:
+    """A monitor that keeps what ``plait_preflight`` gave it."""
+
+    seen: list = []
+
+    def __init__(self, options):
+        pass
+
+    @hookimpl
+    def plait_preflight(self, prep, force):
+        Preflight.seen.append((prep, force))
+
+
+def test_plait_preflight_receives_a_prepared_run(tiny_config):
+    """``prep`` is a ``core.api.PreparedRun``: the numbers the preparation derived, the resolved config,
+    the model spec and the declared tokenizer, read-only; plait's own state stays its own."""
+    from core.api import PreparedRun, SLOT_PROTOCOLS
+
+    reg = registry_mod.load()
+    reg._plugin, reg._distribution = "atk", "atk-plugin"
+    reg.add("monitor", "atk_preflight", Preflight, doc="keeps what plait_preflight gave it")
+    Preflight.seen.clear()
+    try:
+        prepared = plan(tiny_config(), '--monitors.enabled=["atk_preflight"]', "--budget.force=true")
+    finally:
+        del reg._components["monitor"]["atk_preflight"]
+    [(prep, force)] = Preflight.seen
+    assert type(prep) is PreparedRun and force is True
+    assert (prep.world_size, prep.device, prep.grad_accum, prep.tokens_per_step, prep.total_steps) == (
+        prepared.world_size,
+        prepared.device,
+        prepared.grad_accum,
+        prepared.tokens_per_step,
+        prepared.total_steps,
+    )
+    assert prep.resolved == prepared.resolved and prep.resolved["train"]["steps"] == 6
+    assert prep.spec is prepared.components["model"] and isinstance(prep.spec, SLOT_PROTOCOLS["model"])
+    assert prep.tokenizer == prepared.tokenizer
+    assert {f.name for f in dataclasses.fields(PreparedRun)} == {
+        "world_size", "device", "grad_accum", "tokens_per_step", "total_steps", "resolved", "spec", "tokenizer"
+    }  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prep.total_steps = 1  # type: ignore[misc]

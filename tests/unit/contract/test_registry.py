@@ -106,3 +106,49 @@ def test_each_plugin_distributions_metadata_is_read_once(monkeypatch):
     monkeypatch.setattr(metadata.PathDistribution, "read_text", counting)
     registry_mod._load(None)  # what registry.load() does once per process
     assert reads and max(reads.values()) <= 2, reads  # plait's own distribution has 8 entry points
+
+
+def installed(site, monkeypatch, code: str, package: str = "guessing_plugin") -> None:
+    """A distribution on ``sys.path`` whose entry point ``guessing`` in group ``plait`` is ``package``."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(code)
+    dist = site / f"{package}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[plait]\nguessing = {package}\n")
+    monkeypatch.syspath_prepend(str(site))
+
+
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (  # a name the module never had, from an internal module that exists
+            "from core.api import hookimpl\nfrom core.contract.options import (\n    NoOptions,\n    Registry,\n)\n",
+            "ImportError: cannot import name 'Registry' from 'core.contract.options' (",
+        ),
+        (  # an internal module path that does not exist (moved, or guessed)
+            "from core.data.text_tokenizers import Tokenizer as T\n",
+            "ModuleNotFoundError: No module named 'core.data.text_tokenizers'",
+        ),
+        ("import core.loop.evaluations\n", "ModuleNotFoundError: No module named 'core.loop.evaluations'"),
+        ("from core.loop.nothere import make_it_fast\n", "ModuleNotFoundError: No module named 'core.loop.nothere'"),
+        ("import numpyy\n", "ModuleNotFoundError: No module named 'numpyy'"),
+    ],
+)
+def test_a_plugin_importing_an_internal_path_is_told_the_core_api_name(tmp_path, monkeypatch, code, words):
+    """A third-party plugin that fails to import from a ``core`` module path other than ``core.api`` gets
+    one line naming the plugin and the ``core.api`` import to write instead (a pointer to ``core.api``
+    when it exports no such name); any other import failure gets no such hint."""
+    installed(tmp_path / "site", monkeypatch, code)
+    with pytest.raises(PluginError) as e:
+        registry_mod._load(None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"plugin 'guessing' (distribution guessing-plugin, guessing_plugin) failed to import: {words}"), msg
+    hint = {
+        "Registry": "; plugins import from core.api alone: from core.api import NoOptions, Registry;",
+        "text_tokenizers": "; plugins import from core.api alone: from core.api import Tokenizer;",
+        "evaluations": "; plugins import from core.api alone (help(core.api) lists its names);",
+        "nothere": "; plugins import from core.api alone (help(core.api) lists its names);",
+        "numpyy": "'numpyy'; to run without it",
+    }
+    assert next(h for key, h in hint.items() if key in code) in msg, msg
