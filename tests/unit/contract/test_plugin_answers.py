@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core.api import hookimpl
+from core.api import SLOT_PROTOCOLS, PreparedRun, hookimpl
 from core.config import registry as registry_mod
 from core.contract.errors import ConfigError, DataError, PlaitError, PluginError
 from core.contract.option_values import build_options
@@ -497,8 +497,6 @@ class Preflight:
 def test_plait_preflight_receives_a_prepared_run(tiny_config):
     """``prep`` is a ``core.api.PreparedRun``: the numbers the preparation derived, the resolved config,
     the model spec and the declared tokenizer, read-only; plait's own state stays its own."""
-    from core.api import PreparedRun, SLOT_PROTOCOLS
-
     reg = registry_mod.load()
     reg._plugin, reg._distribution = "atk", "atk-plugin"
     reg.add("monitor", "atk_preflight", Preflight, doc="keeps what plait_preflight gave it")
