@@ -139,11 +139,17 @@ def test_a_streams_per_rank_position_on_another_world_size_is_refused_before_tra
         ("import sys\nsys.exit(0)\n", "failed to import: SystemExit: 0"),
         ("import argparse\nargparse.ArgumentParser().parse_args(['--no-such-flag'])\n", "failed to import: SystemExit: 2"),
         ("from core.api import hookimpl\n@hookimpl\ndef plait_register(registry):\n    raise SystemExit(3)\n", "failed in plait_register: SystemExit: 3"),
+        (
+            "from core.api import hookimpl\nfrom core.data.text_tokenizers import Tokenizer\n",
+            "failed to import: ModuleNotFoundError: No module named 'core.data.text_tokenizers'; plugins import from core.api alone: "
+            "from core.api import Tokenizer;",
+        ),
     ],
 )
 def test_a_plugin_that_exits_while_it_loads_is_one_line_naming_it(tmp_path, code, expected):
     """``sys.exit`` (or argparse at module level) in a plugin's import ended ``core.train`` and
-    ``core.plan`` with that plugin's exit code and not a word: exit 0 looked like a finished run."""
+    ``core.plan`` with that plugin's exit code and not a word: exit 0 looked like a finished run. An
+    import of an internal ``core`` path is one line too, naming the ``core.api`` import to write."""
     env = install(tmp_path / "site", code)
     proc = run_module("core.plan", "--config", str(write_tiny_config(tmp_path)), extra_env=env)
     lines = error_lines(proc)
