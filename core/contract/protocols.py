@@ -49,7 +49,10 @@ SLOT_DOCS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process sits in the job."""
+    """Where this process sits in the job: ``rank`` (0-based, over every node), ``world_size`` (the
+    job's processes), ``local_rank`` (on its node), ``device`` (this process's torch device) and
+    ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group). Every rank is a
+    data-parallel rank: ``dp_rank`` and ``dp_size`` are ``rank`` and ``world_size``."""
 
     rank: int = 0
     world_size: int = 1
@@ -209,7 +212,15 @@ class Precision(Protocol):
 
 @dataclass
 class LoaderSpec:
-    """What the core asks of a data source: this rank's share of each step."""
+    """What the core asks of a data source: this rank's share of each step.
+
+    ``seq_len`` tokens per sample's inputs; ``micro_batch`` samples per micro-batch on this rank;
+    ``grad_accum`` micro-batches per optimizer step; ``dp_rank`` and ``dp_size``: this rank and the
+    number of ranks; ``seed``: ``train.seed``; ``split``: ``train`` or ``val``; ``total_samples``:
+    global samples the whole run will draw (0: unknown), for staged sources; ``vocab_size``: the
+    model's vocabulary (set by the core; :class:`~core.data.indexed.IndexedLoader` refuses ids at or
+    above it).
+    """
 
     seq_len: int
     micro_batch: int
@@ -218,8 +229,8 @@ class LoaderSpec:
     dp_size: int
     seed: int
     split: str = "train"
-    total_samples: int = 0  # global samples the whole run will draw (0: unknown); for staged sources
-    vocab_size: int | None = None  # the model's vocabulary (set by the core): IndexedLoader refuses ids at or above it
+    total_samples: int = 0
+    vocab_size: int | None = None
 
     @property
     def global_batch(self) -> int:

@@ -79,6 +79,18 @@ def test_the_docstring_names_every_export():
         assert re.search(rf"\b{name}\b", api.__doc__), f"core.api's docstring does not mention {name}"
 
 
+@pytest.mark.parametrize("cls", ["Run", "PreparedRun", "DistInfo", "LoaderSpec"])
+def test_what_a_monitor_is_handed_documents_every_field(cls):
+    """``help(core.api.Run)`` (and the other run types) names every field: a third party reads there
+    what each one holds, never the declaration."""
+    import dataclasses
+
+    obj = getattr(api, cls)
+    doc = " ".join((obj.__doc__ or "").split())
+    missing = [f.name for f in dataclasses.fields(obj) if f"``{f.name}``" not in doc]
+    assert not missing, f"core.api.{cls}'s docstring does not name {missing}"
+
+
 def test_the_example_plugin_imports_only_core_api():
     seen = []
     for path in sources(EXAMPLE):
