@@ -70,11 +70,21 @@ CONTRACT: dict[str, list[Member]] = {
             False,
         ),
         method("compile_loss", 1, "(model) with train.compile, compile the loss too (output layer + cross-entropy); default: only the blocks", False),
-        method("param_counts", 0, "(total, non_embedding) parameter counts without building; default: counted on a meta build", False),
+        method(
+            "param_counts",
+            0,
+            "(total, non_embedding) parameter counts without building (non_embedding: no embedding, no output head); default: counted on a meta build",
+            False,
+        ),
         value("max_seq_len", (int,), "longest sequence the model takes; longer data.seq_len is refused; default: unchecked", False),
         method("to_hf_state_dict", 1, "plait state dict -> Hugging Face names (core.export --format hf); default: no hf export", False, needs="hf_config"),
         method("from_hf_state_dict", 1, "Hugging Face state dict -> plait names (initial_load of an HF folder); default: HF folders are refused", False),
-        method("hf_config", 0, "the Hugging Face config.json dict written by export; default: none (needed with to_hf_state_dict)", False),
+        method(
+            "hf_config",
+            0,
+            "the Hugging Face config.json dict written by export: its architectures decide the loading class; default: none (needed with to_hf_state_dict)",
+            False,
+        ),
         value(
             "architecture_options",
             (tuple,),
@@ -93,7 +103,7 @@ CONTRACT: dict[str, list[Member]] = {
     "parallelism": [
         method("wrap", 4, "(model, spec, dist, precision) -> the module to call"),
         method("sync_context", 2, "(model, sync) -> context for one micro-step's backward"),
-        method("clip_grad_norm", 2, "(model, max_norm) -> the global gradient norm tensor"),
+        method("clip_grad_norm", 2, "(model, max_norm) -> the global gradient norm tensor before clipping; the gradients are clipped in place"),
         method("check_world", 1, "refuse a world size it cannot use (raise ConfigError); default: any", False),
         value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False, default=False),
         value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
