@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, attention_inputs, rope_tables
+from model_specs.llama3.model import Attention, FeedForward, Llama3Options, RMSNorm, attention_inputs, rope_tables
 from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
 
 
 @dataclass(frozen=True)
 class MoEArgs:
-    base: ModelArgs  # shapes shared with llama3 (n_layers unused)
+    base: Llama3Options  # shapes shared with llama3, resolved (n_layers unused)
     n_prelude: int
     n_core: int
     n_coda: int
@@ -40,6 +40,7 @@ class MoEArgs:
     z_weight: float
     dispatch: str = "sparse"  # "sparse" (routed tokens only) or "dense" (every expert on every token)
     capacity_factor: float = 0.0  # 0: dropless; >= 1: each expert takes at most this share of the routed pairs
+    eod_id: int | None = None  # the data's end-of-document id (use_end_of_document_id); None: the document mask is causal
 
 
 class MoE(nn.Module):
@@ -197,7 +198,7 @@ class RecurrentMoE(nn.Module):
         h = self.tok_embeddings(input_ids)
         aux = h.new_zeros((), dtype=torch.float32)
         z = h.new_zeros((), dtype=torch.float32)
-        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base)  # once for every block
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base, a.eod_id)  # once for every block
 
         def run(blocks, h, aux, z):
             for block in blocks:

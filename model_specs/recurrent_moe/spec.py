@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Literal, cast
 from torch import nn
 
 from core.api import option
-from model_specs.llama3.model import ModelArgs
-from model_specs.llama3.spec import check_masking, check_size, with_end_of_document
+from model_specs.llama3.model import Llama3Options, check_masking, check_size
+from model_specs.llama3.spec import end_of_document
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 
 FLAVORS: dict[str, dict[str, Any]] = {
@@ -84,11 +84,7 @@ class RecurrentMoEOptions:
         layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
         per_layer = 4 * f["dim"] ** 2 + f["n_experts"] * (3 * f["dim"] * f["ffn_dim"] + f["dim"])  # at most: attention, experts, router
         shape = f"n_experts {f['n_experts']} of {layers} layers and vocab_size {f['vocab_size']}"
-        check_size(
-            ModelArgs(layers, f["dim"], f["n_heads"], f["n_kv_heads"], f["ffn_dim"], f["vocab_size"], 0.0, f["max_seq_len"]),
-            layers * per_layer + 2 * f["vocab_size"] * f["dim"],
-            shape,
-        )
+        check_size(f["max_seq_len"], layers * per_layer + 2 * f["vocab_size"] * f["dim"], shape)
 
 
 @dataclass
@@ -111,7 +107,7 @@ class RecurrentMoESpec:
         for key in ("n_loops", "n_experts", "top_k", "vocab_size"):
             if getattr(o, key):
                 f[key] = getattr(o, key)
-        base = ModelArgs(
+        base = Llama3Options(
             n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"],
             dim=f["dim"],
             n_heads=f["n_heads"],
@@ -122,6 +118,7 @@ class RecurrentMoESpec:
             max_seq_len=f["max_seq_len"],
             attention_mask=o.attention_mask,
             rope_positions=o.rope_positions,
+            tie_embeddings=False,
         )
         return cls(
             MoEArgs(
@@ -150,7 +147,7 @@ class RecurrentMoESpec:
     def use_end_of_document_id(self, eod_id: int | None) -> None:
         """The data's end-of-document id, given by the core before the model is built
         (``attention_mask = "document"`` refuses None)."""
-        self.args = replace(self.args, base=with_end_of_document(self.args.base, eod_id))
+        self.args = replace(self.args, eod_id=end_of_document(self.args.base.attention_mask, eod_id))
 
     def build(self) -> RecurrentMoE:
         return RecurrentMoE(self.args)

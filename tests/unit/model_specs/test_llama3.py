@@ -44,7 +44,7 @@ def test_registers_model_component_with_documented_options():
     comp = reg.get("model", "llama3", "[model]")
     spec = comp.factory(build_options(comp.options, {"flavor": "debug", "dim": 64}, "[model]"))
     assert isinstance(spec, ModelSpec)
-    assert spec.args.dim == 64 and spec.args.n_layers == FLAVORS["debug"].n_layers
+    assert spec.args.dim == 64 and spec.args.n_layers == FLAVORS["debug"]["n_layers"]
     assert spec.vocab_size == 512 and spec.max_seq_len == 1024
 
 
