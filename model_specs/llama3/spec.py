@@ -140,8 +140,10 @@ class Llama3Spec:
           output fed to wo (d): 7d;
         * SwiGLU: RMSNorm (3d); w1 and w3 outputs, silu output and the product
           fed to w2 (4f): 3d + 4f;
+        * with ``qk_norm``: each norm's input and normalized output, for q (d) and
+          k (the key/value width kv): 2 (d + kv);
 
-        so ``n_layers * tokens * (10d + 4f) * bytes``, plus the head: the final
+        so ``n_layers * tokens * (10d + 4f [+ 2 (d + kv)]) * bytes``, plus the head: the final
         RMSNorm (3d at ``bytes``) and the fp32 log-softmax of the logits
         (4 * vocab bytes). Flash/memory-efficient SDPA keeps no T x T attention
         matrix, so unlike Korthikanti et al. (2022) there is no term in
@@ -151,7 +153,8 @@ class Llama3Spec:
         """
         a = self.args
         tokens = micro_batch * seq_len
-        per_layer = tokens * (10 * a.dim + 4 * a.ffn_dim) * bytes_per_element
+        qk_norm = 2 * (a.dim + a.n_kv_heads * a.head_dim) if a.qk_norm else 0
+        per_layer = tokens * (10 * a.dim + 4 * a.ffn_dim + qk_norm) * bytes_per_element
         head = tokens * (3 * a.dim * bytes_per_element + 4 * a.vocab_size)
         return int(a.n_layers * per_layer + head)
 
