@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from core.contract.errors import ConfigError
 from core.contract.options import describe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +176,7 @@ def render(what: str) -> list[str]:
         return sections_table()
     if kind == "contract" and not args:
         return contract_table()
-    raise ValueError(f"unknown generated table {what!r}: expected section NAME, plugin SLOT NAME, options, flags MODULE or contract")
+    raise ConfigError(f"unknown generated table {what!r}: expected section NAME, plugin SLOT NAME, options, flags MODULE, sections or contract")
 
 
 def regenerated(text: str) -> str:
@@ -187,14 +188,22 @@ def documents() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
+def fresh(path: Path) -> str:
+    """``path``'s text with its generated tables rendered anew (a marker naming no table: ConfigError naming the file)."""
+    try:
+        return regenerated(path.read_text())
+    except (ConfigError, KeyError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
 def stale() -> list[Path]:
     """The documents whose generated tables differ from what the declarations give now."""
-    return [p for p in documents() if BLOCK.search(p.read_text()) and regenerated(p.read_text()) != p.read_text()]
+    return [p for p in documents() if BLOCK.search(p.read_text()) and fresh(p) != p.read_text()]
 
 
 def write() -> list[Path]:
     """Rewrite the generated tables of README.md and docs/*.md; the files changed."""
     changed = stale()
     for path in changed:
-        path.write_text(regenerated(path.read_text()))
+        path.write_text(fresh(path))
     return changed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from core.cli import doc_tables
 from core.contract.errors import ArgumentParser, PlaitError, exit_bad_input
 from core.contract.options import describe
 from core.contract.protocols import SLOT_DOCS, SLOTS
@@ -96,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.write_docs:
-            from core.cli.doc_tables import write
-
-            changed = write()
+            changed = doc_tables.write()
             print("\n".join(f"rewrote {p}" for p in changed) or "the generated tables are current")
             return 0
         if args.contract:
