@@ -79,30 +79,31 @@ Where the answers are:
 * every member the core reads from each slot's object, with the default when an optional one is
   absent: :data:`CONTRACT` (``python -m core.plugins --contract``).
 
-Everything here is a re-export; the definitions stay in their modules. Importing this module does
-not import torch: the names whose modules need it are imported when first used, so a command-line
-tool of a plugin (``python -m plugins.data.prepare``) starts without torch.
+Everything here is a re-export: the import lines under ``TYPE_CHECKING`` below are the one list of
+exports. The type checker reads them as imports; at run time :func:`__getattr__` imports each name
+from the module its line names when first used, so importing this module imports neither torch nor
+anything else (a command-line tool of a plugin, ``python -m plugins.data.prepare``, starts without
+torch), and ``__all__`` is the names those lines import. An export is added with one import line.
 """
 
 from __future__ import annotations
 
+import ast as _ast
 import importlib as _importlib
 import typing as _typing
+from pathlib import Path as _Path
 
-from core.contract import hookspecs, log
-from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest, exit_bad_input
-from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
-from core.contract.json_rows import restore_not_finite, strict_row
-from core.contract.options import NoOptions, option
-from core.data.text_tokenizer import Tokenizer, need
-from core.data.tokenizer_spec import TOKENIZER_KINDS, TokenizerSpec, data_end_of_document_id, declared_tokenizer, read_tokenizer_file, tokenizer_fingerprint
-
-if _typing.TYPE_CHECKING:
+if _typing.TYPE_CHECKING:  # the exports: one import line names each (read at run time by _exports)
     from core.config.registry import Registry
     from core.config.run_config import build_component
+    from core.contract import hookspecs, log
+    from core.contract.errors import ArgumentParser, CheckpointError, ConfigError, DataError, PlaitError, PluginError, closest, exit_bad_input
+    from core.contract.hookspecs import RUN_EVENT_HOOKS, hookimpl
+    from core.contract.json_rows import restore_not_finite, strict_row
     from core.contract.losses import chunked_cross_entropy, output_cross_entropy
     from core.contract.members import CONTRACT
     from core.contract.metrics import reduce_parts
+    from core.contract.options import NoOptions, option
     from core.contract.param_groups import OptimizerOptions
     from core.contract.protocols import (
         SLOT_PROTOCOLS,
@@ -125,55 +126,24 @@ if _typing.TYPE_CHECKING:
     )
     from core.contract.run import PreparedRun, Run
     from core.data.indexed import DataExhausted, IndexedLoader, IndexedSource, checked_sample, ignore_stop_signals, mix_seed, permute, shut_down_at_exit
+    from core.data.text_tokenizer import Tokenizer, need
+    from core.data.tokenizer_spec import TOKENIZER_KINDS, TokenizerSpec, data_end_of_document_id, declared_tokenizer, read_tokenizer_file, tokenizer_fingerprint
     from core.data.worker_start import worker_context
     from core.loop import evaluation
     from core.runtime.durable_io import replace_durable
     from core.runtime.monitor_reductions import Reduced, squared_norm_share
 
-# The exports whose modules import torch, by module: imported on first use (module __getattr__).
-_ON_FIRST_USE: dict[str, tuple[str, ...]] = {
-    "core.config.registry": ("Registry",),
-    "core.config.run_config": ("build_component",),
-    "core.contract.losses": ("chunked_cross_entropy", "output_cross_entropy"),
-    "core.contract.members": ("CONTRACT",),
-    "core.contract.metrics": ("reduce_parts",),
-    "core.contract.param_groups": ("OptimizerOptions",),
-    "core.contract.protocols": (
-        "SLOTS",
-        "SLOT_PROTOCOLS",
-        "DataLoaderLike",
-        "DataSource",
-        "DistInfo",
-        "LoaderSpec",
-        "LRSchedule",
-        "ModelSpec",
-        "Monitor",
-        "OptimizerBuilder",
-        "Parallelism",
-        "Precision",
-        "data_fingerprint",
-        "data_has_split",
-        "data_parts",
-        "data_tokens_per_epoch",
-        "high_precision_modules",
-    ),
-    "core.contract.run": ("PreparedRun", "Run"),
-    "core.data.indexed": (
-        "DataExhausted",
-        "IndexedLoader",
-        "IndexedSource",
-        "checked_sample",
-        "ignore_stop_signals",
-        "mix_seed",
-        "permute",
-        "shut_down_at_exit",
-    ),
-    "core.data.worker_start": ("worker_context",),
-    "core.runtime.durable_io": ("replace_durable",),
-    "core.runtime.monitor_reductions": ("Reduced", "squared_norm_share"),
-    "core.loop.evaluation": ("evaluation",),
-}
-_MODULE_OF = {name: module for module, names in _ON_FIRST_USE.items() for name in names}
+
+def _exports() -> dict[str, str]:
+    """name -> the module it is imported from, read from the import lines under TYPE_CHECKING above."""
+    tree = _ast.parse(_Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, _ast.If) and _ast.unparse(node.test) == "_typing.TYPE_CHECKING")
+    return {alias.name: str(line.module) for line in block.body if isinstance(line, _ast.ImportFrom) for alias in line.names}
+
+
+_MODULE_OF = _exports()
+__all__ = list(_MODULE_OF)
+__doc__ = f"{__doc__}\nThe exports, each with the module it comes from:\n\n" + "\n".join(f"* ``{name}``: ``{module}``" for name, module in _MODULE_OF.items())
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -181,88 +151,10 @@ def __getattr__(name: str) -> _typing.Any:
     if module is None:
         raise AttributeError(f"module 'core.api' has no attribute {name!r}")
     imported = _importlib.import_module(module)
-    value = imported if module.rsplit(".", 1)[-1] == name else getattr(imported, name)
+    value = getattr(imported, name) if hasattr(imported, name) else _importlib.import_module(f"{module}.{name}")
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_MODULE_OF))
-
-
-__all__ = [
-    # hooks
-    "hookimpl",
-    "hookspecs",
-    "RUN_EVENT_HOOKS",
-    "Registry",
-    "PreparedRun",
-    "Run",
-    # options
-    "option",
-    "NoOptions",
-    # slot protocols and run types
-    "SLOTS",
-    "SLOT_PROTOCOLS",
-    "CONTRACT",
-    "ModelSpec",
-    "Parallelism",
-    "Precision",
-    "DataSource",
-    "DataLoaderLike",
-    "OptimizerBuilder",
-    "LRSchedule",
-    "Monitor",
-    "DistInfo",
-    "LoaderSpec",
-    "TokenizerSpec",
-    "declared_tokenizer",
-    "data_end_of_document_id",
-    "Reduced",
-    "squared_norm_share",
-    "high_precision_modules",
-    "data_fingerprint",
-    "data_has_split",
-    "data_parts",
-    "data_tokens_per_epoch",
-    # base classes and data helpers
-    "IndexedSource",
-    "IndexedLoader",
-    "OptimizerOptions",
-    "DataExhausted",
-    "mix_seed",
-    "permute",
-    "checked_sample",
-    "ignore_stop_signals",
-    "shut_down_at_exit",
-    "worker_context",
-    "replace_durable",
-    "build_component",
-    # tokenizer files
-    "TOKENIZER_KINDS",
-    "Tokenizer",
-    "need",
-    "read_tokenizer_file",
-    "tokenizer_fingerprint",
-    # metric rows
-    "strict_row",
-    "restore_not_finite",
-    # command-line tools
-    "ArgumentParser",
-    "exit_bad_input",
-    # model helpers
-    "chunked_cross_entropy",
-    "output_cross_entropy",
-    "reduce_parts",
-    # errors
-    "PlaitError",
-    "ConfigError",
-    "PluginError",
-    "DataError",
-    "CheckpointError",
-    "closest",
-    # logging
-    "log",
-    # downstream evaluation (task files, batched log-likelihoods, bits per byte)
-    "evaluation",
-]

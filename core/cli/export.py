@@ -101,7 +101,8 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> ArgumentParser:
+    """The command's flags (docs' flag tables are generated from it: core.cli.doc_tables)."""
     from core.checkpoint.weights import DTYPES
 
     p = ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
@@ -112,6 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-gb", type=float, default=5.0, help="hf: largest shard in GB (default: %(default)s)")
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from core.checkpoint.weights import DTYPES
+
+    p = parser()
     args = p.parse_args(argv)
     if not (math.isfinite(args.shard_gb) and args.shard_gb > 0):
         p.error(f"argument --shard-gb: expected a finite number > 0, got {args.shard_gb}")

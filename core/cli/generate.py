@@ -163,7 +163,8 @@ def prompt_ids(codec: Codec, prompt: str, model_vocab: int) -> list[int]:
     return codec.encode(prompt) if prompt else [codec.eos_id]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> ArgumentParser:
+    """The command's flags (docs' flag tables are generated from it: core.cli.doc_tables)."""
     p = ArgumentParser(prog="python -m core.generate", description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument(
         "--checkpoint",
@@ -179,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the data was prepared with)")
     p.add_argument("--eos-id", type=int, default=None, help="EOS id for --tokenizer (default: the tokenizer's)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     try:
         check_numbers(args)

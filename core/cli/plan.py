@@ -186,9 +186,10 @@ def _number(kind: str, minimum: float, inclusive: bool, integer: bool = False):
     return parse
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> ArgumentParser:
+    """The command's flags (docs' flag tables are generated from it: core.cli.doc_tables)."""
     parser = ArgumentParser(prog="python -m core.plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", required=True, metavar="F", help="the run's TOML file; further --section.key=value flags override its values")
     parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
@@ -227,9 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="X",
         help="price of one device-hour for the cost (default: [monitors.budget_guard] rate_usd_per_hr)",
     )
-    args, overrides = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    flags = parser()
+    args, overrides = flags.parse_known_args(argv)
     if args.nproc is not None and args.nproc < 1:
-        parser.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
+        flags.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
     problems: list[PlaitError] = []  # missing or unusable data and checkpoints: listed under the plan
     try:
         from core.preflight.prepare import prepare

@@ -1,12 +1,14 @@
 """``python -m core.plugins``: every slot, its installed plugins and their options.
 
-Also lists the core's own sections. ``--slot NAME`` limits the listing.
+Also lists the core's own sections. ``--slot NAME`` limits the listing. ``--write-docs`` rewrites the
+tables of README.md and docs/*.md generated from the declarations (:mod:`core.cli.doc_tables`).
 """
 
 from __future__ import annotations
 
 import sys
 
+from core.cli import doc_tables
 from core.contract.errors import ArgumentParser, PlaitError, exit_bad_input
 from core.contract.options import describe
 from core.contract.protocols import SLOT_DOCS, SLOTS
@@ -91,8 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m core.plugins", description=__doc__.split("\n\n")[0])
     parser.add_argument("--slot", choices=SLOTS, help="show one slot only")
     parser.add_argument("--contract", action="store_true", help="print what the core reads from each slot's object (core/contract/members.py)")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the generated tables of README.md and docs/*.md (options, flags, contract)")
     args = parser.parse_args(argv)
     try:
+        if args.write_docs:
+            changed = doc_tables.write()
+            print("\n".join(f"rewrote {p}" for p in changed) or "the generated tables are current")
+            return 0
         if args.contract:
             from core.contract.members import describe_contract
 

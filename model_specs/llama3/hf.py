@@ -1,4 +1,5 @@
-"""Names between plait's llama3 (torchtitan's names) and Hugging Face's LlamaForCausalLM.
+"""Names between plait's llama3 (torchtitan's names) and Hugging Face's LlamaForCausalLM (with
+``qk_norm``, Qwen3ForCausalLM: the same names and ``self_attn.q_norm`` / ``k_norm``).
 
 The model uses HF's rotate-half RoPE layout, so weights map one-to-one by
 name, without permuting ``wq`` / ``wk``.
@@ -20,6 +21,8 @@ _LAYER = {
     "feed_forward.w2.weight": "mlp.down_proj.weight",
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attention.q_norm.weight": "self_attn.q_norm.weight",  # qk_norm: Qwen3's names
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
 }
 _TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",

@@ -3,7 +3,8 @@
 Parameter names follow torchtitan's llama3 (``tok_embeddings``,
 ``layers.{i}.attention.wq`` ...), and RoPE uses the "rotate half" layout of
 Hugging Face's ``LlamaForCausalLM``, so a checkpoint maps onto HF names
-one-to-one without permuting ``wq``/``wk``.
+one-to-one without permuting ``wq``/``wk``. :class:`Llama3Options` declares every option once; its
+resolved form (the flavor's shapes filled in) is the model's arguments.
 
 The module does not initialize its weights: :class:`model_specs.llama3.spec.Llama3Spec`
 builds it on the meta device and calls :meth:`Transformer.init_weights` after
@@ -13,35 +14,256 @@ the weights have been given real storage.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.api import log, option
 
-@dataclass(frozen=True)
-class ModelArgs:
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    rope_theta: float
-    max_seq_len: int
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    attention: str = "sdpa"  # "sdpa" or "flash_attn" (flash-attn package, CUDA, bf16/fp16)
-    loss_chunk_tokens: int = 0  # > 0: chunked cross-entropy, never the full logits
-    attention_mask: str = "causal"  # "causal", or "document": attention stays within each document
-    rope_positions: str = "absolute"  # "absolute", or "document": positions restart at each document
-    eod_id: int | None = None  # the data's end-of-document id (the spec sets it); None: the document mask is causal
+
+def resolve_attention(requested: Literal["sdpa", "flash_attn"]) -> Literal["sdpa", "flash_attn"]:
+    """``flash_attn`` when the package imports, else ``sdpa`` with the reason logged once."""
+    if requested != "flash_attn":
+        return requested
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError as e:
+        log.warn(f"model.attention = 'flash_attn' but flash-attn is not importable ({e}); using sdpa", once="llama3:flash_attn")
+        return "sdpa"
+    return "flash_attn"
+
+
+FLAVORS: dict[str, dict[str, Any]] = {
+    # Trains in seconds on a CPU; byte-level data uses ids < 257.
+    "debug": dict(
+        n_layers=2,
+        dim=128,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=384,
+        vocab_size=512,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        tie_embeddings=False,
+    ),
+    # Lab 00 of the one-day cloud run: GPT-2 BPE vocab; 50.3M non-embedding and
+    # ~89M total parameters, which holds only with tied embeddings.
+    "50m": dict(
+        n_layers=8,
+        dim=768,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=2048,
+        vocab_size=50_257,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        tie_embeddings=True,
+    ),
+    # Exactly 1,241,581,568 parameters (tied weight counted once).
+    "1b": dict(
+        n_layers=16,
+        dim=2048,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=8192,
+        vocab_size=131_072,
+        rope_theta=500_000.0,
+        max_seq_len=8192,
+        tie_embeddings=True,
+    ),
+    # Meta Llama-3 8B shapes (Llama-3.1's RoPE frequency scaling is not implemented).
+    "8b": dict(
+        n_layers=32,
+        dim=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14_336,
+        vocab_size=128_256,
+        rope_theta=500_000.0,
+        max_seq_len=8192,
+        tie_embeddings=False,
+    ),
+    # The size presets of the 1.46B-on-8xA100 seed document (tiny .. xlarge). The document
+    # gives layers x width and a rounded parameter count only; the rest are Llama-style
+    # choices that reproduce every count at the precision the document states: GQA with 4
+    # key/value heads (2 for tiny, 5 for xlarge), head dim 64 (72 for medium-large, 96 for
+    # large and xlarge), SwiGLU at 2.75 x dim (small: 2048 = 2.67 x), the GPT-2 vocabulary
+    # padded to 50,304 (a multiple of 64), untied embeddings, RoPE 10,000, sequences up to
+    # 2048. Exact counts (docs/models.md):
+    "tiny": dict(  # 85,340,672 (document: 85M)
+        n_layers=12,
+        dim=512,
+        n_heads=8,
+        n_kv_heads=2,
+        ffn_dim=1408,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+    "small": dict(  # 177,955,584 (document: 178M)
+        n_layers=16,
+        dim=768,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=2048,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+    "medium": dict(  # 373,605,376 (document: 374M)
+        n_layers=24,
+        dim=1024,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=2816,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+    "medium-large": dict(  # 401,275,008 (document: 401M); head dim 72
+        n_layers=20,
+        dim=1152,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=3168,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+    "large": dict(  # 763,307,520 (document: 763M); head dim 96
+        n_layers=24,
+        dim=1536,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=4224,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+    "xlarge": dict(  # 1,461,413,760 (document: 1.46B); head dim 96
+        n_layers=32,
+        dim=1920,
+        n_heads=20,
+        n_kv_heads=5,
+        ffn_dim=5280,
+        vocab_size=50_304,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        tie_embeddings=False,
+    ),
+}
+
+
+# Shapes beyond these are typos: 10 trillion parameters is far past any model trained so far, and
+# 2^24 positions past any context trained. Refused before the model is built, which for such a
+# shape would loop for hours over layers or ask for terabytes of RoPE tables.
+MAX_PARAMETERS = 10**13
+MAX_SEQ_LEN = 2**24
+
+
+def check_masking(attention_mask: str, rope_positions: str) -> None:
+    """The masking options' values (also refused by their Literal types when read from a config)."""
+    if attention_mask not in ("causal", "document"):
+        raise ValueError(f"attention_mask {attention_mask!r}: expected causal or document")
+    if rope_positions not in ("absolute", "document"):
+        raise ValueError(f"rope_positions {rope_positions!r}: expected absolute or document")
+    if rope_positions == "document" and attention_mask != "document":
+        raise ValueError('rope_positions = "document" needs attention_mask = "document"')
+
+
+def check_size(max_seq_len: int, parameters: int, shape: str) -> None:
+    """Refuse a shape of more than MAX_PARAMETERS parameters or a max_seq_len over MAX_SEQ_LEN."""
+    if parameters > MAX_PARAMETERS:
+        raise ValueError(f"{shape} make {parameters:.3g} parameters; expected at most {MAX_PARAMETERS:.0e}")
+    if max_seq_len > MAX_SEQ_LEN:
+        raise ValueError(f"max_seq_len must be at most {MAX_SEQ_LEN:,} (2^24), got {max_seq_len:,}")
+
+
+def _from_flavor(value: Any) -> bool:
+    """Whether an option is at its "from flavor" value: 0 (not False), 0.0 or "flavor"."""
+    return value == "flavor" or (type(value) in (int, float) and value == 0)
+
+
+@dataclass
+class Llama3Options:
+    """Options of ``[model] name = "llama3"``, and, resolved (:meth:`resolved`), the model's arguments."""
+
+    flavor: str = option("debug", f"named set of shapes: {', '.join(FLAVORS)}")
+    n_layers: int = option(0, "transformer blocks (0: from flavor)", ge=0)
+    dim: int = option(0, "model width (0: from flavor)", ge=0)
+    n_heads: int = option(0, "query heads (0: from flavor)", ge=0)
+    n_kv_heads: int = option(0, "key/value heads, divides n_heads (0: from flavor)", ge=0)
+    ffn_dim: int = option(0, "SwiGLU hidden width (0: from flavor)", ge=0)
+    vocab_size: int = option(0, "vocabulary size, > every token id of the data (0: from flavor)", ge=0)
+    rope_theta: float = option(0.0, "RoPE base frequency (0: from flavor)", ge=0)
+    max_seq_len: int = option(0, "longest sequence, length of the RoPE tables (0: from flavor)", ge=0)
+    tie_embeddings: bool | Literal["flavor", "true", "false"] = option("flavor", "output head shares the token embedding matrix (flavor: the flavor's choice)")
+    attention: Literal["sdpa", "flash_attn"] = option(
+        "sdpa",
+        "attention kernel: sdpa (torch, picks flash/cuDNN/memory-efficient) or flash_attn (the flash-attn package; falls back to sdpa with a logged reason)",
+    )
+    loss_chunk_tokens: int = option(0, "compute the loss this many tokens at a time so full logits never exist (0: off)", ge=0)
+    attention_mask: Literal["causal", "document"] = option(
+        "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
+    )
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
+    norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
+    init_std: float = option(0.02, "std of the token embedding at init", gt=0)
+    qk_norm: bool = option(False, "RMSNorm over each head's queries and keys before RoPE, a weight of head_dim each (OLMo 2, Qwen3)")
+
+    def resolved(self) -> "Llama3Options":
+        """These options with the flavor's value for each one left at 0 or "flavor", tie_embeddings a
+        bool, and the attention kernel one that imports here."""
+        over = {k: v for k, v in FLAVORS[self.flavor].items() if _from_flavor(getattr(self, k))}
+        over["tie_embeddings"] = over.get("tie_embeddings", self.tie_embeddings) in (True, "true")
+        return replace(self, **over, attention=resolve_attention(self.attention))
+
+    @property
+    def tied(self) -> bool:
+        """Whether the head shares the embedding, once resolved (:meth:`resolved` makes it a bool)."""
+        return self.tie_embeddings is True
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    def check(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
+        check_masking(self.attention_mask, self.rope_positions)
+        a = self.resolved()
+        if a.dim % a.n_heads:
+            raise ValueError(f"dim {a.dim} is not divisible by n_heads {a.n_heads}")
+        if a.n_heads % a.n_kv_heads:
+            raise ValueError(f"n_heads {a.n_heads} is not divisible by n_kv_heads {a.n_kv_heads}")
+        if a.head_dim % 2:
+            raise ValueError(f"head dim {a.head_dim} (dim / n_heads) must be even for RoPE")
+        shape = f"n_layers {a.n_layers}, dim {a.dim}, ffn_dim {a.ffn_dim} and vocab_size {a.vocab_size}"
+        check_size(a.max_seq_len, param_counts(a)[0], shape)
+
+
+def param_counts(a: Llama3Options) -> tuple[int, int]:
+    """(total, non-embedding) parameters of resolved options; a tied weight counts once.
+
+    Non-embedding leaves out the token embedding and, when untied, the output head (the convention
+    of Kaplan et al. 2020)."""
+    kv = a.n_kv_heads * a.head_dim
+    attn = a.dim * a.dim * 2 + a.dim * kv * 2 + (2 * a.head_dim if a.qk_norm else 0)  # wq, wo + wk, wv (+ q_norm, k_norm)
+    ffn = 3 * a.dim * a.ffn_dim
+    per_layer = attn + ffn + 2 * a.dim  # two RMSNorm weights
+    non_embedding = a.n_layers * per_layer + a.dim  # + final norm
+    embedding = a.vocab_size * a.dim * (1 if a.tie_embeddings else 2)
+    return non_embedding + embedding, non_embedding
 
 
 class RMSNorm(nn.Module):
@@ -132,13 +354,16 @@ def document_mask(doc: torch.Tensor) -> Any:
     return (causal & (doc[:, :, None] == doc[:, None, :]))[:, None]
 
 
-def attention_inputs(input_ids: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, args: ModelArgs) -> tuple[torch.Tensor, torch.Tensor, Any]:
+def attention_inputs(
+    input_ids: torch.Tensor, rope_cos: torch.Tensor, rope_sin: torch.Tensor, args: Llama3Options, eod_id: int | None
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """RoPE cos and sin shaped for the blocks ([1, T, 1, D], or [B, T, 1, D] with positions restarting
-    at each document) and the attention mask (None: causal) of one forward, made once for every block."""
+    at each document) and the attention mask (None: causal) of one forward, made once for every block.
+    ``eod_id``: the data's end-of-document id (None: the document mask is causal)."""
     T = input_ids.shape[1]
-    if args.attention_mask != "document" or args.eod_id is None:
+    if args.attention_mask != "document" or eod_id is None:
         return rope_cos[None, :T, None, :], rope_sin[None, :T, None, :], None
-    doc, pos = document_layout(input_ids, args.eod_id)
+    doc, pos = document_layout(input_ids, eod_id)
     if args.rope_positions == "document":
         cos, sin = rope_cos[pos][:, :, None, :], rope_sin[pos][:, :, None, :]
     else:
@@ -147,9 +372,10 @@ def attention_inputs(input_ids: torch.Tensor, rope_cos: torch.Tensor, rope_sin: 
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE."""
+    """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE; with
+    ``qk_norm``, queries and keys RMS-normalized per head before RoPE."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: Llama3Options):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         self.use_flash_attn = args.attention == "flash_attn"
@@ -157,6 +383,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any = None) -> torch.Tensor:
         """``mask``: None (causal), a boolean [B, 1, T, T] mask (True: attend) or a FlexAttention BlockMask
@@ -165,6 +393,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask (CUDA)
             from torch.nn.attention.flex_attention import flex_attention
@@ -204,7 +434,7 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + ffn(norm(x))."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: Llama3Options):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.attention = Attention(args)
@@ -220,9 +450,12 @@ class Transformer(nn.Module):
     rope_cos: torch.Tensor  # registered buffers (declared for the type checker)
     rope_sin: torch.Tensor
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: Llama3Options, eod_id: int | None = None):
+        """``args``: resolved options (:meth:`Llama3Options.resolved`); ``eod_id``: the data's
+        end-of-document id, which ``attention_mask = "document"`` splits sequences at."""
         super().__init__()
         self.args = args
+        self.eod_id = eod_id
         # init_weights() initializes it; skipping Embedding's own normal_ keeps a meta-device build fast
         # (normal_ on meta goes through torch._refs: about 2 s of imports on a first call)
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim, _weight=torch.empty(args.vocab_size, args.dim))
@@ -240,8 +473,6 @@ class Transformer(nn.Module):
 
     def log_attention_backend(self, seq_len: int, device: torch.device) -> None:
         """Say which SDPA kernel the attention runs on (rank 0, stderr)."""
-        from core.api import log
-
         if self.args.attention == "flash_attn":
             return
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.tok_embeddings.weight.dtype
@@ -266,7 +497,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self, init_std: float = 0.02) -> None:
         """Linears N(0, std 1/sqrt(fan_in)); the residual outputs (wo, w2) std
-        dim^-0.5 / sqrt(2 n_layers); embeddings std init_std; norms 1; an
+        dim^-0.5 / sqrt(2 n_layers); embeddings std init_std; norms (q/k norms too) 1; an
         untied head std dim^-0.5. Also ties the head again and recomputes the
         RoPE buffers, both lost by ``to_empty()``."""
         a = self.args
@@ -281,6 +512,9 @@ class Transformer(nn.Module):
                 nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)
             nn.init.normal_(attn.wo.weight, std=residual_std)
             nn.init.normal_(ffn.w2.weight, std=residual_std)
+            for norm in (attn.q_norm, attn.k_norm):
+                if norm is not None:
+                    norm.reset_parameters()
             layer.attention_norm.reset_parameters()
             layer.ffn_norm.reset_parameters()
         self.norm.reset_parameters()
@@ -296,7 +530,7 @@ class Transformer(nn.Module):
             self._attention_logged = True
             self.log_attention_backend(T, input_ids.device)
         h = self.tok_embeddings(input_ids)
-        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, self.args)  # once for every block
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, self.args, self.eod_id)  # once for every block
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         h = self.norm(h)

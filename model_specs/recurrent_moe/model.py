@@ -16,30 +16,112 @@ which says how each is reduced across ranks (docs/metrics.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_specs.llama3.model import Attention, FeedForward, ModelArgs, RMSNorm, attention_inputs, rope_tables
+from core.api import option
+from model_specs.llama3.model import Attention, FeedForward, Llama3Options, RMSNorm, attention_inputs, check_masking, check_size, rope_tables
 from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
+
+FLAVORS: dict[str, dict[str, Any]] = {
+    "debug": dict(
+        dim=64,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=128,
+        vocab_size=512,
+        rope_theta=10_000.0,
+        max_seq_len=1024,
+        n_prelude=1,
+        n_core=1,
+        n_coda=1,
+        n_loops=3,
+        n_experts=4,
+        top_k=2,
+    ),
+    "small": dict(
+        dim=512,
+        n_heads=8,
+        n_kv_heads=4,
+        ffn_dim=1024,
+        vocab_size=50_257,
+        rope_theta=10_000.0,
+        max_seq_len=2048,
+        n_prelude=2,
+        n_core=2,
+        n_coda=2,
+        n_loops=4,
+        n_experts=8,
+        top_k=2,
+    ),
+}
+
+
+def _from_flavor(value: Any) -> bool:
+    """Whether an option is at its "from flavor" value (0)."""
+    return type(value) in (int, float) and value == 0
+
+
+@dataclass
+class RecurrentMoEOptions:
+    """Options of ``[model] name = "recurrent_moe"``, and, resolved (:meth:`resolved`), the model's."""
+
+    flavor: str = option("debug", f"named set of shapes: {', '.join(FLAVORS)}")
+    n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)", ge=0)
+    n_experts: int = option(0, "experts per MoE layer (0: from flavor)", ge=0)
+    top_k: int = option(0, "experts each token is routed to (0: from flavor)", ge=0)
+    vocab_size: int = option(0, "vocabulary size (0: from flavor)", ge=0)
+    aux_weight: float = option(0.01, "weight of the load-balancing loss", ge=0)
+    z_weight: float = option(0.001, "weight of the router z-loss (0 disables)", ge=0)
+    attention_mask: Literal["causal", "document"] = option(
+        "causal", "causal, or document: attention stays within each document of a packed sequence (needs the data's end-of-document id)"
+    )
+    rope_positions: Literal["absolute", "document"] = option(
+        "absolute", "absolute, or document: RoPE positions restart at each document (needs attention_mask = document)"
+    )
+    dispatch: Literal["sparse", "dense"] = option(
+        "sparse", "sparse: each expert runs on its routed tokens only; dense: every expert on every token (reference)"
+    )
+    capacity_factor: float = option(
+        0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0
+    )
+
+    def resolved(self) -> "RecurrentMoEOptions":
+        """These options with the flavor's value for each one left at 0."""
+        names = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in FLAVORS[self.flavor].items() if k in names and _from_flavor(getattr(self, k))})
+
+    def check(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"unknown flavor {self.flavor!r}; flavors: {', '.join(FLAVORS)}")
+        check_masking(self.attention_mask, self.rope_positions)
+        r, f = self.resolved(), FLAVORS[self.flavor]
+        if not 1 <= r.top_k <= r.n_experts:
+            raise ValueError(f"top_k {r.top_k}: expected 1 to n_experts ({r.n_experts})")
+        if 0 < self.capacity_factor < 1:
+            raise ValueError(f"capacity_factor {self.capacity_factor}: expected 0 (dropless) or at least 1")
+        if self.capacity_factor and self.dispatch == "dense":
+            raise ValueError('capacity_factor needs dispatch = "sparse" (the dense path drops nothing)')
+        layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
+        per_layer = 4 * f["dim"] ** 2 + r.n_experts * (3 * f["dim"] * f["ffn_dim"] + f["dim"])  # at most: attention, experts, router
+        shape = f"n_experts {r.n_experts} of {layers} layers and vocab_size {r.vocab_size}"
+        check_size(f["max_seq_len"], layers * per_layer + 2 * r.vocab_size * f["dim"], shape)
 
 
 @dataclass(frozen=True)
 class MoEArgs:
-    base: ModelArgs  # shapes shared with llama3 (n_layers unused)
+    """The model's arguments: its options resolved from the flavor, and the flavor's shapes beside them."""
+
+    options: RecurrentMoEOptions  # resolved (RecurrentMoEOptions.resolved)
+    base: Llama3Options  # attention and expert shapes shared with llama3, from the flavor (n_layers unused)
     n_prelude: int
     n_core: int
     n_coda: int
-    n_loops: int
-    n_experts: int
-    top_k: int
-    aux_weight: float
-    z_weight: float
-    dispatch: str = "sparse"  # "sparse" (routed tokens only) or "dense" (every expert on every token)
-    capacity_factor: float = 0.0  # 0: dropless; >= 1: each expert takes at most this share of the routed pairs
+    eod_id: int | None = None  # the data's end-of-document id (use_end_of_document_id); None: the document mask is causal
 
 
 class MoE(nn.Module):
@@ -124,7 +206,7 @@ class MoEBlock(nn.Module):
         self.attention_norm = RMSNorm(b.dim, b.norm_eps)
         self.attention = Attention(b)
         self.ffn_norm = RMSNorm(b.dim, b.norm_eps)
-        self.moe = MoE(b.dim, b.ffn_dim, a.n_experts, a.top_k, a.dispatch, a.capacity_factor)
+        self.moe = MoE(b.dim, b.ffn_dim, a.options.n_experts, a.options.top_k, a.options.dispatch, a.options.capacity_factor)
 
     def forward(self, x, cos, sin, mask=None):
         x = x + self.attention(self.attention_norm(x), cos, sin, mask)
@@ -175,7 +257,7 @@ class RecurrentMoE(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
         nn.init.normal_(self.tok_embeddings.weight, std=init_std)
-        depth = len(self.prelude) + len(self.core) * self.args.n_loops + len(self.coda)
+        depth = len(self.prelude) + len(self.core) * self.args.options.n_loops + len(self.coda)
         residual_std = b.dim**-0.5 / math.sqrt(2 * depth)
         for block in cast("list[MoEBlock]", self.blocks()):
             at, moe = block.attention, block.moe
@@ -197,7 +279,7 @@ class RecurrentMoE(nn.Module):
         h = self.tok_embeddings(input_ids)
         aux = h.new_zeros((), dtype=torch.float32)
         z = h.new_zeros((), dtype=torch.float32)
-        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base)  # once for every block
+        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base, a.eod_id)  # once for every block
 
         def run(blocks, h, aux, z):
             for block in blocks:
@@ -207,19 +289,19 @@ class RecurrentMoE(nn.Module):
 
         h, aux, z = run(self.prelude, h, aux, z)
         states = [h.detach()]
-        for _ in range(a.n_loops):
+        for _ in range(a.options.n_loops):
             h, aux, z = run(self.core, h, aux, z)
             states.append(h.detach())
         h, aux, z = run(self.coda, h, aux, z)
         logits = self.output(self.norm(h))
         if labels is None:
             return logits
-        n_moe = len(self.prelude) + len(self.core) * a.n_loops + len(self.coda)
+        n_moe = len(self.prelude) + len(self.core) * a.options.n_loops + len(self.coda)
         aux, z = aux / n_moe, z / n_moe
         lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         if torch.is_grad_enabled():  # a training micro-batch (validation runs under no_grad)
             self.accumulate(lm.detach(), aux.detach(), z.detach(), states)
-        return lm + a.aux_weight * aux + a.z_weight * z
+        return lm + a.options.aux_weight * aux + a.options.z_weight * z
 
     @torch.no_grad()
     def accumulate(self, lm: torch.Tensor, aux: torch.Tensor, z: torch.Tensor, states: list[torch.Tensor]) -> None:

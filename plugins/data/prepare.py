@@ -187,7 +187,8 @@ def prepare(args: argparse.Namespace) -> dict:
     return meta
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> ArgumentParser:
+    """The command's flags (docs' flag tables are generated from it: core.cli.doc_tables)."""
     p = ArgumentParser(prog="python -m plugins.data.prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", nargs="+", required=True, help="files or folders (.txt, .jsonl, .parquet)")
     p.add_argument("--out", required=True, help="folder for train.bin, val.bin, meta.json")
@@ -201,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-field", default="text", help="jsonl key / parquet column holding the text")
     p.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES, help="input bytes per task handed to a worker (default 1 MiB)")
     p.add_argument("--progress-interval", type=float, default=None, help="seconds between progress updates (default: 0.2 on a terminal, 10 in a log)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if not 0 <= args.val_fraction < 1:
         p.error(f"--val-fraction must be in [0, 1), got {args.val_fraction}")

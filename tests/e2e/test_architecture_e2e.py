@@ -16,7 +16,7 @@ import pytest
 from conftest import run_here, run_module, write_tiny_config
 
 from core.checkpoint import resume
-from core.checkpoint.architecture import RESOLVED, run_architecture, saved_model_section
+from core.checkpoint.architecture import RESOLVED, check_architecture, run_architecture, saved_model_section
 from core.checkpoint.checkpointer import CheckpointDir
 from core.config.sections import CheckpointOptions
 from core.contract.errors import ConfigError
@@ -70,6 +70,25 @@ def test_a_resume_with_other_heads_of_the_same_shapes_exits_2_with_one_line_and_
     assert files(tmp_path / "out" / "checkpoints") == before
     plan = run_here("core.plan", "--config", str(cfg), "--train.steps=6", *change)
     assert plan.returncode == 2 and line in plan.stderr, plan.stderr[-3000:]
+
+
+def test_a_resume_that_turns_on_qk_norm_is_refused_as_an_architecture_change(saved, tmp_path):
+    """qk_norm adds weights the checkpoint lacks (the shapes, compared first, say so: one line, exit 2, before
+    any step); its resolved value is recorded, so the architecture comparison names it too."""
+    cfg = copy_run(saved, tmp_path)
+    before = files(tmp_path / "out" / "checkpoints")
+    proc = run_module("core.train", "--config", str(cfg), "--train.steps=6", "--model.qk_norm=true")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "lacks model keys" in line and "attention.k_norm.weight" in line and "attention.q_norm.weight" in line, line
+    assert "training steps" not in proc.stdout
+    assert files(tmp_path / "out" / "checkpoints") == before
+    newest = tmp_path / "out" / "checkpoints" / "step_000000004"
+    section = saved_model_section(newest)
+    assert section is not None and section[RESOLVED]["qk_norm"] is False
+    with pytest.raises(ConfigError, match=r"another model architecture: model.qk_norm False -> True; "):
+        spec = Llama3Spec.from_flavor("debug", dim=section["dim"], qk_norm=True)  # the saved run's shapes
+        check_architecture(newest, run_architecture(spec, "llama3", {**section, "qk_norm": True}), explicit=True)
 
 
 def test_a_resume_with_another_rope_theta_goes_on_and_names_it(saved, tmp_path):

@@ -80,6 +80,40 @@ def test_hf_export_loads_in_transformers_with_matching_logits(trained, tmp_path)
     assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
 
 
+def test_a_qk_norm_model_exports_as_qwen3_with_matching_logits_and_starts_a_run(trained, tmp_path):
+    """llama3 with qk_norm: safetensors holds the q/k norms, the hf export is a Qwen3ForCausalLM whose
+    logits are plait's, and a run starts from that export with the safetensors export's first loss."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    from safetensors.torch import load_file
+
+    from core.checkpoint.weights import checkpoint_model
+
+    cfg, _ = trained
+    run = tmp_path / "run"
+    proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={run}", "--model.qk_norm=true")
+    assert proc.returncode == 0, proc.stderr
+    ckpt = run / "checkpoints" / "step_000000003"
+    _, _, model = checkpoint_model(ckpt)
+    st = load_file(str(export(ckpt, "safetensors", tmp_path / "st") / "model.safetensors"))
+    assert st.keys() == model.state_dict().keys() and "layers.1.attention.q_norm.weight" in st
+    assert not torch.equal(st["layers.1.attention.q_norm.weight"], torch.ones_like(st["layers.1.attention.q_norm.weight"]))  # trained
+    out = export(ckpt, "hf", tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    ids = torch.randint(0, 257, (2, 64))
+    with torch.no_grad():
+        assert torch.allclose(model(ids), hf(ids).logits, atol=1e-4)
+    first = {}
+    for name, src in [("hf", out), ("st", tmp_path / "st" / "model.safetensors")]:
+        again = tmp_path / f"from_{name}"
+        proc = run_module(
+            "core.train", "--config", str(cfg), f"--train.output_dir={again}", "--model.qk_norm=true", f"--checkpoint.initial_load={src}", "--train.steps=1"
+        )
+        assert proc.returncode == 0, proc.stderr
+        first[name] = read_metrics(again)[0]["loss"]
+    assert first["hf"] == pytest.approx(first["st"], abs=1e-6)
+
+
 def test_run_starts_from_exported_weights(trained, tmp_path):
     """initial_load from the hf and the safetensors export give the same first loss (the DCP checkpoint
     as initial_load is covered by the sharded seed-checkpoint test below)."""

@@ -74,9 +74,19 @@ def test_every_export_resolves_and_is_documented():
     assert set(api.SLOT_PROTOCOLS) == set(api.SLOTS)
 
 
-def test_the_docstring_names_every_export():
-    for name in api.__all__:
-        assert re.search(rf"\b{name}\b", api.__doc__), f"core.api's docstring does not mention {name}"
+def test_the_exports_are_the_type_checking_import_lines_and_load_on_first_use():
+    """core.api names each export once, in an import line under TYPE_CHECKING: ``__all__``, the lazy
+    imports and the docstring's index all come from those lines; importing core.api imports no torch."""
+    import subprocess
+    import sys
+
+    tree = ast.parse((REPO / "core" / "api.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    lines = {a.name: n.module for n in block.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert list(lines) == api.__all__ and len(lines) > 50
+    assert all(f"``{name}``: ``{module}``" in (api.__doc__ or "") for name, module in lines.items())
+    probe = "import sys, core.api; assert 'torch' not in sys.modules; core.api.IndexedSource; assert 'torch' in sys.modules"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=REPO).returncode == 0
 
 
 @pytest.mark.parametrize("cls", ["Run", "PreparedRun", "DistInfo", "LoaderSpec"])

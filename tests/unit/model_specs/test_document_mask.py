@@ -67,7 +67,7 @@ def test_a_document_mask_without_an_end_of_document_id_is_refused():
         spec.use_end_of_document_id(None)
     plain = Llama3Spec.from_flavor("debug")
     plain.use_end_of_document_id(None)  # a causal model needs none
-    assert plain.args.eod_id is None
+    assert plain.eod_id is None
 
 
 def test_hf_export_says_the_mask_is_not_applied(capsys):

@@ -44,7 +44,7 @@ def test_registers_model_component_with_documented_options():
     comp = reg.get("model", "llama3", "[model]")
     spec = comp.factory(build_options(comp.options, {"flavor": "debug", "dim": 64}, "[model]"))
     assert isinstance(spec, ModelSpec)
-    assert spec.args.dim == 64 and spec.args.n_layers == FLAVORS["debug"].n_layers
+    assert spec.args.dim == 64 and spec.args.n_layers == FLAVORS["debug"]["n_layers"]
     assert spec.vocab_size == 512 and spec.max_seq_len == 1024
 
 
@@ -183,8 +183,9 @@ def test_flops_per_token_formula(flavor):
         assert spec.flops_per_token(2048) == 8_254_795_776
 
 
-def test_activation_estimate_matches_saved_tensors():
-    spec = Llama3Spec.from_flavor("debug")
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_activation_estimate_matches_saved_tensors(qk_norm):
+    spec = Llama3Spec.from_flavor("debug", qk_norm=qk_norm)
     model = materialized(spec)
     weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     saved: dict[int, int] = {}
@@ -321,6 +322,68 @@ def test_matches_hugging_face_llama():
     x = torch.randint(0, spec.vocab_size, (2, 48))
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(x).logits, rtol=1e-4, atol=1e-4)
+
+
+# -- qk_norm -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", ["debug", "1b", "medium-large"])
+def test_qk_norm_adds_two_head_dim_weights_per_layer_counted_and_built(flavor):
+    plain, normed = Llama3Spec.from_flavor(flavor), Llama3Spec.from_flavor(flavor, qk_norm=True)
+    a = normed.args
+    assert normed.param_counts()[1] - plain.param_counts()[1] == a.n_layers * 2 * a.head_dim
+    model = meta_model(normed)
+    assert numel(model) == normed.param_counts()[0]
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert shapes["layers.0.attention.q_norm.weight"] == shapes["layers.0.attention.k_norm.weight"] == (a.head_dim,)
+    assert not any("q_norm" in n for n, _ in meta_model(plain).named_parameters())
+
+
+def test_qk_norm_is_initialized_to_one_and_normalizes_each_head_before_rope():
+    spec = Llama3Spec.from_flavor("debug", qk_norm=True)
+    model = materialized(spec)
+    attn = model.layers[0].attention
+    assert torch.equal(attn.q_norm.weight, torch.ones(spec.args.head_dim)) and torch.equal(attn.k_norm.weight, torch.ones(spec.args.head_dim))
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.update(q=o))
+    x = torch.randint(0, spec.vocab_size, (2, 16))
+    with torch.no_grad():
+        model(x)
+    rms = seen["q"].pow(2).mean(-1).sqrt()  # [B, T, heads]: each head's query has RMS 1 (weight 1)
+    assert seen["q"].shape[-2:] == (spec.args.n_heads, spec.args.head_dim)
+    torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-3, atol=1e-3)
+    plain = materialized(Llama3Spec.from_flavor("debug"))
+    with torch.no_grad():
+        assert not torch.allclose(model(x), plain(x))  # the same weights otherwise: the norms change the function
+
+
+def test_qk_norm_is_an_architecture_option():
+    assert "qk_norm" in Llama3Spec.architecture_options
+    assert Llama3Spec.from_flavor("debug", qk_norm=True).resolved_architecture()["qk_norm"] is True
+
+
+def test_qk_norm_exports_as_qwen3_with_the_same_logits():
+    """Hugging Face's Llama has no q/k norm; Qwen3 is Llama's layout with one (per head, before RoPE):
+    the export names it, and transformers' Qwen3ForCausalLM computes plait's logits."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
+    spec = Llama3Spec.from_flavor("debug", dim=64, max_seq_len=64, qk_norm=True)
+    model = materialized(spec)
+    with torch.no_grad():  # norms away from 1, so a norm left out or misplaced shows
+        for layer in model.layers:
+            layer.attention.q_norm.weight.uniform_(0.5, 1.5)
+            layer.attention.k_norm.weight.uniform_(0.5, 1.5)
+    config = spec.hf_config()
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config)).eval()
+    sd = spec.to_hf_state_dict(model.state_dict())
+    assert "model.layers.0.self_attn.q_norm.weight" in sd and "model.layers.1.self_attn.k_norm.weight" in sd
+    hf.load_state_dict(sd, strict=True)
+    x = torch.randint(0, spec.vocab_size, (2, 48))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(x).logits, rtol=1e-4, atol=1e-4)
+    back = spec.from_hf_state_dict({k: v for k, v in hf.state_dict().items()})
+    assert set(back) == set(model.state_dict()) and all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    assert Llama3Spec.from_flavor("debug").hf_config()["architectures"] == ["LlamaForCausalLM"]
 
 
 def test_overfits_one_batch():
