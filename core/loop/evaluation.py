@@ -140,8 +140,14 @@ def share(n: int, rank: int, world: int) -> range:
     return range(rank, n, world)
 
 
+class Interrupted(Exception):
+    """The scorer's ``stop()`` said a stop signal came: every rank leaves the pass before the same forward."""
+
+
 class Scorer:
-    """Batched log-likelihoods of continuations given contexts, on ``model`` (``forward(ids) -> logits``)."""
+    """Batched log-likelihoods of continuations given contexts, on ``model`` (``forward(ids) -> logits``).
+    ``stop`` (the in-loop monitor's ``run.stop_signalled``, a collective) is asked before every forward;
+    True raises :class:`Interrupted`, on every rank at the same forward."""
 
     def __init__(
         self,
@@ -150,9 +156,15 @@ class Scorer:
         device: torch.device | str = "cpu",
         batch_size: int = 16,
         autocast: Callable[[], ContextManager] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         self.model, self.max_len, self.device, self.batch_size = model, max_len, torch.device(device), max(1, batch_size)
         self.autocast = autocast or contextlib.nullcontext
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        if self.stop is not None and self.stop():
+            raise Interrupted
 
     def _rows(self, requests: Sequence[Request]) -> list[tuple[list[int], list[tuple[int, int, list[int]]]]]:
         """Rows to run: (input ids, [(request index, first predicted position, continuation ids)]).
@@ -190,6 +202,7 @@ class Scorer:
         model.eval()
         try:
             for batch in batches:
+                self.check_stop()
                 width = max(len(ids) for ids, _ in batch)
                 inputs = torch.zeros((len(batch), width), dtype=torch.long)
                 for r, (ids, _) in enumerate(batch):
@@ -204,6 +217,7 @@ class Scorer:
                         greedy = bool((logp.argmax(-1) == target).all())
                         out[i] = (ll, greedy)
             for _ in range(forwards - len(batches)):
+                self.check_stop()
                 with self.autocast():
                     model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
         finally:

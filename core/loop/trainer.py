@@ -102,6 +102,7 @@ class Trainer:
         """The fresh state (:func:`core.loop.assemble.assemble`), its checkpointer and its step."""
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
+        built.state.run.stop_signalled = self.stop_signalled  # a monitor's long pass asks between its batches
         optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
         about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint, **self.prep.saved_facts}
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
@@ -262,6 +263,10 @@ class Trainer:
             self.run.stop = None
             self.run.request_stop(str(e), checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
             return False
+
+    def stop_signalled(self) -> bool:
+        """Has a stop signal reached any rank? One agreement over the ranks: every rank asks together."""
+        return bool(self.control.agree(int(self.signals.received is not None), "max"))
 
     def agreed_stop(self, worst: int) -> str | None:
         """The stop every rank agrees on at this step boundary (``worst``: non-finite steps in a row),
