@@ -323,8 +323,9 @@ class Trainer:
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         watchdog.progress(f"ending the run: writing exit_status.json (reason {reason!r})")
+        recorded = "bad_input" if code == EXIT_BAD_INPUT else reason  # a stop for bad data (a file changed under the run): code 2's reason
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
-            code = run_files.end_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
+            code = run_files.end_status(self.output_dir, code, recorded, run.step, run.stop.reason if run.stop is not None else end_detail)
         return code
 
     def fail(self, error: BaseException) -> None:
