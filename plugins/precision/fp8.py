@@ -7,8 +7,8 @@ default (its error matters most). On CUDA it needs compute capability 8.9
 (Ada, Hopper) or newer. On CPU (``allow_cpu = true``, for tests and debugging) every
 recipe runs through torchao's emulation (``Float8LinearConfig.emulate``: the operands cast to
 float8 with the recipe's scales, then multiplied in fp32), as ``mxfp8`` does with ``emulate``: the
-recipe's numerics at about fp32 speed, where torch's CPU ``_scaled_mm`` is a scalar reference
-(minutes a step). :meth:`FP8.emulated` says which a run uses; ``core.plan`` and ``core.train`` print it.
+recipe's numerics at about 3 times fp32's time per linear, where torch's CPU ``_scaled_mm`` is a
+scalar reference (about 1000 times: minutes a step). :meth:`FP8.emulated` says which a run uses; ``core.plan`` and ``core.train`` print it.
 
 Monitoring: weight amax and scale on every log step; with ``log_step(True)``
 before a log step (the trainer's call) also the forward (inputs) and backward
@@ -44,7 +44,7 @@ class FP8Options:
     )
     pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
     fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
-    allow_cpu: bool = option(False, "run on CPU (torchao's emulated float8 matmuls, about fp32 speed; for tests)")
+    allow_cpu: bool = option(False, "run on CPU (torchao's emulated float8 matmuls, a few times fp32's time; for tests)")
     small_gemm_filter: bool = option(True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
 
 
@@ -75,7 +75,7 @@ class FP8(BF16[FP8Options]):
                 return False, "no CUDA device (set allow_cpu = true to run on CPU)"
             log.note(
                 f"fp8 {self.options.recipe} on {device.type}: torchao's emulated float8 matmuls (operands cast to float8, "
-                "multiplied in fp32; about fp32 speed); torch._scaled_mm kernels run on CUDA only"
+                "multiplied in fp32; a few times fp32's time); torch._scaled_mm kernels run on CUDA only"
             )
             return True, ""
         if cc < (8, 9):
