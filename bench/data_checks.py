@@ -93,7 +93,7 @@ def main(argv=None) -> int:
             source.check_ids(f, np.dtype(np.uint16), size // 2, vocab)
             scans.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            source.check_width(f, size // 2)
+            source.check_width(f, size // 2, vocab)
             width.append(time.perf_counter() - t0)
         pread_rates, mapped_rates = [], []
         for _ in range(args.repeats):

@@ -28,7 +28,7 @@
 # Ctrl-C) once, from here, stops at the next step boundary with a checkpoint, and nothing is restarted.
 # Exit codes: 0 done, or stopped by a signal with a checkpoint; 2 bad input (never retried, also when the
 # trainer finds it, when another launcher holds OUTPUT_DIR or another job a folder of the run);
-# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint or a run file could not be written (disk full, I/O error:
+# 3 non-finite loss; 4 a monitor failed; 74 a checkpoint, a run file or the LOG could not be written (disk full, I/O error:
 # never retried, restarting would only fill the disk again); 75/76 budget guard stops; 1 when the
 # restarts in a row without progress ran out; 128 + the signal's number (130, 143, 129) when a signal
 # stopped it before the trainer could save.
@@ -64,6 +64,14 @@ LOG=${LOG:-$OUTPUT_DIR/remote.log}
 if ! { : >>"$LOG"; } 2>/dev/null; then  # before anything is written to it: not mistaken for a bad configuration below
     echo "plait: error: remote.sh: cannot write the log file LOG=$LOG (its folder is missing or read-only, or the file is not writable); set LOG to a writable file" >&2
     exit 2
+fi
+# A log that opens but takes no bytes (a full disk; /dev/full) is a failed write, 74 as everywhere else, never retried.
+log_full() {
+    echo "plait: error: remote.sh: cannot write to the log file LOG=$LOG (${1:-write failed}; disk full?): free space or set LOG elsewhere, then start again" >&2
+    exit 74
+}
+if ! log_err=$( { echo "[remote.sh $(date -u +%H:%M:%S)] launcher pid $$ on $(hostname)" >>"$LOG"; } 2>&1 ); then
+    log_full "$(echo "$log_err" | sed -n 's/.*write error: //p' | head -n 1)"
 fi
 # Since when this launcher has held the machine, on the boot clock every process shares: the budget
 # guard bills from then on, the back-offs and each attempt's start included.
@@ -191,7 +199,10 @@ first_resume="--checkpoint.resume=${RESUME:-auto}"
 
 # 3. Bad input is final: check it once, without a process group (core.plan runs every check that
 #    core.train runs before building: options, data, the checkpoint to resume from, output folders).
-if ! "$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee -a "$LOG"; then
+"$PY" -m core.plan "${args[@]}" "$first_resume" --nproc "$NPROC" 2>&1 | tee -a "$LOG"
+plan_codes=("${PIPESTATUS[@]}")
+if [ "${plan_codes[1]}" -ne 0 ]; then stopped; log_full "tee could not append the plan"; fi
+if [ "${plan_codes[0]}" -ne 0 ]; then
     stopped
     log "the run's configuration is invalid; not starting"
     exit 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -80,7 +80,11 @@ class Run:
       monitor may keep JSON values under a key of its own: they are back after a resume and after a
       rollback; a value that is not JSON stops the run naming the key;
     * ``stop``: the stop requested so far (``reason``, ``checkpoint``, ``source``, ``exit_code``), or
-      ``None``; ``log_every``: ``train.log_every`` (:meth:`is_log_step`).
+      ``None``; ``log_every``: ``train.log_every`` (:meth:`is_log_step`);
+    * ``stop_signalled``: ``run.stop_signalled()`` is True once a stop signal (SIGTERM, SIGINT, SIGHUP) has
+      reached any rank. It is a collective: every rank calls it at the same point, as between the batches
+      of a long pass of a monitor's own (the ``downstream`` evaluation), which then ends the pass early;
+      the run stops at the next step boundary with a checkpoint, within a pre-emption's grace period.
     """
 
     config: dict[str, Any]
@@ -98,6 +102,7 @@ class Run:
     state: dict[str, Any] = field(default_factory=dict)
     stop: StopRequest | None = None
     log_every: int = 1
+    stop_signalled: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     def is_log_step(self, step: int) -> bool:
         """Are metrics logged after ``step`` (1-based)? Every ``train.log_every`` steps, and the last."""

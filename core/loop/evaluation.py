@@ -7,7 +7,8 @@ The one implementation that the in-loop ``downstream`` monitor (``plugins/monito
   ``{"context": "...", "continuations": ["...", "..."], "gold": 0}``, the format of
   lm-evaluation-harness's and OLMo's multiple-choice tasks. The continuations are scored as given
   (put the space between context and answer into the continuation). A bad line, a gold index out of
-  range, an empty choice list: a :class:`DataError` naming ``file:line``.
+  range, an empty choice list, a line over 1 MiB (read in bounded pieces, as held-out text is: never
+  whole): a :class:`DataError` naming ``file:line``.
 * **Scoring** (:class:`Scorer`): the summed log-probability of each continuation's tokens given its
   context, in batches of rows sorted by length; contexts of one example whose continuations are all a
   single token are scored in one row (the context computed once). A sequence longer than
@@ -34,7 +35,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -42,7 +43,7 @@ from core.contract.errors import ConfigError, DataError
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 SUMS = ("examples", "acc", "acc_norm", "acc_norm_tokens", "gold_ll")  # task_sums' order
-MAX_LINE_BYTES = 1 << 20  # a task line longer than this is not an example
+MAX_LINE_BYTES = 1 << 20  # a task or held-out text line longer than this is refused, never read whole
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,17 @@ def _example(obj: Any, where: str, line: int) -> Example:
     return Example(context, tuple(choices), gold, line)
 
 
+def bounded_lines(f: BinaryIO, path: Path, expected: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based number, bytes) of each line of ``f``, none read with more than ``MAX_LINE_BYTES + 1`` bytes
+    held: a longer line is a DataError naming ``path:line`` (a file of one multi-GB line is never read whole)."""
+    number = 0
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise DataError(f"{path}:{number}: a line of over {MAX_LINE_BYTES} bytes; expected {expected}")
+        yield number, raw
+
+
 def read_task(path: Path, limit: int = 0) -> Task:
     """The examples of task file ``path`` (every line checked; the first ``limit`` kept, 0: all)."""
     path = Path(path)
@@ -84,10 +96,8 @@ def read_task(path: Path, limit: int = 0) -> Task:
     examples: list[Example] = []
     try:
         with path.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
+            for number, raw in bounded_lines(f, path, "one JSON example"):
                 where = f"{path}:{number}"
-                if len(raw) > MAX_LINE_BYTES:
-                    raise DataError(f"{where}: a line of over {MAX_LINE_BYTES} bytes; expected one JSON example")
                 if not raw.strip():
                     continue
                 try:
@@ -140,8 +150,14 @@ def share(n: int, rank: int, world: int) -> range:
     return range(rank, n, world)
 
 
+class Interrupted(Exception):
+    """The scorer's ``stop()`` said a stop signal came: every rank leaves the pass before the same forward."""
+
+
 class Scorer:
-    """Batched log-likelihoods of continuations given contexts, on ``model`` (``forward(ids) -> logits``)."""
+    """Batched log-likelihoods of continuations given contexts, on ``model`` (``forward(ids) -> logits``).
+    ``stop`` (the in-loop monitor's ``run.stop_signalled``, a collective) is asked before every forward;
+    True raises :class:`Interrupted`, on every rank at the same forward."""
 
     def __init__(
         self,
@@ -150,9 +166,15 @@ class Scorer:
         device: torch.device | str = "cpu",
         batch_size: int = 16,
         autocast: Callable[[], ContextManager] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         self.model, self.max_len, self.device, self.batch_size = model, max_len, torch.device(device), max(1, batch_size)
         self.autocast = autocast or contextlib.nullcontext
+        self.stop = stop
+
+    def check_stop(self) -> None:
+        if self.stop is not None and self.stop():
+            raise Interrupted
 
     def _rows(self, requests: Sequence[Request]) -> list[tuple[list[int], list[tuple[int, int, list[int]]]]]:
         """Rows to run: (input ids, [(request index, first predicted position, continuation ids)]).
@@ -190,6 +212,7 @@ class Scorer:
         model.eval()
         try:
             for batch in batches:
+                self.check_stop()
                 width = max(len(ids) for ids, _ in batch)
                 inputs = torch.zeros((len(batch), width), dtype=torch.long)
                 for r, (ids, _) in enumerate(batch):
@@ -204,6 +227,7 @@ class Scorer:
                         greedy = bool((logp.argmax(-1) == target).all())
                         out[i] = (ll, greedy)
             for _ in range(forwards - len(batches)):
+                self.check_stop()
                 with self.autocast():
                     model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
         finally:
@@ -300,7 +324,8 @@ def read_held_out(
         n_bytes = byte_length(ids)
     else:
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as f:
+                text = "".join(raw.decode("utf-8") for _, raw in bounded_lines(f, path, f"lines of text (held-out file {name!r})"))
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"held-out file {path} ({name!r}): unreadable as UTF-8 text ({e})") from None
         ids = list(encode(text))

@@ -102,6 +102,7 @@ class Trainer:
         """The fresh state (:func:`core.loop.assemble.assemble`), its checkpointer and its step."""
         rc = self.rc
         self.built = built = assemble(self.prep, self.dist, self.control, initial_load)
+        built.state.run.stop_signalled = self.stop_signalled  # a monitor's long pass asks between its batches
         optimizer, fingerprint = rc.slots["optimizer"].component.name, data_fingerprint(self.c["data"])
         about = {"optimizer_plugin": optimizer, "versions": self.versions, "seed": rc.train.seed, "data_fingerprint": fingerprint, **self.prep.saved_facts}
         ckpt = self.checkpointer = Checkpointer(where, built.state, about, on_saved=self.on_checkpoint_saved)
@@ -263,6 +264,10 @@ class Trainer:
             self.run.request_stop(str(e), checkpoint=False, source="trainer", exit_code=EXIT_NONFINITE)
             return False
 
+    def stop_signalled(self) -> bool:
+        """Has a stop signal reached any rank? One agreement over the ranks: every rank asks together."""
+        return bool(self.control.agree(int(self.signals.received is not None), "max"))
+
     def agreed_stop(self, worst: int) -> str | None:
         """The stop every rank agrees on at this step boundary (``worst``: non-finite steps in a row),
         ``run.stop`` made to say why on every rank; None: train on."""
@@ -318,8 +323,9 @@ class Trainer:
         self.monitors.emit("plait_train_end", run=run, reason=reason)
         code = run.stop.exit_code if (run.stop is not None and reason in (policy.REQUESTED, policy.DIVERGED)) else 0
         watchdog.progress(f"ending the run: writing exit_status.json (reason {reason!r})")
+        recorded = "bad_input" if code == EXIT_BAD_INPUT else reason  # a stop for bad data (a file changed under the run): code 2's reason
         if self.dist.is_main:  # torchrun reports any non-zero child as 1: launchers read this file
-            code = run_files.end_status(self.output_dir, code, reason, run.step, run.stop.reason if run.stop is not None else end_detail)
+            code = run_files.end_status(self.output_dir, code, recorded, run.step, run.stop.reason if run.stop is not None else end_detail)
         return code
 
     def fail(self, error: BaseException) -> None:

@@ -3,10 +3,11 @@
 ``<path>/train.bin`` and ``<path>/val.bin`` hold token ids back to back
 (uint16, or uint32 when the vocabulary needs it), optionally described by
 ``<path>/meta.json``. Without a dtype in ``meta.json``, a uint16 file whose
-every other token is at most 3 over its first 65536 tokens (and the others are
-not) is refused: that is uint32 data read as uint16 (``[low, high, ...]``, ids
-below 262144); ``dtype = "uint32"`` (or a ``meta.json`` that says which) settles
-it. With ``check_ids``, an id at or above the model's vocabulary, or the
+every other token over its first 65536 tokens is at most the high half a uint32
+id of the model's vocabulary can have (3, or ``(vocab_size - 1) >> 16`` for a
+larger vocabulary), while the others are not, is refused: that is uint32 data
+read as uint16 (``[low, high, ...]``); ``dtype = "uint32"`` (or a ``meta.json``
+that says which) settles it. With ``check_ids``, an id at or above the model's vocabulary, or the
 ``vocab_size`` ``meta.json`` declares, is refused before training. Sample ``i`` is a function of ``(seed, i)`` alone, so
 every world size sees the same batches:
 
@@ -34,7 +35,7 @@ from core.api import DataError, IndexedSource, TokenizerSpec, log, mix_seed, opt
 SPLIT_IDS = {"train": 0, "val": 1}
 SCAN_CHUNK = 1 << 24
 WIDTH_SAMPLE = 1 << 16  # uint16 tokens looked at for the uint32-read-as-uint16 check
-HIGH_HALF_MAX = 3  # the high uint16 half of a uint32 id below 262144
+HIGH_HALF_MAX = 3  # the high uint16 half of a uint32 id below 262144 (the least the check allows, whatever the vocabulary)
 
 
 @dataclass
@@ -113,7 +114,7 @@ class TokenBin(IndexedSource):
             if n < seq_len + 2:
                 raise DataError(f"{f} holds {n} tokens, fewer than data.seq_len + 2 = {seq_len + 2}")
             if dtype == np.uint16 and self.meta().get("dtype") is None:
-                self.check_width(f, n)
+                self.check_width(f, n, vocab_size)
             if self.options.check_ids:
                 self.check_ids(f, dtype, n, vocab_size)
             self._arrays[split] = TokenFile(f, dtype)  # the size and time the run holds the file to
@@ -146,17 +147,18 @@ class TokenBin(IndexedSource):
             "(python -m plugins.data.prepare) or copy the folder whole"
         )
 
-    def check_width(self, f: Path, n: int) -> None:
+    def check_width(self, f: Path, n: int, vocab_size: int) -> None:
         """uint32 token files read as uint16 look like ``[low, high, low, high, ...]`` (little-endian):
-        every odd position holds the high half of an id, 0 below 65536 and at most 3 for any
-        vocabulary under 262144. Refused when every odd position of the first tokens is that small
-        and the even ones are not: text tokenised as uint16 is never so."""
+        every odd position holds the high half of an id, at most ``(vocab_size - 1) >> 16`` for ids of
+        the model's vocabulary (0 below 65536, 3 below 262144, 4 for a vocabulary of 300,000). Refused
+        when every odd position of the first tokens is that small and the even ones are not: text
+        tokenised as uint16 is never so."""
         k = min(n, WIDTH_SAMPLE) // 2 * 2
         if k < 128:
             return  # too few tokens to tell
         head = np.fromfile(f, dtype=np.uint16, count=k)
         high, low = int(head[1::2].max()), int(head[0::2].max())
-        if high <= HIGH_HALF_MAX < low:
+        if high <= max(HIGH_HALF_MAX, (vocab_size - 1) >> 16) < low:
             which = "0" if high == 0 else f"at most {high}"
             raise DataError(
                 f"{f}: every other uint16 token is {which} in the first {k} tokens: this looks like uint32 data read as uint16 "

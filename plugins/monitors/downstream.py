@@ -8,7 +8,9 @@ adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``g
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
-it on or off (``tests/e2e/test_evaluation.py``). Task files are read and encoded at start (and by
+it on or off (``tests/e2e/test_evaluation.py``). A stop signal is looked for before every forward
+(``run.stop_signalled``): the pass ends, is not recorded, and the run stops with a checkpoint of the
+step. Task files are read and encoded at start (and by
 ``core.plan``): a bad one is one line naming ``file:line``, exit 2.
 """
 
@@ -108,12 +110,17 @@ class Downstream:
         device = run.dist.device
         precision = run.precision
         autocast = (lambda: precision.autocast(device)) if precision is not None else contextlib.nullcontext
-        scorer = evaluation.Scorer(run.model, self.max_len, device, self.options.batch_size, autocast)
+        scorer = evaluation.Scorer(run.model, self.max_len, device, self.options.batch_size, autocast, stop=run.stop_signalled)
         py_state = random.getstate()
         devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
-            results = self.evaluation.run(scorer, run.dist.rank, run.dist.world_size)
-        random.setstate(py_state)
+        try:
+            with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+                results = self.evaluation.run(scorer, run.dist.rank, run.dist.world_size)
+        except evaluation.Interrupted:  # every rank at the same forward: the run stops at this step with a checkpoint
+            log.info(f"step {step}: downstream evaluation interrupted by a signal; not recorded")
+            return None
+        finally:
+            random.setstate(py_state)
         out: dict[str, Any] = {}
         for name, (sums, finish) in results.items():
             for key in finish(sums):  # the metric names; each reduced from the summed tensor

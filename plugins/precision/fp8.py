@@ -4,8 +4,11 @@ Linears whose dimensions divide by 16 become ``Float8Linear``; everything
 else runs under bf16 autocast, as in torchtitan. What the model spec declares high precision (by default the output head: any linear
 that maps to the vocabulary, whatever the model names it) is skipped by
 default (its error matters most). On CUDA it needs compute capability 8.9
-(Ada, Hopper) or newer. On CPU torchao 0.18 runs the real ``torch._scaled_mm``
-kernels; ``allow_cpu = true`` permits that (slow, for tests and debugging).
+(Ada, Hopper) or newer. On CPU (``allow_cpu = true``, for tests and debugging) every
+recipe runs through torchao's emulation (``Float8LinearConfig.emulate``: the operands cast to
+float8 with the recipe's scales, then multiplied in fp32), as ``mxfp8`` does with ``emulate``: the
+recipe's numerics at about 3 times fp32's time per linear, where torch's CPU ``_scaled_mm`` is a
+scalar reference (about 1000 times: minutes a step). :meth:`FP8.emulated` says which a run uses; ``core.plan`` and ``core.train`` print it.
 
 Monitoring: weight amax and scale on every log step; with ``log_step(True)``
 before a log step (the trainer's call) also the forward (inputs) and backward
@@ -41,7 +44,7 @@ class FP8Options:
     )
     pad_inner_dim: bool = option(False, "pad GEMM inner dimensions to multiples of 16 instead of requiring them")
     fsdp_float8_all_gather: bool = option(True, "tensorwise + fsdp2 on CUDA: all-gather weights in float8 (with scale precompute)")
-    allow_cpu: bool = option(False, "run on CPU (torch._scaled_mm on CPU: correct but slow; for tests)")
+    allow_cpu: bool = option(False, "run on CPU (torchao's emulated float8 matmuls, a few times fp32's time; for tests)")
     small_gemm_filter: bool = option(True, "on CUDA, leave linears too small for fp8 to gain in bf16 (torchao's per-recipe size thresholds, from H100 timings)")
 
 
@@ -51,7 +54,13 @@ class FP8(BF16[FP8Options]):
     def __init__(self, options: FP8Options) -> None:
         self.options = options
         self._fsdp_all_gather = False
+        self.device: torch.device | None = None  # the run's device, as supported() was asked about it
         self.recorder = AmaxRecorder(is_float8_linear)
+
+    def emulated(self) -> bool:
+        """Do the float8 matmuls run through torchao's emulation (off CUDA) rather than ``torch._scaled_mm``?"""
+        device = self.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return cuda_capability(device) is None
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
         quiet_torchao_import()
@@ -59,9 +68,16 @@ class FP8(BF16[FP8Options]):
             import torchao.float8  # noqa: F401
         except ImportError as e:
             return False, f"torchao.float8 is not importable ({e})"
+        self.device = device
         cc = cuda_capability(device)
         if cc is None:
-            return (True, "") if self.options.allow_cpu else (False, "no CUDA device (set allow_cpu = true to run on CPU)")
+            if not self.options.allow_cpu:
+                return False, "no CUDA device (set allow_cpu = true to run on CPU)"
+            log.note(
+                f"fp8 {self.options.recipe} on {device.type}: torchao's emulated float8 matmuls (operands cast to float8, "
+                "multiplied in fp32; a few times fp32's time); torch._scaled_mm kernels run on CUDA only"
+            )
+            return True, ""
         if cc < (8, 9):
             return False, f"compute capability {cc[0]}.{cc[1]} < 8.9 has no fp8 tensor cores"
         return True, ""
@@ -78,6 +94,8 @@ class FP8(BF16[FP8Options]):
         config = Float8LinearConfig.from_recipe_name(self.options.recipe)
         if self.options.pad_inner_dim:
             config = _replace(config, pad_inner_dim=True)
+        if self.emulated():  # torch's CPU _scaled_mm is a scalar reference: minutes a step
+            config = _replace(config, emulate=True)
         on_cuda = torch.cuda.is_available()
         if self.options.recipe == "tensorwise" and self.options.fsdp_float8_all_gather and on_cuda:
             config = _replace(config, enable_fsdp_float8_all_gather=True)

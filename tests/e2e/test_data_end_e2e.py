@@ -49,7 +49,7 @@ def test_a_bad_record_met_by_one_rank_of_an_index_source_stops_every_rank_at_onc
     proc = subprocess.run(argv, cwd=REPO, env=env(PYTHONPATH=seams, PLAIT_TEST_BAD_DATA_AT_STEP="3:1"), capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     status = json.loads((out / "exit_status.json").read_text())
-    assert (status["exit_code"], status["step"]) == (2, 3), status
+    assert (status["exit_code"], status["step"], status["reason"]) == (2, 3, "bad_input"), status
     errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
     assert any("rank 1: bad data: planted bad record" in line and "this step is skipped on every rank" in line for line in errors), proc.stderr[-3000:]
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists()) == ["step_000000002"]

@@ -34,6 +34,32 @@ def test_bad_task_file_is_exit_2_in_plan_and_train_before_any_process_group(tmp_
     assert not (tmp_path / "out" / "checkpoints").exists()  # nothing built
 
 
+def test_a_task_or_held_out_line_over_the_limit_is_one_line_and_exit_2_in_every_reader(tmp_path):
+    """A line just over the 1 MiB limit (the attack: one line of 6 GiB, read whole into a MemoryError):
+    ``core.eval`` and the downstream monitor's preflight (``core.plan``) each say ``file:line`` in one
+    line, exit 2, no traceback (bounded reads: tests/unit/loop/test_evaluation_unit.py)."""
+    over = "x" * (evaluation.MAX_LINE_BYTES + 1)
+    good = write_task(tmp_path / "good.jsonl", 4, False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + '{"context": "' + over + '", "continuations": [" b"], "gold": 0}\n')
+    held = tmp_path / "held.txt"
+    held.write_text("a first line\n" + over + "\n")
+    where = {bad: f"{bad}:5: a line of over", held: f"{held}:2: a line of over"}
+    runs = [
+        (bad, ["core.eval", "--checkpoint", str(tmp_path / "never_loaded"), "--tasks", str(bad)]),
+        (bad, ["core.plan", "--config", str(write_tiny_config(tmp_path, "bad.toml", body=downstream_body(2, [bad])))]),
+        (held, ["core.plan", "--config", str(write_tiny_config(tmp_path, "held.toml", body=downstream_body(2, [good], held)))]),
+    ]
+    for path, argv in runs:
+        if argv[0] == "core.plan":
+            cfg = Path(argv[2])
+            cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
+        r = run_module(*argv, timeout=240)
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("plait: error:")]
+        assert r.returncode == 2 and len(errors) == 1 and where[path] in errors[0], (argv[0], r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr
+
+
 def test_an_every_that_is_not_a_positive_multiple_of_log_every_is_exit_2(tmp_path):
     task = write_task(tmp_path / "task.jsonl", 4, False)
     body = downstream_body(3, [task]).replace("[monitors.downstream]", '[monitors]\nenabled = ["downstream"]\n[monitors.downstream]')

@@ -639,3 +639,15 @@ def test_remote_sh_with_a_log_it_cannot_write_says_so(tmp_path):
         f"plait: error: remote.sh: cannot write the log file LOG={log} (its folder is missing or read-only, or the file is not writable); set LOG to a writable file"
     ], proc.stderr[-2000:]
     assert "configuration is invalid" not in proc.stderr
+
+
+def test_remote_sh_with_a_log_that_opens_but_takes_no_bytes_ends_with_74_naming_the_log(tmp_path):
+    """LOG=/dev/full (a full log disk: the file opens, every write fails with ENOSPC) was taken for a bad
+    configuration (exit 2, "not starting"). It is the log's failure, in one line, with a full disk's code
+    74 (never retried), before any plan or attempt."""
+    env = remote_env(tmp_path, LOG="/dev/full")
+    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: remote.sh: cannot write to the log file LOG=/dev/full (No space left on device"), lines
+    assert "configuration is invalid" not in proc.stderr + proc.stdout and "starting (attempt" not in proc.stderr

@@ -403,6 +403,59 @@ def test_a_signal_during_a_long_validation_stops_every_rank_at_once_with_a_check
     assert read_metrics(out, "val") == [] and "validation interrupted by a signal" in output
 
 
+def write_long_task(path: Path, examples: int) -> Path:
+    """A task file whose pass takes minutes at batch_size 1 on the tiny model (four multi-token continuations each)."""
+    lines = (
+        json.dumps(
+            {"context": f"example {i} " + "to be or not to be " * 2, "continuations": [" that is", " the question", " whether", " tis nobler"], "gold": i % 4}
+        )
+        for i in range(examples)
+    )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["one process", "two ranks under fsdp2"])
+def test_a_signal_during_a_downstream_evaluation_pass_stops_at_once_with_a_checkpoint(tmp_path, nproc):
+    """The downstream monitor's pass (a large task file, limit = 0) looked at no signal until it ended,
+    minutes later: a pre-emption's grace went to it and SIGKILL lost the steps since the last save.
+    It asks before every forward (every rank together: under fsdp2 a forward gathers shards); SIGTERM
+    to rank 0 alone ends the pass, unrecorded, and the run stops at that step with its checkpoint."""
+    task = write_long_task(tmp_path / "long.jsonl", 20_000)
+    body = f'[monitors.downstream]\nevery = 2\ntasks = ["{task}"]\nlimit = 0\nbatch_size = 1\n'
+    cfg = write_tiny_config(tmp_path, steps=100000, body=body)
+    cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
+    out = tmp_path / "out"
+    args = ["--config", str(cfg), "--checkpoint.every=1000"]
+    if nproc == 1:
+        proc = start_module("core.train", *args, stderr=subprocess.STDOUT)
+    else:
+        cmd = torchrun_argv(2, *args, "--parallelism.name=fsdp2")
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_steps(out, 1, proc)
+        time.sleep(2.0)  # step 2 is done and its evaluation pass under way (minutes of forwards)
+        if nproc == 1:
+            rank0 = proc.pid
+        else:
+            env_of = {pid: dict(ln.split("=", 1) for ln in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in ln) for pid in children(proc.pid)}
+            rank0 = next(pid for pid, e in env_of.items() if e.get("RANK") == "0")
+        os.kill(rank0, signal.SIGTERM)
+        t0 = time.time()
+        output, _ = proc.communicate(timeout=60)  # without the check: the pass runs on for minutes
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 2, status
+    assert committed(out) == ["step_000000002"]
+    assert "step 2: downstream evaluation interrupted by a signal; not recorded" in output, output[-3000:]
+    assert not any(k.startswith("eval/") for r in read_metrics(out) for k in r)
+    print(f"stopped {took:.1f} s after SIGTERM")
+
+
 # --- a hung rank ----------------------------------------------------------------------------
 
 

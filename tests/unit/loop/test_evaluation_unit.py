@@ -29,6 +29,35 @@ def test_a_bad_task_line_is_one_error_naming_the_file_and_line(tmp_path, line, s
     assert str(e.value).startswith(str(f)) and says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_line_over_the_limit_is_refused_naming_its_line_without_being_read_whole(tmp_path):
+    """A task or held-out text file with one line of 16 MiB (the attack: 6 GiB, a MemoryError or the OOM killer):
+    one DataError naming ``file:line``, and the reader never held much more than the 1 MiB limit (tracemalloc:
+    the line is read in bounded pieces, never whole). A line of exactly the limit is read."""
+    import tracemalloc
+
+    limit = evaluation.MAX_LINE_BYTES
+    good = '{"context": "a", "continuations": [" b"], "gold": 0}\n'
+    task, held = tmp_path / "t.jsonl", tmp_path / "held.txt"
+    task.write_text(good + '{"context": "' + "x" * (16 * limit) + '", "continuations": [" b"], "gold": 0}\n' + good)
+    held.write_text("some text\n" + "y" * (16 * limit) + "\n")
+    for path, read in (
+        (task, lambda: evaluation.read_task(task)),
+        (held, lambda: evaluation.read_held_out("h", held, lambda t: list(t.encode()), len, 256, 0)),
+    ):
+        tracemalloc.start()
+        try:
+            with pytest.raises(DataError) as e:
+                read()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert str(e.value).startswith(f"{path}:2: a line of over {limit} bytes"), e.value
+        assert peak < 4 * limit, f"{path.name}: {peak} bytes held while reading"
+    task.write_text(good + '{"context": "' + "x" * (limit - len(good) - 10) + '", "continuations": [" b"], "gold": 0}\n')
+    assert len(task.read_bytes().splitlines(keepends=True)[1]) <= limit
+    assert len(evaluation.read_task(task).examples) == 2
+
+
 def test_missing_empty_and_twice_named_task_files_are_refused(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         evaluation.read_task(tmp_path / "nope.jsonl")

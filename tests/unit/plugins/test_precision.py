@@ -43,6 +43,73 @@ def test_te_fp8_reports_itself_unsupported_without_te():
     assert ("not installed" in why) if importlib.util.find_spec("transformer_engine") is None else ("CUDA" in why)
 
 
+def float8_reference(t, rowwise: bool):
+    """``t`` cast to float8 e4m3 and back as the recipe scales it (tensorwise: one fp32 scale; rowwise: one
+    per row, rounded down to a power of 2), in float64: the operands an fp8 GEMM multiplies."""
+    import torch
+
+    amax = t.abs().amax(dim=-1, keepdim=True) if rowwise else t.abs().amax()
+    scale = (torch.finfo(torch.float8_e4m3fn).max / amax.float().clamp(min=1e-12)).float()
+    if rowwise:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return (t.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn).double() / scale.double()
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_fp8_on_cpu_runs_torchaos_emulation_with_the_recipes_numerics(recipe):
+    """torch's CPU ``_scaled_mm`` is a scalar reference (minutes a step of the debug model): on CPU every
+    recipe is converted with torchao's emulation, the path :meth:`FP8.emulated` names. Its forward equals
+    float8-cast operands multiplied in float64 within 1e-5 of the output's largest magnitude; tensorwise's
+    forward and gradients equal the real ``_scaled_mm`` kernel's within the same 1e-5 (rowwise's CPU kernel
+    itself differs from the cast operands' product by 3e-3, so it is no reference)."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from plugins.precision.fp8 import FP8, FP8Options
+
+    class Spec:
+        vocab_size = 512
+
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(128, 256, bias=False))
+    x = torch.randn(64, 128)
+    precision = FP8(FP8Options(recipe=recipe, allow_cpu=True))
+    ok, why = precision.supported(torch.device("cpu"))
+    assert ok, why
+    assert precision.emulated()
+    model = precision.convert(copy.deepcopy(base), Spec())
+    linear = model[0]
+    assert type(linear).__name__ == "Float8Linear" and linear.config.emulate
+    assert all(c.emulate for c in (linear.linear_mm_config.output, linear.linear_mm_config.grad_input, linear.linear_mm_config.grad_weight))
+
+    rowwise = recipe != "tensorwise"
+    want = float8_reference(x, rowwise) @ float8_reference(base[0].weight.detach(), rowwise).T
+    got = model(x).detach().double()
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+    if recipe == "tensorwise":  # against the real kernel, forward and backward
+        kernel = FP8(FP8Options(recipe=recipe, allow_cpu=True))
+        kernel.emulated = lambda: False  # type: ignore[method-assign]  # the scalar _scaled_mm path, small enough here
+        real = kernel.convert(copy.deepcopy(base), Spec())
+        assert not real[0].config.emulate
+        results = []
+        for m in (model, real):
+            xx = x.clone().requires_grad_()
+            y = m(xx)
+            y.square().sum().backward()
+            results.append((y.detach(), xx.grad, m[0].weight.grad))
+        for a, b in zip(*results):
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+
+
+def test_core_plan_says_an_fp8_run_on_cpu_uses_the_emulation(tiny_config):
+    proc = run_here("core.plan", "--config", str(tiny_config()), "--precision.name=fp8", "--precision.allow_cpu=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "plait: fp8 tensorwise on cpu: torchao's emulated float8 matmuls" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_fp8_small_gemm_filter_keeps_small_linears_in_bf16():
     """torchao's size thresholds: on the 1b shape the key/value projections (2048 -> 512) and the
     output head stay bf16 under tensorwise; rowwise keeps only the big FFN input GEMMs."""

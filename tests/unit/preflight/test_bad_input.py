@@ -479,3 +479,19 @@ def test_token_bin_uint32_ids_above_65535_read_as_uint16_are_refused(tmp_path):
     token_bin_source(d, dtype="uint32").validate(128_256, 32)  # read right, it is fine
     np.random.default_rng(0).integers(1, 128_000, 40_000).astype(np.uint16).tofile(d / "train.bin")  # real uint16 ids
     token_bin_source(d).validate(128_256, 32)
+
+
+def test_token_bin_uint32_ids_of_a_vocabulary_over_262144_without_meta_json_are_refused(tmp_path):
+    """Ids at or above 262,144 have a high half of 4 or more: with a 300,000-token vocabulary and no
+    meta.json such a file was planned as uint16 without a word (every value below 65,536 passes the id
+    check). The check allows the high halves the model's vocabulary can have, whatever its size."""
+    from core.contract.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    np.random.default_rng(0).integers(262_144, 300_000, 40_000).astype(np.uint32).tofile(d / "train.bin")
+    with pytest.raises(DataError, match=r"every other uint16 token is at most 4 .* looks like uint32 data read as uint16 \(ids below 327680\)"):
+        token_bin_source(d).validate(300_000, 32)
+    token_bin_source(d, dtype="uint32").validate(300_000, 32)  # read right, it is fine
+    np.random.default_rng(0).integers(1, 65_535, 40_000).astype(np.uint16).tofile(d / "train.bin")  # real uint16 ids, the same vocabulary
+    token_bin_source(d).validate(300_000, 32)
