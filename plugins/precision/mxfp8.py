@@ -49,6 +49,14 @@ class MXFP8(BF16[MXFP8Options]):
     def __init__(self, options: MXFP8Options) -> None:
         self.options = options
         self.recorder = AmaxRecorder(lambda m: getattr(m, "_plait_lowp", False))
+        self.device: torch.device | None = None  # the run's device, as supported() was asked about it
+
+    def emulated(self) -> bool:
+        """Do the MXFP8 GEMMs run through the emulated kernel (no sm100 device) rather than the real ones?
+        Decided by the run's device, not the model's: convert() sees the model on the meta device."""
+        device = self.device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        cc = cuda_capability(device)
+        return cc is None or cc < (10, 0)
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
         quiet_torchao_import("torchao.prototype.moe_training.config", "torchao.quantization")
@@ -56,6 +64,7 @@ class MXFP8(BF16[MXFP8Options]):
             from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig  # noqa: F401
         except ImportError as e:
             return False, f"torchao MXFP8 training is not importable ({e})"
+        self.device = device
         cc = cuda_capability(device)
         if cc is not None and cc >= (10, 0):
             return True, ""
@@ -75,10 +84,9 @@ class MXFP8(BF16[MXFP8Options]):
 
         self.check_model(model)
         config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(RECIPES[self.options.recipe]))
-        cc = cuda_capability(next(model.parameters()).device) if any(True for _ in model.parameters()) else None
         import dataclasses
 
-        if cc is None or cc < (10, 0):
+        if self.emulated():
             config = dataclasses.replace(config, kernel_preference=KernelPreference.EMULATED)
         # fp32 master weights: MXFP8 GEMMs dequantize to the weights' dtype (see autocast below)
         config = dataclasses.replace(config, out_dtype=None)

@@ -194,3 +194,31 @@ def test_precision_honours_what_the_model_spec_declares_high_precision(plugin):
 
     assert not low(model.router)  # declared: kept
     assert low(model.body) and low(model.lm_head)  # the rest converted, the head included
+
+
+def test_mxfp8_picks_its_kernels_by_the_runs_device_not_the_meta_model(monkeypatch):
+    """The model is converted on the meta device; the kernel choice follows the device ``supported()``
+    was asked about: an sm100 device (its capability query stubbed: no such GPU here) gets the real
+    kernels, a CPU run the emulated one."""
+    import torch
+    from torch import nn
+
+    import plugins.precision.mxfp8 as mxfp8
+
+    sm100 = torch.device("cuda", 0)
+    monkeypatch.setattr(mxfp8, "cuda_capability", lambda device: (10, 0) if device == sm100 else None)
+
+    class Spec:
+        vocab_size = 512
+
+    def kernel_on(device):
+        precision = mxfp8.MXFP8(mxfp8.MXFP8Options(emulate=True))
+        ok, why = precision.supported(device)
+        if not ok:
+            pytest.skip(f"mxfp8 unavailable on this machine: {why}")
+        with torch.device("meta"):  # built there, as core.loop.assemble does
+            model = nn.Sequential(nn.Linear(64, 64))
+        return precision.convert(model, Spec())[0].weight.config.kernel_preference.value
+
+    assert kernel_on(sm100) != "emulated"
+    assert kernel_on(torch.device("cpu")) == "emulated"
