@@ -6,13 +6,12 @@ import json
 
 import pytest
 from conftest import REPO, env, read_metrics, run_module
+from shared import varied_documents
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    path = tmp_path / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
-    return path
+    return varied_documents(tmp_path)
 
 
 @pytest.mark.slow

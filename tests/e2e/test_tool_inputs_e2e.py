@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_here, run_module, write_tiny_config
-from shared import one_line_error
+from shared import one_document, one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,7 @@ def checkpoint(run_dir) -> Path:
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text(json.dumps({"text": "hello world"}) + "\n")
-    return path
+    return one_document(tmp_path)
 
 
 # --- output paths -------------------------------------------------------------------------------

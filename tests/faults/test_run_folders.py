@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, env, run_here, run_module, start_module, write_tiny_config
-from shared import THEIRS
+from shared import THEIRS, committed
 
 pytestmark = pytest.mark.slow
-
-
-def committed(root: Path) -> list[str]:
-    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
 
 
 def markers(root: Path) -> dict[str, str]:

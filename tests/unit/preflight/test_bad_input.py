@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO
+from shared import token_bin_source
 
 # --- bad input found before anything is built, in-process and cheap ---------------------------
 
@@ -247,12 +248,6 @@ def test_plugins_argparse_errors_are_one_line(capsys):
 
 
 # --- data -----------------------------------------------------------------------------------------
-
-
-def token_bin_source(d, **opts):
-    from plugins.data.token_bin import TokenBin, TokenBinOptions
-
-    return TokenBin(TokenBinOptions(path=str(d), **opts))
 
 
 def test_token_bin_uint32_read_as_uint16_is_refused(tmp_path):

@@ -1,13 +1,11 @@
-"""launchers/remote.sh end to end on CPU: runs, and after a SIGKILL restarts and resumes."""
+"""The Kubernetes Job (launchers/k8s/job.yaml) fails at once on every exit code of the trainer that no
+launcher restarts."""
 
 from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import REPO
-
-pytestmark = pytest.mark.slow
 
 
 def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart():
