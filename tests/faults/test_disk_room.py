@@ -58,9 +58,9 @@ def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(t
 
 def test_a_full_disk_under_tensorboard_is_one_warning_and_the_exit_74_line_no_traceback(tiny_config, tmp_path):
     """The output folder's disk fills during the run: first its ``tensorboard`` folder (a 4 KiB disk of
-    its own, full after a few logged steps), then its checkpoints (room for two of three). TensorBoard's
-    writer thread printed a traceback and the monitor's failure stopped the run (exit 4); now the monitor
-    warns once and writes no more events, and the run ends at the save that finds no room: exit 74, one error line."""
+    its own, full after a few logged steps), then its checkpoints (room for two of three). The monitor
+    warns once and writes no more events, and the run ends at the save that finds no room: exit 74, one
+    error line, no traceback."""
     out = tmp_path / "out"
     out.mkdir()
     config = tiny_config(body="[checkpoint]\nevery = 5\nkeep_latest = 3\nkeep_lowest_loss = false\n", steps=20)

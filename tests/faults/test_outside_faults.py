@@ -1,4 +1,4 @@
-"""Faults from outside a running job (issue 34): unreadable and undeletable checkpoints, checkpoint
+"""Faults from outside a running job: unreadable and undeletable checkpoints, checkpoint
 folders that every save would collide with, data changed under a run, data that is silently wrong,
 crafted checkpoint state, and the launchers' and loggers' own failures. Real runs, real files, real
 DCP checkpoints; two gloo ranks where ranks must agree.

@@ -38,7 +38,7 @@ def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
 
 
 def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
-    """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
+    """--eos-id belongs to --tokenizer: alone it is refused in one line (not ignored for the recorded EOS)."""
     err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)
     assert "--eos-id 5 is the EOS of --tokenizer, and no --tokenizer is given" in err
     # a seed torch's generator cannot take (it would raise ValueError: Overflow when unpacking long long)

@@ -129,7 +129,7 @@ def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
     ],
 )
 def test_a_missing_optional_library_is_one_line(tmp_path, corpus, monkeypatch, capsys, module, command, args, expected):
-    """Each was a ModuleNotFoundError traceback (report: after it had written metrics.csv)."""
+    """A command whose optional library is missing says so in one line before it writes anything."""
     import importlib
     import sys
 
