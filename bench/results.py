@@ -3,7 +3,8 @@ append (through ``bench.common.report``) and ``python -m bench.results [--name T
 prints as a table. docs/benchmarks.md holds the latest figure of each measurement; this file holds
 them all.
 
-A row: ``name`` (the section's title, the table row's label and the column, joined by `` / ``),
+A row: ``name`` (the section's title, the table row's label and words, and the column, joined by
+`` / ``; a cell that holds figures but is not one number goes to the row's ``note``),
 ``value`` (a number, or null for a row that holds the section's prose in ``note``), ``unit``,
 ``command``, ``device``, ``date`` (UTC), ``versions``, ``commit`` (the checkout's, ``+dirty`` when it
 had changes) and ``note``.
@@ -64,17 +65,21 @@ def figures(title: str, body: str) -> list[dict]:
             if set("".join(cells)) <= set("-: "):
                 continue  # the separator line
             label = cells[0] if number(cells[0]) is None else f"{header[0]} {cells[0]}"
-            found = []
+            found, asides = [], []
             for head, cell in zip(header[1:], cells[1:]):
                 parsed = number(cell)
-                if parsed is None:
-                    label += f", {cell}" if cell else ""
-                else:
+                if parsed is not None:
                     found.append((head, parsed))
-            for head, (value, unit, aside) in found:
-                rows.append({"name": f"{title} / {label} / {head}", "value": value, "unit": unit or header_unit(head), "note": aside})
+                elif re.search(r"\d", cell):  # a figure that is not one number (a range, counts): beside the row's
+                    asides.append(f"{head}: {cell}")
+                elif cell:  # a word that tells the rows apart (a writer, a mode): part of the name
+                    label += f", {cell}"
+            aside = "; ".join(asides)
+            for head, (value, unit, own) in found:
+                note = "; ".join(x for x in (own, aside) if x)
+                rows.append({"name": f"{title} / {label} / {head}", "value": value, "unit": unit or header_unit(head), "note": note})
             if not found:
-                rows.append({"name": f"{title} / {label}", "value": None, "unit": "", "note": ""})
+                rows.append({"name": f"{title} / {label}", "value": None, "unit": "", "note": aside})
     if prose:
         rows.append({"name": title, "value": None, "unit": "", "note": " ".join(prose)})
     return rows
@@ -120,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in read(a.file) if a.name.lower() in r["name"].lower()]
     if a.latest:
         rows = latest(rows)
-    print(render(rows, a.full))
+    try:
+        print(render(rows, a.full))
+    except BrokenPipeError:  # the table piped into `head`
+        sys.stderr.close()
     return 0
 
 
