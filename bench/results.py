@@ -24,6 +24,8 @@ FIELDS = ("name", "value", "unit", "command", "device", "date", "versions", "com
 _NUMBER = r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:e[-+]?\d+)?"
 _UNITS = ("ms", "s", "x", "%", "GiB/s", "GB/s", "MiB/s", "MiB", "GiB", "tokens/s", "CPU s")
 _CELL = re.compile(rf"^({_NUMBER})\s*({'|'.join(re.escape(u) for u in sorted(_UNITS, key=len, reverse=True))})?\s*(\(.*\))?$")
+# columns that tell rows apart (a setting), not figures measured: part of the name
+KEY_COLUMNS = ("processes", "examples", "workers", "micro-batch")
 _HEADER_UNIT = re.compile(r"(?:^|\s)(GiB/s|GB/s|MiB/s|tokens/s|MiB|GiB|ms|s|%)(?=$|\s|\)|,)")
 
 
@@ -68,7 +70,9 @@ def figures(title: str, body: str) -> list[dict]:
             found, asides = [], []
             for head, cell in zip(header[1:], cells[1:]):
                 parsed = number(cell)
-                if parsed is not None:
+                if head in KEY_COLUMNS:
+                    label += f", {head} {cell}"
+                elif parsed is not None:
                     found.append((head, parsed))
                 elif re.search(r"\d", cell):  # a figure that is not one number (a range, counts): beside the row's
                     asides.append(f"{head}: {cell}")
