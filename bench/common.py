@@ -77,8 +77,9 @@ def commit() -> str:
 
 
 def report(title: str, body: str, device: str = "cpu", note: str = "") -> list[dict]:
-    """Print a result (``body``: its markdown tables and prose) with its command, device, date and
-    versions, and append its figures to bench/results.jsonl (``python -m bench.results`` prints them)."""
+    """Append the figures of a result (``body``: the markdown tables and prose the bench printed) to
+    bench/results.jsonl with its command, device, date, versions and commit, and print those facts
+    (``python -m bench.results`` prints the rows)."""
     import torch
 
     facts = {
@@ -88,7 +89,6 @@ def report(title: str, body: str, device: str = "cpu", note: str = "") -> list[d
         "versions": f"torch {torch.__version__}, python {platform.python_version()}",
         "commit": commit(),
     }
-    print(f"\n## {title}\n\n" + "".join(f"- {k}: {v}\n" for k, v in facts.items()) + (f"- note: {note}\n" if note else "") + f"\n{body}")
     rows = results.figures(title, body)
     for row in rows:
         row.update(facts)
@@ -97,6 +97,7 @@ def report(title: str, body: str, device: str = "cpu", note: str = "") -> list[d
     if note and not any(row["name"] == title for row in rows):
         rows.append({"name": title, "value": None, "unit": "", "note": note, **facts})
     results.append(rows)
+    print(f"\n{title}: {len(rows)} rows appended to {results.RESULTS}\n" + "".join(f"- {k}: {v}\n" for k, v in facts.items()))
     return rows
 
 
