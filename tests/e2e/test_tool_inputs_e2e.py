@@ -1,6 +1,7 @@
-"""Bad input to the tools (prepare, export, report, plan): one ``plait: error:`` line naming the flag,
-key or file, exit code 2, no traceback. Each command's ``main`` runs in this process (``conftest.run_here``):
-what is tested is its decision, made before it builds anything."""
+"""Bad input to the commands (train, export, report) run as commands: one ``plait: error:`` line naming the
+flag, key or file, exit code 2, no traceback: an output folder that cannot be written, an export or
+report into a checkpoint folder, an export shard size that is not finite and positive, damaged run
+files to report on (a metrics line that is not an object is skipped)."""
 
 from __future__ import annotations
 

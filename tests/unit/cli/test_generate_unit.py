@@ -1,5 +1,5 @@
-"""core.generate: text from a tiny trained checkpoint, the same greedy tokens as transformers on the
-Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-line errors."""
+"""core.generate in this process: the context cropped to max_seq_len with padded ids never produced,
+--eos-id refused without --tokenizer, and the tokenizer looked up through the data sections."""
 
 from __future__ import annotations
 
