@@ -1,4 +1,6 @@
-"""The streaming source: packing, sharding, shuffle from positions, exact mid-epoch resume with workers."""
+"""The streaming source over real runs: it trains and resumes exactly; a bad line found mid-run stops with
+a checkpoint and exit 2, on both ranks together; a killed rank leaves no worker or fork server behind;
+workers under a long TMPDIR start and a run leaves nothing there."""
 
 from __future__ import annotations
 

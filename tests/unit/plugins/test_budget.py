@@ -1,4 +1,7 @@
-"""The budget guard, driven by a fake clock and a budget file, through real training runs."""
+"""The budget guard in this process, driven by a fake clock and a budget file: bad or stale files warn and
+never crash or disable the cap, checks follow the clock, dry runs only log, only rank 0 decides, and
+billed time counts startup, steps a crash threw away, a launcher's back-offs and this process's life on
+the monotonic clock, never another run's ledger."""
 
 from __future__ import annotations
 

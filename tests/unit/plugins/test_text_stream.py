@@ -1,4 +1,6 @@
-"""The streaming source: packing, sharding, shuffle from positions, exact mid-epoch resume with workers."""
+"""The streaming source at the loader level: packing, sharding, shuffle from positions, exact mid-epoch
+resume with workers (started from a fork server), positions as snapshots resumed at another seq_len or
+buffer, stopping streams, and bad files and shards refused before training."""
 
 from __future__ import annotations
 
