@@ -28,7 +28,7 @@ import zlib
 from pathlib import Path
 
 from bench.checkpoint_stall import build
-from bench.common import append_section, table
+from bench.common import report, table
 
 SAMPLE_BYTES = 512 * 2**20
 CANDIDATES = {
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"Checkpoint checksums: {args.flavor} on cpu", body, device="cpu")
+        report(f"Checkpoint checksums: {args.flavor} on cpu", body, device="cpu")
     return 0
 
 

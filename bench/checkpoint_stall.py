@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import append_section, synthetic_config, table
+from bench.common import report, synthetic_config, table
 
 
 def build(flavor: str, out: Path, device: str):
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         )
     print(body)
     if not args.no_record:
-        append_section(f"Checkpoint stall: {args.flavor} on {args.device}", body, device=args.device)
+        report(f"Checkpoint stall: {args.flavor} on {args.device}", body, device=args.device)
     return 0
 
 

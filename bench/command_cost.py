@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 PACKAGES = ("core", "plugins", "model_specs")
 
@@ -129,7 +129,8 @@ def main() -> None:
     rows = [[k, statistics.median(c for c, _ in v), statistics.median(w for _, w in v)] for k, v in got.items()]
     body = table(["command", "CPU s (median)", "wall s (median)"], rows)
     note = f"{a.rounds} rounds, every command once a round in the order listed; OMP_NUM_THREADS=1 as in the tests"
-    print(append_section("Command cost: fresh and forked plait processes", body, note=note))
+    print(body)
+    report("Command cost: fresh and forked plait processes", body, note=note)
 
 
 if __name__ == "__main__":

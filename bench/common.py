@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: machine facts and appending a result section to docs/benchmarks.md."""
+"""Shared by the benchmarks: machine facts, and reporting a result (printed, and its figures appended to
+bench/results.jsonl)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ import platform
 import random
 import shlex
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
-HEADER = """# Benchmarks
+from bench import results
 
-Every figure here was measured by the command shown with it, on the device
-shown with it. Nothing is estimated or copied from elsewhere. Re-run a
-command to append a fresh section; older sections stay for comparison.
-"""
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -69,38 +66,39 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def wrap_prose(text: str, width: int = 100) -> str:
-    """Prose lines of a section wrapped at ``width`` (tests/unit/project/test_docs.py holds docs/ to 400 characters a
-    line); table rows and code blocks are left as they are."""
-    import textwrap
-
-    out, code = [], False
-    for line in text.split("\n"):
-        code ^= line.startswith("```")
-        if code or line.startswith(("|", "```")) or len(line) <= width:
-            out.append(line)
-        else:
-            indent = "  " if line.startswith("- ") else ""
-            out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
-    return "\n".join(out)
+def commit() -> str:
+    """The checkout's short commit, ``+dirty`` when it has uncommitted changes; "" outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else ""
 
 
-def append_section(title: str, body: str, device: str = "cpu", note: str = "") -> str:
+def report(title: str, body: str, device: str = "cpu", note: str = "") -> list[dict]:
+    """Append the figures of a result (``body``: the markdown tables and prose the bench printed) to
+    bench/results.jsonl with its command, device, date, versions and commit, and print those facts
+    (``python -m bench.results`` prints the rows)."""
     import torch
 
-    section = wrap_prose(
-        f"\n## {title}\n\n"
-        f"- command: `{command_line()}`\n"
-        f"- device: {device_name(device)}\n"
-        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n"
-        f"- versions: torch {torch.__version__}, python {platform.python_version()}\n" + (f"- note: {note}\n" if note else "") + f"\n{body}\n"
-    )
-    BENCHMARKS_MD.parent.mkdir(exist_ok=True)
-    if not BENCHMARKS_MD.exists():
-        BENCHMARKS_MD.write_text(HEADER)
-    with BENCHMARKS_MD.open("a") as f:
-        f.write(section)
-    return section
+    facts = {
+        "command": command_line(),
+        "device": device_name(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "versions": f"torch {torch.__version__}, python {platform.python_version()}",
+        "commit": commit(),
+    }
+    rows = results.figures(title, body)
+    for row in rows:
+        row.update(facts)
+        if note and row["value"] is None and row["name"] == title:
+            row["note"] = f"{note}; {row['note']}"
+    if note and not any(row["name"] == title for row in rows):
+        rows.append({"name": title, "value": None, "unit": "", "note": note, **facts})
+    results.append(rows)
+    print(f"\n{title}: {len(rows)} rows appended to {results.RESULTS}\n" + "".join(f"- {k}: {v}\n" for k, v in facts.items()))
+    return rows
 
 
 def synthetic_config(flavor: str, seq_len: int, micro_batch: int, device: str, out: str, **model) -> Path:

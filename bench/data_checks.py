@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import append_section, table
+from bench.common import report, table
 
 
 def make_file(folder: Path, gib: float, vocab: int) -> Path:
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section("Data checks: id scan and checked reads (token_bin)", body)
+        report("Data checks: id scan and checked reads (token_bin)", body)
     return 0
 
 

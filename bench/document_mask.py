@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section("Document masking: loader and step cost, debug on cpu", body)
+        report("Document masking: loader and step cost, debug on cpu", body)
     return 0
 
 

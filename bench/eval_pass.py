@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from bench.common import append_section, table
+from bench.common import report, table
 from core.loop import evaluation
 from model_specs.llama3.spec import Llama3Spec
 
@@ -66,7 +66,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--record", action="store_true", help="append the table to docs/benchmarks.md")
+    p.add_argument("--record", action="store_true", help="append the figures to bench/results.jsonl")
     args = p.parse_args()
     rows = []
     for flavor in args.flavor:
@@ -80,7 +80,7 @@ def main() -> None:
             f"{args.examples} synthetic 4-choice examples, {args.context}-token contexts and {args.continuation}-token continuations (bytes), "
             f"batch {args.batch_size} sequences, fp32, random init; {args.repeats} timed pass(es) after a warm-up"
         )
-        append_section(f"Downstream evaluation pass: {', '.join(args.flavor)} on {args.device}", body, device=args.device, note=note)
+        report(f"Downstream evaluation pass: {', '.join(args.flavor)} on {args.device}", body, device=args.device, note=note)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ activation checkpointing, ``micro_batch = "auto"``, fused AdamW, bf16, SDPA). Ea
 The loss is chunked (``model.loss_chunk_tokens``) so the 131072-wide logits
 never exist whole.
 
-    python -m bench.gpu_1b                    # every 1b variant, appends to docs/benchmarks.md
+    python -m bench.gpu_1b                    # every 1b variant, appends its figures to bench/results.jsonl
     python -m bench.gpu_1b --only bf16-eager  # one variant
     python -m bench.gpu_1b --only 8b-fsdp2-offload-ac-mb1   # the 8b flavor, one GPU, fsdp2 + CPU offload
 
@@ -29,7 +29,7 @@ import argparse
 import sys
 import time
 
-from bench.common import append_section, synthetic_config, table
+from bench.common import report, synthetic_config, table
 
 BASE = ["--precision.name=bf16", "--optimizer.impl=fused"]
 
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section("1b flavor, seq 2048, one GPU", body, device="cuda")
+        report("1b flavor, seq 2048, one GPU", body, device="cuda")
     return 0
 
 

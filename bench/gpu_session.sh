@@ -6,7 +6,7 @@
 # Wheels the node lacks (torchao, torchdata, plait's own for its entry points) are
 # read from .whl/ when present. Each step has its own time limit so that one hang
 # cannot take the others' figures with it; logs, profiles and the updated
-# docs/benchmarks.md are copied to $OUT after every step.
+# bench/results.jsonl are copied to $OUT after every step.
 set -u
 OUT=${OUT:-/tmp/plait-gpu-out}
 # Logs are kept outside $OUT and come back as one archive: the device tool returns at most 8 files.
@@ -18,7 +18,7 @@ if [ -d .whl ]; then
     > "$LOGS/logs/install.txt" 2>&1 || { cat "$LOGS/logs/install.txt"; exit 1; }
   export PYTHONPATH=/tmp/site
 fi
-collect() { cp docs/benchmarks.md "$OUT/benchmarks.md"; tar -czf "$OUT/logs.tgz" -C "$LOGS" logs; }
+collect() { cp bench/results.jsonl "$OUT/results.jsonl"; tar -czf "$OUT/logs.tgz" -C "$LOGS" logs; }
 step() {  # step NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
   echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"

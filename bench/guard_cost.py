@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from bench.common import append_section, synthetic_config, table
+from bench.common import report, synthetic_config, table
 
 
 class NoGuard:
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"Non-finite guard cost: {args.flavor} on {args.device}", body, device=args.device)
+        report(f"Non-finite guard cost: {args.flavor} on {args.device}", body, device=args.device)
     return 0
 
 

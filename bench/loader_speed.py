@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     body += f"\n\nmicro-batch {args.micro_batch} x seq {args.seq_len}, {args.batches} batches, shipped Shakespeare corpus (page-cached)."
     print(body)
     if not args.no_record:
-        append_section("Loader throughput", body)
+        report("Loader throughput", body)
     return 0
 
 

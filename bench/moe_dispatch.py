@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 
-from bench.common import append_section, table
+from bench.common import report, table
 
 
 def step_seconds(model, ids, steps: int, device) -> float:
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"Recurrent MoE dispatch: sparse vs dense on {device.type}", body, device=device.type)
+        report(f"Recurrent MoE dispatch: sparse vs dense on {device.type}", body, device=device.type)
     return 0
 
 

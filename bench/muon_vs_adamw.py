@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"Muon against AdamW: {args.flavor} on cpu", body, "cpu")
+        report(f"Muon against AdamW: {args.flavor} on cpu", body, "cpu")
     return 0
 
 

@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from bench.common import append_section, table
+from bench.common import report, table
 
 KERNELS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
 
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"AdamW kernels: {args.flavor} parameters on {args.device}", body, args.device)
+        report(f"AdamW kernels: {args.flavor} parameters on {args.device}", body, args.device)
     return 0
 
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-record", action="store_true", help="print only; do not append to bench/results.jsonl")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench.overhead: --device cuda asked, but torch sees no CUDA device", file=sys.stderr)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section(f"Framework overhead: {args.flavor} on {args.device}", body, device=args.device)
+        report(f"Framework overhead: {args.flavor} on {args.device}", body, device=args.device)
     return 0
 
 

@@ -633,7 +633,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--max-minutes", type=float, default=0.0, help="start no new round after this many minutes (0: no limit); the table says how many rounds ran"
     )
-    p.add_argument("--no-record", action="store_true", help="print only; do not append to docs/benchmarks.md")
+    p.add_argument("--no-record", action="store_true", help="print only; do not append to bench/results.jsonl")
     a = p.parse_args(argv)
     if a.worker:
         return worker_main(a)
@@ -708,11 +708,11 @@ def main(argv=None) -> int:
     )
     print(body)
     if not a.no_record:
-        from bench.common import append_section
+        from bench.common import report
 
         vers = ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) or "no peer ran"
         note = f"peers: {vers} (in {a.peers_python}, with the same torch); 1-minute load average at the start {load_start:.2f}, at the end {load_average():.2f}"
-        append_section(f"Peers: plait vs a bare loop and peer trainers, {a.flavor} on {a.device}", body, device=a.device, note=note)
+        report(f"Peers: plait vs a bare loop and peer trainers, {a.flavor} on {a.device}", body, device=a.device, note=note)
     return 0
 
 

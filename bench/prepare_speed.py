@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 SHAKESPEARE = REPO / "plugins" / "data" / "corpus" / "shakespeare" / "train.bin"
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         )
     print(body + "\n" + note)
     if not args.no_record:
-        append_section("Data preparation throughput", body, note=note)
+        report("Data preparation throughput", body, note=note)
     return 0
 
 

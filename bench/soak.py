@@ -32,7 +32,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script under torchrun
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import REPO, append_section, table  # noqa: E402
+from bench.common import REPO, report, table  # noqa: E402
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 MONITORS = ["console", "jsonl", "tensorboard", "mfu", "memory", "update_ratio", "budget_guard", "spikes"]
@@ -384,7 +384,7 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=600, help="end a run whose rank 0 took no sample for this long, and say it hung")
     parser.add_argument("--tracemalloc", action="store_true", help="trace Python allocations (slower) and print the lines that grew")
     parser.add_argument("--keep", default="", help="run in this folder and keep it (default: a temporary folder, removed)")
-    parser.add_argument("--no-append", action="store_true", help="print the table, do not append it to docs/benchmarks.md")
+    parser.add_argument("--no-append", action="store_true", help="print the table, do not append its figures to bench/results.jsonl")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--warmup-steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--samples-prefix", default="", help=argparse.SUPPRESS)
@@ -418,7 +418,7 @@ def main() -> None:
             f"a sample every {args.sample_every} executed steps after a warm-up of {args.warmup:.0%}, on each rank's main thread after a "
             "gc.collect(); RSS of each rank's process (its loader workers apart); the last sample is the last step's start"
         )
-        append_section(f"Soak: {args.steps} steps on cpu", body, note=note)
+        report(f"Soak: {args.steps} steps on cpu", body, note=note)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 
 CONFIG = REPO / "train_configs" / "debug_cpu.toml"
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     )
     print(body)
     if not args.no_record:
-        append_section("Startup to first step", body)
+        report("Startup to first step", body)
     return 0
 
 

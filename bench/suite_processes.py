@@ -31,7 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, table
+from bench.common import report as record
 
 DEFAULT_COMMAND = [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "worksteal"]
 
@@ -167,16 +168,15 @@ def run(command: list[str]) -> tuple[list[dict], float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-write", action="store_true", help="print the report only; do not append it to docs/benchmarks.md")
+    parser.add_argument("--no-write", action="store_true", help="print the report only; do not append its figures to bench/results.jsonl")
     parser.add_argument("command", nargs="*", help="the command to account (default: the README's pytest command)")
     args = parser.parse_args()
     command = args.command or DEFAULT_COMMAND
     rows, wall, code = run(command)
     body = report(rows, wall, code, [Path(command[0]).name if command[0] == sys.executable else command[0], *command[1:]])
-    if args.no_write:
-        sys.stdout.write(body + "\n")
-    else:
-        sys.stdout.write(append_section("Test suite: where the CPU goes, process by process", body) + "\n")
+    sys.stdout.write(body + "\n")
+    if not args.no_write:
+        record("Test suite: where the CPU goes, process by process", body)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.common import REPO, append_section, table
+from bench.common import REPO, report, table
 from bench.suite_processes import DEFAULT_COMMAND as README_PYTEST
 
 DEFAULT_COMMAND = [*README_PYTEST, "-p", "no:cacheprovider"]
@@ -68,7 +68,7 @@ def run(command: list[str], busy: int, log: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--busy", type=int, default=2, help="how many busy loops run beside the command")
-    parser.add_argument("--no-write", action="store_true", help="print the report only; do not append it to docs/benchmarks.md")
+    parser.add_argument("--no-write", action="store_true", help="print the report only; do not append its figures to bench/results.jsonl")
     parser.add_argument("command", nargs="*", help="the command (default: the README's pytest command)")
     parser.add_argument("--log", type=Path, help="where the command's whole output goes (default: a new file in the temporary folder)")
     args = parser.parse_args()
@@ -87,10 +87,9 @@ def main() -> None:
         ["busy loops", "exit code", "result", "wall s", "load average at the end (1 min)"],
         [[args.busy, result["code"], result["summary"] or "(no pytest summary)", round(result["wall"], 1), round(result["load"], 2)]],
     )
-    if args.no_write:
-        sys.stdout.write(body + "\n")
-    else:
-        sys.stdout.write(append_section("Test suite under load", body) + "\n")
+    sys.stdout.write(body + "\n")
+    if not args.no_write:
+        report("Test suite under load", body)
     sys.exit(0 if result["code"] == 0 else 1)
 
 

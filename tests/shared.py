@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, flat_checkpoint, write_tiny_config
+from conftest import REPO, flat_checkpoint, read_metrics, write_tiny_config
 
 from core.checkpoint.integrity import manifest_files
 from core.runtime.marks import Marks
@@ -115,6 +115,34 @@ def write(path, ids, dtype="uint16"):
     np.asarray(ids, dtype=dtype).tofile(path)
 
 
+def one_document(folder: Path) -> Path:
+    """``folder/docs.jsonl`` holding one short document."""
+    path = folder / "docs.jsonl"
+    path.write_text(json.dumps({"text": "hello world"}) + "\n")
+    return path
+
+
+def varied_documents(folder: Path) -> Path:
+    """``folder/docs.jsonl``: 200 documents of 1 to 7 repeats of a phrase, so their lengths differ."""
+    path = folder / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
+    return path
+
+
+def stream_docs(folder: Path) -> Path:
+    """``folder/docs.jsonl``: 200 documents of the same length."""
+    path = folder / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(200)))
+    return path
+
+
+def token_bin_source(folder, **opts):
+    """The token_bin data source over ``folder``, built from its options as a run builds it."""
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    return TokenBin(TokenBinOptions(path=str(folder), **opts))
+
+
 def shakespeare_text(chars: int = 200_000) -> str:
     val = np.fromfile(SHAKESPEARE / "val.bin", dtype=np.uint16)[:chars]
     return bytes(int(t) for t in val if t < 256).decode("utf-8", "replace")
@@ -169,6 +197,34 @@ def prepared_project(proj: Path, monkeypatch) -> Path:
 
 
 # -- checkpoints and run folders ---------------------------------------------------------------
+
+
+def committed(root: Path) -> list[str]:
+    """The names of the committed checkpoint folders directly under ``root``."""
+    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
+
+
+def losses(out: Path) -> dict[int, float]:
+    """The training loss of each logged step of the run in ``out``."""
+    return {r["step"]: r["loss"] for r in read_metrics(out)}
+
+
+def nbytes(x) -> int:
+    """The bytes of the tensors in ``x``, a tensor or nested dicts of them."""
+    if isinstance(x, dict):
+        return sum(nbytes(v) for v in x.values())
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+
+def trainer_for(cfg: Path, *overrides: str):
+    """plait's Trainer for ``cfg`` on one CPU process, built (model, optimizer, data, checkpointer), not run."""
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
+
+    t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
+    t.build()
+    return t
 
 
 def ckpt_dirs(out: Path) -> list[str]:

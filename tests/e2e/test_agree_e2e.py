@@ -1,5 +1,5 @@
 """core.runtime.distributed.agree: the one way ranks agree on small host-side values (flags, answers,
-counts, every rank's object, rank 0's object), on one process and on two real gloo ranks."""
+counts, every rank's object, rank 0's object), on two real gloo ranks in every mode."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""core.api is the one module plugins import from, it documents what it exports, and plugins say
-things through its logger rather than print."""
+"""core.api imports what needs torch on first use: plugins.data.prepare, which imports core.api, starts without torch."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO, run_module, write_tiny_config
+from shared import token_bin_source
 
 
 def train(*args):
@@ -189,12 +190,6 @@ def test_train_exits_2_with_one_line(tiny_config, args, expected):
 
 
 # --- data -----------------------------------------------------------------------------------------
-
-
-def token_bin_source(d, **opts):
-    from plugins.data.token_bin import TokenBin, TokenBinOptions
-
-    return TokenBin(TokenBinOptions(path=str(d), **opts))
 
 
 # --- launchers/remote.sh: numbers from the environment ------------------------------------------

@@ -1,4 +1,6 @@
-"""The budget guard, driven by a fake clock and a budget file, through real training runs."""
+"""The budget guard over real runs: a warning alerts once and the run goes on, a hanging alert command
+holds nothing, projected over the cap checkpoints and exits 75, spent over the cap exits 76 without a
+checkpoint, two ranks follow rank 0, and the pre-flight refuses a run over the cap unless forced."""
 
 from __future__ import annotations
 

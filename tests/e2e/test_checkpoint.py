@@ -14,14 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, env, read_metrics, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
+from shared import losses, nbytes
 
 SEAMS = REPO / "tests" / "seams"
 
 pytestmark = pytest.mark.slow
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(out)}
 
 
 def ckpts(out: Path) -> list[str]:
@@ -166,12 +163,6 @@ def same(a, b, where) -> None:
         assert torch.equal(a, b), where
     else:
         assert a == b, where
-
-
-def nbytes(x) -> int:
-    if isinstance(x, dict):
-        return sum(nbytes(v) for v in x.values())
-    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
 @pytest.mark.parametrize("parallelism", [pytest.param("ddp", marks=pytest.mark.bench), "fsdp2", "hsdp"])  # ddp: CI time; fsdp2 and hsdp hold more

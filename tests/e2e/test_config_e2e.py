@@ -1,4 +1,5 @@
-"""TOML loading: extends, deep merge, cycles, overrides, option validation."""
+"""Configs in real runs: a shipped config runs from another directory (its paths resolve against its
+own folder), and a run's ``config.resolved.toml`` runs the same run again."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_shipped_config_runs_from_another_directory(tmp_path):
 
 def test_resolved_config_reruns_the_run(tmp_path, monkeypatch, capsys):
     """config.resolved.toml is a complete config: training from it gives the same losses. Its output
-    folders are absolute: a run started with relative ones (``--train.output_dir=out``) and started again
-    from its resolved config inside its own folder trained afresh in ``out/out``, silently, instead of resuming."""
+    folders are absolute, so a run started with relative ones (``--train.output_dir=out``) and started
+    again from its resolved config inside its own folder resumes instead of training afresh in ``out/out``."""
     from conftest import read_metrics, run_module, write_tiny_config
 
     from core.cli.plan import main

@@ -1,8 +1,9 @@
 """The plugin contract as a third-party author meets it: an optional member set to None is absent
-to every reader (the contract check, ``core.plan``, training, export), and a third-party data
-source declares its tokenizer (``tokenizer()``), which the run records in its checkpoints for
-``core.export`` and ``core.generate``. Real plugin distributions found through entry points, real
-runs, real DCP checkpoints."""
+to every reader (the contract check, ``core.plan``, training, export), a third-party data source's
+declared tokenizer reaches ``core.export`` and ``core.generate`` (a wrong one is one line before anything
+is built), and a monitor's reduction over ranks is the core's (values that differ between ranks are left
+out on both; a failure on one rank ends every rank promptly). Real plugin distributions found through
+entry points, real runs, real DCP checkpoints."""
 
 from __future__ import annotations
 

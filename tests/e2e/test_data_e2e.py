@@ -1,4 +1,5 @@
-"""Data sources at the loader level (no process group needed) and validation in a real run."""
+"""Data over real runs: seq_len stages keep the tokens per step; validation runs, is refused without a
+validation split, reports its loss per mixture source, and keeps the best checkpoints through pruning."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Finite sources: epochs in token_bin, a mixture source that runs out (wrap or stop),
-streams inside a mixture, and a streaming run whose ranks run dry at different steps."""
+"""Finite sources in real 2-rank runs: a streaming run ends cleanly when one rank runs dry first, and a
+bad record met by one rank of an indexed source stops every rank at once."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Document masking: a packed sequence's logits are those of each of its documents run alone
-(llama3 and recurrent_moe, RoPE positions absolute or restarting per document), documents are found
-in the ids on the device, and a document mask without an end-of-document id is refused before anything runs."""
+"""A run through ``core.train`` trains with the document mask."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Downstream evaluation: task files, the ``downstream`` monitor, ``core.eval``, lm-evaluation-harness, the converter."""
+"""Downstream evaluation over real runs: bad task files and a bad ``every`` are exit 2 before any process
+group; the ``downstream`` monitor logs every metric at its steps and retention keeps the best by it; a
+trained model scores above chance; ``core.eval`` agrees with the loop and with lm-evaluation-harness;
+training is bit-identical with evaluation on and off (two ranks, fp8); the converter turns HellaSwag,
+ARC and PIQA parquet into task files; evaluation runs under fsdp2 and bf16 with uneven shares."""
 
 from __future__ import annotations
 

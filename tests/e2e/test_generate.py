@@ -1,5 +1,7 @@
-"""core.generate: text from a tiny trained checkpoint, the same greedy tokens as transformers on the
-Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-line errors."""
+"""core.generate on tiny trained checkpoints: the same greedy tokens as transformers on the Hugging Face
+export (bytes and BPE), generate.md's transformers blocks run offline on the exports, seeded sampling,
+one-line errors (a run folder names its newest checkpoint), and a crafted checkpoint or tokenizer record
+runs or reads nothing."""
 
 from __future__ import annotations
 

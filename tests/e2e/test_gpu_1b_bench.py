@@ -1,4 +1,4 @@
-"""bench.gpu_1b without a GPU: its one-line refusal, and its variant of the 1b train config's settings."""
+"""bench.gpu_1b and every other CUDA bench, run without a GPU, refuse in one line."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The package layout: the library under ``core/`` never imports ``core/cli/`` (the commands); the
-commands the README documents as ``python -m core.<command>`` run through a hand-off in ``core/`` that
-holds nothing but that hand-off."""
+"""The package layout in separate processes: importing every library module in a fresh interpreter loads
+no command module, and ``lint-imports`` finds imports running one way as the import contracts say."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import read_metrics, torchrun, write_tiny_config
+from conftest import torchrun, write_tiny_config
+from shared import losses
 
 STEPS = 4
 
@@ -19,10 +20,6 @@ def moe_config(tmp: Path) -> Path:
     cfg = write_tiny_config(tmp, steps=STEPS, global_batch_tokens=1024)
     cfg.write_text(cfg.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "recurrent_moe"\nn_loops = 2\n'))
     return cfg
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(out)}
 
 
 def losses_after_the_resume(out: Path) -> tuple[int, dict[int, float]]:

@@ -1,4 +1,5 @@
-"""Monitors are held to the hook contract before a run starts, hear of failures, and keep state across resume."""
+"""Monitors over real runs: ``plait_train_end`` hears of a crash and exit_status.json says ``error``, and
+the spikes monitor's window survives a resume."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics, run_module, torchrun, write_tiny_config
+from conftest import run_module, torchrun, write_tiny_config
+from shared import losses
 
 
 def one_error_line(proc) -> str:
@@ -40,10 +41,6 @@ def test_out_of_range_options_are_one_line_naming_the_key_in_train_and_plan(tiny
 
 
 # -- through the trainer: ddp, fsdp2, HSDP, resumes -------------------------------------------------
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_metrics(out)}
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:

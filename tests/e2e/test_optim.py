@@ -1,4 +1,6 @@
-"""Optimizer plugins and schedules: low-bit AdamW tracks AdamW, resume across optimizers, groups, wsd/linear, auto micro-batch."""
+"""Optimizer plugins over real training: low-bit AdamW tracks AdamW over 30 steps, an adamw8bit checkpoint
+resumes with new settings and with AdamW, an unknown option is refused, the LR plot is written, and the
+automatic micro-batch keeps the global batch."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ def test_an_adamw8bit_checkpoint_resumes_with_new_settings_and_with_adamw(tmp_pa
     """One adamw8bit leg (torchao compiles its step: the slow part), resumed twice from copies:
     with a new peak LR (torchao keeps the LR in a tensor: the line shows it rounded, the update uses
     it), and with plain AdamW (its state is not loaded, said once). The model's matrices are those of
-    the unit test ``test_lowbit_adamw_tracks_adamw`` (64 x 64 and 512 x 64), so torchao's compiled
+    ``test_lowbit_adamw_tracks_adamw`` (64 x 64 and 512 x 64), so torchao's compiled
     steps are the same graphs; new betas (a recompile) are the unit test
     ``test_new_betas_apply_to_a_torchao_optimizer_after_its_load_and_are_named``."""
     import shutil
@@ -71,3 +73,56 @@ def test_auto_micro_batch_on_cpu_keeps_global_batch(tiny_config, tmp_path):
     assert 'micro_batch = "auto" chose 8 (accumulation 3)' in proc.stdout
     resolved = config.tomllib.loads((tmp_path / "out" / "config.resolved.toml").read_text())
     assert resolved["train"]["micro_batch"] == 8 and resolved["derived"]["grad_accum"] == 3
+
+
+def train_debug(name: str, steps: int = 30) -> list[float]:
+    """30 steps of the debug llama on the shipped corpus, in this process, with optimizer plugin
+    ``name`` built through the registry (real options, real parameter groups). Shapes are chosen so
+    every matrix is 64 x 64 or 512 x 64: a torchao low-bit optimizer compiles its step only a few times."""
+    import numpy as np
+    import torch
+    from conftest import REPO
+    from shared import build_optimizer
+
+    from model_specs.llama3.spec import Llama3Spec
+    from plugins.data.token_bin import TokenBin, TokenBinOptions
+
+    torch.manual_seed(0)
+    spec = Llama3Spec.from_flavor("debug", dim=64, n_kv_heads=4, ffn_dim=64)
+    model = spec.build()
+    spec.init_weights(model)
+    data = TokenBin(TokenBinOptions(path=str(REPO / "plugins" / "data" / "corpus" / "shakespeare")))
+    optimizer = build_optimizer(name, {"lr": 3e-3}, model)
+    losses = []
+    for step in range(steps):
+        rows = torch.from_numpy(np.stack([data.sample(step * 8 + j, 64, "train") for j in range(8)]))
+        loss = model(rows[:, :-1], rows[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def adamw_reference():
+    return train_debug("adamw")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")  # the trainer's thread count: inductor's cache can serve the e2e adamw8bit test the graphs it shares
+@pytest.mark.parametrize(
+    "name",
+    ["adamw8bit", pytest.param("adamw4bit", marks=pytest.mark.bench), "adamw_fp8", "bnb_adamw8bit"],  # 4-bit: the longest compile; `pytest -m bench`
+)
+def test_lowbit_adamw_tracks_adamw(adamw_reference, name):
+    if name == "bnb_adamw8bit":
+        pytest.importorskip("bitsandbytes", reason="bitsandbytes is the optional extra 'bitsandbytes' (in 'dev')")
+    got = train_debug(name)
+    ref = adamw_reference
+    assert got[-1] < 0.5 * got[0]  # it optimizes
+    # stated tolerance: final loss within 0.15 nats of AdamW's after 30 steps for the 8-bit states,
+    # 0.3 for 4-bit (its coarser state lags early: 3.30 vs 3.08 here); not identical (really low-bit)
+    tolerance = 0.3 if name == "adamw4bit" else 0.15
+    assert abs(got[-1] - ref[-1]) < tolerance, (got[-1], ref[-1])
+    assert got != ref

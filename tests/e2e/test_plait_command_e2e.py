@@ -1,7 +1,7 @@
-"""The ``plait`` console script (core/cli/main.py) and ``plait train --nproc N`` (core/cli/launch.py):
-one command table, the pre-flight once in the launcher, the ranks started by torch's elastic
-launcher, and the ranks' exit codes out of ``plait train``. Run as ``python -m core.cli.main``
-(what the installed ``plait`` script calls)."""
+"""``plait train --nproc N`` (core/cli/launch.py) run as ``python -m core.cli.main`` (what the installed
+``plait`` script calls): it trains two ranks with the overrides, a rank's exit code comes out of it,
+SIGTERM stops the ranks with a checkpoint and exit 0, two nodes with their own node ranks make one run,
+without ``--nproc`` it is ``core.train``, and its torchrun command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m core.plan``: the run's ETA and cost, sequence-length stages, ``--measure``, bad flags."""
+"""``python -m core.plan`` names the checkpoint a run would resume and what changed since."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""What a third-party plugin author met relying on the documented contract alone, each now held:
-monitors' verdicts and failures on one rank of several, a stream's per-rank position resumed on
-another world size (core.plan said nothing), plugins that exit at import, option types and names no
-config could set, and a monitor's non-JSON ``run.state`` value. Real entry points (a distribution
-on PYTHONPATH), real processes, two ranks under torchrun where ranks matter."""
+"""What a third-party plugin author meets relying on the documented contract alone: every rank follows
+any rank's verdict and a failure on rank 1 is named, a stream's per-rank position on another world size
+is refused before training, a plugin that exits while it loads, a monitor's non-JSON ``run.state`` value
+and a model whose forward returns a tuple are each one line naming the plugin. Real entry points (a
+distribution on PYTHONPATH), real processes, two ranks under torchrun where ranks matter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Low precision on CPU: torchao fp8 recipes and emulated MXFP8 against bf16, and the fallback chain."""
+"""Low precision on CPU over real runs: torchao fp8 recipes and emulated MXFP8 track bf16, and the
+fallback chain skips unsupported plugins recording why, or takes the first supported with its options."""
 
 from __future__ import annotations
 

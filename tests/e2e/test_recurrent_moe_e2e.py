@@ -1,4 +1,4 @@
-"""The recurrent MoE model trains, and each health signal fires on a constructed failure."""
+"""The recurrent MoE model trains through ``core.train`` and logs each of its loss parts."""
 
 from __future__ import annotations
 

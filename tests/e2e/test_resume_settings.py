@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, read_metrics, run_module, write_tiny_config
+from shared import stream_docs
 
 NOTE = "the optimizer settings it holds differ from this run's"
 
@@ -120,12 +121,6 @@ def one_error_line(proc) -> str:
 def untouched(ckpts: Path):
     """The checkpoint folder's listing and CURRENT_RUN, to compare after a refused start."""
     return sorted(p.name for p in ckpts.iterdir()), (ckpts / "CURRENT_RUN").read_text()
-
-
-def stream_docs(tmp_path: Path) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(200)))
-    return path
 
 
 def test_a_stream_cannot_continue_the_global_position_of_an_indexed_source(saved, tmp_path):

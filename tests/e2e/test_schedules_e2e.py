@@ -1,4 +1,4 @@
-"""LR schedules: exact multipliers at the warmup end, the cosine midpoint and the last step; option checks."""
+"""The LR a run logs is the LR its step applied."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The streaming source: packing, sharding, shuffle from positions, exact mid-epoch resume with workers."""
+"""The streaming source over real runs: it trains and resumes exactly; a bad line found mid-run stops with
+a checkpoint and exit 2, on both ranks together; a killed rank leaves no worker or fork server behind;
+workers under a long TMPDIR start and a run leaves nothing there."""
 
 from __future__ import annotations
 
@@ -6,13 +8,12 @@ import json
 
 import pytest
 from conftest import REPO, env, read_metrics, run_module
+from shared import varied_documents
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    path = tmp_path / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
-    return path
+    return varied_documents(tmp_path)
 
 
 @pytest.mark.slow

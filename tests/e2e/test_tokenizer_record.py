@@ -1,8 +1,7 @@
-"""The built-in data sources declare their tokenizer through the same seam a third party uses
-(``tokenizer()``, recorded in each checkpoint's ``state.json``), and a recorded tokenizer is found
-again when the run folder, the tokenizer or the checkpoint alone moved (relative to the checkpoint,
-or the copy in it), its sha256 checked. A checkpoint saved before the record exports through its
-``[data]`` section as before."""
+"""token_bin records its tokenizer in each checkpoint's ``state.json``, and a run folder, tokenizer or
+checkpoint moved alone still exports and generates (the record found relative to the checkpoint, or the
+copy in it, its sha256 checked); a checkpoint saved without the record exports through its ``[data]``
+section."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Bad input to the tools (prepare, export, report, plan): one ``plait: error:`` line naming the flag,
-key or file, exit code 2, no traceback. Each command's ``main`` runs in this process (``conftest.run_here``):
-what is tested is its decision, made before it builds anything."""
+"""Bad input to the commands (train, export, report) run as commands: one ``plait: error:`` line naming the
+flag, key or file, exit code 2, no traceback: an output folder that cannot be written, an export or
+report into a checkpoint folder, an export shard size that is not finite and positive, damaged run
+files to report on (a metrics line that is not an object is skipped)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_here, run_module, write_tiny_config
-from shared import one_line_error
+from shared import one_document, one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,7 @@ def checkpoint(run_dir) -> Path:
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text(json.dumps({"text": "hello world"}) + "\n")
-    return path
+    return one_document(tmp_path)
 
 
 # --- output paths -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""Room on the disk for the checkpoints, checked at the start (``core.train`` and ``core.plan``): a
-checkpoint folder that cannot hold one checkpoint is bad input, before any training; one that
-cannot hold what the run keeps at once is a warning, rather than a disk found too small at the first
-save, hours in. The real filesystem's free space."""
+"""The disk filling under real runs: a disk with room for ``keep_latest`` checkpoints but not one more
+saves every time, an output folder on a full disk is one line and leaves nothing behind, and a full disk
+under TensorBoard is one warning, then the exit 74 line at the save that finds no room. Real filesystems
+of fixed size."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_disk_with_room_for_keep_latest_checkpoints_but_not_one_more_saves_eve
 
 
 def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(tiny_config, tmp_path):
-    """The start's write probe failed after creating its (empty) file, and left it in the user's folder."""
+    """A start on a full disk is one line, and its write probe leaves no file in the user's folder."""
     out = tmp_path / "out"
     out.mkdir()
     script = f'dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null; {PY} -m core.train --config "{tiny_config()}"; rc=$?; ls -A "{out}"; exit $rc'
@@ -58,9 +58,9 @@ def test_an_output_folder_on_a_full_disk_is_one_line_and_leaves_nothing_behind(t
 
 def test_a_full_disk_under_tensorboard_is_one_warning_and_the_exit_74_line_no_traceback(tiny_config, tmp_path):
     """The output folder's disk fills during the run: first its ``tensorboard`` folder (a 4 KiB disk of
-    its own, full after a few logged steps), then its checkpoints (room for two of three). TensorBoard's
-    writer thread printed a traceback and the monitor's failure stopped the run (exit 4); now the monitor
-    warns once and writes no more events, and the run ends at the save that finds no room: exit 74, one error line."""
+    its own, full after a few logged steps), then its checkpoints (room for two of three). The monitor
+    warns once and writes no more events, and the run ends at the save that finds no room: exit 74, one
+    error line, no traceback."""
     out = tmp_path / "out"
     out.mkdir()
     config = tiny_config(body="[checkpoint]\nevery = 5\nkeep_latest = 3\nkeep_lowest_loss = false\n", steps=20)

@@ -1,4 +1,4 @@
-"""Faults from outside a running job (issue 34): unreadable and undeletable checkpoints, checkpoint
+"""Faults from outside a running job: unreadable and undeletable checkpoints, checkpoint
 folders that every save would collide with, data changed under a run, data that is silently wrong,
 crafted checkpoint state, and the launchers' and loggers' own failures. Real runs, real files, real
 DCP checkpoints; two gloo ranks where ranks must agree.
@@ -19,16 +19,13 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, env, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
+from shared import committed
 
 from core.checkpoint.folders import verifies
 
 pytestmark = pytest.mark.slow
 
 SEAMS = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])}
-
-
-def committed(root: Path) -> list[str]:
-    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:

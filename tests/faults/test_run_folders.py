@@ -1,9 +1,8 @@
 """Who owns what in a run folder: a restart continues its own run, a dead save never blocks its
 step, a checkpoint folder inside another job's output folder is locked too, a resume from a copy
 leaves this run's later checkpoints aside (never deleted), a checkpoint larger than the model is
-refused, and folders a user named like checkpoints are not plait's. Each of these lost or mixed
-checkpoints before (found by trying to break a run folder from outside). Real runs, real DCP
-checkpoints, one process."""
+refused, and folders a user named like checkpoints are not plait's. Real runs, real DCP
+checkpoints."""
 
 from __future__ import annotations
 
@@ -15,13 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, env, run_here, run_module, start_module, write_tiny_config
-from shared import THEIRS
+from shared import THEIRS, committed
 
 pytestmark = pytest.mark.slow
-
-
-def committed(root: Path) -> list[str]:
-    return sorted(p.name for p in root.glob("step_*") if (p / "COMMITTED").is_file())
 
 
 def markers(root: Path) -> dict[str, str]:

@@ -1,4 +1,7 @@
-"""Spike rehearsal: an injected spike is detected and handled by each action."""
+"""Spike rehearsal over real runs: an injected spike is detected and handled by each action
+(log, skip, rollback), a lasting change of level stops the run, a rollback restores an async save in
+flight or skips a checkpoint damaged after its commit, and a SIGTERM during rollbacks stops the run
+at once with a checkpoint."""
 
 from __future__ import annotations
 
@@ -127,3 +130,46 @@ def test_a_rollback_skips_a_checkpoint_damaged_after_its_commit(tiny_config, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rolled back to step_000000006" in proc.stdout, proc.stdout[-3000:]
     assert "step_000000009" in proc.stderr and "checksum" in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
+    """A monitor that rolls back at every step (as a spike detector facing a new level does):
+    a SIGTERM then must stop the run with a checkpoint, not wait for an ordinary step that never
+    comes (the loop checks for a stop after a rollback too)."""
+    import signal
+
+    import torch
+    from conftest import write_tiny_config
+
+    from core.contract.hookspecs import hookimpl, register_monitor
+    from core.contract.protocols import DistInfo
+    from core.loop.trainer import Trainer
+    from core.preflight.prepare import prepare
+
+    cfg = write_tiny_config(tmp_path, steps=20)
+    trainer = Trainer(prepare(str(cfg), ["--checkpoint.every=4"]), DistInfo(device=torch.device("cpu")))
+    trainer.build()
+
+    class AlwaysRollback:
+        calls = 0
+
+        @hookimpl
+        def plait_before_update(self, run, step, loss, grad_norm):
+            if step <= 5:
+                return None  # train to step 5: a checkpoint at step 4
+            self.calls += 1
+            if self.calls == 3:
+                trainer.signals.handle(signal.SIGTERM)  # as the handler does when the signal arrives
+            if self.calls > 50:
+                raise RuntimeError("the signal was never followed")
+            return "rollback"
+
+    monitor = AlwaysRollback()
+    register_monitor(trainer.monitors.pm, "always_rollback", monitor)
+    trainer.monitors.names.append("always_rollback")
+    trainer.before_update_hooks = True
+    assert trainer.fit() == 0
+    assert monitor.calls == 3 and trainer.run.step == 4  # stopped right after the third rollback
+    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 4
+    assert (tmp_path / "out" / "checkpoints" / "step_000000004" / "COMMITTED").is_file()

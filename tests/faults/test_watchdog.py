@@ -1,6 +1,6 @@
-"""The stall watchdog's decisions in one process, with timeouts of a second: whose
-progress keeps which phase alive, a hang after the run's end, and the cross-rank view through a
-real TCPStore (the rendezvous store's kind). The real runs are in tests/faults/test_stall.py."""
+"""The stall line names a rendezvous store that stops answering (a real TCPStore frozen under a running
+watchdog). The watchdog's decisions in one process are in tests/unit/runtime/test_watchdog_unit.py, its
+real runs in tests/faults/test_stall.py."""
 
 from __future__ import annotations
 

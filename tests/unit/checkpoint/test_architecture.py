@@ -1,10 +1,8 @@
-"""A resume never loads a checkpoint into a model whose architecture changed with every shape kept.
-
-Before core/checkpoint/architecture.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
-the same shapes), ``tie_embeddings`` or ``norm_eps`` loaded, named only in the "config differs"
-note, and trained another function from the saved weights. The model spec declares the options
-that define its function (``architecture_options``, core/contract/members.py); ``rope_theta`` is not one
-of them, so a context extension still resumes. Real runs, real DCP checkpoints, one process."""
+"""A run's architecture: the model's name and the options its spec declares as defining its function
+(``architecture_options``, core/contract/members.py) as saved; a difference names each changed option
+and nothing else; a malformed declaration or resolved architecture is the plugin's one-line error;
+the built-in specs declare real options (``rope_theta`` is not one, so a context extension still
+resumes) and ``core.plugins`` shows them."""
 
 from __future__ import annotations
 
@@ -15,8 +13,6 @@ from core.contract.errors import PluginError
 from core.contract.members import check_component
 from model_specs.llama3.spec import Llama3Spec
 from model_specs.recurrent_moe.spec import RecurrentMoEOptions, RecurrentMoESpec
-
-pytestmark = pytest.mark.slow
 
 SECTION = {"name": "llama3", "flavor": "debug", "n_heads": 0, "n_kv_heads": 0, "norm_eps": 1e-5, "tie_embeddings": "flavor", "rope_theta": 0.0}
 

@@ -1,16 +1,8 @@
-"""Checkpoint integrity and safety: checksums in the manifest, fallback on any damage, no code from a checkpoint.
-
-One 2-rank run (checkpoints at steps 4, 6, 8) is shared by the module; each
-test damages a copy of it the way a disk, a buggy writer or an attacker would.
-"""
+"""The fsync DCP asks for covers the whole shard written through plait's checksumming stream."""
 
 from __future__ import annotations
 
 import os
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def test_the_fsync_dcp_asks_for_covers_the_whole_shard(tmp_path):

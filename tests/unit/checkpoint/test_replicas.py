@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from shared import nbytes
 
 from core.checkpoint.replicas import fingerprint, owners, share
 
@@ -22,12 +23,6 @@ def paths(x, at=()) -> set:
     if isinstance(x, dict):
         return {p for k, v in x.items() for p in paths(v, (*at, k))}
     return {at} if isinstance(x, torch.Tensor) else set()
-
-
-def nbytes(x) -> int:
-    if isinstance(x, dict):
-        return sum(nbytes(v) for v in x.values())
-    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
 
 
 def test_the_shares_split_every_tensor_once_and_balance_the_bytes():

@@ -7,17 +7,9 @@ this run's back, so ``--optimizer.lr=...`` applies on a resumed run and a checkp
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from conftest import REPO
-
-
-def stream_docs(tmp_path: Path) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(200)))
-    return path
+from shared import stream_docs
 
 
 def test_a_mixture_refuses_a_checkpoint_of_other_stages_or_without_its_streams_positions(tmp_path):

@@ -1,5 +1,5 @@
-"""core.generate: text from a tiny trained checkpoint, the same greedy tokens as transformers on the
-Hugging Face export, seeded sampling, the context cropped to max_seq_len, one-line errors."""
+"""core.generate in this process: the context cropped to max_seq_len with padded ids never produced,
+--eos-id refused without --tokenizer, and the tokenizer looked up through the data sections."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_context_cropped_to_max_seq_len_and_padded_ids_never_produced():
 
 
 def test_eos_id_without_tokenizer_is_refused(tmp_path, capsys):
-    """--eos-id belongs to --tokenizer; alone it was silently ignored (the recorded EOS was used)."""
+    """--eos-id belongs to --tokenizer: alone it is refused in one line (not ignored for the recorded EOS)."""
     err = one_line_error(capsys, "--checkpoint", tmp_path / "missing", "--eos-id", 5)
     assert "--eos-id 5 is the EOS of --tokenizer, and no --tokenizer is given" in err
     # a seed torch's generator cannot take (it would raise ValueError: Overflow when unpacking long long)

@@ -1,7 +1,8 @@
-"""The ``plait`` console script (core/cli/main.py) and ``plait train --nproc N`` (core/cli/launch.py):
-one command table, the pre-flight once in the launcher, the ranks started by torch's elastic
-launcher, and the ranks' exit codes out of ``plait train``. Run as ``python -m core.cli.main``
-(what the installed ``plait`` script calls)."""
+"""The ``plait`` console script (core/cli/main.py), its ``main`` in this process: one command table (help
+lists it, an unknown command is one line, a command gets the same flags and output as its module, a new
+command joins with one entry), ``plait train --nproc`` checks bad input and its launcher flags before any
+rank starts and maps failed ranks' exit codes, ``plait plan`` shows the whole plan (and as JSON), and
+``plait lm-eval`` is the harness command line with plait registered."""
 
 from __future__ import annotations
 

@@ -5,19 +5,16 @@ what is tested is its decision, made before it builds anything."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 
 import pytest
 from conftest import run_here, write_tiny_config
-from shared import one_line_error
+from shared import one_document, one_line_error
 
 
 @pytest.fixture
 def corpus(tmp_path) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text(json.dumps({"text": "hello world"}) + "\n")
-    return path
+    return one_document(tmp_path)
 
 
 def prepare(corpus: Path, out: Path, *args: str):
@@ -132,7 +129,7 @@ def test_plan_plot_lr_path_checked_first(tmp_path, path, expected):
     ],
 )
 def test_a_missing_optional_library_is_one_line(tmp_path, corpus, monkeypatch, capsys, module, command, args, expected):
-    """Each was a ModuleNotFoundError traceback (report: after it had written metrics.csv)."""
+    """A command whose optional library is missing says so in one line before it writes anything."""
     import importlib
     import sys
 

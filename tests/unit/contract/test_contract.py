@@ -144,8 +144,8 @@ def test_a_data_source_off_by_one_is_refused():
 
 
 def test_a_data_source_id_beyond_the_vocabulary_is_refused_on_any_sample():
-    """Ids the model's embedding cannot look up were an IndexError traceback mid-run: every sample is checked
-    against the vocabulary the core hands in (LoaderSpec.vocab_size) (the last id, a label only, may be -100)."""
+    """Every sample is checked against the vocabulary the core hands in (LoaderSpec.vocab_size): an id the
+    embedding cannot look up is refused in one line (the last id, a label only, may be -100)."""
     import numpy as np
 
     from core.contract.errors import DataError

@@ -1,8 +1,6 @@
-"""The plugin contract as a third-party author meets it: an optional member set to None is absent
-to every reader (the contract check, ``core.plan``, training, export), and a third-party data
-source declares its tokenizer (``tokenizer()``), which the run records in its checkpoints for
-``core.export`` and ``core.generate``. Real plugin distributions found through entry points, real
-runs, real DCP checkpoints."""
+"""The plugin contract as a third-party author meets it, in this process: the contract's rule is printed
+and a member set to None still counts as declared; a monitor's reduced value that is no number, or that
+no reduction can take, is left out (a bad op is the monitor's error)."""
 
 from __future__ import annotations
 

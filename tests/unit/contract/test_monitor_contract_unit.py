@@ -1,4 +1,5 @@
-"""Monitors are held to the hook contract before a run starts, hear of failures, and keep state across resume."""
+"""Monitors are held to the hook contract before a run starts: a good monitor passes, and each breach is
+one line naming the monitor."""
 
 from __future__ import annotations
 

@@ -185,8 +185,8 @@ def test_an_attribute_named_streams_does_not_switch_off_the_first_sample_check(t
 
 
 def test_a_third_party_composite_source_names_its_parts_through_the_declared_parts(third_party, tiny_config):
-    """The parts lacking the validation split were read from the mixture's undeclared ``labels`` and
-    ``sources``; a composite source now declares ``parts()`` and gets the same message."""
+    """A composite source declares its parts through ``parts()``: the parts lacking the validation split are
+    named from them, with the same message as the built-in mixture's."""
     with pytest.raises(ConfigError) as e:
         plan(tiny_config(), "--data.name=atk_parts", "--validation.every=2")
     one_line(e, "has no 'val' split (source 'left' of the mixture: no 'val' split)")

@@ -1,8 +1,6 @@
-"""What a third-party plugin author met relying on the documented contract alone, each now held:
-monitors' verdicts and failures on one rank of several, a stream's per-rank position resumed on
-another world size (core.plan said nothing), plugins that exit at import, option types and names no
-config could set, and a monitor's non-JSON ``run.state`` value. Real entry points (a distribution
-on PYTHONPATH), real processes, two ranks under torchrun where ranks matter."""
+"""The plugin contract as a third-party author meets it, in this process: an option type or name no config
+could set is refused when the plugin registers, options ``options.toml`` can set still register, and a
+monitor that fails in ``plait_train_end`` is not said to stop the run."""
 
 from __future__ import annotations
 
@@ -70,7 +68,8 @@ def test_options_toml_can_set_still_register():
 
 
 def test_a_monitor_that_fails_in_train_end_is_not_said_to_stop_the_run(capsys):
-    """At ``plait_train_end`` the run is over; the line said "stopping the run" all the same."""
+    """A monitor failing at ``plait_train_end``, when the run is over, is one line saying the run has ended and
+    its exit code stands."""
     from core.contract.hookspecs import hookimpl
     from core.contract.protocols import DistInfo
     from core.contract.run import Run

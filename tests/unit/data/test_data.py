@@ -1,4 +1,7 @@
-"""Data sources at the loader level (no process group needed) and validation in a real run."""
+"""Data sources at the loader level (no process group needed): token_bin batches independent of the world
+size and resumed at another, the shipped corpus, the synthetic source, mixture weights, stages,
+tokenizers and fingerprints, a third-party seq_len schedule checked, and validation parts declared and
+their loss a plain float."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Finite sources: epochs in token_bin, a mixture source that runs out (wrap or stop),
-streams inside a mixture, and a streaming run whose ranks run dry at different steps."""
+"""Finite sources at the loader level: epochs in token_bin, a mixture source that runs out (wrap or stop
+at the same step on every rank), streams inside a mixture, a validation loader that never stops, and
+mixture stages resumed with another run length."""
 
 from __future__ import annotations
 

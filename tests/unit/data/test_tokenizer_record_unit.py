@@ -1,8 +1,6 @@
-"""The built-in data sources declare their tokenizer through the same seam a third party uses
-(``tokenizer()``, recorded in each checkpoint's ``state.json``), and a recorded tokenizer is found
-again when the run folder, the tokenizer or the checkpoint alone moved (relative to the checkpoint,
-or the copy in it), its sha256 checked. A checkpoint saved before the record exports through its
-``[data]`` section as before."""
+"""A recorded tokenizer that is not found or has changed (its sha256) says what to pass; text_stream and
+the mixture declare their tokenizer through the seam a third party uses (``tokenizer()``), and a mixture
+refuses sources of two tokenizers."""
 
 from __future__ import annotations
 

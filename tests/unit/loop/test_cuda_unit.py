@@ -1,8 +1,5 @@
-"""On a CUDA device: bf16 and fp8 training runs end to end through ``core.train``.
-
-These are the GPU checks that CI (no GPU) cannot make; they run wherever a
-CUDA device is present (``pytest tests/e2e/test_cuda.py`` on a GPU node).
-"""
+"""On a CUDA device, in this process: the prefetching loader's batches and positions equal the synchronous
+loader's. Skipped without CUDA."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Downstream evaluation: task files, the ``downstream`` monitor, ``core.eval``, lm-evaluation-harness, the converter."""
+"""Downstream evaluation in this process: a bad task line, or a text the tokenizer cannot encode, is one
+error naming the file and line; missing, empty and twice-named task files are refused; the scorer
+batches contexts sharing one token and pads forwards; rolling windows predict every token once."""
 
 from __future__ import annotations
 

@@ -7,21 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-import torch
 from conftest import write_tiny_config
-
-pytestmark = pytest.mark.slow
-
-
-def trainer_for(cfg: Path, *overrides: str):
-    from core.contract.protocols import DistInfo
-    from core.loop.trainer import Trainer
-    from core.preflight.prepare import prepare
-
-    t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
-    t.build()
-    return t
+from shared import trainer_for
 
 
 def test_keeping_every_checkpoint_does_not_make_each_save_verify_them_all(tmp_path, monkeypatch):

@@ -1,13 +1,11 @@
-"""Spike rehearsal: an injected spike is detected and handled by each action."""
+"""The spikes monitor and the spike rehearsal in this process: spikes in a row count through
+rollbacks, and only for ``skip`` and ``rollback``; the rehearsal replaces each step's batch once and
+stops after its steps; a replacement of the wrong shape, with ids outside the vocabulary or with a
+wrong verdict is a monitor failure."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def test_spikes_in_a_row_count_through_rollbacks_and_only_for_skip_and_rollback():
@@ -93,49 +91,6 @@ def test_a_replacement_of_the_wrong_shape_is_a_monitor_failure(capsys):
         "monitor 'wrong' failed in plait_replace_batch: TypeError: returned tuple; expected None or (inputs, labels) shaped (2, 4)" in capsys.readouterr().err
     )
     assert run.stop is not None and run.stop.exit_code == 4
-
-
-def test_a_signal_during_rollbacks_stops_the_run_at_once(tmp_path):
-    """A monitor that rolls back at every step (as a spike detector facing a new level does):
-    a SIGTERM then must stop the run with a checkpoint, not wait for an ordinary step that never
-    comes (the loop checks for a stop after a rollback too)."""
-    import signal
-
-    import torch
-    from conftest import write_tiny_config
-
-    from core.contract.hookspecs import hookimpl, register_monitor
-    from core.contract.protocols import DistInfo
-    from core.loop.trainer import Trainer
-    from core.preflight.prepare import prepare
-
-    cfg = write_tiny_config(tmp_path, steps=20)
-    trainer = Trainer(prepare(str(cfg), ["--checkpoint.every=4"]), DistInfo(device=torch.device("cpu")))
-    trainer.build()
-
-    class AlwaysRollback:
-        calls = 0
-
-        @hookimpl
-        def plait_before_update(self, run, step, loss, grad_norm):
-            if step <= 5:
-                return None  # train to step 5: a checkpoint at step 4
-            self.calls += 1
-            if self.calls == 3:
-                trainer.signals.handle(signal.SIGTERM)  # as the handler does when the signal arrives
-            if self.calls > 50:
-                raise RuntimeError("the signal was never followed")
-            return "rollback"
-
-    monitor = AlwaysRollback()
-    register_monitor(trainer.monitors.pm, "always_rollback", monitor)
-    trainer.monitors.names.append("always_rollback")
-    trainer.before_update_hooks = True
-    assert trainer.fit() == 0
-    assert monitor.calls == 3 and trainer.run.step == 4  # stopped right after the third rollback
-    status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
-    assert status["reason"] == "signal" and status["step"] == 4
-    assert (tmp_path / "out" / "checkpoints" / "step_000000004" / "COMMITTED").is_file()
 
 
 def test_a_replacement_with_ids_outside_the_vocabulary_or_a_wrong_verdict_is_a_monitor_failure(capsys):

@@ -1,4 +1,4 @@
-"""The CUDA fast paths of issue 33, against the CPU-tested paths on the same device: the sparse MoE's
+"""The CUDA fast paths against the CPU-tested paths on the same device: the sparse MoE's
 ``torch._grouped_mm`` (bf16, compute capability 9.0+) against the dense experts, and the document
 mask's FlexAttention block mask against SDPA with the boolean mask. Skipped without CUDA."""
 

@@ -1,5 +1,5 @@
-"""The recurrent MoE's logged loss parts and health are the step's values over every rank and micro-batch
-(2 real gloo processes), reduced by core.contract.metrics.reduce_parts in one collective."""
+"""core.contract.metrics.reduce_parts on one process (each part reduced by its op; an unknown op is
+refused naming the part), and a validation forward leaves the recurrent MoE's step parts as they were."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The recurrent MoE model trains, and each health signal fires on a constructed failure."""
+"""The recurrent MoE's health monitor: a healthy model raises nothing, each signal (collapsed or dead
+experts, diverging loops, a skewed router, low router entropy) fires on a constructed failure at its
+threshold, warnings of a kind are rate-limited with a count, stop actions are never held back, and
+its options are bounded; its FLOPs count the loops."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Parallelism, activation checkpointing, compile and multi-node rendezvous on CPU with gloo."""
+"""Parallelism settings refused before a run, in one line with exit 2: an HSDP ``replicate`` that does not
+divide the world size, and ``single`` asked to run on more than one process."""
 
 from __future__ import annotations
 

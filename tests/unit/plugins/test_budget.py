@@ -1,4 +1,7 @@
-"""The budget guard, driven by a fake clock and a budget file, through real training runs."""
+"""The budget guard in this process, driven by a fake clock and a budget file: bad or stale files warn and
+never crash or disable the cap, checks follow the clock, dry runs only log, only rank 0 decides, and
+billed time counts startup, steps a crash threw away, a launcher's back-offs and this process's life on
+the monotonic clock, never another run's ledger."""
 
 from __future__ import annotations
 
@@ -213,10 +216,9 @@ def test_process_age_is_this_process_lifetime():
 
 
 def test_a_jump_of_the_wall_clock_neither_bills_nor_pauses_the_checks(tmp_path, clock, monkeypatch):
-    """The time a process lived was measured with the wall clock (time.time()): an NTP step or a VM
-    whose clock is set right after a restore moved it by hours. A day forward billed a day and
-    stopped the run over the cap without a checkpoint (exit 76); a day back stopped every check for
-    a day. Elapsed time is now measured on the monotonic clock; the wall clock dates the figures only."""
+    """Elapsed time is measured on the monotonic clock; the wall clock dates the figures only. With the wall
+    clock set a day forward or back (an NTP step, a restored VM), a check bills only the monotonic time passed
+    and stops nothing."""
     import plugins.monitors.budget_guard as budget_guard
 
     g, run = attempt(tmp_path, monkeypatch, clock, cap_usd=25.0)  # 1 h billed so far ($2), $20 projected
@@ -230,10 +232,9 @@ def test_a_jump_of_the_wall_clock_neither_bills_nor_pauses_the_checks(tmp_path, 
 
 
 def test_under_a_launcher_billed_time_counts_its_back_offs_and_starts(tmp_path, clock, monkeypatch):
-    """Time between processes was never billed: remote.sh's back-off after a crash (10 s doubling to
-    10 min) and each attempt's torchrun start, on a node paid for all along. A launcher now says since
-    when it has held the machine (PLAIT_LAUNCHER_SINCE, on the machine's boot clock), and billed time is
-    at least every second since then; a second launcher (a start by hand, later) bills from its own start."""
+    """Under a launcher that says since when it has held the machine (PLAIT_LAUNCHER_SINCE, on the machine's
+    boot clock), billed time is at least every second since then: back-offs after a crash and each attempt's
+    torchrun start included; a second launcher (a start by hand, later) bills from its own start."""
     import plugins.monitors.budget_guard as budget_guard
 
     monkeypatch.setattr(budget_guard, "since_boot", lambda: float(clock.read_text()))  # the boot clock, faked with the rest

@@ -1,9 +1,7 @@
-"""The mfu, memory and update_ratio monitors, and the plait_metrics hook they add to log steps through.
-
-In-process: the hub merges what each monitor returns in config order and refuses a result that is
-not a dict; update_ratio's ratio against one computed here from a real AdamW step; mfu's arithmetic.
-End to end: the ratios and mfu land in metrics.jsonl, on one process and on 2 gloo ranks with fsdp2
-(sharded parameters)."""
+"""The mfu, memory and update_ratio monitors in this process: the hub merges what each monitor returns in
+config order and refuses a result that is not a dict; update_ratio's ratio against one computed here
+from a real AdamW step, on log steps only; mfu's arithmetic, with no guess on CPU; memory adds nothing
+on CPU."""
 
 from __future__ import annotations
 

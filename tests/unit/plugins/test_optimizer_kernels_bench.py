@@ -7,15 +7,15 @@ import pytest
 
 def test_three_kernels_measured_without_recording(capsys):
     from bench import optimizer_kernels
-    from bench.common import BENCHMARKS_MD
+    from bench.results import RESULTS
 
-    before = BENCHMARKS_MD.read_text()
+    before = RESULTS.read_text()
     assert optimizer_kernels.main(["--flavor", "debug", "--steps", "1", "--rounds", "1", "--no-record"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "kernel" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["fused", "foreach", "for-loop"]
     assert float(rows[0].split("|")[4]) == 1.0  # fused against itself
-    assert BENCHMARKS_MD.read_text() == before
+    assert RESULTS.read_text() == before
 
 
 def test_cuda_without_cuda_is_one_line(capsys):

@@ -1,4 +1,6 @@
-"""Low precision on CPU: torchao fp8 recipes and emulated MXFP8 against bf16, and the fallback chain."""
+"""Low precision plugins in this process: nothing supported is a clear error, a bad recipe or no eligible
+linear is refused, te_fp8 reports itself unsupported without Transformer Engine, fp8 keeps small linears
+and any model's output head in bf16, and precision honours what the model spec declares high precision."""
 
 from __future__ import annotations
 

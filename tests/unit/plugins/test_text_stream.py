@@ -1,4 +1,6 @@
-"""The streaming source: packing, sharding, shuffle from positions, exact mid-epoch resume with workers."""
+"""The streaming source at the loader level: packing, sharding, shuffle from positions, exact mid-epoch
+resume with workers (started from a fork server), positions as snapshots resumed at another seq_len or
+buffer, stopping streams, and bad files and shards refused before training."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import json
 
 import pytest
 import torch
+from shared import varied_documents
 
 from core.contract.errors import DataError
 from core.contract.protocols import LoaderSpec
@@ -15,9 +18,7 @@ from plugins.data.text_stream import TextStream, TextStreamOptions
 
 @pytest.fixture
 def corpus(tmp_path):
-    path = tmp_path / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
-    return path
+    return varied_documents(tmp_path)
 
 
 def stream(corpus, **kw):

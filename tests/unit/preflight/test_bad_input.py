@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO
+from shared import token_bin_source
 
 # --- bad input found before anything is built, in-process and cheap ---------------------------
 
@@ -192,7 +193,7 @@ def test_a_stopping_stream_with_a_window_but_not_a_step_is_refused_by_plan(tiny_
 
 
 def test_an_unbounded_float_must_still_be_finite():
-    """Once said "must be , got inf" (the case was llama3's norm_eps, whose bound is declared now)."""
+    """A float option without declared bounds still refuses inf, naming the key and the value."""
     from core.contract.option_values import check_value
 
     assert check_value("x", float("inf"), {}) == "x: must be a finite number, got inf"
@@ -247,12 +248,6 @@ def test_plugins_argparse_errors_are_one_line(capsys):
 
 
 # --- data -----------------------------------------------------------------------------------------
-
-
-def token_bin_source(d, **opts):
-    from plugins.data.token_bin import TokenBin, TokenBinOptions
-
-    return TokenBin(TokenBinOptions(path=str(d), **opts))
 
 
 def test_token_bin_uint32_read_as_uint16_is_refused(tmp_path):
@@ -436,8 +431,8 @@ def test_plan_config_only_skips_data_checks(tiny_config, tmp_path, capsys):
 
 
 def test_a_model_larger_than_this_machine_is_refused_before_the_run_on_cpu(tiny_config):
-    """vocab_size typed a thousand times too large: 128 billion parameters on a CPU machine was an
-    allocation traceback (exit 1, so a launcher restarted into it) after the process group was up."""
+    """A model far larger than this machine's memory (vocab_size typed a thousand times too large: 128 billion
+    parameters on CPU) is refused in one line before the run starts; a plan (dry run), maybe for another machine, takes it."""
     from core.contract.errors import ConfigError
     from core.preflight.prepare import prepare
 

@@ -1,4 +1,5 @@
-"""bench.gpu_1b without a GPU: its one-line refusal, and its variant of the 1b train config's settings."""
+"""bench.gpu_1b without a GPU: its variant of the 1b train config takes that config's speed settings,
+and every variant is a config plait accepts."""
 
 from __future__ import annotations
 

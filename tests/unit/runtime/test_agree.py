@@ -1,5 +1,5 @@
-"""core.runtime.distributed.agree: the one way ranks agree on small host-side values (flags, answers,
-counts, every rank's object, rank 0's object), on one process and on two real gloo ranks."""
+"""core.runtime.distributed.agree on one process: each mode (max, min, sum, all, root) gives the process
+its own values back without a process group, and an unknown mode is refused naming the modes."""
 
 from __future__ import annotations
 

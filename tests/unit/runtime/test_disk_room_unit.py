@@ -1,7 +1,6 @@
 """Room on the disk for the checkpoints, checked at the start (``core.train`` and ``core.plan``): a
-checkpoint folder that cannot hold one checkpoint is bad input, before any training; one that
-cannot hold what the run keeps at once is a warning, rather than a disk found too small at the first
-save, hours in. The real filesystem's free space."""
+checkpoint folder that cannot hold one checkpoint is bad input, before any training; one that cannot
+hold what the run keeps at once is a warning. The real filesystem's free space."""
 
 from __future__ import annotations
 

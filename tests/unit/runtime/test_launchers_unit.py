@@ -1,19 +1,16 @@
-"""launchers/remote.sh end to end on CPU: runs, and after a SIGKILL restarts and resumes."""
+"""The Kubernetes Job (launchers/k8s/job.yaml) fails at once on every exit code of the trainer that no
+launcher restarts."""
 
 from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import REPO
-
-pytestmark = pytest.mark.slow
 
 
 def test_the_k8s_job_fails_at_once_on_every_end_that_remote_sh_does_not_restart():
-    """The Job retried a pod that exited 3 (diverged) or 4 (a monitor failed), so a diverged run was started again up
-    to backoffLimit times, where remote.sh stops; now its podFailurePolicy fails the Job on every exit code of the
-    trainer that no launcher restarts (core.contract.errors, core.checkpoint.folders, the budget guard)."""
+    """The Job's podFailurePolicy fails the Job, as remote.sh stops, on every exit code of the trainer that no
+    launcher restarts: bad input, diverged (3), a monitor failed (4), a failed save and the budget guard's two."""
     from core.checkpoint.folders import EXIT_SAVE_FAILED
     from core.contract.errors import EXIT_BAD_INPUT
     from plugins.monitors.budget_guard import EXIT_PROJECTED_OVER_CAP, EXIT_SPENT_OVER_CAP

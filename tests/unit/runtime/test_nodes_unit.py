@@ -1,14 +1,8 @@
-"""Multi-node jobs as SLURM and Kubernetes run them: one torchrun agent per node, c10d rendezvous,
-here two agents on this host (``--nnodes=2 --nproc_per_node=1``). A node lost mid-run, a restart
-of both nodes, and nodes whose checkpoint folders are disks of their own. Longer cases (SIGTERM to
-one node, a node that freezes instead of dying, restarts as one node of two processes and back) are
-in the ``bench`` marker (``pytest -m bench``)."""
+"""A collective broken by a lost or silent peer (also inside a DCP save's CheckpointException, or as
+the cause of another error) is explained in one line naming the last complete checkpoint; any other
+error keeps its own traceback."""
 
 from __future__ import annotations
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def test_only_a_collective_broken_by_a_lost_rank_is_explained_as_one(tmp_path):

@@ -1,9 +1,7 @@
-"""Who owns what in a run folder: a restart continues its own run, a dead save never blocks its
-step, a checkpoint folder inside another job's output folder is locked too, a resume from a copy
-leaves this run's later checkpoints aside (never deleted), a checkpoint larger than the model is
-refused, and folders a user named like checkpoints are not plait's. Each of these lost or mixed
-checkpoints before (found by trying to break a run folder from outside). Real runs, real DCP
-checkpoints, one process."""
+"""The run-folder lock record (``plait.lock``): its holder renews it and marks a clean end, a record
+read while it is renewed always parses, ``plan`` says at once that a folder looks held from another
+host, a lock file that is not a plain file is refused in one line, and a fresh record is read once
+(a half-written one again)."""
 
 from __future__ import annotations
 
@@ -12,8 +10,6 @@ import json
 import pytest
 from conftest import run_here, write_tiny_config
 from shared import THEIRS
-
-pytestmark = pytest.mark.slow
 
 
 def test_a_holder_renews_its_record_and_marks_a_clean_end(tmp_path, monkeypatch):

@@ -1,13 +1,8 @@
-"""The stall watchdog (``core/runtime/watchdog.py``, ``train.stall_timeout_s``) on real 2-rank gloo runs:
-a run with a rank that hangs outside a collective is ended for a restart, every rank naming the one
-that holds the others up; a slow run that keeps making progress is left alone; a hang in teardown,
-after the run's end is recorded, ends the process but keeps that record."""
+"""``train.stall_timeout_s`` that is negative, NaN or infinite is bad input naming the key."""
 
 from __future__ import annotations
 
 import pytest
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])

@@ -1,6 +1,7 @@
-"""The stall watchdog's decisions in one process, with timeouts of a second: whose
-progress keeps which phase alive, a hang after the run's end, and the cross-rank view through a
-real TCPStore (the rendezvous store's kind). The real runs are in tests/faults/test_stall.py."""
+"""The stall watchdog's decisions in one process, with timeouts of a second: an async save's writes keep
+alive only the phase that waits for them, a hang after the run's end is recorded and ends the process,
+every rank names the rank behind and waits while a straggler moves (through a real TCPStore), and an
+unreachable store leaves the line without its cross-rank part. The real runs are in tests/faults/test_stall.py."""
 
 from __future__ import annotations
 

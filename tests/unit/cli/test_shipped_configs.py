@@ -1,4 +1,6 @@
-"""End-to-end runs through the real commands: torchrun on 2 CPU ranks, determinism, resolved config."""
+"""``core.plan`` on every shipped config (world size, tokens per step, parameter counts, FLOPs and the
+throughput a config documents) and ``core.plugins``' listing of every slot and provider, in this
+process."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Durability: non-finite values never reach weights or checkpoints, pruning only touches the
-run's own verified checkpoints, one writer per run folder, ranks die with their launcher.
-
-Real DCP checkpoints, real files, real torchrun; the in-process tests build plait's own
-Trainer on one CPU process (no process group is mocked: one process has none).
-"""
+"""Durability inside plait's own Trainer on one CPU process (real DCP checkpoints and files; one
+process has no process group to mock): non-finite values never reach weights or checkpoints, a save
+calls its named points in order, pruning touches only the run's own verified checkpoints, a commit
+and a branch set aside reach the disk before what they replace goes, an async save holds the state
+of its step however slow its copy, host memory for async saves is allocated ahead or the save falls
+back cleanly, and the guard's and the loss tally's counters equal counting step by step."""
 
 from __future__ import annotations
 
@@ -14,19 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import flat_checkpoint, write_tiny_config
-from shared import ckpt_dirs, committed_steps, nonfinite_tensors
+from shared import ckpt_dirs, committed_steps, nonfinite_tensors, trainer_for
 
 pytestmark = pytest.mark.slow
-
-
-def trainer_for(cfg: Path, *overrides: str):
-    from core.contract.protocols import DistInfo
-    from core.loop.trainer import Trainer
-    from core.preflight.prepare import prepare
-
-    t = Trainer(prepare(str(cfg), list(overrides)), DistInfo(device=torch.device("cpu")))
-    t.build()
-    return t
 
 
 def poison_gradients(model: torch.nn.Module):
