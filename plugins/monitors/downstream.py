@@ -34,7 +34,7 @@ class DownstreamOptions:
     held_out: dict[str, str] = option({}, "name -> held-out text file or token .bin file, reported as eval/<name>/bpb", path=True)
     held_out_tokens: int = option(65536, "tokens read from each held-out .bin file; 0: all", ge=0)
     batch_size: int = option(16, "sequences per forward", gt=0)
-    max_len: int = option(0, "longest sequence scored, in tokens (longer contexts are cut from the left); 0: data.seq_len", ge=0)
+    max_len: int = option(0, "longest sequence scored, in tokens (contexts cut from the left); 0: the model's max_seq_len, else 2048 (as core.eval)", ge=0)
     tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH (PATH from the working directory); empty: the tokenizer the data source declares")
 
     def check(self) -> None:
@@ -65,7 +65,7 @@ class Downstream:
         self.evaluation: evaluation.Evaluation | None = None
         self.max_len = 0
 
-    def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, seq_len: int, max_seq_len: int | None) -> None:
+    def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, max_seq_len: int | None) -> None:
         """Task and held-out files read, checked and encoded: a DataError names the file and line."""
         o = self.options
         spec, eos = (o.tokenizer, None) if o.tokenizer else ((tokenizer["spec"], tokenizer.get("eos_id")) if tokenizer else (None, None))
@@ -74,9 +74,7 @@ class Downstream:
         tok = Tokenizer(spec, eos, "monitors.downstream.tokenizer")
         if tok.vocab_size > vocab_size:
             raise DataError(f"monitors.downstream.tokenizer {spec}: {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
-        self.max_len = o.max_len or seq_len
-        if max_seq_len is not None and self.max_len > max_seq_len:
-            raise ConfigError(f"monitors.downstream.max_len {self.max_len} exceeds the model's max_seq_len {max_seq_len}")
+        self.max_len = evaluation.resolve_max_len(o.max_len, max_seq_len, "monitors.downstream.max_len")
         tasks = evaluation.read_tasks(o.tasks, o.limit, key="monitors.downstream.tasks")
         held = [
             evaluation.read_held_out(name, Path(p), tok.encode, lambda ids: byte_length(spec, ids, tok.eos_id), vocab_size, o.held_out_tokens)
@@ -95,11 +93,11 @@ class Downstream:
             raise ConfigError(
                 f"monitors.downstream.every = {self.options.every}: expected a multiple of train.log_every = {log_every} (evaluations run on log steps)"
             )
-        self._prepare(prep.tokenizer, prep.spec.vocab_size, int(prep.resolved["data"]["seq_len"]), getattr(prep.spec, "max_seq_len", None))
+        self._prepare(prep.tokenizer, prep.spec.vocab_size, getattr(prep.spec, "max_seq_len", None))
 
     @hookimpl
     def plait_train_start(self, run: Any) -> None:
-        self._prepare(run.tokenizer, run.spec.vocab_size, int(run.config["data"]["seq_len"]), getattr(run.spec, "max_seq_len", None))
+        self._prepare(run.tokenizer, run.spec.vocab_size, getattr(run.spec, "max_seq_len", None))
 
     @hookimpl
     def plait_metrics(self, run: Any, step: int) -> dict[str, Any] | None:

@@ -227,14 +227,14 @@ def test_the_converter_turns_hellaswag_arc_and_piqa_parquet_into_task_files(tmp_
         task = evaluation.read_task(out)
         assert len(task.examples) == 1
         ex = task.examples[0]
-        assert all(c.startswith(" ") for c in ex.continuations)
+        assert ex.target_delimiter == " " and not any(c.startswith(" ") for c in ex.continuations)  # lm-evaluation-harness's choices
         if kind == "hellaswag":
-            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == " bakes. it." and ex.gold == 0
+            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == "bakes. it." and ex.gold == 0
             assert "1 rows without an answer left out" in r.stdout + r.stderr
         if kind == "arc":
-            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == " 4"
+            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == "4"
         if kind == "piqa":
-            assert ex.continuations == (" twist the lid", " eat it") and ex.gold == 0
+            assert ex.continuations == ("twist the lid", "eat it") and ex.gold == 0
     r = run_module("core.cli.eval_convert", "--kind", "arc", "--parquet", str(tmp_path / "piqa.parquet"), "--out", str(tmp_path / "x.jsonl"))
     assert r.returncode == 2 and "no column 'question'" in r.stderr and "Traceback" not in r.stderr
 
