@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,20 @@ from conftest import read_metrics, run_module, torchrun, write_tiny_config
 from shared import shakespeare_text, write_task
 
 from core.loop import evaluation
+
+
+def write_long_task(path: Path, n: int, chars: int) -> Path:
+    """Contexts of ``chars`` characters of Shakespeare (longer than a training sequence in bytes), the
+    8 that follow as gold among 3 passages from elsewhere, after a target_delimiter of one space."""
+    text, rng = shakespeare_text(), random.Random(5)
+    with path.open("w") as f:
+        for _ in range(n):
+            s = rng.randrange(0, len(text) - chars - 20)
+            choices = [text[(o := rng.randrange(0, len(text) - 10)) : o + 8].strip() or "x" for _ in range(3)]
+            g = rng.randrange(4)
+            choices.insert(g, text[s + chars : s + chars + 8].strip() or "x")
+            f.write(json.dumps({"context": text[s : s + chars].rstrip(), "continuations": choices, "gold": g, "target_delimiter": " "}) + "\n")
+    return path
 
 
 def downstream_body(every: int, tasks: list[Path], held_out: Path | None = None) -> str:
@@ -50,19 +65,21 @@ def test_an_every_that_is_not_a_positive_multiple_of_log_every_is_exit_2(tmp_pat
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 30-step single-rank run with the downstream monitor, keeping the best checkpoint by eval/hard/acc."""
+    """A 30-step single-rank run (data.seq_len 128) with the downstream monitor on its default max_len,
+    keeping the best checkpoint by eval/hard/acc."""
     tmp = tmp_path_factory.mktemp("trained")
     toy, hard = write_task(tmp / "toy.jsonl", 120, False), write_task(tmp / "hard.jsonl", 120, True, seed=1)
+    long = write_long_task(tmp / "long.jsonl", 24, 300)  # 300 bytes: longer than the training sequence
     held = tmp / "held.txt"
     held.write_text(shakespeare_text(6000)[1000:4000])
-    body = downstream_body(10, [toy, hard], held) + (
+    body = downstream_body(10, [toy, hard, long], held) + (
         '[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 10\nkeep_latest = 1\nkeep_best = 1\nbest_metric = "eval/hard/gold_ll"\nbest_mode = "max"\n'
     )
     cfg = write_tiny_config(tmp, body=body, steps=30, global_batch_tokens=2048, micro_batch=4)
     cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
     r = run_module("core.train", "--config", str(cfg), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return {"dir": tmp, "toy": toy, "hard": hard, "held": held, "out": tmp / "out"}
+    return {"dir": tmp, "toy": toy, "hard": hard, "long": long, "held": held, "out": tmp / "out"}
 
 
 def test_the_monitor_logs_every_metric_at_its_steps_and_retention_keeps_the_best_by_it(trained):
@@ -98,19 +115,27 @@ def test_a_trained_model_scores_above_chance_and_an_untrained_one_near_it(traine
 
 
 def test_core_eval_prints_a_table_writes_json_and_agrees_with_the_loop(trained):
+    """Both on their default max_len (one rule: the model's max_seq_len, 1024 here, not data.seq_len 128):
+    the same numbers on items and a held-out text longer than the training sequence."""
     ckpt = trained["out"] / "checkpoints" / "step_000000030"
     out = trained["dir"] / "eval.json"
     r = run_module(
-        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), str(trained["hard"]),
-        "--held-out", f"shakes={trained['held']}", "--max-len", "128", "--json", str(out), timeout=300,
+        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), str(trained["hard"]), str(trained["long"]),
+        "--held-out", f"shakes={trained['held']}", "--json", str(out), timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "acc_norm" in r.stdout and "hard" in r.stdout and "shakes" in r.stdout
+    assert "acc_norm" in r.stdout and "hard" in r.stdout and "long" in r.stdout and "shakes" in r.stdout
     metrics = json.loads(out.read_text())["metrics"]
     logged = {r["step"]: r for r in read_metrics(trained["out"])}[30]
+    assert {"eval/long/acc", "eval/long/acc_norm", "eval/long/gold_ll", "eval/shakes/bpb"} <= set(metrics)
     for key, value in metrics.items():
         assert value == pytest.approx(logged[key], abs=1e-6), key
     assert 0 < metrics["eval/shakes/bpb"] < 8
+    from core.cli.eval import evaluate_checkpoint
+
+    cut = evaluate_checkpoint(ckpt, [str(trained["long"])], {"shakes": trained["held"]}, max_len=128)  # the training length
+    assert abs(cut["eval/long/gold_ll"] - metrics["eval/long/gold_ll"]) > 1e-3  # the comparison can tell the two rules apart
+    assert abs(cut["eval/shakes/bpb"] - metrics["eval/shakes/bpb"]) > 1e-4
 
 
 def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trained, tmp_path):
