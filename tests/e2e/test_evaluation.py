@@ -174,6 +174,94 @@ def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trai
     assert isinstance(generated, str) and "\n" not in generated and len(generated.encode("utf-8")) <= 12
 
 
+def write_mixed_task(path: Path, n: int) -> Path:
+    """Items lm-evaluation-harness treats specially: contexts ending in whitespace, empty contexts,
+    non-ASCII text; choices after a target_delimiter of one space."""
+    text, rng = shakespeare_text(), random.Random(11)
+    extra = ["caf\u00e9 cr\u00e8me", "na\u00efve \u2014 \u00fcber", "\u65e5\u672c\u8a9e", "r\u00e9sum\u00e9"]
+    with path.open("w") as f:
+        for i in range(n):
+            s = rng.randrange(0, len(text) - 100)
+            context = [text[s : s + 40].rstrip() + " ", "", text[s : s + 30].rstrip() + "\n\n", "Qu\u00e9 es: " + text[s : s + 20]][i % 4]
+            choices = [text[(o := rng.randrange(0, len(text) - 10)) : o + 6].strip() or "x" for _ in range(3)] + [extra[i % 4]]
+            rng.shuffle(choices)
+            f.write(json.dumps({"context": context, "continuations": choices, "gold": rng.randrange(4), "target_delimiter": " "}) + "\n")
+    return path
+
+
+def harness_task_yaml(folder: Path, name: str, data: Path, delimiter: str) -> None:
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{continuations}}"\ndoc_to_target: "{{gold}}"\n'
+        f"target_delimiter: {json.dumps(delimiter)}\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+
+
+def test_the_adapter_scores_whitespace_empty_and_non_ascii_items_as_core_eval_per_choice(trained, tmp_path):
+    """lm-evaluation-harness's own request building (target_delimiter, trailing whitespace, empty context)
+    and acc_norm through the adapter equal core.eval's: per choice within 1e-5 nats, acc and acc_norm exactly."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import core.cli.lm_eval_model  # noqa: F401 - registers "plait"
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.generate import load
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    mixed = write_mixed_task(tmp_path / "mixed.jsonl", 24)
+    harness_task_yaml(tmp_path, "plait_mixed", mixed, " ")
+    out = simple_evaluate(
+        model="plait", model_args=f"checkpoint={ckpt}", tasks=["plait_mixed"], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True
+    )
+    result, samples = out["results"]["plait_mixed"], sorted(out["samples"]["plait_mixed"], key=lambda d: d["doc_id"])
+    harness_lls = [float(r[0][0]) for d in samples for r in d["resps"]]
+    ours = evaluate_checkpoint(ckpt, [str(mixed)], {})
+    task = evaluation.read_task(mixed)
+    enc = evaluation.encode_task(task, lambda t: list(t.encode("utf-8")), 256, 512)
+    model = load(ckpt).model
+    lls = [ll for ll, _ in evaluation.Scorer(model, 1024).loglikelihoods(evaluation.example_requests(enc, range(len(enc))))]
+    assert len(harness_lls) == len(lls) == 96
+    assert max(abs(a - b) for a, b in zip(harness_lls, lls)) < 1e-5
+    assert result["acc,none"] == pytest.approx(ours["eval/mixed/acc"], abs=1e-9)
+    assert result["acc_norm,none"] == pytest.approx(ours["eval/mixed/acc_norm"], abs=1e-9)
+    moved = [evaluation.encode_pair(e.context, " " + c, lambda t: list(t.encode("utf-8")), 256) for e in task.examples[:1] for c in e.continuations]
+    assert all(cont[:2] == [32, 32] for _, cont in moved)  # the trailing space went into the continuation
+
+
+def test_plait_lm_eval_runs_on_a_cpu_machine_with_the_harness_defaults(trained, tmp_path):
+    import torch
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    harness_task_yaml(tmp_path, "plait_toy", trained["toy"], "")
+    r = run_module(
+        "core.cli.lm_eval_model", "run", "--model", "plait", "--model_args", f"checkpoint={ckpt}", "--tasks", "plait_toy",
+        "--include_path", str(tmp_path), "--limit", "8", timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "plait_toy" in r.stdout and "acc_norm" in r.stdout
+    if not torch.cuda.is_available():  # lm-evaluation-harness's default device, cuda:0, replaced in one line
+        assert r.stderr.count("plait: warning: device cuda:0: no CUDA device here; evaluating on cpu") == 1, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "model_args, task, says",
+    [("checkpoint={missing}", "plait_toy", "checkpoint {missing} does not exist"), ("checkpoint={missing}", "no_such_task", "Tasks not found: no_such_task")],
+)
+def test_bad_input_through_the_adapter_is_one_line_and_exit_2(tmp_path, model_args, task, says):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    harness_task_yaml(tmp_path, "plait_toy", write_task(tmp_path / "toy.jsonl", 4, False), "")
+    missing = tmp_path / "no_checkpoint"
+    r = run_module(
+        "core.cli.lm_eval_model", "run", "--model", "plait", "--model_args", model_args.format(missing=missing), "--tasks", task,
+        "--include_path", str(tmp_path), "--device", "cpu", timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("plait: error: ")]
+    assert len(errors) == 1 and says.format(missing=missing) in errors[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+
+
 # -- two ranks ---------------------------------------------------------------
 
 

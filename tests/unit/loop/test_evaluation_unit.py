@@ -199,3 +199,27 @@ def test_one_max_len_rule_for_the_loop_and_offline():
     assert evaluation.resolve_max_len(0, None, "k") == evaluation.DEFAULT_MAX_LEN == 2048
     with pytest.raises(ConfigError, match="monitors.downstream.max_len 2048 exceeds the model's max_seq_len 1024"):
         evaluation.resolve_max_len(2048, 1024, "monitors.downstream.max_len")
+
+
+# -- the lm-evaluation-harness adapter ------------------------------------------
+
+
+def test_the_adapter_replaces_a_cuda_device_that_does_not_exist_in_one_line(capsys):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    import torch
+
+    from core.cli.lm_eval_model import device_that_exists
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for asked in ("cuda", "cuda:0", f"cuda:{count + 3}"):  # lm-evaluation-harness passes cuda:0 by default
+        got = device_that_exists(asked)
+        err = capsys.readouterr().err
+        if count == 0:
+            assert got == torch.device("cpu") and err == f"plait: warning: device {asked}: no CUDA device here; evaluating on cpu\n"
+        elif asked.endswith(str(count + 3)):
+            assert got == torch.device("cuda", 0) and err.count("\n") == 1 and f"only {count} CUDA device(s) here" in err
+        else:
+            assert got.type == "cuda" and err == ""
+    assert device_that_exists("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="--device 'gpu0': not a torch device"):
+        device_that_exists("gpu0")
