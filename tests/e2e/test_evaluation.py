@@ -262,6 +262,76 @@ def test_bad_input_through_the_adapter_is_one_line_and_exit_2(tmp_path, model_ar
     assert "Traceback" not in r.stderr
 
 
+@pytest.fixture(scope="module")
+def bpe_checkpoint(tmp_path_factory):
+    """3 steps of the tiny model on a corpus prepared with a 300-token byte-level BPE."""
+    from shared import prepared_project
+
+    proj = tmp_path_factory.mktemp("bpe")
+    with pytest.MonkeyPatch.context() as mp:
+        prepared_project(proj, mp)
+    r = run_module("core.train", "--config", str(proj / "run.toml"), cwd=proj, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return proj / "out" / "checkpoints" / "step_000000003"
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_lm_evaluation_harness_hf_model_on_the_export_equals_plait_per_choice(trained, bpe_checkpoint, tmp_path, kind):
+    """lm-evaluation-harness's stock hf model on core.export --format hf, and plait's own paths on the
+    checkpoint, score the same task files: per choice within 1e-4 nats, acc and acc_norm identical; and
+    the rolling log-likelihood of a text longer than max_len within 1e-5 nats per token."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    pytest.importorskip("transformers", reason="the optional extra 'eval'")
+    pytest.importorskip("accelerate", reason="the optional extra 'eval'")
+    from lm_eval import simple_evaluate
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.generate import load
+    from core.cli.text_codec import Codec
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030" if kind == "bytes" else bpe_checkpoint
+    hf = tmp_path / "hf"
+    r = run_module("core.export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(hf), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tasks = {
+        "mixed": (write_mixed_task(tmp_path / "mixed.jsonl", 24), " "),  # trailing whitespace, empty contexts, non-ASCII
+        "long": (write_long_task(tmp_path / "long.jsonl", 8, 300), " "),  # longer than the training sequence (128)
+        "hard": (write_task(tmp_path / "hard.jsonl", 16, True, seed=3), ""),  # continuations as written
+    }
+    for name, (data, delimiter) in tasks.items():
+        harness_task_yaml(tmp_path, f"plait_{name}", data, delimiter)
+    lm = HFLM(pretrained=str(hf), dtype="float32", device="cpu", batch_size=8)
+    out = simple_evaluate(model=lm, tasks=[f"plait_{n}" for n in tasks], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    loaded = load(ckpt)
+    codec = Codec(loaded.tokenizer)
+    max_len = evaluation.resolve_max_len(0, loaded.spec.max_seq_len, "max_len")
+    assert lm.max_length == max_len == 1024 and lm.prefix_token_id == codec.eos_id
+    scorer = evaluation.Scorer(loaded.model, max_len)
+    for name, (data, _) in tasks.items():
+        samples = sorted(out["samples"][f"plait_{name}"], key=lambda d: d["doc_id"])
+        theirs = [float(r[0][0]) for d in samples for r in d["resps"]]
+        task = evaluation.read_task(data)
+        enc = evaluation.encode_task(task, codec.encode, codec.eos_id, loaded.spec.vocab_size)
+        ours = [ll for ll, _ in scorer.loglikelihoods(evaluation.example_requests(enc, range(len(enc))))]
+        assert len(theirs) == len(ours) == 4 * len(task.examples)
+        assert max(abs(a - b) for a, b in zip(theirs, ours)) < 1e-4, name
+        metrics = evaluate_checkpoint(ckpt, [str(data)], {})
+        result = out["results"][f"plait_{name}"]
+        assert result["acc,none"] == pytest.approx(metrics[f"eval/{name}/acc"], abs=1e-9), name
+        assert result["acc_norm,none"] == pytest.approx(metrics[f"eval/{name}/acc_norm"], abs=1e-9), name
+    text = shakespeare_text(9000)[2000:8000]  # 6000 bytes: several windows of 1024, the last one partial
+    held = tmp_path / "held.txt"
+    held.write_text(text)
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    n_tokens = len(codec.encode(text))
+    assert n_tokens > max_len and n_tokens % max_len
+    loss = evaluate_checkpoint(ckpt, [], {"held": held})["eval/held/loss"]
+    assert abs(-rolling / n_tokens - loss) < 1e-5
+
+
 # -- two ranks ---------------------------------------------------------------
 
 
