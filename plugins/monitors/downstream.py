@@ -4,7 +4,7 @@ Every ``every`` steps and at the final step (a log step: ``every`` is a multiple
 the model as it trains scores each task file's first ``limit`` examples and each held-out file
 (``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
 adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll`` and
-``eval/<name>/bpb``, ``eval/<name>/loss`` to that step's metrics, so every monitor logs them
+``eval/<name>/bpb``, ``eval/<name>/loss`` and the pass's wall time ``eval/time_s`` (the slowest rank's) to that step's metrics, so every monitor logs them
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -109,10 +110,11 @@ class Downstream:
         scorer = evaluation.Scorer(run.model, self.max_len, device, self.options.batch_size, autocast)
         py_state = random.getstate()
         devices = [device] if device.type == "cuda" else []
+        start = time.perf_counter()
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
             results = self.evaluation.run(scorer, run.dist.rank, run.dist.world_size)
         random.setstate(py_state)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"eval/time_s": Reduced("max", time.perf_counter() - start)}  # the pass's wall time, the slowest rank's
         for name, (sums, finish) in results.items():
             for key in finish(sums):  # the metric names; each reduced from the summed tensor
                 out[key] = Reduced("sum", sums, finish=functools.partial(metric_of, finish, key))

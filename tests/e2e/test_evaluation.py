@@ -86,6 +86,7 @@ def test_the_monitor_logs_every_metric_at_its_steps_and_retention_keeps_the_best
     rows = {r["step"]: r for r in read_metrics(trained["out"])}
     for step in (10, 20, 30):
         assert {"eval/toy/acc", "eval/toy/acc_norm", "eval/toy/acc_norm_tokens", "eval/hard/gold_ll", "eval/shakes/bpb"} <= set(rows[step])
+        assert 0 < rows[step]["eval/time_s"] < 600  # the pass's wall time
     assert not any(k.startswith("eval/") for k in rows[5])
     root = trained["out"] / "checkpoints"
     best = json.loads((root / "BEST.json").read_text())["best"]
