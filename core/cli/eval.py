@@ -78,9 +78,7 @@ def evaluate_checkpoint(
         raise DataError(f"{checkpoint}: no tokenizer recorded (not in state.json, nor in the data section or a meta.json); pass --tokenizer SPEC")
     codec = Codec(record)
     spec = loaded.spec
-    longest = max_len or getattr(spec, "max_seq_len", None) or 2048
-    if getattr(spec, "max_seq_len", None) and longest > spec.max_seq_len:
-        raise ConfigError(f"--max-len {longest} exceeds the model's max_seq_len {spec.max_seq_len}")
+    longest = evaluation.resolve_max_len(max_len, getattr(spec, "max_seq_len", None), "--max-len")
     held = [
         evaluation.read_held_out(name, p, codec.encode, lambda ids: codec_byte_length(codec, ids), spec.vocab_size, held_out_tokens)
         for name, p in held_out.items()
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=0, help="examples per task, the first ones; 0: all (default: %(default)s)")
     p.add_argument("--held-out-tokens", type=int, default=0, help="tokens read from each .bin file; 0: all (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per forward (default: %(default)s)")
-    p.add_argument("--max-len", type=int, default=0, help="longest sequence scored; 0: the model's max_seq_len (default: %(default)s)")
+    p.add_argument("--max-len", type=int, default=0, help="longest sequence scored; 0: the model's max_seq_len, else 2048 (default: %(default)s)")
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the checkpoint recorded)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--json", type=Path, default=Path("eval.json"), help="where the metrics are written (default: %(default)s)")

@@ -2,8 +2,9 @@
 
 Converts a benchmark's Hugging Face dataset files (parquet, as ``datasets`` or ``huggingface-cli
 download`` leave them on disk) into plait's task format (:mod:`core.loop.evaluation`): one
-``{"context", "continuations", "gold"}`` per line, with the prompts lm-evaluation-harness uses for
-the same benchmark (a space starts each continuation). Rows without an answer (HellaSwag's and
+``{"context", "continuations", "gold", "target_delimiter": " "}`` per line, with the prompts, choices
+and delimiter of lm-evaluation-harness's task for the same benchmark (so ``acc_norm`` divides by the
+same characters). Rows without an answer (HellaSwag's and
 PIQA's unlabelled test splits) are left out and counted. A file that is not parquet, or lacks the
 benchmark's columns, is one line naming it, exit 2.
 
@@ -37,8 +38,9 @@ def hellaswag(row: dict[str, Any]) -> dict[str, Any] | None:
     ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
     return {
         "context": _hellaswag_text(row["activity_label"] + ": " + ctx),
-        "continuations": [" " + _hellaswag_text(e) for e in row["endings"]],
+        "continuations": [_hellaswag_text(e) for e in row["endings"]],
         "gold": int(row["label"]),
+        "target_delimiter": " ",
     }
 
 
@@ -48,15 +50,16 @@ def arc(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {
         "context": f"Question: {row['question']}\nAnswer:",
-        "continuations": [" " + t for t in row["choices"]["text"]],
+        "continuations": list(row["choices"]["text"]),
         "gold": labels.index(row["answerKey"]),
+        "target_delimiter": " ",
     }
 
 
 def piqa(row: dict[str, Any]) -> dict[str, Any] | None:
     if row.get("label") is None or int(row["label"]) not in (0, 1):
         return None
-    return {"context": f"Question: {row['goal']}\nAnswer:", "continuations": [" " + row["sol1"], " " + row["sol2"]], "gold": int(row["label"])}
+    return {"context": f"Question: {row['goal']}\nAnswer:", "continuations": [row["sol1"], row["sol2"]], "gold": int(row["label"]), "target_delimiter": " "}
 
 
 KINDS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any] | None], tuple[str, ...]]] = {

@@ -7,13 +7,15 @@ shards) that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
 Both carry ``plait.json`` (the model section and the tokenizer the data was
 prepared with, its file copied next to the weights) for ``core.generate``;
 the Hugging Face layout also carries ``generation_config.json`` (EOS, and the
-padded vocabulary's ids suppressed) and, for an ``hf:`` tokenizer,
-``tokenizer.json`` with a minimal ``tokenizer_config.json``, so
-``transformers`` can generate from it. Needs no process group and no GPU.
+padded vocabulary's ids suppressed) and, for an ``hf:`` or the ``bytes``
+tokenizer, ``tokenizer.json`` (for bytes a byte-level one: id = UTF-8 byte,
+EOS 256) with a minimal ``tokenizer_config.json``, so ``transformers`` and
+lm-evaluation-harness's ``hf`` model can use it. Needs no process group and no GPU.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
@@ -59,29 +61,61 @@ def find_tokenizer(spec_arg: str | None, eos_arg: int | None, checkpoint: Path, 
     return codec
 
 
+BYTES_EOS_TEXT = "<|endoftext|>"  # the bytes tokenizer's EOS (id 256) in its Hugging Face form
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """The printable character standing for each byte in a byte-level BPE vocabulary (GPT-2's table,
+    the one ``tokenizers.pre_tokenizers.ByteLevel`` maps bytes to)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    rest = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(rest)}}
+
+
+def write_bytes_tokenizer(path: Path) -> Path:
+    """The bytes tokenizer as a Hugging Face ``tokenizer.json``: id = UTF-8 byte (a BPE of no merges over
+    the 256 byte characters), EOS ``<|endoftext|>`` = 256, decoding back to the text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={c: b for b, c in byte_to_unicode().items()}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([BYTES_EOS_TEXT])
+    tok.save(str(path))
+    return path
+
+
+def write_tokenizer_config(out: Path, eos: str | None, max_seq_len: int | None) -> Path:
+    """A minimal ``tokenizer_config.json`` for ``transformers.AutoTokenizer``: no BOS, EOS and pad ``eos``."""
+    tok_config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "pad_token": eos,
+        "clean_up_tokenization_spaces": False,
+    }
+    if max_seq_len is not None:  # optional for a model spec (core/contract/members.py)
+        tok_config["model_max_length"] = max_seq_len
+    return write_json(out / "tokenizer_config.json", tok_config)
+
+
 def write_tokenizer_files(codec: Any, out: Path, fmt: str, max_seq_len: int | None) -> tuple[list[Path], str | None]:
-    """Copy the tokenizer's file into ``out`` (plus tokenizer_config.json for hf); return (paths, spec relative to out)."""
+    """Copy the tokenizer's file into ``out`` (plus tokenizer_config.json for hf); return (paths, spec relative to out).
+    The bytes tokenizer is written for hf only, as a byte-level ``tokenizer.json`` (its spec stays ``bytes``)."""
     if codec is None:
         return [], None
     kind = codec.record.kind
     if kind == "bytes":
-        if fmt == "hf":
-            log.info("tokenizer 'bytes' has no Hugging Face form: no tokenizer files written (core.generate reads it from plait.json)")
-        return [], "bytes"
+        if fmt != "hf":
+            return [], "bytes"
+        if importlib.util.find_spec("tokenizers") is None:
+            log.info("tokenizer 'bytes': no tokenizer.json written (it needs the package tokenizers, extra 'hf'); core.generate reads it from plait.json")
+            return [], "bytes"
+        return [write_bytes_tokenizer(out / "tokenizer.json"), write_tokenizer_config(out, BYTES_EOS_TEXT, max_seq_len)], "bytes"
     name = "tokenizer.json" if kind == "hf" else "tokenizer.tiktoken"
     shutil.copyfile(codec.record.file, out / name)
     paths = [out / name]
     if fmt == "hf" and kind == "hf":
-        eos = codec.token_text(codec.eos_id)
-        tok_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": eos,
-            "pad_token": eos,
-            "clean_up_tokenization_spaces": False,
-        }
-        if max_seq_len is not None:  # optional for a model spec (core/contract/members.py)
-            tok_config["model_max_length"] = max_seq_len
-        paths.append(write_json(out / "tokenizer_config.json", tok_config))
+        paths.append(write_tokenizer_config(out, codec.token_text(codec.eos_id), max_seq_len))
     elif fmt == "hf":
         log.info(f"tokenizer {codec.record.spec} has no Hugging Face form: copied as {name} for core.generate only")
     return paths, f"{kind}:{name}"

@@ -8,11 +8,15 @@ lm-evaluation-harness's own command line with the model registered::
 
 ``--model_args`` takes ``checkpoint`` (a checkpoint folder or an export, as ``core.generate``
 reads it), ``tokenizer`` (default: the one the checkpoint recorded), ``max_len`` (default: the
-model's ``max_seq_len``), ``batch_size`` and ``device``. The model and tokenizer are plait's own;
-``loglikelihood`` and ``loglikelihood_rolling`` run :class:`core.loop.evaluation.Scorer`, the code
-``core.eval`` and the ``downstream`` monitor run, so a task's scores equal theirs
-(``tests/e2e/test_evaluation.py``); ``generate_until`` decodes greedily (:func:`core.cli.generate.generate`)
-and cuts the text at the first stop string.
+model's ``max_seq_len``, else 2048: :func:`core.loop.evaluation.resolve_max_len`), ``batch_size`` and
+``device`` (a ``cuda:N`` that does not exist falls back to ``cuda:0``, no CUDA at all to ``cpu``, said
+in one line: lm-evaluation-harness passes ``cuda:0`` by default). The model and tokenizer are plait's
+own; ``loglikelihood`` encodes by :func:`core.loop.evaluation.encode_pair` (lm-evaluation-harness's
+rule) and it and ``loglikelihood_rolling`` (:func:`core.loop.evaluation.rolling_requests`) run
+:class:`core.loop.evaluation.Scorer`, the code ``core.eval`` and the ``downstream`` monitor run, so a
+task's scores equal theirs (``tests/e2e/test_evaluation.py``); ``generate_until`` decodes greedily
+(:func:`core.cli.generate.generate`) and cuts the text at the first stop string. Bad input (a missing
+checkpoint, an unknown task) is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -25,7 +29,30 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from core.contract import log
+from core.contract.errors import ConfigError, PlaitError, exit_bad_input
 from core.loop import evaluation
+
+
+def device_that_exists(name: str | None) -> torch.device:
+    """``name`` (None: cuda when available, else cpu), a ``cuda``/``cuda:N`` that does not exist replaced,
+    in one line, by ``cuda:0`` or, with no CUDA at all, ``cpu``. A name torch does not know: ConfigError."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        asked = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--device {name!r}: not a torch device ({e}); expected cpu, cuda or cuda:N") from None
+    if asked.type != "cuda":
+        return asked
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        log.warn(f"device {name}: no CUDA device here; evaluating on cpu")
+        return torch.device("cpu")
+    if asked.index is not None and asked.index >= count:
+        log.warn(f"device {name}: only {count} CUDA device(s) here; evaluating on cuda:0")
+        return torch.device("cuda", 0)
+    return asked
 
 
 @register_model("plait")
@@ -34,7 +61,7 @@ class PlaitLM(LM):
         self, checkpoint: str, tokenizer: str | None = None, max_len: int = 0, batch_size: int | str = 16, device: str | None = None, **_: Any
     ) -> None:
         super().__init__()
-        from core.cli.generate import load, pick_device
+        from core.cli.generate import load
         from core.cli.text_codec import Codec, TokenizerRecord, resolve
         from core.contract.errors import DataError
 
@@ -45,16 +72,16 @@ class PlaitLM(LM):
         self.codec = Codec(record)
         self.spec = loaded.spec
         self.max_seq_len = getattr(loaded.spec, "max_seq_len", None)
-        self._device = pick_device(device)
+        self._device = device_that_exists(device)
         self.model = loaded.model.to(self._device)
         size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" and the like: the default
-        self.scorer = evaluation.Scorer(self.model, int(max_len) or self.max_seq_len or 2048, self._device, size)
+        self.scorer = evaluation.Scorer(self.model, evaluation.resolve_max_len(int(max_len), self.max_seq_len, "max_len"), self._device, size)
 
     def _context(self, text: str) -> list[int]:
         return self.codec.encode(text) if text else [self.codec.eos_id]
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = [(self._context(ctx), self.codec.encode(cont)) for ctx, cont in (r.args for r in requests)]
+        pairs = [evaluation.encode_pair(ctx, cont, self.codec.encode, self.codec.eos_id) for ctx, cont in (r.args for r in requests)]
         return self.scorer.loglikelihoods(pairs)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
@@ -86,14 +113,32 @@ class PlaitLM(LM):
         return out
 
 
+def raised_by_harness_config(err: BaseException) -> bool:
+    """Whether ``err`` comes from lm-evaluation-harness's checks of its command line and config (an
+    unknown task, a bad flag value), not from the evaluation itself."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", "")) if tb is not None else ""
+    return module.startswith(("lm_eval.config", "lm_eval._cli"))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """lm-evaluation-harness's command line (``argv``, default ``sys.argv[1:]``), with ``plait`` registered."""
+    """lm-evaluation-harness's command line (``argv``, default ``sys.argv[1:]``), with ``plait`` registered;
+    bad input (plait's errors, lm-evaluation-harness's config checks) is one line, exit 2."""
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
         sys.argv = ["lm_eval", *argv]
-    with torch.no_grad():
-        cli_evaluate()
+    try:
+        with torch.no_grad():
+            cli_evaluate()
+    except PlaitError as e:
+        exit_bad_input(e)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        if not raised_by_harness_config(e):
+            raise
+        exit_bad_input(ConfigError(f"lm-evaluation-harness: {' '.join(str(e).split())}"))
     return 0
 
 

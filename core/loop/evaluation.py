@@ -4,22 +4,32 @@ The one implementation that the in-loop ``downstream`` monitor (``plugins/monito
 ``python -m core.eval`` and the lm-evaluation-harness model (``core/cli/lm_eval_model.py``) share.
 
 * **Task files** (:func:`read_task`): JSON lines, one example each:
-  ``{"context": "...", "continuations": ["...", "..."], "gold": 0}``, the format of
-  lm-evaluation-harness's and OLMo's multiple-choice tasks. The continuations are scored as given
-  (put the space between context and answer into the continuation). A bad line, a gold index out of
-  range, an empty choice list, a line over 1 MiB (read in bounded pieces, as held-out text is: never
+  ``{"context": "...", "continuations": ["...", "..."], "gold": 0}`` and optionally
+  ``"target_delimiter": " "`` (default ``""``), lm-evaluation-harness's ``multiple_choice`` request:
+  choice ``c`` is scored as the text ``target_delimiter + c`` after ``context``. A bad line, a gold
+  index out of range, an empty choice list, a line over 1 MiB (read in bounded pieces, as held-out text is: never
   whole): a :class:`DataError` naming ``file:line``.
+* **Encoding** (:func:`encode_pair`), lm-evaluation-harness 0.4's ``LM.loglikelihood`` /
+  ``_encode_pair`` for a causal model: trailing whitespace of the context moves to the start of the
+  continuation; the context is encoded alone and the whole string ``context + continuation`` once, the
+  continuation's tokens being the whole string's tokens past the context's count. An empty context
+  is the EOS token (lm-evaluation-harness's prefix token), unless the continuation starts with it.
 * **Scoring** (:class:`Scorer`): the summed log-probability of each continuation's tokens given its
   context, in batches of rows sorted by length; contexts of one example whose continuations are all a
-  single token are scored in one row (the context computed once). A sequence longer than
-  ``max_len + 1`` tokens keeps its last ones (the context is cut from the left).
+  single token are scored in one row (the context computed once). Truncation (:func:`resolve_max_len`):
+  a sequence longer than ``max_len + 1`` tokens keeps its last ones (the context is cut from the left),
+  ``max_len`` being the one asked for, else the model's ``max_seq_len``, else 2048, in the loop and
+  offline alike.
 * **Metrics** (:func:`task_sums`, :func:`task_metrics`): ``acc`` (the most likely continuation is
-  the gold one), ``acc_norm`` (likelihood divided by the continuation's length in characters, as
-  lm-evaluation-harness's ``acc_norm``), ``acc_norm_tokens`` (divided by its length in tokens) and
-  ``gold_ll`` (the gold continuation's mean log-likelihood, nats).
+  the gold one), ``acc_norm`` (likelihood divided by the choice's length in characters, the
+  delimiter and moved whitespace not counted: lm-evaluation-harness's ``acc_norm``),
+  ``acc_norm_tokens`` (plait's own: divided by the continuation's length in tokens) and ``gold_ll``
+  (plait's own: the gold continuation's mean log-likelihood, nats).
 * **Bits per byte** (:func:`rolling_requests`, :func:`bits_per_byte`): a text's tokens after the EOS
-  token, in disjoint windows of ``max_len`` predicted tokens; total negative log-likelihood / ln 2 /
-  the text's UTF-8 bytes, comparable across tokenizers.
+  token in lm-evaluation-harness's rolling windows (``get_rolling_token_windows`` with a context of one
+  token, made disjoint): every token predicted once, each window's input ``max_len`` tokens long (the
+  last one takes as many earlier tokens as context as fit); total negative log-likelihood / ln 2 / the
+  text's UTF-8 bytes, comparable across tokenizers.
 
 Work split over ranks: rank r scores items r, r + world, ... (:func:`share`); every rank runs the
 same number of forwards (:meth:`Scorer.forwards`, short shares padded with a one-token forward) so a
@@ -43,6 +53,7 @@ from core.contract.errors import ConfigError, DataError
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 SUMS = ("examples", "acc", "acc_norm", "acc_norm_tokens", "gold_ll")  # task_sums' order
+DEFAULT_MAX_LEN = 2048  # lm-evaluation-harness's default max_length, for a model that declares no max_seq_len
 MAX_LINE_BYTES = 1 << 20  # a task or held-out text line longer than this is refused, never read whole
 
 
@@ -52,6 +63,7 @@ class Example:
     continuations: tuple[str, ...]
     gold: int
     line: int  # 1-based line of its file
+    target_delimiter: str = ""  # put between the context and each continuation; not counted by acc_norm
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,10 @@ def _example(obj: Any, where: str, line: int) -> Example:
         raise DataError(f"{where}: 'continuations' must be a non-empty list of non-empty strings")
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
         raise DataError(f"{where}: 'gold' is {gold!r}; expected an index into the {len(choices)} continuations (0 to {len(choices) - 1})")
-    return Example(context, tuple(choices), gold, line)
+    delimiter = obj.get("target_delimiter", "")
+    if not isinstance(delimiter, str):
+        raise DataError(f"{where}: 'target_delimiter' is {type(delimiter).__name__}; expected a string")
+    return Example(context, tuple(choices), gold, line, delimiter)
 
 
 def bounded_lines(f: BinaryIO, path: Path, expected: str) -> Iterator[tuple[int, bytes]]:
@@ -125,19 +140,36 @@ def read_tasks(paths: Sequence[str | Path], limit: int = 0, key: str = "tasks") 
     return tasks
 
 
+def encode_pair(context: str, continuation: str, encode: Callable[[str], list[int]], eos_id: int) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-evaluation-harness 0.4 encodes a request for a causal model
+    (``LM.loglikelihood``, ``TemplateLM._encode_pair``): the context's trailing whitespace moved into the
+    continuation, the whole string encoded once and split at the context's own token count. An empty
+    context (or one of whitespace only: plait's reading, where lm-evaluation-harness would encode an
+    empty string) is the EOS token, or the continuation's first token when that is EOS."""
+    stripped = context.rstrip()
+    continuation, context = context[len(stripped) :] + continuation, stripped
+    if not context:
+        cont = list(encode(continuation))
+        return (cont[:1], cont[1:]) if cont and cont[0] == eos_id else ([eos_id], cont)
+    ctx = list(encode(context))
+    return ctx, list(encode(context + continuation))[len(ctx) :]
+
+
 def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[tuple[list[int], list[list[int]]]]:
-    """Each example as (context ids, [continuation ids, ...]); an empty context is the EOS token. A text the
-    tokenizer cannot encode, a continuation of no tokens or an id at or above ``vocab_size``: DataError naming the line."""
+    """Each example as (context ids, [continuation ids, ...]) by :func:`encode_pair`. A text the tokenizer
+    cannot encode, a context or continuation of no tokens or an id at or above ``vocab_size``: DataError naming the line."""
     out = []
     for ex in task.examples:
         where = f"{task.path}:{ex.line}"
         try:
-            ctx = list(encode(ex.context)) if ex.context else [eos_id]
-            conts = [list(encode(c)) for c in ex.continuations]
+            pairs = [encode_pair(ex.context, ex.target_delimiter + c, encode, eos_id) for c in ex.continuations]
         except Exception as e:  # noqa: BLE001 - a tokenizer's own error, named with the line
             raise DataError(f"{where}: the tokenizer cannot encode this example ({type(e).__name__}: {e})") from None
-        if not ctx or not all(conts):
+        ctx, conts = pairs[0][0], [cont for _, cont in pairs]
+        if not all(c for c, _ in pairs) or not all(conts):
             raise DataError(f"{where}: the context or a continuation encodes to no tokens")
+        if any(c != ctx for c, _ in pairs):  # a continuation starting with EOS after an empty context
+            raise DataError(f"{where}: an empty context and a continuation that starts with the EOS token; give the context")
         top = max(max(ctx), *(max(c) for c in conts))
         if top >= vocab_size:
             raise DataError(f"{where}: token id {top} is at or above the model's vocabulary size {vocab_size}")
@@ -267,11 +299,29 @@ def task_metrics(name: str, sums: torch.Tensor | Sequence[float]) -> dict[str, f
 
 
 def rolling_requests(ids: Sequence[int], prefix: int, max_len: int) -> list[Request]:
-    """Every token of ``ids`` predicted once, in disjoint windows of at most ``max_len`` predictions, the
-    first after ``prefix`` (the EOS token), each from the tokens before it in its window (lm-evaluation-harness's
-    rolling windows with a context of one token)."""
-    seq = [prefix, *ids]
-    return [(seq[s : s + 1], seq[s + 1 : s + 1 + max_len]) for s in range(0, len(ids), max_len)]
+    """Every token of ``ids`` predicted once, in windows of at most ``max_len`` predictions, the first after
+    ``prefix`` (the EOS token): lm-evaluation-harness's ``get_rolling_token_windows(ids, prefix, max_len,
+    context_len=1)`` made disjoint (``make_disjoint_window``). Each window's input is ``max_len`` tokens
+    (fewer only when the text is shorter): the last, partial window has the tokens before it as context."""
+    ids = list(ids)
+    if not ids:
+        return []
+    first = min(max_len, len(ids))
+    out: list[Request] = [([prefix], ids[:first])]
+    done = first
+    while done < len(ids):
+        end = min(len(ids), done + max_len)
+        out.append((ids[max(0, end - max_len - 1) : done], ids[done:end]))
+        done = end
+    return out
+
+
+def resolve_max_len(asked: int, max_seq_len: int | None, key: str) -> int:
+    """The longest sequence scored, in the loop and offline alike: ``asked`` (``key``), else the model's
+    ``max_seq_len``, else :data:`DEFAULT_MAX_LEN`; more than ``max_seq_len`` is a ConfigError naming ``key``."""
+    if max_seq_len is not None and asked > max_seq_len:
+        raise ConfigError(f"{key} {asked} exceeds the model's max_seq_len {max_seq_len}")
+    return asked or max_seq_len or DEFAULT_MAX_LEN
 
 
 def bits_per_byte(nll_nats: float, n_bytes: int) -> float:

@@ -4,7 +4,7 @@ Every ``every`` steps and at the final step (a log step: ``every`` is a multiple
 the model as it trains scores each task file's first ``limit`` examples and each held-out file
 (``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
 adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll`` and
-``eval/<name>/bpb``, ``eval/<name>/loss`` to that step's metrics, so every monitor logs them
+``eval/<name>/bpb``, ``eval/<name>/loss`` and the pass's wall time ``eval/time_s`` (the slowest rank's) to that step's metrics, so every monitor logs them
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +37,7 @@ class DownstreamOptions:
     held_out: dict[str, str] = option({}, "name -> held-out text file or token .bin file, reported as eval/<name>/bpb", path=True)
     held_out_tokens: int = option(65536, "tokens read from each held-out .bin file; 0: all", ge=0)
     batch_size: int = option(16, "sequences per forward", gt=0)
-    max_len: int = option(0, "longest sequence scored, in tokens (longer contexts are cut from the left); 0: data.seq_len", ge=0)
+    max_len: int = option(0, "longest sequence scored, in tokens (contexts cut from the left); 0: the model's max_seq_len, else 2048 (as core.eval)", ge=0)
     tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH (PATH from the working directory); empty: the tokenizer the data source declares")
 
     def check(self) -> None:
@@ -67,7 +68,7 @@ class Downstream:
         self.evaluation: evaluation.Evaluation | None = None
         self.max_len = 0
 
-    def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, seq_len: int, max_seq_len: int | None) -> None:
+    def _prepare(self, tokenizer: dict[str, Any] | None, vocab_size: int, max_seq_len: int | None) -> None:
         """Task and held-out files read, checked and encoded: a DataError names the file and line."""
         o = self.options
         spec, eos = (o.tokenizer, None) if o.tokenizer else ((tokenizer["spec"], tokenizer.get("eos_id")) if tokenizer else (None, None))
@@ -76,9 +77,7 @@ class Downstream:
         tok = Tokenizer(spec, eos, "monitors.downstream.tokenizer")
         if tok.vocab_size > vocab_size:
             raise DataError(f"monitors.downstream.tokenizer {spec}: {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
-        self.max_len = o.max_len or seq_len
-        if max_seq_len is not None and self.max_len > max_seq_len:
-            raise ConfigError(f"monitors.downstream.max_len {self.max_len} exceeds the model's max_seq_len {max_seq_len}")
+        self.max_len = evaluation.resolve_max_len(o.max_len, max_seq_len, "monitors.downstream.max_len")
         tasks = evaluation.read_tasks(o.tasks, o.limit, key="monitors.downstream.tasks")
         held = [
             evaluation.read_held_out(name, Path(p), tok.encode, lambda ids: byte_length(spec, ids, tok.eos_id), vocab_size, o.held_out_tokens)
@@ -97,11 +96,11 @@ class Downstream:
             raise ConfigError(
                 f"monitors.downstream.every = {self.options.every}: expected a multiple of train.log_every = {log_every} (evaluations run on log steps)"
             )
-        self._prepare(prep.tokenizer, prep.spec.vocab_size, int(prep.resolved["data"]["seq_len"]), getattr(prep.spec, "max_seq_len", None))
+        self._prepare(prep.tokenizer, prep.spec.vocab_size, getattr(prep.spec, "max_seq_len", None))
 
     @hookimpl
     def plait_train_start(self, run: Any) -> None:
-        self._prepare(run.tokenizer, run.spec.vocab_size, int(run.config["data"]["seq_len"]), getattr(run.spec, "max_seq_len", None))
+        self._prepare(run.tokenizer, run.spec.vocab_size, getattr(run.spec, "max_seq_len", None))
 
     @hookimpl
     def plait_metrics(self, run: Any, step: int) -> dict[str, Any] | None:
@@ -113,6 +112,7 @@ class Downstream:
         scorer = evaluation.Scorer(run.model, self.max_len, device, self.options.batch_size, autocast, stop=run.stop_signalled)
         py_state = random.getstate()
         devices = [device] if device.type == "cuda" else []
+        start = time.perf_counter()
         try:
             with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
                 results = self.evaluation.run(scorer, run.dist.rank, run.dist.world_size)
@@ -121,7 +121,7 @@ class Downstream:
             return None
         finally:
             random.setstate(py_state)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"eval/time_s": Reduced("max", time.perf_counter() - start)}  # the pass's wall time, the slowest rank's
         for name, (sums, finish) in results.items():
             for key in finish(sums):  # the metric names; each reduced from the summed tensor
                 out[key] = Reduced("sum", sums, finish=functools.partial(metric_of, finish, key))

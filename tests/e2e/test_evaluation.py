@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,20 @@ from conftest import read_metrics, run_module, torchrun, write_tiny_config
 from shared import shakespeare_text, write_task
 
 from core.loop import evaluation
+
+
+def write_long_task(path: Path, n: int, chars: int) -> Path:
+    """Contexts of ``chars`` characters of Shakespeare (longer than a training sequence in bytes), the
+    8 that follow as gold among 3 passages from elsewhere, after a target_delimiter of one space."""
+    text, rng = shakespeare_text(), random.Random(5)
+    with path.open("w") as f:
+        for _ in range(n):
+            s = rng.randrange(0, len(text) - chars - 20)
+            choices = [text[(o := rng.randrange(0, len(text) - 10)) : o + 8].strip() or "x" for _ in range(3)]
+            g = rng.randrange(4)
+            choices.insert(g, text[s + chars : s + chars + 8].strip() or "x")
+            f.write(json.dumps({"context": text[s : s + chars].rstrip(), "continuations": choices, "gold": g, "target_delimiter": " "}) + "\n")
+    return path
 
 
 def downstream_body(every: int, tasks: list[Path], held_out: Path | None = None) -> str:
@@ -80,25 +95,28 @@ def test_an_every_that_is_not_a_positive_multiple_of_log_every_is_exit_2(tmp_pat
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 30-step single-rank run with the downstream monitor, keeping the best checkpoint by eval/hard/acc."""
+    """A 30-step single-rank run (data.seq_len 128) with the downstream monitor on its default max_len,
+    keeping the best checkpoint by eval/hard/acc."""
     tmp = tmp_path_factory.mktemp("trained")
     toy, hard = write_task(tmp / "toy.jsonl", 120, False), write_task(tmp / "hard.jsonl", 120, True, seed=1)
+    long = write_long_task(tmp / "long.jsonl", 24, 300)  # 300 bytes: longer than the training sequence
     held = tmp / "held.txt"
     held.write_text(shakespeare_text(6000)[1000:4000])
-    body = downstream_body(10, [toy, hard], held) + (
+    body = downstream_body(10, [toy, hard, long], held) + (
         '[optimizer]\nlr = 3e-3\n[checkpoint]\nevery = 10\nkeep_latest = 1\nkeep_best = 1\nbest_metric = "eval/hard/gold_ll"\nbest_mode = "max"\n'
     )
     cfg = write_tiny_config(tmp, body=body, steps=30, global_batch_tokens=2048, micro_batch=4)
     cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
     r = run_module("core.train", "--config", str(cfg), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return {"dir": tmp, "toy": toy, "hard": hard, "held": held, "out": tmp / "out"}
+    return {"dir": tmp, "toy": toy, "hard": hard, "long": long, "held": held, "out": tmp / "out"}
 
 
 def test_the_monitor_logs_every_metric_at_its_steps_and_retention_keeps_the_best_by_it(trained):
     rows = {r["step"]: r for r in read_metrics(trained["out"])}
     for step in (10, 20, 30):
         assert {"eval/toy/acc", "eval/toy/acc_norm", "eval/toy/acc_norm_tokens", "eval/hard/gold_ll", "eval/shakes/bpb"} <= set(rows[step])
+        assert 0 < rows[step]["eval/time_s"] < 600  # the pass's wall time
     assert not any(k.startswith("eval/") for k in rows[5])
     root = trained["out"] / "checkpoints"
     best = json.loads((root / "BEST.json").read_text())["best"]
@@ -128,19 +146,27 @@ def test_a_trained_model_scores_above_chance_and_an_untrained_one_near_it(traine
 
 
 def test_core_eval_prints_a_table_writes_json_and_agrees_with_the_loop(trained):
+    """Both on their default max_len (one rule: the model's max_seq_len, 1024 here, not data.seq_len 128):
+    the same numbers on items and a held-out text longer than the training sequence."""
     ckpt = trained["out"] / "checkpoints" / "step_000000030"
     out = trained["dir"] / "eval.json"
     r = run_module(
-        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), str(trained["hard"]),
-        "--held-out", f"shakes={trained['held']}", "--max-len", "128", "--json", str(out), timeout=300,
+        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), str(trained["hard"]), str(trained["long"]),
+        "--held-out", f"shakes={trained['held']}", "--json", str(out), timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "acc_norm" in r.stdout and "hard" in r.stdout and "shakes" in r.stdout
+    assert "acc_norm" in r.stdout and "hard" in r.stdout and "long" in r.stdout and "shakes" in r.stdout
     metrics = json.loads(out.read_text())["metrics"]
     logged = {r["step"]: r for r in read_metrics(trained["out"])}[30]
+    assert {"eval/long/acc", "eval/long/acc_norm", "eval/long/gold_ll", "eval/shakes/bpb"} <= set(metrics)
     for key, value in metrics.items():
         assert value == pytest.approx(logged[key], abs=1e-6), key
     assert 0 < metrics["eval/shakes/bpb"] < 8
+    from core.cli.eval import evaluate_checkpoint
+
+    cut = evaluate_checkpoint(ckpt, [str(trained["long"])], {"shakes": trained["held"]}, max_len=128)  # the training length
+    assert abs(cut["eval/long/gold_ll"] - metrics["eval/long/gold_ll"]) > 1e-3  # the comparison can tell the two rules apart
+    assert abs(cut["eval/shakes/bpb"] - metrics["eval/shakes/bpb"]) > 1e-4
 
 
 def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trained, tmp_path):
@@ -177,6 +203,164 @@ def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trai
     assert -rolling / n_tokens == pytest.approx(held["eval/shakes/loss"], abs=1e-6)
     [generated] = lm.generate_until([Instance("generate_until", {}, ("To be, or not", {"until": ["\n"], "max_gen_toks": 12}), 0)])
     assert isinstance(generated, str) and "\n" not in generated and len(generated.encode("utf-8")) <= 12
+
+
+def write_mixed_task(path: Path, n: int) -> Path:
+    """Items lm-evaluation-harness treats specially: contexts ending in whitespace, empty contexts,
+    non-ASCII text; choices after a target_delimiter of one space."""
+    text, rng = shakespeare_text(), random.Random(11)
+    extra = ["caf\u00e9 cr\u00e8me", "na\u00efve \u2014 \u00fcber", "\u65e5\u672c\u8a9e", "r\u00e9sum\u00e9"]
+    with path.open("w") as f:
+        for i in range(n):
+            s = rng.randrange(0, len(text) - 100)
+            context = [text[s : s + 40].rstrip() + " ", "", text[s : s + 30].rstrip() + "\n\n", "Qu\u00e9 es: " + text[s : s + 20]][i % 4]
+            choices = [text[(o := rng.randrange(0, len(text) - 10)) : o + 6].strip() or "x" for _ in range(3)] + [extra[i % 4]]
+            rng.shuffle(choices)
+            f.write(json.dumps({"context": context, "continuations": choices, "gold": rng.randrange(4), "target_delimiter": " "}) + "\n")
+    return path
+
+
+def harness_task_yaml(folder: Path, name: str, data: Path, delimiter: str) -> None:
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{continuations}}"\ndoc_to_target: "{{gold}}"\n'
+        f"target_delimiter: {json.dumps(delimiter)}\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
+    )
+
+
+def test_the_adapter_scores_whitespace_empty_and_non_ascii_items_as_core_eval_per_choice(trained, tmp_path):
+    """lm-evaluation-harness's own request building (target_delimiter, trailing whitespace, empty context)
+    and acc_norm through the adapter equal core.eval's: per choice within 1e-5 nats, acc and acc_norm exactly."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import core.cli.lm_eval_model  # noqa: F401 - registers "plait"
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.generate import load
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    mixed = write_mixed_task(tmp_path / "mixed.jsonl", 24)
+    harness_task_yaml(tmp_path, "plait_mixed", mixed, " ")
+    out = simple_evaluate(
+        model="plait", model_args=f"checkpoint={ckpt}", tasks=["plait_mixed"], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True
+    )
+    result, samples = out["results"]["plait_mixed"], sorted(out["samples"]["plait_mixed"], key=lambda d: d["doc_id"])
+    harness_lls = [float(r[0][0]) for d in samples for r in d["resps"]]
+    ours = evaluate_checkpoint(ckpt, [str(mixed)], {})
+    task = evaluation.read_task(mixed)
+    enc = evaluation.encode_task(task, lambda t: list(t.encode("utf-8")), 256, 512)
+    model = load(ckpt).model
+    lls = [ll for ll, _ in evaluation.Scorer(model, 1024).loglikelihoods(evaluation.example_requests(enc, range(len(enc))))]
+    assert len(harness_lls) == len(lls) == 96
+    assert max(abs(a - b) for a, b in zip(harness_lls, lls)) < 1e-5
+    assert result["acc,none"] == pytest.approx(ours["eval/mixed/acc"], abs=1e-9)
+    assert result["acc_norm,none"] == pytest.approx(ours["eval/mixed/acc_norm"], abs=1e-9)
+    moved = [evaluation.encode_pair(e.context, " " + c, lambda t: list(t.encode("utf-8")), 256) for e in task.examples[:1] for c in e.continuations]
+    assert all(cont[:2] == [32, 32] for _, cont in moved)  # the trailing space went into the continuation
+
+
+def test_plait_lm_eval_runs_on_a_cpu_machine_with_the_harness_defaults(trained, tmp_path):
+    import torch
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    harness_task_yaml(tmp_path, "plait_toy", trained["toy"], "")
+    r = run_module(
+        "core.cli.lm_eval_model", "run", "--model", "plait", "--model_args", f"checkpoint={ckpt}", "--tasks", "plait_toy",
+        "--include_path", str(tmp_path), "--limit", "8", timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "plait_toy" in r.stdout and "acc_norm" in r.stdout
+    if not torch.cuda.is_available():  # lm-evaluation-harness's default device, cuda:0, replaced in one line
+        assert r.stderr.count("plait: warning: device cuda:0: no CUDA device here; evaluating on cpu") == 1, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "model_args, task, says",
+    [("checkpoint={missing}", "plait_toy", "checkpoint {missing} does not exist"), ("checkpoint={missing}", "no_such_task", "Tasks not found: no_such_task")],
+)
+def test_bad_input_through_the_adapter_is_one_line_and_exit_2(tmp_path, model_args, task, says):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    harness_task_yaml(tmp_path, "plait_toy", write_task(tmp_path / "toy.jsonl", 4, False), "")
+    missing = tmp_path / "no_checkpoint"
+    r = run_module(
+        "core.cli.lm_eval_model", "run", "--model", "plait", "--model_args", model_args.format(missing=missing), "--tasks", task,
+        "--include_path", str(tmp_path), "--device", "cpu", timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("plait: error: ")]
+    assert len(errors) == 1 and says.format(missing=missing) in errors[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def bpe_checkpoint(tmp_path_factory):
+    """3 steps of the tiny model on a corpus prepared with a 300-token byte-level BPE."""
+    from shared import prepared_project
+
+    proj = tmp_path_factory.mktemp("bpe")
+    with pytest.MonkeyPatch.context() as mp:
+        prepared_project(proj, mp)
+    r = run_module("core.train", "--config", str(proj / "run.toml"), cwd=proj, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return proj / "out" / "checkpoints" / "step_000000003"
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_lm_evaluation_harness_hf_model_on_the_export_equals_plait_per_choice(trained, bpe_checkpoint, tmp_path, kind):
+    """lm-evaluation-harness's stock hf model on core.export --format hf, and plait's own paths on the
+    checkpoint, score the same task files: per choice within 1e-4 nats, acc and acc_norm identical; and
+    the rolling log-likelihood of a text longer than max_len within 1e-5 nats per token."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    pytest.importorskip("transformers", reason="the optional extra 'eval'")
+    pytest.importorskip("accelerate", reason="the optional extra 'eval'")
+    from lm_eval import simple_evaluate
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from core.cli.eval import evaluate_checkpoint
+    from core.cli.generate import load
+    from core.cli.text_codec import Codec
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030" if kind == "bytes" else bpe_checkpoint
+    hf = tmp_path / "hf"
+    r = run_module("core.export", "--checkpoint", str(ckpt), "--format", "hf", "--out", str(hf), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tasks = {
+        "mixed": (write_mixed_task(tmp_path / "mixed.jsonl", 24), " "),  # trailing whitespace, empty contexts, non-ASCII
+        "long": (write_long_task(tmp_path / "long.jsonl", 8, 300), " "),  # longer than the training sequence (128)
+        "hard": (write_task(tmp_path / "hard.jsonl", 16, True, seed=3), ""),  # continuations as written
+    }
+    for name, (data, delimiter) in tasks.items():
+        harness_task_yaml(tmp_path, f"plait_{name}", data, delimiter)
+    lm = HFLM(pretrained=str(hf), dtype="float32", device="cpu", batch_size=8)
+    out = simple_evaluate(model=lm, tasks=[f"plait_{n}" for n in tasks], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    loaded = load(ckpt)
+    codec = Codec(loaded.tokenizer)
+    max_len = evaluation.resolve_max_len(0, loaded.spec.max_seq_len, "max_len")
+    assert lm.max_length == max_len == 1024 and lm.prefix_token_id == codec.eos_id
+    scorer = evaluation.Scorer(loaded.model, max_len)
+    for name, (data, _) in tasks.items():
+        samples = sorted(out["samples"][f"plait_{name}"], key=lambda d: d["doc_id"])
+        theirs = [float(r[0][0]) for d in samples for r in d["resps"]]
+        task = evaluation.read_task(data)
+        enc = evaluation.encode_task(task, codec.encode, codec.eos_id, loaded.spec.vocab_size)
+        ours = [ll for ll, _ in scorer.loglikelihoods(evaluation.example_requests(enc, range(len(enc))))]
+        assert len(theirs) == len(ours) == 4 * len(task.examples)
+        assert max(abs(a - b) for a, b in zip(theirs, ours)) < 1e-4, name
+        metrics = evaluate_checkpoint(ckpt, [str(data)], {})
+        result = out["results"][f"plait_{name}"]
+        assert result["acc,none"] == pytest.approx(metrics[f"eval/{name}/acc"], abs=1e-9), name
+        assert result["acc_norm,none"] == pytest.approx(metrics[f"eval/{name}/acc_norm"], abs=1e-9), name
+    text = shakespeare_text(9000)[2000:8000]  # 6000 bytes: several windows of 1024, the last one partial
+    held = tmp_path / "held.txt"
+    held.write_text(text)
+    [rolling] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
+    n_tokens = len(codec.encode(text))
+    assert n_tokens > max_len and n_tokens % max_len
+    loss = evaluate_checkpoint(ckpt, [], {"held": held})["eval/held/loss"]
+    assert abs(-rolling / n_tokens - loss) < 1e-5
 
 
 # -- two ranks ---------------------------------------------------------------
@@ -257,14 +441,14 @@ def test_the_converter_turns_hellaswag_arc_and_piqa_parquet_into_task_files(tmp_
         task = evaluation.read_task(out)
         assert len(task.examples) == 1
         ex = task.examples[0]
-        assert all(c.startswith(" ") for c in ex.continuations)
+        assert ex.target_delimiter == " " and not any(c.startswith(" ") for c in ex.continuations)  # lm-evaluation-harness's choices
         if kind == "hellaswag":
-            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == " bakes. it." and ex.gold == 0
+            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == "bakes. it." and ex.gold == 0
             assert "1 rows without an answer left out" in r.stdout + r.stderr
         if kind == "arc":
-            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == " 4"
+            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == "4"
         if kind == "piqa":
-            assert ex.continuations == (" twist the lid", " eat it") and ex.gold == 0
+            assert ex.continuations == ("twist the lid", "eat it") and ex.gold == 0
     r = run_module("core.cli.eval_convert", "--kind", "arc", "--parquet", str(tmp_path / "piqa.parquet"), "--out", str(tmp_path / "x.jsonl"))
     assert r.returncode == 2 and "no column 'question'" in r.stderr and "Traceback" not in r.stderr
 

@@ -116,11 +116,14 @@ def test_greedy_bytes_checkpoint_matches_transformers(bytes_ckpt, tmp_path, caps
     assert text == PROMPT + codec.decode(new) + "\n"
     out = export(bytes_ckpt, tmp_path / "hf")
     printed = capsys.readouterr().out
-    assert "no Hugging Face form" in printed
     assert re.findall(r"wrote (\S+)", printed) == [str(p) for p in sorted(out.iterdir())]  # config.json was left out
-    assert not (out / "tokenizer.json").exists()
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 256
     assert hf_greedy(out, ids, 24) == new
+    # the bytes tokenizer's Hugging Face form: id = UTF-8 byte, EOS 256, no BOS
+    hf_tok = pytest.importorskip("transformers").AutoTokenizer.from_pretrained(str(out))
+    odd = "caf\u00e9 \u2014 \u65e5\u672c\t\n  x"
+    assert hf_tok.encode(PROMPT + odd) == ids + list(odd.encode()) and hf_tok.eos_token_id == 256 and hf_tok.bos_token_id is None
+    assert hf_tok.decode(new) == codec.decode(new) and hf_tok.decode(list(odd.encode())) == odd
     # the export itself generates the same text (its plait.json names the tokenizer)
     assert cli(capsys, "--checkpoint", out, "--prompt", PROMPT, "--max-new-tokens", 24, "--temperature", 0) == text
 

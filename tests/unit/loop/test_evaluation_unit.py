@@ -135,4 +135,122 @@ def test_scorer_batches_shares_one_token_contexts_and_pads_forwards():
 def test_rolling_windows_predict_every_token_once():
     reqs = evaluation.rolling_requests(list(range(10)), prefix=99, max_len=4)
     assert [c for _, c in reqs] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert [ctx for ctx, _ in reqs] == [[99], [3], [7]]
+    assert [ctx for ctx, _ in reqs] == [[99], [3], [5, 6, 7]]  # the last window: a full input of 4 tokens
+
+
+# -- lm-evaluation-harness's scoring rule -------------------------------------
+# lm-evaluation-harness 0.4.13's own code is the reference: its TemplateLM encodes the requests, its
+# utils make the rolling windows; plait's functions must give the same token ids.
+
+PAIRS = [
+    ("Question: what is it?\nAnswer:", " the question"),  # the usual: the space starts the continuation
+    ("to be or not to ", "be"),  # trailing whitespace in the context: moved into the continuation
+    ("whether tis nob", "ler in the mind"),  # a split inside a word: BPE merges across it
+    ("that is the\n\t ", " question"),  # several trailing whitespace characters
+    ("", " to be"),  # an empty context: the prefix (EOS) token
+    ("", "<|endoftext|>to be"),  # an empty context and a continuation that starts with EOS
+    ("caf\u00e9 ", "cr\u00e8me br\u00fbl\u00e9e \u2014 \u65e5\u672c"),  # non-ASCII
+]
+
+
+def harness_encodings(encode, eos_id: int, pairs):
+    """(context ids, continuation ids) of each pair as lm-evaluation-harness's LM.loglikelihood makes them."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.model import TemplateLM
+
+    class Recording(TemplateLM):
+        eot_token_id = eos_id
+
+        def tok_encode(self, string, add_special_tokens=None, **kwargs):
+            return list(encode(string))
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+            self.seen = [(list(c), list(k)) for _, c, k in requests]
+            return [(0.0, False)] * len(requests)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def generate_until(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+    lm = Recording()
+    lm.loglikelihood([Instance("loglikelihood", {}, pair, 0) for pair in pairs], disable_tqdm=True)
+    return lm.seen
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_encode_pair_gives_lm_evaluation_harness_token_ids(tmp_path, kind):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    from shared import bpe
+
+    from core.data.text_tokenizer import Tokenizer
+
+    tok = Tokenizer("bytes" if kind == "bytes" else f"hf:{bpe(tmp_path / 'tok')}", None)
+    encode = tok.encode
+    pairs = PAIRS if kind == "bpe" else [p for p in PAIRS if "<|endoftext|>" not in p[1]]
+    want = harness_encodings(encode, tok.eos_id, pairs)
+    got = [evaluation.encode_pair(ctx, cont, encode, tok.eos_id) for ctx, cont in pairs]
+    assert got == want
+    if kind == "bpe":  # the cases tell separate from whole-string encoding apart
+        separate = [(encode(c) if c else [tok.eos_id], encode(k)) for c, k in pairs]
+        assert sum(s != w for s, w in zip(separate, want)) >= 3
+
+
+def test_task_lines_with_a_target_delimiter_are_scored_after_it_and_acc_norm_divides_by_the_choice(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"context": "Q: ", "continuations": ["ab", "abcdef"], "gold": 1, "target_delimiter": " "}\n')
+    task = evaluation.read_task(f)
+    enc = evaluation.encode_task(task, lambda s: list(s.encode("utf-8")), 256, 256)
+    assert enc == [(list(b"Q:"), [list(b"  ab"), list(b"  abcdef")])]  # the context's space moved, then the delimiter
+    # log-likelihoods -2.9 and -7.5: per character of the choice (2, 6) the second wins (lm-evaluation-harness:
+    # len(choice)); per character of what was scored (4, 8) the first would
+    sums = evaluation.task_sums(task, enc, [0], [-2.9, -7.5])
+    metrics = evaluation.task_metrics("t", sums)
+    assert metrics["eval/t/acc"] == 0.0 and metrics["eval/t/acc_norm"] == 1.0
+    f.write_text('{"context": "a", "continuations": ["b"], "gold": 0, "target_delimiter": 1}\n')
+    with pytest.raises(DataError, match=":1: 'target_delimiter' is int; expected a string"):
+        evaluation.read_task(f)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 9, 10, 13])
+def test_rolling_windows_are_lm_evaluation_harness_windows(n):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    ids = list(range(100, 100 + n))
+    want = [make_disjoint_window(w) for w in get_rolling_token_windows(ids, prefix_token=7, max_seq_len=4, context_len=1)]
+    assert [(list(c), list(k)) for c, k in evaluation.rolling_requests(ids, 7, 4)] == want
+    assert [t for _, k in want for t in k] == ids  # every token predicted once
+
+
+def test_one_max_len_rule_for_the_loop_and_offline():
+    assert evaluation.resolve_max_len(0, 1024, "k") == 1024  # the model's max_seq_len, not the training length
+    assert evaluation.resolve_max_len(256, 1024, "k") == 256
+    assert evaluation.resolve_max_len(0, None, "k") == evaluation.DEFAULT_MAX_LEN == 2048
+    with pytest.raises(ConfigError, match="monitors.downstream.max_len 2048 exceeds the model's max_seq_len 1024"):
+        evaluation.resolve_max_len(2048, 1024, "monitors.downstream.max_len")
+
+
+# -- the lm-evaluation-harness adapter ------------------------------------------
+
+
+def test_the_adapter_replaces_a_cuda_device_that_does_not_exist_in_one_line(capsys):
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    import torch
+
+    from core.cli.lm_eval_model import device_that_exists
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for asked in ("cuda", "cuda:0", f"cuda:{count + 3}"):  # lm-evaluation-harness passes cuda:0 by default
+        got = device_that_exists(asked)
+        err = capsys.readouterr().err
+        if count == 0:
+            assert got == torch.device("cpu") and err == f"plait: warning: device {asked}: no CUDA device here; evaluating on cpu\n"
+        elif asked.endswith(str(count + 3)):
+            assert got == torch.device("cuda", 0) and err.count("\n") == 1 and f"only {count} CUDA device(s) here" in err
+        else:
+            assert got.type == "cuda" and err == ""
+    assert device_that_exists("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="--device 'gpu0': not a torch device"):
+        device_that_exists("gpu0")
