@@ -1,1 +1,3 @@
-"""Checkpoints: the Checkpointer, DCP without code execution, folders and integrity, retention, resume, weights."""
+from core.checkpoint.retention import kept_at_once, retained
+
+__all__ = ["kept_at_once", "retained"]

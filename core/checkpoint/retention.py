@@ -1,29 +1,12 @@
-"""Which checkpoints stay: pruning after each commit, and the branch an older resume leaves.
+"""Which checkpoints stay: the retention rule (:func:`retained`), pruning after each commit, room
+made before a save, and the branch an older resume leaves (moved to ``<dir>/abandoned/``, never
+deleted). Only this run's own checkpoints, by lineage, are ever touched (rank 0).
 
-Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
-
-* After each commit, of this run's verified checkpoints the newest ``keep_latest``
-  stay, and so do the newest one, the ``keep_best`` ones (``best_metric``, ``BEST.json``)
-  and, with ``keep_lowest_loss``, the one with the lowest training loss (below): a loss that
-  rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
-  every checkpoint from before it. This run's interrupted saves older than its
-  newest verified checkpoint go too.
-* A resume from a checkpoint that is not this run's newest starts a branch: the
-  later (verified) checkpoints of the run are moved, never deleted, to
-  ``<dir>/abandoned/<time>_after_step_<n>/``, where neither pruning nor
-  ``resume = "auto"`` looks. Left in place they would outrank the new branch:
-  pruning by step would delete each of its saves as soon as it is committed,
-  and an automatic restart would continue the abandoned branch.
-* A checkpoint's loss is the one measured on its own weights, by the first step after it
-  (:func:`weights_losses`; the run's own measurements from memory, :class:`LossTally`, at once).
-  With ``keep_measured`` (the default) the lowest-loss one is chosen by these losses, and the newest
-  checkpoint with a sound measurement (:func:`held`) stays beyond ``keep_latest`` while a newer one
-  is unmeasured or measured non-finite or over 20% higher: a save whose update
-  blew the weights up never passes for the best, nor prunes the last sound one. A step measuring the
-  newest as sound releases the older one at once; so does the end of a run that did not diverge.
-* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) goes back to the
-  checkpoint with the lowest loss measured on its weights, in one line that names it and why; an
-  explicit ``checkpoint.resume`` overrides it (:func:`after_divergence`).
+A checkpoint's loss is the one measured on its own weights by the first step after it
+(:class:`LossTally`, :func:`weights_losses`); with ``keep_measured`` the lowest-loss one is chosen by
+it, and the newest sound one is :func:`held` while a newer one is unmeasured or diverged.
+``resume = "auto"`` after a diverged attempt (exit 3) goes back to the lowest-loss checkpoint
+(:func:`after_divergence`).
 """
 
 from __future__ import annotations
@@ -33,7 +16,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -298,6 +281,35 @@ def lowest(losses: dict[Path, float]) -> Path:
     return min(sorted(losses, key=step_of, reverse=True), key=losses.__getitem__)
 
 
+def retained(steps: list[int], opts: CheckpointOptions, pinned: Collection[int] = ()) -> set[int]:
+    """THE retention rule: of a run's verified checkpoints at ``steps`` (ascending), the steps kept
+    after a commit: every one when ``keep_latest = 0``; else the newest ``keep_latest``, every step
+    that is a multiple of ``keep_every`` (kept for good), and ``pinned`` (the newest, the ``keep_best``
+    ones, the lowest-loss one, the :func:`held` one). Pruning removes the others; so does making room
+    before a save (:func:`make_room`); :func:`kept_at_once` sizes the disk by it."""
+    if not opts.keep_latest:
+        return set(steps)
+    keep = set(steps[-opts.keep_latest :]) | (set(steps) & set(pinned))
+    if opts.keep_every:
+        keep |= {s for s in steps if s % opts.keep_every == 0}
+    return keep
+
+
+def kept_at_once(opts: CheckpointOptions, total_steps: int) -> int:
+    """At most how many checkpoints :func:`retained` has on the disk at once over a run of
+    ``total_steps`` (the disk-room check, :mod:`core.preflight.start_folders`): the newest
+    ``keep_latest`` (at least two: the newest stays while the next is written), every ``keep_every``
+    one, the lowest-loss and best ones; every save when ``keep_latest = 0``."""
+    saves = (total_steps // opts.every if opts.every else 0) + 1  # the end's, or a stop's
+    if not opts.keep_latest:
+        return saves
+    forever = 0
+    if opts.keep_every:
+        period = opts.keep_every * opts.every // math.gcd(opts.keep_every, opts.every) if opts.every else opts.keep_every
+        forever = total_steps // period
+    return min(saves, max(opts.keep_latest, 2) + forever + int(opts.keep_lowest_loss) + opts.keep_best)
+
+
 class Retention:
     """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
 
@@ -325,15 +337,15 @@ class Retention:
         if not good:
             return
         paths = list(good)
-        keep = self.kept(good, say=True, final=final)
-        for old in paths[: -self.opts.keep_latest]:
-            if old not in keep:
+        keep = retained([step_of(p) for p in paths], self.opts, {step_of(p) for p in self.pinned(good, say=True, final=final)})
+        for old in paths:
+            if step_of(old) not in keep:
                 remove(old)
         self.remove_interrupted(lineage, paths[-1], in_flight)
 
-    def kept(self, good: dict[Path, dict[str, Any]], say: bool, final: bool = False) -> set[Path]:
-        """Of this run's verified checkpoints ``good`` (oldest first), those kept whatever their age:
-        the newest, the best ones, the lowest-loss one and, with ``keep_measured``, the :func:`held` one."""
+    def pinned(self, good: dict[Path, dict[str, Any]], say: bool, final: bool = False) -> set[Path]:
+        """Of this run's verified checkpoints ``good`` (oldest first), those :func:`retained` keeps whatever
+        their age: the newest, the best ones, the lowest-loss one and, with ``keep_measured``, the :func:`held` one."""
         keep = best_paths(self.root) | {list(good)[-1]}
         measured = measurements(good, self.losses.measured if self.losses is not None else None) if self.opts.keep_measured else {}
         if self.opts.keep_measured:
@@ -353,11 +365,10 @@ class Retention:
         commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.room`
         removes them early when the disk lacks room for the save). Never the newest: it is the last
         complete one until the next commits."""
-        if not self.opts.keep_latest:
-            return []
-        paths = list(good)
-        keep = self.kept(good, say=False)  # the next save is unmeasured then: it holds the newest sound one
-        return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
+        steps = [step_of(p) for p in good]
+        pinned = {step_of(p) for p in self.pinned(good, say=False)}  # the next save is unmeasured then: it holds the newest sound one
+        keep = retained([*steps, steps[-1] + 1], self.opts, pinned) if steps else set()
+        return [p for p in good if step_of(p) not in keep]
 
     def lowest_loss(self, good: dict[Path, dict[str, Any]], measured: dict[Path, float | None], say: bool = True) -> set[Path]:
         """The checkpoint with the lowest training loss (none if none has one): with ``keep_measured``,

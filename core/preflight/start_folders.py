@@ -20,11 +20,11 @@ import torch
 from core.checkpoint.architecture import check_architecture
 from core.checkpoint.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
 from core.checkpoint.resume import check_stream_world
-from core.checkpoint.retention import after_divergence
+from core.checkpoint.retention import after_divergence, kept_at_once
 from core.contract.errors import CheckpointError
 from core.contract.members import member
 from core.preflight.plugin_checks import call_plugin
-from core.runtime.disk import check_room, checkpoint_bytes, kept_at_once
+from core.runtime.disk import check_room, checkpoint_bytes
 from core.runtime.made_folders import made_by_this_start, probe_folder, remove_created
 
 
