@@ -23,6 +23,7 @@ import torch
 from core.checkpoint.folders import (
     BEST_FILE,
     COMMIT_MARKER,
+    COPY_NAMES,
     LINEAGE_FILE,
     SETTING_ASIDE_FILE,
     STATE_FILE,
@@ -31,14 +32,15 @@ from core.checkpoint.folders import (
     committed_newest_first,
     lineage_of,
     marked,
+    parse_manifest,
     step_dir,
     step_dirs,
     verify,
 )
-from core.checkpoint.tokenizer_copy import COPY_NAMES
 from core.contract import log
 from core.contract.errors import CheckpointError, ConfigError
 from core.runtime import distributed
+from core.runtime.disk import free_bytes, size_text
 from core.runtime.durable_io import replace_durable, sync_dir, write_durable
 from core.runtime.small_files import read_json
 
@@ -123,7 +125,7 @@ class LossTally:
 def written_by_a_save(rel: Path) -> bool:
     """A file a save writes, by its path in the step folder: DCP's shards and metadata, ``state.json``,
     each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, the tokenizer's
-    copy (:mod:`core.checkpoint.tokenizer_copy`), and their temporary files."""
+    copy (:mod:`core.checkpoint.folders`), and their temporary files."""
     name = rel.name
     if len(rel.parts) == 2 and rel.parts[0] == "rng":
         return name.endswith((".json", ".tmp"))
@@ -362,7 +364,7 @@ class Retention:
 
     def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:
         """Of this run's verified checkpoints ``good`` (oldest first), those the prune after one more
-        commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.room`
+        commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.retention`
         removes them early when the disk lacks room for the save). Never the newest: it is the last
         complete one until the next commits."""
         steps = [step_of(p) for p in good]
@@ -539,3 +541,44 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: 
     else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either
         log.note(f"the {len(later)} newer checkpoint(s) that could not be resumed ({span}) are moved to {dest}")
     return dest
+
+
+MARGIN = 1.05  # a checkpoint can grow a little from one save to the next (the data state, the JSON parts)
+
+
+def size_on_disk(path: Path) -> int:
+    """The bytes a committed checkpoint's manifest lists."""
+    return sum(parse_manifest(path / COMMIT_MARKER).sizes.values())
+
+
+def make_room(root: Path, retention: Retention, lineage: str, step: int) -> list[str]:
+    """Before the save of ``step`` (rank 0, no save in flight): remove early what the next prune
+    would remove, oldest first, while the disk lacks room for a checkpoint as large as the newest.
+    The names removed, said in one warning line."""
+    newest = next((p for p in committed_newest_first(root) if lineage_of(p) == lineage), None)  # not every one's: keep_latest = 0 keeps many
+    try:
+        needed = int(size_on_disk(newest) * MARGIN) if newest is not None else 0
+    except (OSError, ValueError, CheckpointError):
+        return []
+    free = free_bytes(root)
+    if not needed or free is None or free >= needed:
+        return []  # the common case: one statfs and one small read
+    good = own_verified(root, lineage)
+    if not good:
+        return []
+    newest = list(good)[-1]
+    unfinished = [p for p in step_dirs(root) if p.name < newest.name and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage]
+    removed: list[str] = []
+    for old in unfinished + retention.removed_by_next_prune(good):
+        remove(old)
+        removed.append(old.name)
+        free = free_bytes(root) or 0
+        if free >= needed:
+            break
+    if removed:
+        enough = "" if free >= needed else f"; still short of room ({size_text(free)} free), the save may fail"
+        log.warn(
+            f"{root}: {size_text(free)} free after removing {', '.join(removed)} before the save of step {step} "
+            f"(a checkpoint takes about {size_text(needed)}; pruning would have removed them after it){enough}"
+        )
+    return removed

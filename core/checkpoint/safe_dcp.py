@@ -10,7 +10,7 @@ classes DCP metadata is made of, and bytes items through
 naming the file and the class.
 
 :class:`HashingFileSystemWriter` is DCP's file writer that also computes the
-checksum (:mod:`core.checkpoint.integrity`) of every shard while writing it; the
+checksum (:mod:`core.checkpoint.folders`) of every shard while writing it; the
 checksums of all ranks reach rank 0 through DCP's own gather of write
 results, so the commit manifest gets them without reading the shards again.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,23 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from core.checkpoint.integrity import Checksum
 from core.contract.errors import CheckpointError
 from core.runtime import watchdog
+
+
+class Checksum:
+    """A running CRC-32, fed while a file is written or read."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+        watchdog.alive()  # a block written or checked: a long save or resume check that moves is no stall
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -271,3 +286,40 @@ def load_error(path: Path, error: BaseException) -> CheckpointError:
         return error
     text = str(error).strip().splitlines()
     return CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {text[0] if text else ''}")
+
+
+class NonFiniteState(RuntimeError):
+    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _float_tensors(state: Any):
+    if isinstance(state, torch.Tensor):
+        t = _local(state)
+        if type(t) is not torch.Tensor and hasattr(t, "dequantize"):  # low-bit optimizer states (torchao)
+            t = t.dequantize()
+        if t.is_floating_point():
+            yield t
+    elif isinstance(state, dict):
+        for v in state.values():
+            yield from _float_tensors(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            yield from _float_tensors(v)
+
+
+def count_nonfinite(state: Any) -> tuple[int, int]:
+    """(tensors holding a NaN or inf, floating tensors) in a nested state dict; this rank's shards."""
+    tensors = list(_float_tensors(state))
+    if not tensors:
+        return 0, 0
+    flags = []
+    for t in tensors:
+        try:
+            flags.append((~torch.isfinite(t)).any())
+        except (NotImplementedError, RuntimeError):  # a tensor subclass without isfinite: not judged
+            continue
+    return (int(torch.stack(flags).sum()) if flags else 0), len(tensors)

@@ -17,10 +17,18 @@ from typing import Any
 
 import torch
 
-from core.checkpoint.architecture import check_architecture
-from core.checkpoint.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
-from core.checkpoint.resume import check_stream_world
-from core.checkpoint.retention import after_divergence, kept_at_once
+from core.checkpoint import (
+    STATE_FILE,
+    after_divergence,
+    check_architecture,
+    check_fits,
+    check_shapes,
+    check_stream_world,
+    find_resume,
+    kept_at_once,
+    verify,
+    warn,
+)
 from core.contract.errors import CheckpointError
 from core.contract.members import member
 from core.preflight.plugin_checks import call_plugin
@@ -79,7 +87,7 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
         check_stream_world(prep.resume_from, state, prep.world_size)  # the core's own word, for any stream
     initial = ckpt.initial_load
     if initial and prep.resume_from is None:
-        from core.checkpoint.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
+        from core.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
 
         try:
             kind = weights_kind(Path(initial))  # exists, known layout

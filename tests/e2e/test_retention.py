@@ -66,7 +66,7 @@ def test_keep_every_keeps_every_nth_step_for_good_and_a_resume_goes_on_from_the_
     assert steps_in(root) == ["step_000000004", "step_000000008", "step_000000012"]
     r = run_module("core.train", "--config", str(cfg), "--train.steps=18")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"resumed from {root / 'step_000000012'} at step 12" in r.stderr, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000012'} at step 12" in r.stdout + r.stderr, r.stdout[-2000:]
     assert steps_in(root) == ["step_000000004", "step_000000008", "step_000000012", "step_000000016", "step_000000018"]
 
 

@@ -1,6 +1,6 @@
 """A resume never loads a checkpoint into a model whose architecture changed with every shape kept.
 
-Before core/checkpoint/architecture.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
+Before core/checkpoint/folders.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
 the same shapes), ``tie_embeddings`` or ``norm_eps`` loaded, named only in the "config differs"
 note, and trained another function from the saved weights. The model spec declares the options
 that define its function (``architecture_options``, core/contract/members.py); ``rope_theta`` is not one
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.checkpoint.architecture import RESOLVED, differences, run_architecture
+from core.checkpoint.folders import RESOLVED, differences, run_architecture
 from core.contract.errors import PluginError
 from core.contract.members import check_component
 from model_specs.llama3.spec import Llama3Spec
