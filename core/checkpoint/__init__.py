@@ -7,6 +7,7 @@ from core.checkpoint.folders import (
     COPY_NAMES,
     EXIT_SAVE_FAILED,
     STATE_FILE,
+    NonFiniteState,
     SaveFailed,
     check_architecture,
     check_fits,
@@ -31,7 +32,6 @@ from core.checkpoint.resume import (
     seed_everything,
 )
 from core.checkpoint.retention import after_divergence, kept_at_once, later_than, retained
-from core.checkpoint.safe_dcp import NonFiniteState
 
 __all__ = [
     "COMMIT_MARKER",

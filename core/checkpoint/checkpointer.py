@@ -15,7 +15,7 @@ import json
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
 
@@ -29,8 +29,10 @@ from core.checkpoint.folders import (
     LINEAGE_FILE,
     SETTING_ASIDE_FILE,
     STATE_FILE,
+    NonFiniteState,
     SaveFailed,
     committed,
+    count_nonfinite,
     current_run,
     io_error,
     lineage_of,
@@ -41,15 +43,15 @@ from core.checkpoint.folders import (
 )
 from core.checkpoint.resume import CheckpointDir, Restorer, TrainingState, rng_state
 from core.checkpoint.retention import make_room
-from core.checkpoint.safe_dcp import HashingFileSystemWriter, NonFiniteState, count_nonfinite
-from core.checkpoint.staging import HostStager
 from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError, DataError, PluginError
 from core.contract.protocols import loader_state_per_rank
 from core.runtime import ownership, watchdog
 from core.runtime.durable_io import replace_durable, sync_dir, write_durable
 
-__all__ = ["CheckpointDir", "Checkpointer", "TrainingState"]
+if TYPE_CHECKING:  # torch.distributed.checkpoint takes seconds to import: at the first save
+    from core.checkpoint.safe_dcp import HashingFileSystemWriter
+    from core.checkpoint.staging import HostStager
 
 
 class Checkpointer:
@@ -71,7 +73,16 @@ class Checkpointer:
     - ``restorer`` (:class:`core.checkpoint.resume.Restorer`): a checkpoint loaded into the state;
     - ``retention`` (:class:`core.checkpoint.retention.Retention`) and ``losses``
       (:class:`core.checkpoint.retention.LossTally`, the ``train_loss`` of the next save).
+
+    Before any process group exists, ``core.preflight`` asks it for the checkpoints to resume
+    (:meth:`find_resume`), the one to go back to after a diverged attempt (:meth:`after_divergence`)
+    and how many checkpoints the disk holds at once (:meth:`kept_at_once`, by :func:`retained`).
     """
+
+    find_resume = staticmethod(resume.find_resume)
+    after_divergence = staticmethod(retention.after_divergence)
+    kept_at_once = staticmethod(retention.kept_at_once)
+    retained = staticmethod(retention.retained)
 
     def __init__(
         self,
@@ -127,6 +138,8 @@ class Checkpointer:
         it, claim its folder, write every rank's files, and commit (sync) or leave it in flight
         (async; :meth:`poll` and :meth:`wait` commit it). Any rank's failure raises SaveFailed on all."""
         import torch.distributed.checkpoint as dcp
+
+        from core.checkpoint.safe_dcp import HashingFileSystemWriter  # torch.distributed.checkpoint takes seconds to import: at the first save
 
         self.wait()  # one save in flight at a time
         self.folders.begin()

@@ -34,11 +34,11 @@ from typing import Any, Iterator
 
 import torch
 
-from core.checkpoint.safe_dcp import Checksum, load_metadata
 from core.config.sections import CheckpointOptions
 from core.contract import log
 from core.contract.errors import CheckpointError, ConfigError, PluginError
 from core.contract.members import member
+from core.runtime.durable_io import Checksum
 from core.runtime.small_files import read_json as read_small_json
 from core.runtime.small_files import read_text
 
@@ -189,6 +189,8 @@ def verify(path: Path, shards: bool = True) -> dict[str, Any]:
 
 
 def _verify(path: Path, shards: bool) -> dict[str, Any]:
+    from core.checkpoint.safe_dcp import load_metadata  # torch.distributed.checkpoint takes seconds to import: only once one is read
+
     refuse_newer_format(path)
     manifest = read_manifest(path)
     check_sizes(path, manifest, exclude=COMMIT_MARKER)
@@ -231,6 +233,8 @@ def verifies(path: Path) -> bool:
 def check_shapes(path: Path, model: torch.nn.Module) -> None:
     """Compare the checkpoint's model tensors with ``model`` (may live on meta). Raises CheckpointError."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from core.checkpoint.safe_dcp import load_metadata  # as in _verify
 
     meta = load_metadata(path)
     saved = {k[len("model.") :]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith("model.") and isinstance(v, TensorStorageMetadata)}
@@ -566,3 +570,40 @@ def record_for(checkpoint: Path, record: dict[str, Any] | None) -> dict[str, Any
         os.fsync(f.fileno())
     out["copy"] = COPY_NAMES[kind]
     return out
+
+
+class NonFiniteState(RuntimeError):
+    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _float_tensors(state: Any):
+    if isinstance(state, torch.Tensor):
+        t = _local(state)
+        if type(t) is not torch.Tensor and hasattr(t, "dequantize"):  # low-bit optimizer states (torchao)
+            t = t.dequantize()
+        if t.is_floating_point():
+            yield t
+    elif isinstance(state, dict):
+        for v in state.values():
+            yield from _float_tensors(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            yield from _float_tensors(v)
+
+
+def count_nonfinite(state: Any) -> tuple[int, int]:
+    """(tensors holding a NaN or inf, floating tensors) in a nested state dict; this rank's shards."""
+    tensors = list(_float_tensors(state))
+    if not tensors:
+        return 0, 0
+    flags = []
+    for t in tensors:
+        try:
+            flags.append((~torch.isfinite(t)).any())
+        except (NotImplementedError, RuntimeError):  # a tensor subclass without isfinite: not judged
+            continue
+    return (int(torch.stack(flags).sum()) if flags else 0), len(tensors)

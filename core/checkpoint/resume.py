@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.checkpoint import safe_dcp
 from core.checkpoint.folders import (
     COMMIT_MARKER,
     CURRENT_RUN_FILE,
@@ -37,6 +36,7 @@ from core.checkpoint.folders import (
     check_shapes,
     checksum_share,
     committed,
+    count_nonfinite,
     current_run,
     lineage_of,
     marked,
@@ -49,7 +49,7 @@ from core.checkpoint.folders import (
 )
 from core.contract import log
 from core.contract.errors import EXIT_BAD_INPUT, CheckpointError, ConfigError
-from core.contract.protocols import DistInfo, loader_consumed_samples, loader_state_per_rank
+from core.contract.protocols import DataLoaderLike, DistInfo, loader_consumed_samples, loader_state_per_rank
 from core.contract.run import Run
 from core.runtime import distributed, watchdog
 from core.runtime.durable_io import write_durable
@@ -173,7 +173,7 @@ class CheckpointDir:
     """A checkpoint folder as every rank of this job sees it: its options, and the process
     group its collectives use. Exists before any training state (resume checks candidates with it)."""
 
-    def __init__(self, opts: CheckpointOptions, root: Path, dist: DistInfo, control: Any) -> None:
+    def __init__(self, opts: CheckpointOptions, root: Path, dist: DistInfo, control: distributed.ControlPlane) -> None:
         self.opts, self.root, self.dist, self.control = opts, root, dist, control
         self.group = None
         if dist.world_size > 1:
@@ -260,7 +260,7 @@ class TrainingState:
     model: torch.nn.Module  # the unwrapped module: its state dict names are the checkpoint's
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: Any
+    loader: DataLoaderLike
     run: Run
 
     @property
@@ -342,6 +342,8 @@ class Restorer:
             set_optimizer_state_dict,
         )
 
+        from core.checkpoint import safe_dcp  # torch.distributed.checkpoint takes seconds to import: only once one is read
+
         model, optimizer = self.state.model, self.state.optimizer
         shards: dict[str, Any] = {}
         if "model" not in skip:
@@ -351,7 +353,7 @@ class Restorer:
         if not shards:
             return
         safe_dcp.load(shards, path, self.where.group)
-        bad = self.where.agree(safe_dcp.count_nonfinite(shards)[0], "sum")
+        bad = self.where.agree(count_nonfinite(shards)[0], "sum")
         if bad:
             raise CheckpointError(f"checkpoint {path} holds NaN or inf in {bad} tensor(s); it cannot be trained from")
         if "model" in shards:
@@ -448,13 +450,13 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def say_changes(path: Any, changed: dict[str, tuple[Any, Any]]) -> None:
+def say_changes(path: Path | str, changed: dict[str, tuple[Any, Any]]) -> None:
     if changed:
         parts = ", ".join(f"{'peak lr' if k == 'initial_lr' else k} {_show(old)} -> {_show(new)}" for k, (old, new) in sorted(changed.items()))
         log.note(f"checkpoint {path}: the optimizer settings it holds differ from this run's, which apply from the next step: {parts}")
 
 
-def seed_changed(path: Any, meta: dict[str, Any], seed: int) -> None:
+def seed_changed(path: Path, meta: dict[str, Any], seed: int) -> None:
     """Warn when the seed differs from the checkpoint's: the data order from here on follows the new one."""
     saved = meta.get("config", {}).get("train", {}).get("seed")
     if isinstance(saved, int) and saved != seed:
@@ -484,7 +486,7 @@ def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [f"{k} {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys]
 
 
-def config_changed(path: Any, meta: dict[str, Any], config: dict[str, Any], shown: int = 8) -> None:
+def config_changed(path: Path, meta: dict[str, Any], config: dict[str, Any], shown: int = 8) -> None:
     """One line naming the config values that differ from the ones the checkpoint was saved with."""
     parts = config_differences(meta.get("config") or {}, config)
     if parts:
@@ -492,7 +494,7 @@ def config_changed(path: Any, meta: dict[str, Any], config: dict[str, Any], show
         log.note(f"checkpoint {path}: the config differs from the one it was saved with: {', '.join(parts[:shown])}{more}")
 
 
-def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> None:
+def data_changed(path: Path, meta: dict[str, Any], fingerprint: str | None) -> None:
     """Warn when the data source's ``fingerprint()`` differs from the one saved in the checkpoint: the
     restored data position now indexes other data."""
     saved = meta.get("data_fingerprint")
@@ -505,7 +507,7 @@ def data_changed(path: Any, meta: dict[str, Any], fingerprint: str | None) -> No
         )
 
 
-def say_restored(path: Any, meta: dict[str, Any], skip: set[str], state: Any, world_size: int) -> None:
+def say_restored(path: Path, meta: dict[str, Any], skip: set[str], state: TrainingState, world_size: int) -> None:
     """Two lines after a resume: where from, and what the restored state (``TrainingState``) holds."""
 
     run, loader = state.run, state.loader
@@ -637,6 +639,8 @@ def unmarked_newer(root: Path, newest: Path | None, current: str | None) -> None
 def read_model(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Load the ``model`` part of a committed DCP checkpoint into ``model``'s tensors,
     after checking every file against its checksum, through the safe reader."""
+    from core.checkpoint import safe_dcp  # as in Restorer.load_shards
+
     verify(path)
     check_shapes(path, model)
     sd = model.state_dict()

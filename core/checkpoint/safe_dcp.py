@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import pickle
 import re
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,21 +33,7 @@ from torch.futures import Future
 
 from core.contract.errors import CheckpointError
 from core.runtime import watchdog
-
-
-class Checksum:
-    """A running CRC-32, fed while a file is written or read."""
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: Any) -> None:
-        self.value = zlib.crc32(data, self.value)
-        watchdog.alive()  # a block written or checked: a long save or resume check that moves is no stall
-
-    def hexdigest(self) -> str:
-        return f"{self.value:08x}"
-
+from core.runtime.durable_io import Checksum
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -286,40 +271,3 @@ def load_error(path: Path, error: BaseException) -> CheckpointError:
         return error
     text = str(error).strip().splitlines()
     return CheckpointError(f"checkpoint {path} could not be loaded: {type(error).__name__}: {text[0] if text else ''}")
-
-
-class NonFiniteState(RuntimeError):
-    """The parameters or optimizer state hold NaN or inf: no checkpoint is written from them."""
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _float_tensors(state: Any):
-    if isinstance(state, torch.Tensor):
-        t = _local(state)
-        if type(t) is not torch.Tensor and hasattr(t, "dequantize"):  # low-bit optimizer states (torchao)
-            t = t.dequantize()
-        if t.is_floating_point():
-            yield t
-    elif isinstance(state, dict):
-        for v in state.values():
-            yield from _float_tensors(v)
-    elif isinstance(state, (list, tuple)):
-        for v in state:
-            yield from _float_tensors(v)
-
-
-def count_nonfinite(state: Any) -> tuple[int, int]:
-    """(tensors holding a NaN or inf, floating tensors) in a nested state dict; this rank's shards."""
-    tensors = list(_float_tensors(state))
-    if not tensors:
-        return 0, 0
-    flags = []
-    for t in tensors:
-        try:
-            flags.append((~torch.isfinite(t)).any())
-        except (NotImplementedError, RuntimeError):  # a tensor subclass without isfinite: not judged
-            continue
-    return (int(torch.stack(flags).sum()) if flags else 0), len(tensors)

@@ -19,13 +19,11 @@ import torch
 
 from core.checkpoint import (
     STATE_FILE,
-    after_divergence,
+    Checkpointer,
     check_architecture,
     check_fits,
     check_shapes,
     check_stream_world,
-    find_resume,
-    kept_at_once,
     verify,
     warn,
 )
@@ -69,11 +67,11 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     first one, and the weights of ``initial_load`` when there is none."""
     rc, components = prep.rc, prep.components
     ckpt = rc.sections["checkpoint"]
-    prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
+    prep.resume_candidates = Checkpointer.find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
         size = checkpoint_bytes(model_meta, member("optimizer", components["optimizer"], "state_bytes_per_param"))
-        check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
-    if ckpt.resume == "auto" and (diverged := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)) is not None:
+        check_room(prep.checkpoint_root, size, Checkpointer.kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
+    if ckpt.resume == "auto" and (diverged := Checkpointer.after_divergence(Path(rc.train.output_dir), prep.resume_candidates)) is not None:
         line, candidates = diverged
         warn(line)  # rank 0; core.plan says it too
         if candidates[0] != prep.resume_candidates[0]:
