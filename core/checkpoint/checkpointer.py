@@ -1,12 +1,8 @@
-"""Saving and loading the training state through ``torch.distributed.checkpoint`` (DCP).
+"""Saving, committing and restoring the training state through ``torch.distributed.checkpoint``.
 
-:class:`Checkpointer` is built from the states it saves (:class:`TrainingState`): the model and
-optimizer go to DCP shards, the schedule, data position and run counters to ``state.json``, the
-RNGs to ``rng/``. It decides nothing about *when* to save (:mod:`core.loop.stop_policy` does); it
-decides *how*: one save in flight, every rank agreeing on failure, never from NaN/inf state,
-committed with checksums, then pruned by :mod:`core.checkpoint.retention` (only this run's own
-verified checkpoints; never the lowest-loss one). The folder layout and verification are in
-:mod:`core.checkpoint.folders`.
+:class:`Checkpointer` decides *how* to save, never *when* (:mod:`core.loop.stop_policy`): one save
+in flight, every rank agreeing on failure, never from NaN/inf state, committed with checksums, then
+pruned (:mod:`core.checkpoint.retention`); it restores, leaves a branch and rolls back.
 """
 
 from __future__ import annotations
@@ -55,28 +51,17 @@ if TYPE_CHECKING:  # torch.distributed.checkpoint takes seconds to import: at th
 
 
 class Checkpointer:
-    """Saves ``state`` into ``where`` and restores it from there; one per process.
+    """Saves ``state`` into ``where`` and restores it from there; one per process. ``about``: facts
+    written into state.json beside the state (``optimizer_plugin``, ``config``, ``versions``, ``seed``);
+    ``on_saved(step, path)``: called once a save is committed; ``points``: the save's named points
+    (:class:`SavePoints`; by default those of the observers installed in this process).
 
-    ``about``: facts written into state.json beside the state (``optimizer_plugin``, ``config``,
-    ``versions``, ``seed``, ...); ``on_saved(step, path)`` is called once a save is committed;
-    ``points``: the save's named points (:mod:`core.checkpoint.checkpointer`; by default those of
-    the observers installed in this process).
-
-    Its collaborators, each built from what it needs, are public and replaceable:
-
-    - ``contents`` (:class:`core.checkpoint.checkpointer.SaveContents`): what a save writes and the
-      checks it passes first (``run.state`` is JSON, no NaN or inf);
-    - ``folders`` (:class:`core.checkpoint.checkpointer.StepFolders`): a save's step folder claimed,
-      committed, or removed when any rank failed;
-    - ``async_saves`` (:class:`core.checkpoint.checkpointer.AsyncSaves`): the host copy of an async
-      save, the save in flight, the fallback to sync saves;
-    - ``restorer`` (:class:`core.checkpoint.resume.Restorer`): a checkpoint loaded into the state;
-    - ``retention`` (:class:`core.checkpoint.retention.Retention`) and ``losses``
-      (:class:`core.checkpoint.retention.LossTally`, the ``train_loss`` of the next save).
-
-    Before any process group exists, ``core.preflight`` asks it for the checkpoints to resume
-    (:meth:`find_resume`), the one to go back to after a diverged attempt (:meth:`after_divergence`)
-    and how many checkpoints the disk holds at once (:meth:`kept_at_once`, by :func:`retained`).
+    Its parts: ``contents`` (:class:`SaveContents`: what a save writes, checked first), ``folders``
+    (:class:`StepFolders`: claimed, committed, removed on failure), ``async_saves``
+    (:class:`AsyncSaves`), ``restorer`` (:class:`core.checkpoint.resume.Restorer`), ``retention`` and
+    ``losses`` (:mod:`core.checkpoint.retention`). Before any process group exists ``core.preflight``
+    asks it for the checkpoints to resume (:meth:`find_resume`, :meth:`after_divergence`) and what the
+    disk holds at once (:meth:`kept_at_once`, by the retention rule :meth:`retained`).
     """
 
     find_resume = staticmethod(resume.find_resume)

@@ -1,22 +1,11 @@
-"""Checkpoint folders: their layout, their verification, and which one to resume from.
+"""A checkpoint folder: its layout, its commit manifest and verification, the model it fits.
 
-A checkpoint is a folder ``<dir>/step_000001000/`` holding
-
-* the DCP shards of ``{"model": ..., "optimizer": ...}``, written by every
-  rank and resharded on load, so a checkpoint made on N ranks (ddp or fsdp2)
-  loads on M ranks;
-* ``state.json``: step, tokens seen, wall time, best validation loss, the LR
-  schedule, the data position (global, so it is independent of world size),
-  the optimizer plugin's name, the resolved config and library versions;
-* ``rng/rank_<r>.json``: python, numpy, torch and cuda RNG states per rank;
-* ``COMMITTED``: written last, by rank 0, once every rank has finished
-  writing; it lists every file with its size and CRC-32 (each rank checksums
-  its shards while writing them, :mod:`core.checkpoint.safe_dcp`). A folder without it,
-  or whose files do not match it, is never resumed from (:mod:`core.checkpoint.folders`).
-
-Checkpoints are read only through :class:`core.checkpoint.safe_dcp.SafeFileSystemReader`,
-which runs no code from the files. Writing and loading them is
-:class:`core.checkpoint.checkpointer.Checkpointer`'s job; nothing here needs a process group.
+``<dir>/step_000001000/`` holds every rank's DCP shards of ``{"model", "optimizer"}`` (resharded on
+load: N ranks to M, ddp or fsdp2), ``state.json`` (step, tokens, schedule, global data position,
+optimizer plugin, resolved config, versions), ``rng/rank_<r>.json``, ``LINEAGE`` (the run's id) and,
+written last by rank 0, ``COMMITTED``: every file with its size and CRC-32 (a checksum finds damage;
+:mod:`core.checkpoint.safe_dcp` reads the files without running code from them). A folder without
+it, or whose files do not match it, is never resumed from. Nothing here needs a process group.
 """
 
 from __future__ import annotations

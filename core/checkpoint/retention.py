@@ -219,26 +219,17 @@ def train_loss(state: dict[str, Any]) -> float | None:
 
 
 def weights_losses(states: dict[Path, dict[str, Any]]) -> dict[Path, float]:
-    """The loss measured on each checkpoint's own weights, where a finite one is known: the first
-    training step after a save (or a resume) computes its loss on the saved weights, and each later
-    save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`). A
-    checkpoint with none is unconfirmed: no later save measured it (the newest; one the run diverged
-    after). ``states``: checkpoints of one run with their state.json (either order)."""
-    by_step = {step_of(p): p for p in states}
-    found: dict[Path, float] = {}
-    for state in states.values():
-        recorded = state.get("weights_loss")
-        for key, loss in recorded.items() if isinstance(recorded, dict) else ():
-            path = by_step.get(int(key)) if str(key).isdigit() else None
-            if path is not None and isinstance(loss, (int, float)) and math.isfinite(loss):
-                found[path] = float(loss)
-    return found
+    """The finite losses of :func:`measurements`: a checkpoint with none is unconfirmed (no later save
+    measured it: the newest, or one the run diverged after)."""
+    return {p: loss for p, loss in measurements(states).items() if loss is not None}
 
 
 def measurements(states: dict[Path, dict[str, Any]], memory: dict[int, float | None] | None = None) -> dict[Path, float | None]:
-    """Each checkpoint's measured loss, as :func:`weights_losses` reads it, None where it was measured
-    non-finite, with this run's measurements still in memory (``memory``: step -> loss, :class:`LossTally`)
-    added: a checkpoint missing here is unmeasured."""
+    """The loss measured on each checkpoint's own weights (None: measured non-finite; missing:
+    unmeasured). The first step after a save (or a resume) computes its loss on the saved weights and
+    each later save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`);
+    ``memory`` adds this run's measurements not yet saved (step -> loss). ``states``: checkpoints of
+    one run with their state.json (either order)."""
     by_step = {step_of(p): p for p in states}
     found: dict[Path, float | None] = {}
     recorded = [state.get("weights_loss") for state in states.values()] + [memory or {}]
