@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         prep = prepare(config, ["--checkpoint.resume=auto", "--checkpoint.keep_latest=2"])
         again = Trainer(prep, DistInfo(device=torch.device("cpu")))
         again.build()  # a fresh state (it resumes step 2 itself: the bench resumes it once more, traced)
-        where, opts = again.checkpointer.where, prep.rc.sections["checkpoint"]
+        where, opts, root, meta, arch = again.checkpointer.where, prep.rc.sections["checkpoint"], prep.checkpoint_root, prep.model_meta, prep.architecture
 
         def resume() -> None:
-            candidates = Checkpointer.find_resume(opts, prep.checkpoint_root, prep.model_meta, prep.architecture)
-            path, rest = where.first_sound(candidates, prep.model_meta, prep.architecture)
+            candidates = Checkpointer.find_resume(opts, root, meta, arch)
+            path, rest = where.first_sound(candidates, meta, arch)
             assert path is not None and again.checkpointer.restore(path, last=not rest), "the resume failed"
             again.checkpointer.leave_branch(path)
 
