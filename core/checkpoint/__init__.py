@@ -27,11 +27,10 @@ from core.checkpoint.resume import (
     TrainingState,
     check_stream_world,
     config_differences,
-    find_resume,
     read_model,
     seed_everything,
 )
-from core.checkpoint.retention import after_divergence, kept_at_once, later_than, retained
+from core.checkpoint.retention import later_than, retained
 
 __all__ = [
     "COMMIT_MARKER",
@@ -44,7 +43,6 @@ __all__ = [
     "SaveFailed",
     "SavePoints",
     "TrainingState",
-    "after_divergence",
     "check_architecture",
     "check_fits",
     "check_shapes",
@@ -53,10 +51,8 @@ __all__ = [
     "committed",
     "config_differences",
     "current_run",
-    "find_resume",
     "folder_of_checkpoints",
     "io_error",
-    "kept_at_once",
     "later_than",
     "lineage_of",
     "observe",

@@ -116,8 +116,8 @@ def test_the_retention_rule_keeps_the_newest_every_nth_step_and_the_pinned_ones(
 
 
 def test_the_disk_check_counts_every_checkpoint_the_rule_keeps_at_once():
-    """kept_at_once is never below what retained() holds on the disk while the next save is written."""
-    from core.checkpoint import kept_at_once, retained
+    """Checkpointer.kept_at_once is never below what retained() holds on the disk while the next save is written."""
+    from core.checkpoint import Checkpointer, retained
     from core.config.sections import CheckpointOptions
 
     for every in (1, 2, 3):
@@ -126,5 +126,5 @@ def test_the_disk_check_counts_every_checkpoint_the_rule_keeps_at_once():
                 opts = CheckpointOptions(every=every, keep_latest=keep_latest, keep_every=keep_every, keep_lowest_loss=False)
                 saves = list(range(every, 25, every))
                 held = max(len(retained(saves[: i + 1], opts) | set(saves[max(0, i - 1) : i + 1])) for i in range(len(saves)))
-                assert kept_at_once(opts, 24) >= held, (every, keep_latest, keep_every)
-    assert kept_at_once(CheckpointOptions(every=2, keep_latest=1, keep_every=4, keep_lowest_loss=False), 12) == 2 + 3
+                assert Checkpointer.kept_at_once(opts, 24) >= held, (every, keep_latest, keep_every)
+    assert Checkpointer.kept_at_once(CheckpointOptions(every=2, keep_latest=1, keep_every=4, keep_lowest_loss=False), 12) == 2 + 3
