@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from core.checkpoint import integrity
+    from core.checkpoint import folders as integrity
     from core.checkpoint.folders import COMMIT_MARKER, verify
     from core.checkpoint.safe_dcp import HashingFileSystemWriter
 
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
         with next(folder.glob("*.distcp")).open("rb") as f:
             shard_bytes = f.read(SAMPLE_BYTES)
         rates = throughput(shard_bytes, args.repeats)
-        manifest = integrity.read_manifest(folder / COMMIT_MARKER)
+        manifest = integrity.parse_manifest(folder / COMMIT_MARKER)
         small, verifies = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()

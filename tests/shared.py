@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO, flat_checkpoint, read_metrics, write_tiny_config
 
-from core.checkpoint.integrity import manifest_files
+from core.checkpoint.folders import manifest_files
 from core.runtime.marks import Marks
 from core.runtime.peers import PeerView
 from core.runtime.watchdog import Watchdog

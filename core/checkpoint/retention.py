@@ -1,29 +1,12 @@
-"""Which checkpoints stay: pruning after each commit, and the branch an older resume leaves.
+"""Which checkpoints stay: the retention rule (:func:`retained`), pruning after each commit, room
+made before a save, and the branch an older resume leaves (moved to ``<dir>/abandoned/``, never
+deleted). Only this run's own checkpoints, by lineage, are ever touched (rank 0).
 
-Rules (rank 0; only this run's own checkpoints, by lineage, are ever touched):
-
-* After each commit, of this run's verified checkpoints the newest ``keep_latest``
-  stay, and so do the newest one, the ``keep_best`` ones (``best_metric``, ``BEST.json``)
-  and, with ``keep_lowest_loss``, the one with the lowest training loss (below): a loss that
-  rises without ever reaching NaN (a too-high LR, bad data) would otherwise prune
-  every checkpoint from before it. This run's interrupted saves older than its
-  newest verified checkpoint go too.
-* A resume from a checkpoint that is not this run's newest starts a branch: the
-  later (verified) checkpoints of the run are moved, never deleted, to
-  ``<dir>/abandoned/<time>_after_step_<n>/``, where neither pruning nor
-  ``resume = "auto"`` looks. Left in place they would outrank the new branch:
-  pruning by step would delete each of its saves as soon as it is committed,
-  and an automatic restart would continue the abandoned branch.
-* A checkpoint's loss is the one measured on its own weights, by the first step after it
-  (:func:`weights_losses`; the run's own measurements from memory, :class:`LossTally`, at once).
-  With ``keep_measured`` (the default) the lowest-loss one is chosen by these losses, and the newest
-  checkpoint with a sound measurement (:func:`held`) stays beyond ``keep_latest`` while a newer one
-  is unmeasured or measured non-finite or over 20% higher: a save whose update
-  blew the weights up never passes for the best, nor prunes the last sound one. A step measuring the
-  newest as sound releases the older one at once; so does the end of a run that did not diverge.
-* ``resume = "auto"`` after an attempt that stopped as diverged (exit code 3) goes back to the
-  checkpoint with the lowest loss measured on its weights, in one line that names it and why; an
-  explicit ``checkpoint.resume`` overrides it (:func:`after_divergence`).
+A checkpoint's loss is the one measured on its own weights by the first step after it
+(:class:`LossTally`, :func:`weights_losses`); with ``keep_measured`` the lowest-loss one is chosen by
+it, and the newest sound one is :func:`held` while a newer one is unmeasured or diverged.
+``resume = "auto"`` after a diverged attempt (exit 3) goes back to the lowest-loss checkpoint
+(:func:`after_divergence`).
 """
 
 from __future__ import annotations
@@ -33,13 +16,14 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
 from core.checkpoint.folders import (
     BEST_FILE,
     COMMIT_MARKER,
+    COPY_NAMES,
     LINEAGE_FILE,
     SETTING_ASIDE_FILE,
     STATE_FILE,
@@ -48,14 +32,15 @@ from core.checkpoint.folders import (
     committed_newest_first,
     lineage_of,
     marked,
+    parse_manifest,
     step_dir,
     step_dirs,
     verify,
 )
-from core.checkpoint.tokenizer_copy import COPY_NAMES
 from core.contract import log
 from core.contract.errors import CheckpointError, ConfigError
 from core.runtime import distributed
+from core.runtime.disk import free_bytes, size_text
 from core.runtime.durable_io import replace_durable, sync_dir, write_durable
 from core.runtime.small_files import read_json
 
@@ -140,7 +125,7 @@ class LossTally:
 def written_by_a_save(rel: Path) -> bool:
     """A file a save writes, by its path in the step folder: DCP's shards and metadata, ``state.json``,
     each rank's RNG and data position under ``rng/``, ``LINEAGE``, ``COMMITTED``, the tokenizer's
-    copy (:mod:`core.checkpoint.tokenizer_copy`), and their temporary files."""
+    copy (:mod:`core.checkpoint.folders`), and their temporary files."""
     name = rel.name
     if len(rel.parts) == 2 and rel.parts[0] == "rng":
         return name.endswith((".json", ".tmp"))
@@ -234,26 +219,17 @@ def train_loss(state: dict[str, Any]) -> float | None:
 
 
 def weights_losses(states: dict[Path, dict[str, Any]]) -> dict[Path, float]:
-    """The loss measured on each checkpoint's own weights, where a finite one is known: the first
-    training step after a save (or a resume) computes its loss on the saved weights, and each later
-    save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`). A
-    checkpoint with none is unconfirmed: no later save measured it (the newest; one the run diverged
-    after). ``states``: checkpoints of one run with their state.json (either order)."""
-    by_step = {step_of(p): p for p in states}
-    found: dict[Path, float] = {}
-    for state in states.values():
-        recorded = state.get("weights_loss")
-        for key, loss in recorded.items() if isinstance(recorded, dict) else ():
-            path = by_step.get(int(key)) if str(key).isdigit() else None
-            if path is not None and isinstance(loss, (int, float)) and math.isfinite(loss):
-                found[path] = float(loss)
-    return found
+    """The finite losses of :func:`measurements`: a checkpoint with none is unconfirmed (no later save
+    measured it: the newest, or one the run diverged after)."""
+    return {p: loss for p, loss in measurements(states).items() if loss is not None}
 
 
 def measurements(states: dict[Path, dict[str, Any]], memory: dict[int, float | None] | None = None) -> dict[Path, float | None]:
-    """Each checkpoint's measured loss, as :func:`weights_losses` reads it, None where it was measured
-    non-finite, with this run's measurements still in memory (``memory``: step -> loss, :class:`LossTally`)
-    added: a checkpoint missing here is unmeasured."""
+    """The loss measured on each checkpoint's own weights (None: measured non-finite; missing:
+    unmeasured). The first step after a save (or a resume) computes its loss on the saved weights and
+    each later save records it (state.json ``weights_loss``: ``{"<step>": loss}``, :class:`LossTally`);
+    ``memory`` adds this run's measurements not yet saved (step -> loss). ``states``: checkpoints of
+    one run with their state.json (either order)."""
     by_step = {step_of(p): p for p in states}
     found: dict[Path, float | None] = {}
     recorded = [state.get("weights_loss") for state in states.values()] + [memory or {}]
@@ -298,6 +274,35 @@ def lowest(losses: dict[Path, float]) -> Path:
     return min(sorted(losses, key=step_of, reverse=True), key=losses.__getitem__)
 
 
+def retained(steps: list[int], opts: CheckpointOptions, pinned: Collection[int] = ()) -> set[int]:
+    """THE retention rule: of a run's verified checkpoints at ``steps`` (ascending), the steps kept
+    after a commit: every one when ``keep_latest = 0``; else the newest ``keep_latest``, every step
+    that is a multiple of ``keep_every`` (kept for good), and ``pinned`` (the newest, the ``keep_best``
+    ones, the lowest-loss one, the :func:`held` one). Pruning removes the others; so does making room
+    before a save (:func:`make_room`); :func:`kept_at_once` sizes the disk by it."""
+    if not opts.keep_latest:
+        return set(steps)
+    keep = set(steps[-opts.keep_latest :]) | (set(steps) & set(pinned))
+    if opts.keep_every:
+        keep |= {s for s in steps if s % opts.keep_every == 0}
+    return keep
+
+
+def kept_at_once(opts: CheckpointOptions, total_steps: int) -> int:
+    """At most how many checkpoints :func:`retained` has on the disk at once over a run of
+    ``total_steps`` (the disk-room check, :mod:`core.preflight.start_folders`): the newest
+    ``keep_latest`` (at least two: the newest stays while the next is written), every ``keep_every``
+    one, the lowest-loss and best ones; every save when ``keep_latest = 0``."""
+    saves = (total_steps // opts.every if opts.every else 0) + 1  # the end's, or a stop's
+    if not opts.keep_latest:
+        return saves
+    forever = 0
+    if opts.keep_every:
+        period = opts.keep_every * opts.every // math.gcd(opts.keep_every, opts.every) if opts.every else opts.keep_every
+        forever = total_steps // period
+    return min(saves, max(opts.keep_latest, 2) + forever + int(opts.keep_lowest_loss) + opts.keep_best)
+
+
 class Retention:
     """Pruning of one run's checkpoints in ``root``; remembers what it has said."""
 
@@ -325,15 +330,15 @@ class Retention:
         if not good:
             return
         paths = list(good)
-        keep = self.kept(good, say=True, final=final)
-        for old in paths[: -self.opts.keep_latest]:
-            if old not in keep:
+        keep = retained([step_of(p) for p in paths], self.opts, {step_of(p) for p in self.pinned(good, say=True, final=final)})
+        for old in paths:
+            if step_of(old) not in keep:
                 remove(old)
         self.remove_interrupted(lineage, paths[-1], in_flight)
 
-    def kept(self, good: dict[Path, dict[str, Any]], say: bool, final: bool = False) -> set[Path]:
-        """Of this run's verified checkpoints ``good`` (oldest first), those kept whatever their age:
-        the newest, the best ones, the lowest-loss one and, with ``keep_measured``, the :func:`held` one."""
+    def pinned(self, good: dict[Path, dict[str, Any]], say: bool, final: bool = False) -> set[Path]:
+        """Of this run's verified checkpoints ``good`` (oldest first), those :func:`retained` keeps whatever
+        their age: the newest, the best ones, the lowest-loss one and, with ``keep_measured``, the :func:`held` one."""
         keep = best_paths(self.root) | {list(good)[-1]}
         measured = measurements(good, self.losses.measured if self.losses is not None else None) if self.opts.keep_measured else {}
         if self.opts.keep_measured:
@@ -350,14 +355,13 @@ class Retention:
 
     def removed_by_next_prune(self, good: dict[Path, dict[str, Any]]) -> list[Path]:
         """Of this run's verified checkpoints ``good`` (oldest first), those the prune after one more
-        commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.room`
+        commit removes whatever that checkpoint holds, oldest first (:mod:`core.checkpoint.retention`
         removes them early when the disk lacks room for the save). Never the newest: it is the last
         complete one until the next commits."""
-        if not self.opts.keep_latest:
-            return []
-        paths = list(good)
-        keep = self.kept(good, say=False)  # the next save is unmeasured then: it holds the newest sound one
-        return [p for p in paths[: len(paths) - (self.opts.keep_latest - 1)] if p not in keep]
+        steps = [step_of(p) for p in good]
+        pinned = {step_of(p) for p in self.pinned(good, say=False)}  # the next save is unmeasured then: it holds the newest sound one
+        keep = retained([*steps, steps[-1] + 1], self.opts, pinned) if steps else set()
+        return [p for p in good if step_of(p) not in keep]
 
     def lowest_loss(self, good: dict[Path, dict[str, Any]], measured: dict[Path, float | None], say: bool = True) -> set[Path]:
         """The checkpoint with the lowest training loss (none if none has one): with ``keep_measured``,
@@ -528,3 +532,44 @@ def set_aside_later(root: Path, lineage: str, resumed: Path, step: int, chosen: 
     else:  # resume = "auto" skipped them (the warnings above): they must not outrank this run's next saves either
         log.note(f"the {len(later)} newer checkpoint(s) that could not be resumed ({span}) are moved to {dest}")
     return dest
+
+
+MARGIN = 1.05  # a checkpoint can grow a little from one save to the next (the data state, the JSON parts)
+
+
+def size_on_disk(path: Path) -> int:
+    """The bytes a committed checkpoint's manifest lists."""
+    return sum(parse_manifest(path / COMMIT_MARKER).sizes.values())
+
+
+def make_room(root: Path, retention: Retention, lineage: str, step: int) -> list[str]:
+    """Before the save of ``step`` (rank 0, no save in flight): remove early what the next prune
+    would remove, oldest first, while the disk lacks room for a checkpoint as large as the newest.
+    The names removed, said in one warning line."""
+    newest = next((p for p in committed_newest_first(root) if lineage_of(p) == lineage), None)  # not every one's: keep_latest = 0 keeps many
+    try:
+        needed = int(size_on_disk(newest) * MARGIN) if newest is not None else 0
+    except (OSError, ValueError, CheckpointError):
+        return []
+    free = free_bytes(root)
+    if not needed or free is None or free >= needed:
+        return []  # the common case: one statfs and one small read
+    good = own_verified(root, lineage)
+    if not good:
+        return []
+    newest = list(good)[-1]
+    unfinished = [p for p in step_dirs(root) if p.name < newest.name and not (p / COMMIT_MARKER).exists() and lineage_of(p) == lineage]
+    removed: list[str] = []
+    for old in unfinished + retention.removed_by_next_prune(good):
+        remove(old)
+        removed.append(old.name)
+        free = free_bytes(root) or 0
+        if free >= needed:
+            break
+    if removed:
+        enough = "" if free >= needed else f"; still short of room ({size_text(free)} free), the save may fail"
+        log.warn(
+            f"{root}: {size_text(free)} free after removing {', '.join(removed)} before the save of step {step} "
+            f"(a checkpoint takes about {size_text(needed)}; pruning would have removed them after it){enough}"
+        )
+    return removed

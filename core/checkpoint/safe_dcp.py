@@ -10,7 +10,7 @@ classes DCP metadata is made of, and bytes items through
 naming the file and the class.
 
 :class:`HashingFileSystemWriter` is DCP's file writer that also computes the
-checksum (:mod:`core.checkpoint.integrity`) of every shard while writing it; the
+checksum (:mod:`core.checkpoint.folders`) of every shard while writing it; the
 checksums of all ranks reach rank 0 through DCP's own gather of write
 results, so the commit manifest gets them without reading the shards again.
 """
@@ -31,9 +31,9 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from core.checkpoint.integrity import Checksum
 from core.contract.errors import CheckpointError
 from core.runtime import watchdog
+from core.runtime.durable_io import Checksum
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"

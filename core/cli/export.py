@@ -34,7 +34,7 @@ GENERATION_CONFIG = "generation_config.json"
 def refuse_inside_checkpoint(out: Path, flag: str) -> None:
     """An export or report written into a checkpoint folder is deleted with it when the run prunes it
     (or sets it aside with its branch): refused, before anything is read or written."""
-    from core.checkpoint.folders import checkpoint_holding
+    from core.checkpoint import checkpoint_holding
 
     if (ckpt := checkpoint_holding(out)) is not None:
         raise ConfigError(f"{flag} {out} lies in the checkpoint folder {ckpt}, which pruning deletes whole, with whatever else it holds; write it elsewhere")
@@ -137,7 +137,7 @@ def write_json(path: Path, data: dict[str, Any]) -> Path:
 
 def parser() -> ArgumentParser:
     """The command's flags (docs' flag tables are generated from it: core.cli.doc_tables)."""
-    from core.checkpoint.weights import DTYPES
+    from core.weights import DTYPES
 
     p = ArgumentParser(prog="python -m core.export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder (step_XXXXXXXXX)")
@@ -151,7 +151,7 @@ def parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from core.checkpoint.weights import DTYPES
+    from core.weights import DTYPES
 
     p = parser()
     args = p.parse_args(argv)
@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.eos_id is not None and args.tokenizer is None:  # an --eos-id nothing would use: refused, not ignored
         p.error(f"argument --eos-id: {args.eos_id} is the EOS of --tokenizer, and no --tokenizer is given (the recorded tokenizer keeps its EOS)")
     try:
-        from core.checkpoint.weights import checkpoint_model, save_hf, save_safetensors
         from core.cli.staged_output import staged
         from core.runtime.made_folders import probe_folder
+        from core.weights import checkpoint_model, save_hf, save_safetensors
 
         refuse_inside_checkpoint(args.out, "--out")
         probe_folder(args.out, "--out", keep=False)  # a file there, or no permission: refused before loading

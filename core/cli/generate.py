@@ -56,8 +56,8 @@ def _export_tokenizer(record: dict[str, Any], folder: Path) -> TokenizerRecord |
 
 
 def load(path: Path) -> Loaded:
-    """The model (eval mode, on CPU) and the recorded tokenizer of whatever ``core.checkpoint.weights`` can read at ``path``."""
-    from core.checkpoint.weights import SAFETENSORS_FILE, checkpoint_model, copy_into, empty_model, load_weights, spec_from_config, weights_kind
+    """The model (eval mode, on CPU) and the recorded tokenizer of whatever ``core.weights`` can read at ``path``."""
+    from core.weights import SAFETENSORS_FILE, checkpoint_model, copy_into, empty_model, load_weights, spec_from_config, weights_kind
 
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")

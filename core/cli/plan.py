@@ -125,9 +125,7 @@ def plugin_options(rc) -> dict[str, dict[str, Any]]:
 
 def resume_summary(prep) -> dict[str, Any] | None:
     """The checkpoint a start would resume from, its step, and the config values that differ from its own."""
-    from core.checkpoint.folders import STATE_FILE, lineage_of
-    from core.checkpoint.hyperparams import config_differences
-    from core.checkpoint.retention import later_than
+    from core.checkpoint import STATE_FILE, config_differences, later_than, lineage_of
 
     path = prep.resume_from
     if path is None:

@@ -101,7 +101,7 @@ def final_checkpoint(run: Path, config: dict) -> Path | None:
     the config's ``checkpoint.dir`` may be relative to where the run was started, not where the
     report runs; one inside the run folder is taken inside ``run``, wherever the folder was moved or
     copied), of the run that last trained there (``CURRENT_RUN``), as a restart would take it."""
-    from core.checkpoint.folders import committed, current_run, lineage_of
+    from core.checkpoint import committed, current_run, lineage_of
     from core.cli.text_codec import read_json
 
     info = read_json(run / "run_info.json") if (run / "run_info.json").is_file() else {}
@@ -125,7 +125,7 @@ def export_final(ckpt: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from core.checkpoint.weights import checkpoint_model, unique_tensors
+    from core.weights import checkpoint_model, unique_tensors
 
     _, _, model = checkpoint_model(ckpt)
     tensors, aliases = unique_tensors(model.state_dict())

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from core.checkpoint.folders import EXIT_SAVE_FAILED, io_error
+from core.checkpoint import EXIT_SAVE_FAILED, io_error
 
 
 def write_error(e: BaseException) -> str | None:

@@ -10,7 +10,7 @@ a section's ``tokenizer`` key, or the ``meta.json`` in its ``path`` folder.
 Every data source, the built-in ones and a third party's, declares its
 tokenizer (its optional ``tokenizer()``, :mod:`core.data.tokenizer_spec`): the
 run records it in each checkpoint's ``state.json``, and :func:`recorded_tokenizer`
-reads that record (found again when moved: :mod:`core.checkpoint.tokenizer_copy`);
+reads that record (found again when moved: :mod:`core.checkpoint.folders`);
 the ``[data]`` reading is the fallback for checkpoints saved before the record.
 
 Encoding is :class:`core.data.text_tokenizer.Tokenizer`'s (one definition of
@@ -147,8 +147,8 @@ def recorded_tokenizer(checkpoint: Path, config: dict[str, Any], where: str) -> 
     ``tokenizer()``), else :func:`find_in_config` of its resolved config (a checkpoint saved before
     the record). The recorded file is looked for at its recorded path, then relative to the checkpoint
     (a run folder moved with its tokenizer), then as the copy in the checkpoint folder
-    (:mod:`core.checkpoint.tokenizer_copy`); only a file with the recorded sha256 is taken."""
-    from core.checkpoint.tokenizer_copy import COPY_NAMES
+    (:mod:`core.checkpoint.folders`); only a file with the recorded sha256 is taken."""
+    from core.checkpoint import COPY_NAMES
 
     record = read_json(checkpoint / "state.json").get("tokenizer")
     if not isinstance(record, dict) or not isinstance(record.get("spec"), str):

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             record_bad_input(e, output_dir_of(args.config, overrides))
         exit_bad_input(e)
 
-    from core.checkpoint.folders import SaveFailed
+    from core.checkpoint import SaveFailed
     from core.loop.trainer import Trainer
     from core.preflight import run_files
     from core.runtime import distributed, watchdog

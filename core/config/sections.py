@@ -94,6 +94,7 @@ class CheckpointOptions:
     dir: str = option("", "folder of checkpoints; empty means <train.output_dir>/checkpoints")
     async_save: bool = option(False, "write with dcp.async_save while training goes on", key="async")
     keep_latest: int = option(3, "complete checkpoints to keep, older ones are deleted; 0 keeps all", ge=0)
+    keep_every: int = option(0, "also keep for good the checkpoint of every step that is a multiple of N; 0: off", ge=0)
     resume: str = option("auto", "'auto' (latest complete checkpoint in dir), 'none', or a checkpoint folder", path=True)
     exclude_from_loading: list[str] = option([], "parts not loaded on resume: model, optimizer, lr_schedule, data, train, rng")
     at_end: bool = option(True, "save when training completes")

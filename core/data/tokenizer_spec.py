@@ -5,7 +5,7 @@ core resolves its file to an absolute path with the file's sha256 (:func:`declar
 before anything is built: a bad answer is one line, exit 2, ``core.plan`` too) and records it in
 every checkpoint's ``state.json`` (``tokenizer``), where ``core.export`` and ``core.generate``
 find it (:func:`core.cli.text_codec.recorded_tokenizer`; the commit adds its path relative to the
-checkpoint and a copy of the file, :mod:`core.checkpoint.tokenizer_copy`). The built-in sources declare
+checkpoint and a copy of the file, :mod:`core.checkpoint.folders`). The built-in sources declare
 theirs the same way. For a checkpoint saved before the record they follow the ``[data]`` section
 as the built-in sources write it (a ``tokenizer`` key, or the ``meta.json`` of its ``path``).
 """

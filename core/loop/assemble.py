@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from core.checkpoint.checkpointer import TrainingState
-from core.checkpoint.rng import seed_everything
+from core.checkpoint import TrainingState, seed_everything
 from core.contract import log
 from core.contract.errors import PluginError
 from core.contract.members import member, returned
@@ -55,7 +54,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         spec.init_weights(model)
     initial = rc.sections["checkpoint"].initial_load
     if initial and initial_load:
-        from core.checkpoint.weights import copy_into, load_weights
+        from core.weights import copy_into, load_weights
 
         copy_into(model, load_weights(Path(initial), spec, model))
         if dist.is_main:

@@ -43,7 +43,7 @@ def _texts(error: BaseException, depth: int = 0) -> list[str]:
 
 def restart_from(checkpoint_root: Path) -> str:
     """Where a restart resumes: the newest committed checkpoint in the folder, as it is now."""
-    from core.checkpoint.folders import committed
+    from core.checkpoint import committed
 
     try:
         done = committed(checkpoint_root)

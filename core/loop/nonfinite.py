@@ -11,8 +11,8 @@ sync per step on GPU).
 The host reads the counters only where it syncs anyway (log and save steps):
 more than ``train.max_nonfinite_steps`` skipped steps in a row stops the run
 with exit code 3 and no checkpoint. A checkpoint is only written from finite
-parameters and optimizer state (:mod:`core.checkpoint.finite`, which raises
-:class:`core.checkpoint.finite.NonFiniteState`).
+parameters and optimizer state (:meth:`core.checkpoint.Checkpointer.save`, which raises
+:class:`core.checkpoint.NonFiniteState`).
 """
 
 from __future__ import annotations

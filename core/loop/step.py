@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from core.checkpoint.checkpointer import TrainingState
+from core.checkpoint import TrainingState
 from core.contract.errors import PluginError
 from core.contract.members import member
 from core.contract.protocols import DistInfo

@@ -18,9 +18,7 @@ from typing import Any
 
 import torch
 
-from core.checkpoint import folders, resume
-from core.checkpoint.checkpointer import CheckpointDir, Checkpointer
-from core.checkpoint.finite import NonFiniteState
+from core.checkpoint import EXIT_SAVE_FAILED, CheckpointDir, Checkpointer, NonFiniteState, SaveFailed
 from core.contract import log
 from core.contract import metrics as core_metrics
 from core.contract.errors import EXIT_BAD_INPUT, PlaitError
@@ -63,7 +61,7 @@ class Trainer:
     # -- construction --------------------------------------------------------
     def build(self) -> None:
         """Everything the loop needs, resumed from the first candidate checkpoint that every
-        rank finds sound and that loads (:mod:`core.checkpoint.resume`); a load that fails half-way is
+        rank finds sound and that loads (:meth:`core.checkpoint.Checkpointer.restore`); a load that fails half-way is
         followed by a fresh build of the state before the next candidate (or a fresh start)."""
         rc, dist = self.rc, self.dist
         if rc.train.deterministic:
@@ -75,17 +73,17 @@ class Trainer:
         candidates = list(self.prep.resume_candidates)
         model_meta = self.prep.model_meta  # built once by core.preflight.prepare (every rank: rank 0's candidates are everyone's)
         while True:
-            path, candidates = resume.first_sound(where, candidates, model_meta, self.prep.architecture)
+            path, candidates = where.first_sound(candidates, model_meta, self.prep.architecture)
             self.build_state(where, initial_load=path is None)
-            if path is None or resume.restore(self.checkpointer, path, last=not candidates):
+            if path is None or self.checkpointer.restore(path, last=not candidates):
                 break
             self.close_loader()
             del self.built  # a half-done load must not leak into the next attempt
             gc.collect()
         if path is not None:
-            resume.leave_branch(self.checkpointer, path, self.prep.passed_over)
+            self.checkpointer.leave_branch(path, self.prep.passed_over)
         else:
-            resume.set_aside_unusable(self.checkpointer)
+            self.checkpointer.set_aside_unusable()
         self.checkpointer.record_current_run()
         self.monitors = MonitorHub([(m.component.name, m.instantiate()) for m in rc.monitors], rc.monitors_options.on_error, self.c["model"].vocab_size)
         self.before_update_hooks, self.replace_batch_hooks = (self.monitors.implements(h) for h in ("plait_before_update", "plait_replace_batch"))
@@ -343,11 +341,11 @@ class Trainer:
                 self.output_dir, EXIT_BAD_INPUT if bad else 1, "bad_input" if bad else reason, run.step if run else 0, detail, strict=False
             )
 
-    def save_failed(self, err: folders.SaveFailed) -> int:
+    def save_failed(self, err: SaveFailed) -> int:
         """A checkpoint could not be written (``SaveFailed``, raised on every rank together):
         one line, ``exit_status.json`` with reason ``save_failed``, and its exit code."""
         log.error(f"{err}")
         self.monitors.emit("plait_train_end", run=self.run, reason="save_failed")
         if self.dist.is_main:  # the partial folder is gone by now, so this small file usually fits
-            run_files.write_exit_status(self.output_dir, folders.EXIT_SAVE_FAILED, "save_failed", self.run.step, str(err), strict=False)
-        return folders.EXIT_SAVE_FAILED
+            run_files.write_exit_status(self.output_dir, EXIT_SAVE_FAILED, "save_failed", self.run.step, str(err), strict=False)
+        return EXIT_SAVE_FAILED

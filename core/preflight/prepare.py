@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from core.checkpoint.architecture import run_architecture
+from core.checkpoint import run_architecture
 from core.config import files as config_io
 from core.config import registry as registry_mod
 from core.config.registry import plugin_manager
@@ -56,7 +56,7 @@ class Prepared:
     micro_batch_candidates: list[int] = field(default_factory=list)  # train.micro_batch = "auto"
     seq_len_schedule: list[tuple[int, int]] = field(default_factory=list)  # (first_step, seq_len): plait_seq_len_schedule
     model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
-    architecture: dict[str, Any] | None = None  # model name and declared architecture options (core.checkpoint.architecture)
+    architecture: dict[str, Any] | None = None  # model name and declared architecture options (core.checkpoint.folders)
     tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (core.data.tokenizer_spec)
 
     @property
@@ -222,7 +222,7 @@ def steps_to_target(prep: Prepared) -> int:
     4x the batch halfway, "nothing to train", and overshot one resumed at a smaller batch.)"""
     import json
 
-    from core.checkpoint.folders import STATE_FILE
+    from core.checkpoint import STATE_FILE
 
     train, opts = prep.rc.train, prep.rc.sections["checkpoint"]
     if train.steps or prep.resume_from is None or "train" in opts.exclude_from_loading:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from core.checkpoint.folders import EXIT_SAVE_FAILED
+from core.checkpoint import EXIT_SAVE_FAILED
 from core.config import files as config_io
 from core.contract import log
 from core.contract.protocols import DistInfo

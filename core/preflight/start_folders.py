@@ -17,14 +17,20 @@ from typing import Any
 
 import torch
 
-from core.checkpoint.architecture import check_architecture
-from core.checkpoint.folders import STATE_FILE, check_fits, check_shapes, find_resume, verify, warn
-from core.checkpoint.resume import check_stream_world
-from core.checkpoint.retention import after_divergence
+from core.checkpoint import (
+    STATE_FILE,
+    Checkpointer,
+    check_architecture,
+    check_fits,
+    check_shapes,
+    check_stream_world,
+    verify,
+    warn,
+)
 from core.contract.errors import CheckpointError
 from core.contract.members import member
 from core.preflight.plugin_checks import call_plugin
-from core.runtime.disk import check_room, checkpoint_bytes, kept_at_once
+from core.runtime.disk import check_room, checkpoint_bytes
 from core.runtime.made_folders import made_by_this_start, probe_folder, remove_created
 
 
@@ -61,11 +67,11 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
     first one, and the weights of ``initial_load`` when there is none."""
     rc, components = prep.rc, prep.components
     ckpt = rc.sections["checkpoint"]
-    prep.resume_candidates = find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
+    prep.resume_candidates = Checkpointer.find_resume(ckpt, prep.checkpoint_root, model_meta, prep.architecture)
     if ckpt.every or ckpt.at_end:  # room on the disk for the checkpoints it writes (not for a stop's alone)
         size = checkpoint_bytes(model_meta, member("optimizer", components["optimizer"], "state_bytes_per_param"))
-        check_room(prep.checkpoint_root, size, kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
-    if ckpt.resume == "auto" and (diverged := after_divergence(Path(rc.train.output_dir), prep.resume_candidates)) is not None:
+        check_room(prep.checkpoint_root, size, Checkpointer.kept_at_once(ckpt, prep.total_steps), len(prep.resume_candidates), "[checkpoint].dir")
+    if ckpt.resume == "auto" and (diverged := Checkpointer.after_divergence(Path(rc.train.output_dir), prep.resume_candidates)) is not None:
         line, candidates = diverged
         warn(line)  # rank 0; core.plan says it too
         if candidates[0] != prep.resume_candidates[0]:
@@ -79,7 +85,7 @@ def check_checkpoints(prep: Any, model_meta: torch.nn.Module) -> None:
         check_stream_world(prep.resume_from, state, prep.world_size)  # the core's own word, for any stream
     initial = ckpt.initial_load
     if initial and prep.resume_from is None:
-        from core.checkpoint.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
+        from core.weights import HF_INDEX, hf_index_files, load_weights, weights_kind
 
         try:
             kind = weights_kind(Path(initial))  # exists, known layout

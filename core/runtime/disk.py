@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -55,13 +54,3 @@ def check_room(root: Path, size: int, kept: int, kept_now: int, what: str) -> No
             f"{what} = {root}: {size_text(free)} free holds {free // size:,} more checkpoint(s) of about {size_text(size)}; "
             f"this run keeps up to {kept:,} at once: the disk may fill before the run ends (a save that finds it full stops the run, exit 74)"
         )
-
-
-def kept_at_once(opts: Any, total_steps: int) -> int:
-    """Checkpoints the disk must hold at once: ``keep_latest`` (while one is written, a disk short of room
-    has the oldest removed first, :mod:`core.checkpoint.room`; the newest stays until it commits, so at
-    least two), and the lowest-loss and best ones kept beside them; every save when ``keep_latest = 0``."""
-    saves = (total_steps // opts.every if opts.every else 0) + 1  # the end's, or a stop's
-    if not opts.keep_latest:
-        return saves
-    return min(saves, max(opts.keep_latest, 2) + int(opts.keep_lowest_loss) + opts.keep_best)

@@ -9,7 +9,8 @@ after the marker itself is on disk. DCP fsyncs the shards and ``.metadata`` it w
 
 * :func:`write_durable` writes a file and fsyncs it;
 * :func:`sync_dir` fsyncs a folder, so that the names created, renamed or removed in it persist;
-* :func:`replace_durable` is write-to-temporary, fsync, ``os.replace``, fsync of the folder.
+* :func:`replace_durable` is write-to-temporary, fsync, ``os.replace``, fsync of the folder;
+* :class:`Checksum` is the running CRC-32 a checkpoint's files are written and checked with.
 
 A file system that cannot fsync a folder (``EINVAL``, ``ENOTSUP``: some network and FUSE file
 systems) makes :func:`sync_dir` a no-op; any other error is raised, as a failed write would be.
@@ -19,7 +20,11 @@ from __future__ import annotations
 
 import errno
 import os
+import zlib
 from pathlib import Path
+from typing import Any
+
+from core.runtime import watchdog
 
 _NO_DIR_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EISDIR, errno.EACCES}
 
@@ -61,3 +66,17 @@ def replace_durable(path: Path, text: str) -> None:
         raise
     os.replace(tmp, path)
     sync_dir(path.parent)
+
+
+class Checksum:
+    """A running CRC-32, fed while a file is written or read."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.crc32(data, self.value)
+        watchdog.alive()  # a block written or checked: a long save or resume check that moves is no stall
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"

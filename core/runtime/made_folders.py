@@ -2,7 +2,7 @@
 
 :func:`probe_folder` makes a folder (with missing parents) and proves it writable; the folders a
 training start made and kept are recorded in :data:`made_by_this_start`, so that a refusal found
-later, once the process group exists (:mod:`core.checkpoint.shared_folder`), removes them again
+later, once the process group exists (:mod:`core.checkpoint.resume`), removes them again
 (:func:`remove_what_this_start_made`), each only if it is still empty. Nothing else is touched.
 """
 
@@ -72,7 +72,7 @@ def remove_created(created: list[Path]) -> None:
 
 
 # The folders this process's start created (kept): a refusal found later, once the process group
-# exists (core.checkpoint.shared_folder), removes them again on the ranks it ends.
+# exists (core.checkpoint.resume), removes them again on the ranks it ends.
 made_by_this_start: list[Path] = []
 
 

@@ -73,7 +73,7 @@ class Llama3Spec:
 
     def resolved_architecture(self) -> dict[str, Any]:
         """The architecture options as built: the flavor's values where the config left 0 or "flavor"
-        (a resume compares these, ``core.checkpoint.architecture``). The flavor itself is no function."""
+        (a resume compares these, ``core.checkpoint.folders``). The flavor itself is no function."""
         return {name: getattr(self.args, name) for name in self.architecture_options if name != "flavor"}
 
     @classmethod

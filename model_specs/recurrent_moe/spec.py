@@ -20,7 +20,7 @@ class RecurrentMoESpec:
 
     def resolved_architecture(self) -> dict[str, Any]:
         """What the weights compute, as built from the flavor and the options (a resume compares these,
-        ``core.checkpoint.architecture``): the loop and routing counts and the flavor's shapes."""
+        ``core.checkpoint.folders``): the loop and routing counts and the flavor's shapes."""
         a, b = self.args, self.args.base
         shapes = {k: getattr(b, k) for k in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps")}
         return {

@@ -1,6 +1,6 @@
 """A resume never loads a checkpoint into a model whose architecture changed with every shape kept.
 
-Before core/checkpoint/architecture.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
+Before core/checkpoint/folders.py a resume with another ``model.n_heads`` (and ``n_kv_heads``:
 the same shapes), ``tie_embeddings`` or ``norm_eps`` loaded, named only in the "config differs"
 note, and trained another function from the saved weights. The model spec declares the options
 that define its function (``architecture_options``, core/contract/members.py); ``rope_theta`` is not one
@@ -16,8 +16,8 @@ import pytest
 from conftest import run_here, run_module, write_tiny_config
 
 from core.checkpoint import resume
-from core.checkpoint.architecture import RESOLVED, check_architecture, run_architecture, saved_model_section
 from core.checkpoint.checkpointer import CheckpointDir
+from core.checkpoint.folders import RESOLVED, check_architecture, run_architecture, saved_model_section
 from core.config.sections import CheckpointOptions
 from core.contract.errors import ConfigError
 from core.contract.protocols import DistInfo

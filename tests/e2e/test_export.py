@@ -46,7 +46,7 @@ def export(ckpt, fmt, out, *extra):
 def test_safetensors_reloads_byte_for_byte(trained, tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from core.checkpoint.weights import checkpoint_model
+    from core.weights import checkpoint_model
 
     _, ckpt = trained
     _, _, model = checkpoint_model(ckpt)
@@ -66,7 +66,7 @@ def test_safetensors_reloads_byte_for_byte(trained, tmp_path, capsys):
 
 def test_hf_export_loads_in_transformers_with_matching_logits(trained, tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
-    from core.checkpoint.weights import checkpoint_model
+    from core.weights import checkpoint_model
 
     _, ckpt = trained
     _, _, model = checkpoint_model(ckpt)
@@ -86,7 +86,7 @@ def test_a_qk_norm_model_exports_as_qwen3_with_matching_logits_and_starts_a_run(
     transformers = pytest.importorskip("transformers", reason="transformers is a test-only dependency (extra 'dev')")
     from safetensors.torch import load_file
 
-    from core.checkpoint.weights import checkpoint_model
+    from core.weights import checkpoint_model
 
     cfg, _ = trained
     run = tmp_path / "run"

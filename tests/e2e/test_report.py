@@ -31,7 +31,7 @@ def test_report_writes_every_artifact(tiny_config, tmp_path):
     assert any(r["name"] == "val_loss" for r in rows)
     from safetensors.torch import load_file
 
-    from core.checkpoint.weights import checkpoint_model
+    from core.weights import checkpoint_model
 
     _, _, model = checkpoint_model(tmp_path / "out" / "checkpoints" / "step_000000004")
     final = load_file(str(out / "final.safetensors"))
@@ -76,7 +76,7 @@ def test_report_skips_a_damaged_metrics_line_and_names_a_damaged_final_checkpoin
     state = json.loads((final / "state.json").read_text())
     state["train"] = []  # a writer's bug, committed as it is
     (final / "state.json").write_text(json.dumps(state))
-    from core.checkpoint.integrity import manifest_files
+    from core.checkpoint.folders import manifest_files
 
     manifest = json.loads((final / "COMMITTED").read_text())
     manifest.update(manifest_files(final, exclude="COMMITTED", known={}))

@@ -1,6 +1,6 @@
 """A resumed run trains with its own config's optimizer settings, not the checkpoint's, and says which changed.
 
-Before core/checkpoint/hyperparams.py, DCP's optimizer load restored every param-group setting as saved:
+Before core/checkpoint/resume.py, DCP's optimizer load restored every param-group setting as saved:
 ``--optimizer.lr=...`` on a resumed run was silently ignored, and a checkpoint saved with
 ``impl = "foreach"`` crashed a resume under the fused default (``found_inf`` reached the foreach kernel).
 """
@@ -155,7 +155,7 @@ def test_an_indexed_source_cannot_continue_the_positions_of_a_stream(tmp_path):
 def test_the_config_line_names_config_not_what_plait_derived_from_it():
     """A resume on another world size listed ``derived.world_size`` and ``derived.grad_accum`` as
     config that "differs": plait writes them into config.resolved.toml for the reader, nobody sets them."""
-    from core.checkpoint.hyperparams import config_differences
+    from core.checkpoint.resume import config_differences
 
     saved = {"train": {"steps": 4, "seed": 1}, "derived": {"world_size": 2, "grad_accum": 2}}
     now = {"train": {"steps": 6, "seed": 2}, "derived": {"world_size": 1, "grad_accum": 4}}

@@ -57,6 +57,19 @@ def test_keep_lowest_loss_off_prunes_by_step_alone(tmp_path):
     assert "lowest training loss" not in r.stderr
 
 
+def test_keep_every_keeps_every_nth_step_for_good_and_a_resume_goes_on_from_the_newest(tmp_path):
+    body = "[checkpoint]\nevery = 2\nkeep_latest = 1\nkeep_every = 4\nkeep_lowest_loss = false\n"
+    cfg = write_tiny_config(tmp_path, steps=12, body=body)
+    root = tmp_path / "out" / "checkpoints"
+    r = run_module("core.train", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert steps_in(root) == ["step_000000004", "step_000000008", "step_000000012"]
+    r = run_module("core.train", "--config", str(cfg), "--train.steps=18")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed from {root / 'step_000000012'} at step 12" in r.stdout + r.stderr, r.stdout[-2000:]
+    assert steps_in(root) == ["step_000000004", "step_000000008", "step_000000012", "step_000000016", "step_000000018"]
+
+
 def test_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=12, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
     root = tmp_path / "out" / "checkpoints"

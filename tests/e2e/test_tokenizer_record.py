@@ -19,7 +19,7 @@ CKPT = Path("out") / "checkpoints" / "step_000000003"
 
 def rewrite_state(ckpt: Path, state: dict) -> None:
     """``state.json`` replaced, and the COMMITTED manifest made to list it (a checkpoint as an older plait wrote it)."""
-    from core.checkpoint import integrity
+    from core.checkpoint import folders as integrity
 
     (ckpt / "state.json").write_text(json.dumps(state, indent=1))
     manifest = json.loads((ckpt / "COMMITTED").read_text())

@@ -95,11 +95,10 @@ def test_loading_a_nonfinite_checkpoint_is_refused(tmp_path):
 
 
 def test_a_save_calls_its_named_points_in_order(tmp_path):
-    """The seams of a save (core.checkpoint.save_points) that the kill-point and fault tests act at:
+    """The seams of a save (core.checkpoint.checkpointer) that the kill-point and fault tests act at:
     a sync save and an async one reach every point, in the order of the commit protocol, with the
     marker's text as it lands in COMMITTED."""
-    from core.checkpoint.checkpointer import Checkpointer
-    from core.checkpoint.save_points import SavePoints
+    from core.checkpoint.checkpointer import Checkpointer, SavePoints
 
     seen: list[tuple[str, int]] = []
 
@@ -268,7 +267,7 @@ def test_a_slow_async_copy_still_holds_the_state_of_its_step(tmp_path, monkeypat
     import threading
 
     from core.checkpoint import staging
-    from core.checkpoint.async_save import AsyncSaves
+    from core.checkpoint.checkpointer import AsyncSaves
 
     real, real_wait, real_start = staging.HostStager._copy, AsyncSaves.wait_for_copy, AsyncSaves.start
     waiting = threading.Event()  # the training loop has reached the wait for the copy of the save in flight

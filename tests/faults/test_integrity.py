@@ -19,7 +19,7 @@ import torch
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
 from shared import RunsAShellCommand, craft_metadata, recommit
 
-from core.checkpoint.integrity import checksum_file
+from core.checkpoint.folders import checksum_file
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_explicit_damaged_path_exits_2_with_one_line(shared, run, tmp_path):
 
 
 def test_manifest_without_checksums_is_size_checked_with_one_warning(shared, run, monkeypatch):
-    monkeypatch.setattr("core.checkpoint.integrity._warned_size_only", False)  # once per process: this test's process
+    monkeypatch.setattr("core.checkpoint.folders._warned_size_only", False)  # once per process: this test's process
     for step in (6, 8):  # written by an older plait: sizes only
         marker = ckpt(run, step) / "COMMITTED"
         manifest = json.loads(marker.read_text())

@@ -138,7 +138,7 @@ def test_a_data_file_changed_under_a_running_job_is_one_line_with_its_exit_statu
 
 def test_a_state_json_naming_a_larger_model_is_refused_before_it_is_built(tmp_path):
 
-    from core.checkpoint.integrity import manifest_files
+    from core.checkpoint.folders import manifest_files
 
     cfg = write_tiny_config(tmp_path, steps=1)
     assert run_module("core.train", "--config", str(cfg)).returncode == 0

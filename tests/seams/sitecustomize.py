@@ -2,7 +2,7 @@
 
 The seams that act at a point of a checkpoint save (pause, wait, damage, and the kill points of
 ``PLAIT_TEST_KILL_AT`` up to ``committed``) are observers of the save's named points
-(:mod:`core.checkpoint.save_points`); the others replace a function or method by its module path.
+(:mod:`core.checkpoint.checkpointer`); the others replace a function or method by its module path.
 
 ``PLAIT_TEST_CLOCK_FILE=PATH`` gives the budget guard the clock in that file.
 ``PLAIT_TEST_CRASH_AT_STEP=N`` raises in the step that would make step N.
@@ -40,7 +40,7 @@ _pause = os.environ.get("PLAIT_TEST_PAUSE_BEFORE_COMMIT", "")
 if _pause:
     import time
 
-    from core.checkpoint.save_points import SavePoints, observe
+    from core.checkpoint import SavePoints, observe
 
     _step, _seconds = int(_pause.split(":")[0]), float(_pause.split(":")[1])
 
@@ -93,8 +93,8 @@ if _kill_after:
 # ``PLAIT_TEST_DAMAGE_AFTER_COMMIT=STEP``: one byte flipped in a shard of that checkpoint after its commit.
 _damage = os.environ.get("PLAIT_TEST_DAMAGE_AFTER_COMMIT", "")
 if _damage:
-    from core.checkpoint.save_points import SavePoints as _DamagePoints
-    from core.checkpoint.save_points import observe as _observe_damage
+    from core.checkpoint import SavePoints as _DamagePoints
+    from core.checkpoint import observe as _observe_damage
 
     class _DamageAfterCommit(_DamagePoints):
         def after_commit(self, step, path):
@@ -117,8 +117,8 @@ def _wait_for(path):
 
 _wait_commit = os.environ.get("PLAIT_TEST_WAIT_BEFORE_COMMIT", "")
 if _wait_commit:
-    from core.checkpoint.save_points import SavePoints as _WaitPoints
-    from core.checkpoint.save_points import observe as _observe_wait
+    from core.checkpoint import SavePoints as _WaitPoints
+    from core.checkpoint import observe as _observe_wait
 
     _wait_step, _wait_path = _wait_commit.split(":", 1)
 
@@ -182,10 +182,10 @@ _kill_at = os.environ.get("PLAIT_TEST_KILL_AT", "")
 if _kill_at:
     import signal as _signal
 
+    from core.checkpoint import SavePoints as _KillPoints
+    from core.checkpoint import observe as _observe_kill
     from core.checkpoint import retention as _retention
     from core.checkpoint import safe_dcp as _kill_dcp
-    from core.checkpoint.save_points import SavePoints as _KillPoints
-    from core.checkpoint.save_points import observe as _observe_kill
     from core.runtime.durable_io import write_durable as _write_durable
 
     _kill_point, _kill_step, _kill_rank, _kill_who = _kill_at.split(":")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.checkpoint.architecture import RESOLVED, differences, run_architecture
+from core.checkpoint.folders import RESOLVED, differences, run_architecture
 from core.contract.errors import PluginError
 from core.contract.members import check_component
 from model_specs.llama3.spec import Llama3Spec

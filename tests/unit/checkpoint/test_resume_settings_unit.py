@@ -1,6 +1,6 @@
 """A resumed run trains with its own config's optimizer settings, not the checkpoint's, and says which changed.
 
-DCP's optimizer load restores every param-group setting as saved; core/checkpoint/hyperparams.py puts
+DCP's optimizer load restores every param-group setting as saved; core/checkpoint/resume.py puts
 this run's back, so ``--optimizer.lr=...`` applies on a resumed run and a checkpoint saved with
 ``impl = "foreach"`` resumes under the fused default.
 """
@@ -37,7 +37,7 @@ def test_new_betas_apply_to_a_torchao_optimizer_after_its_load_and_are_named(cap
     import torch
     from shared import build_optimizer
 
-    from core.checkpoint import hyperparams
+    from core.checkpoint import resume as hyperparams
     from model_specs.llama3.spec import Llama3Spec
 
     pytest.importorskip("torchao.optim", reason="adamw8bit is torchao's (a dependency of plait's)")

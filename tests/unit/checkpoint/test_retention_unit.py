@@ -92,3 +92,29 @@ def test_the_last_sound_checkpoint_is_held_while_a_newer_one_is_unmeasured_or_di
     assert tally.measure() == 2 and tally.measured == {2: 3.0} and tally.measure() is None
     tally.add(torch.tensor(1.0), weights_step=4)
     assert tally.measure() is None  # not armed again until the next save
+
+
+def test_the_retention_rule_keeps_the_newest_every_nth_step_and_the_pinned_ones():
+    from core.checkpoint import retained
+    from core.config.sections import CheckpointOptions
+
+    steps = list(range(2, 13, 2))
+    assert retained(steps, CheckpointOptions(keep_latest=1, keep_every=4)) == {4, 8, 12}
+    assert retained(steps, CheckpointOptions(keep_latest=2)) == {10, 12}
+    assert retained(steps, CheckpointOptions(keep_latest=1, keep_every=4), pinned={6}) == {4, 6, 8, 12}
+    assert retained(steps, CheckpointOptions(keep_latest=0, keep_every=4)) == set(steps)  # 0 keeps all
+
+
+def test_the_disk_check_counts_every_checkpoint_the_rule_keeps_at_once():
+    """Checkpointer.kept_at_once is never below what retained() holds on the disk while the next save is written."""
+    from core.checkpoint import Checkpointer, retained
+    from core.config.sections import CheckpointOptions
+
+    for every in (1, 2, 3):
+        for keep_latest in (0, 1, 2, 3):
+            for keep_every in (0, 2, 4, 5):
+                opts = CheckpointOptions(every=every, keep_latest=keep_latest, keep_every=keep_every, keep_lowest_loss=False)
+                saves = list(range(every, 25, every))
+                held = max(len(retained(saves[: i + 1], opts) | set(saves[max(0, i - 1) : i + 1])) for i in range(len(saves)))
+                assert Checkpointer.kept_at_once(opts, 24) >= held, (every, keep_latest, keep_every)
+    assert Checkpointer.kept_at_once(CheckpointOptions(every=2, keep_latest=1, keep_every=4, keep_lowest_loss=False), 12) == 2 + 3

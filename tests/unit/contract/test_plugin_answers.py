@@ -389,7 +389,7 @@ def test_a_resume_says_where_a_loader_of_its_own_continues(capsys):
     "per-rank stream positions". The key is declared now (``loader_consumed_samples``)."""
     from types import SimpleNamespace
 
-    from core.checkpoint.hyperparams import say_restored
+    from core.checkpoint.resume import say_restored
 
     state = SimpleNamespace(run=SimpleNamespace(step=3, tokens_seen=12), optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]), loader=OwnLoader(5))
     say_restored("ckpt", {"world_size": 2}, set(), state, 2)

@@ -383,8 +383,8 @@ def test_text_stream_resume_with_other_workers_is_refused():
 def test_hf_index_paths_must_stay_in_the_folder(tmp_path, name):
     import json
 
-    from core.checkpoint.weights import HF_INDEX, hf_index_files
     from core.contract.errors import CheckpointError
+    from core.weights import HF_INDEX, hf_index_files
 
     (tmp_path / HF_INDEX).write_text(json.dumps({"weight_map": {"a.weight": "model-1.safetensors", "b.weight": name}}))
     with pytest.raises(CheckpointError, match="weight_map names .* expected a file inside"):
@@ -400,7 +400,7 @@ def test_initial_load_export_of_another_shape_is_refused_by_plan(tiny_config, tm
     checkpoint folder's are, before the process group and model exist."""
     import torch
 
-    from core.checkpoint.weights import empty_model, save_hf, save_safetensors, spec_from_config
+    from core.weights import empty_model, save_hf, save_safetensors, spec_from_config
 
     section = {"name": "llama3", "flavor": "debug", "dim": 32, "n_layers": 2}  # the tiny config's model has dim 64
     spec = spec_from_config({"model": section}, "test")

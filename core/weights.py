@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-import core.checkpoint.folders  # noqa: F401  (its warning filter: DCP on one process, without a process group, is intended here)
+from core.checkpoint import COMMIT_MARKER, check_shapes, folder_of_checkpoints, read_model, verify
 from core.contract.errors import CheckpointError
 from core.contract.members import member
 from core.runtime.materialize import materialize
@@ -46,29 +46,14 @@ def empty_model(spec: Any) -> torch.nn.Module:
     return model
 
 
-def read_dcp_model(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Load the ``model`` part of a committed DCP checkpoint into ``model``'s tensors,
-    after checking every file against its checksum, through the safe reader."""
-    from core.checkpoint import safe_dcp
-    from core.checkpoint.folders import check_shapes, verify
-
-    verify(path)
-    check_shapes(path, model)
-    sd = model.state_dict()
-    safe_dcp.load({"model": sd}, path)
-    return sd
-
-
 def checkpoint_model(path: Path) -> tuple[Any, dict[str, Any], torch.nn.Module]:
     """(spec, resolved config, model with the checkpoint's weights) for a plait checkpoint folder."""
-    from core.checkpoint.folders import verify
-
-    meta = verify(path, shards=False)  # read_dcp_model checks the shards
+    meta = verify(path, shards=False)  # read_model checks the shards
     config = meta["config"]
     spec = spec_from_config(config, f"checkpoint {path}")
     check_buildable(path, spec)
     model = empty_model(spec)
-    read_dcp_model(path, model)
+    read_model(path, model)
     return spec, config, model
 
 
@@ -77,8 +62,6 @@ def check_buildable(path: Path, spec: Any) -> None:
     on the meta device, must have the shapes of the tensors the checkpoint's DCP metadata lists (a
     ``state.json`` edited to name a larger model is refused here), and its weights must fit in the
     memory this machine has available. Raises CheckpointError (one line, exit code 2)."""
-    from core.checkpoint.folders import check_shapes
-
     with torch.device("meta"):
         shell = spec.build()
     check_shapes(path, shell)
@@ -172,8 +155,6 @@ def save_hf(
 
 def weights_kind(path: Path) -> str:
     """``dcp``, ``safetensors`` (plait's export) or ``hf``, or a CheckpointError."""
-    from core.checkpoint.folders import COMMIT_MARKER
-
     if path.is_file() and path.suffix == ".safetensors":
         return "safetensors"
     if not path.is_dir():
@@ -190,8 +171,6 @@ def weights_kind(path: Path) -> str:
             return "safetensors"
         if (path / SAFETENSORS_FILE).is_file() or (path / HF_INDEX).is_file():
             return "hf"
-    from core.checkpoint.folders import folder_of_checkpoints
-
     raise CheckpointError(
         folder_of_checkpoints(path) or f"weights {path}: not a committed plait checkpoint, a plait safetensors export or a Hugging Face folder"
     )
@@ -215,7 +194,7 @@ def load_weights(path: Path, spec: Any, model: torch.nn.Module, shapes_only: boo
     read = _meta_tensors if shapes_only else load_file
     if kind == "dcp":
         target = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return read_dcp_model(path, _StateHolder(target))
+        return read_model(path, _StateHolder(target))
     if kind == "safetensors":
         file = path if path.is_file() else path / SAFETENSORS_FILE
         sd = read(str(file))
@@ -261,7 +240,7 @@ def hf_index_files(index: Path) -> list[str]:
 
 
 class _StateHolder(torch.nn.Module):
-    """A module whose state_dict is a given dict (lets read_dcp_model fill a copy)."""
+    """A module whose state_dict is a given dict (lets read_model fill a copy)."""
 
     def __init__(self, sd: dict[str, torch.Tensor]) -> None:
         super().__init__()
