@@ -248,8 +248,15 @@ def check_fits(opts: CheckpointOptions, path: Path, model_meta: torch.nn.Module 
     an error, never a fallback (starting fresh would later prune the run's real checkpoints)."""
     if "model" in opts.exclude_from_loading:
         return
-    if model_meta is not None:
-        check_shapes(path, model_meta)
+    try:
+        if model_meta is not None:
+            check_shapes(path, model_meta)
+    except CheckpointError as shapes:  # a changed architecture option is the cause to name first (qk_norm adds keys)
+        try:
+            check_architecture(path, architecture, explicit=opts.resume != "auto")
+        except ConfigError as changed:
+            raise ConfigError(f"{changed} ({shapes})") from None
+        raise
     check_architecture(path, architecture, explicit=opts.resume != "auto")
 
 

@@ -73,13 +73,14 @@ def test_a_resume_with_other_heads_of_the_same_shapes_exits_2_with_one_line_and_
 
 
 def test_a_resume_that_turns_on_qk_norm_is_refused_as_an_architecture_change(saved, tmp_path):
-    """qk_norm adds weights the checkpoint lacks (the shapes, compared first, say so: one line, exit 2, before
-    any step); its resolved value is recorded, so the architecture comparison names it too."""
+    """qk_norm adds weights the checkpoint lacks: one line, exit 2, before any step, that names the
+    architecture change first and the missing weights after it."""
     cfg = copy_run(saved, tmp_path)
     before = files(tmp_path / "out" / "checkpoints")
     proc = run_module("core.train", "--config", str(cfg), "--train.steps=6", "--model.qk_norm=true")
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = proc.stderr.strip().splitlines()
+    assert "another model architecture: model.qk_norm False -> True; " in line, line
     assert "lacks model keys" in line and "attention.k_norm.weight" in line and "attention.q_norm.weight" in line, line
     assert "training steps" not in proc.stdout
     assert files(tmp_path / "out" / "checkpoints") == before
