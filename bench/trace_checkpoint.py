@@ -11,7 +11,7 @@ file whose code is called during:
 
 Prints the counts and, with ``--files``, the files.
 
-    python -m bench.trace_checkpoint [--files]
+    python -m bench.trace_checkpoint [--files] [--record]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def traced(action: Callable[[], Any]) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--files", action="store_true", help="list the files, not only count them")
+    p.add_argument("--record", action="store_true", help="append the counts to bench/results.jsonl")
     args = p.parse_args(argv)
     import torch
 
@@ -85,12 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         loaded = traced(resume)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    table = "| traced | repository files | in core/checkpoint/ |\n|---|---|---|\n"
     for what, files in (("save", save), ("resume", loaded)):
-        inside = sum(f.startswith("core/checkpoint/") for f in files)
-        print(f"{what}: {len(files)} repository files ({inside} in core/checkpoint/)")
-        if args.files:
-            for f in sorted(files):
-                print(f"  {f}")
+        table += f"| {what} | {len(files)} | {sum(f.startswith('core/checkpoint/') for f in files)} |\n"
+    print(table)
+    if args.files:
+        for what, files in (("save", save), ("resume", loaded)):
+            print(f"{what}:\n" + "".join(f"  {f}\n" for f in sorted(files)))
+    if args.record:
+        from bench.common import report
+
+        report("checkpoint files traced", table)
     return 0
 
 
