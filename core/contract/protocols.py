@@ -51,22 +51,24 @@ SLOT_DOCS: dict[str, str] = {
 class DistInfo:
     """Where this process sits in the job: ``rank`` (0-based, over every node), ``world_size`` (the
     job's processes), ``local_rank`` (on its node), ``device`` (this process's torch device) and
-    ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group). Every rank is a
-    data-parallel rank: ``dp_rank`` and ``dp_size`` are ``rank`` and ``world_size``."""
+    ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group) and ``tp`` (ranks of one
+    tensor-parallel group, consecutive ranks: they read the same batches). ``dp_rank`` and ``dp_size``:
+    this rank's data-parallel group and their count, ``rank // tp`` and ``world_size // tp``."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "none"
+    tp: int = 1
 
     @property
     def dp_rank(self) -> int:
-        return self.rank
+        return self.rank // self.tp
 
     @property
     def dp_size(self) -> int:
-        return self.world_size
+        return self.world_size // self.tp
 
     @property
     def is_main(self) -> bool:

@@ -117,6 +117,6 @@ def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.Cont
         micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates, rc.seq_len, c["model"].vocab_size, state)
         micro = control.agree(micro, "min")  # the smallest rank's answer
     rc.train.micro_batch = micro
-    prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
+    prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.dp_size)
     if dist.is_main:
         log.info(f'micro_batch = "auto" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}')
