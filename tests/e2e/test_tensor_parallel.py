@@ -1,0 +1,86 @@
+"""Tensor + sequence parallelism (``[parallelism] fsdp2`` with ``tp``) on CPU with gloo, real processes:
+a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
+and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
+order); the document mask with per-document RoPE positions too; and a tp = 2 checkpoint resumes
+under data parallelism alone (DCP reshards) with the uninterrupted run's next losses."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import REPO, read_metrics, run_module, torchrun
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-5  # relative, on loss and gradient norm
+
+
+def curve(out):
+    rows = read_metrics(out)
+    return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
+
+
+def train(nproc, cfg, out, *args):
+    argv = ("--config", str(cfg), f"--train.output_dir={out}", *args)
+    proc = run_module("core.train", *argv) if nproc == 1 else torchrun(nproc, *argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_tp_and_fsdp_x_tp_equal_one_process_and_a_tp_checkpoint_resumes_under_dp(tiny_config, tmp_path):
+    cfg = tiny_config(steps=5)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
+
+    tp = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--checkpoint.every=3")
+    assert "x 1 data-parallel ranks (2 ranks, tp 2) x 4 accumulation" in tp.stdout, tp.stdout
+    loss, norm = curve(tmp_path / "tp2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+
+    two_d = train(4, cfg, tmp_path / "dp2tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--train.activation_checkpointing=full")
+    assert "x 2 data-parallel ranks (4 ranks, tp 2) x 2 accumulation" in two_d.stdout, two_d.stdout
+    loss, norm = curve(tmp_path / "dp2tp2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+
+    # the tp = 2 run's step-3 checkpoint, resumed by fsdp2 over 2 data-parallel ranks (no tp)
+    ckpt = tmp_path / "tp2" / "checkpoints" / "step_000000003"
+    resumed = train(2, cfg, tmp_path / "dp2", "--parallelism.name=fsdp2", f"--checkpoint.resume={ckpt}")
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "dp2")
+    assert [r["step"] for r in read_metrics(tmp_path / "dp2")] == [4, 5]
+    assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL)
+
+
+def short_documents(folder):
+    """A token_bin folder of Shakespeare's bytes cut into documents of 20 to 60 tokens (eos 256), so
+    every 128-token sample holds several."""
+    src = REPO / "plugins" / "data" / "corpus" / "shakespeare"
+    meta = json.loads((src / "meta.json").read_text())
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 200_000), ("val", 20_000)):
+        text = np.fromfile(src / f"{split}.bin", dtype=np.uint16)[:n]
+        text = text[text != 256]
+        cuts = np.cumsum(rng.integers(20, 60, size=n // 20))
+        cuts = cuts[cuts < len(text)]
+        out = np.insert(text, cuts, 256).astype(np.uint16)
+        out.tofile(folder / f"{split}.bin")
+        meta["tokens"][split], meta["documents"][split] = len(out), len(cuts)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def test_document_mask_under_sequence_parallelism_equals_one_process(tiny_config, tmp_path):
+    data = short_documents(tmp_path)
+    cfg = tiny_config(steps=3)
+    mask = ("--model.attention_mask=document", "--model.rope_positions=document", f"--data.path={data}")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", *mask)
+    one_loss, one_norm = curve(tmp_path / "one")
+    causal = tmp_path / "causal"
+    train(1, cfg, causal, "--parallelism.name=single", f"--data.path={data}")
+    assert curve(causal)[0] != pytest.approx(one_loss, rel=1e-3)  # the mask changes the function here
+    train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", *mask)
+    loss, norm = curve(tmp_path / "tp2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
