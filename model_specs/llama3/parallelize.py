@@ -21,14 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
 
 from core.api import ConfigError
 from model_specs.llama3.model import Llama3Options, Transformer
@@ -59,7 +51,11 @@ def _inner(module: nn.Module) -> nn.Module:
 
 
 def parallelize_tensor(model: Transformer, tp_mesh: Any) -> None:
-    """Shard ``model``'s modules over ``tp_mesh`` in place (see the module's docstring)."""
+    """Shard ``model``'s modules over ``tp_mesh`` in place (see the module's docstring). DTensor is
+    imported here, by a run that uses it: loading the plugins leaves it out (seconds of imports)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
+
     parallelize_module(
         model,
         tp_mesh,

@@ -57,13 +57,10 @@ class FSDP2:
             raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp}: pipeline parallelism is not supported yet; expected pp = 1")
         if world_size % o.tp:
             raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
-        dp = world_size // o.tp
-        if dp % o.replicate:
-            raise ConfigError(
-                f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the data-parallel degree {dp} (world size {world_size} / tp {o.tp})"
-            )
         if o.tp > 1 and o.replicate > 1:
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} with tp = {o.tp} is not supported yet; expected replicate = 1 or tp = 1")
+        if world_size % o.replicate:
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the world size {world_size}")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
