@@ -219,6 +219,10 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) 
     call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
     if precision_name in ("fp8", "mxfp8", "te_fp8"):
         raise ConfigError(f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet; expected fp32 or bf16")
+    if rc.train.compile:
+        raise ConfigError(
+            f"{where}: train.compile with tensor parallelism is not supported yet (a compiled block's backward fails in DTensor); expected compile = false"
+        )
     if rc.seq_len % tp:
         raise ConfigError(f"{where}: data.seq_len {rc.seq_len} is not divisible by tp (sequence parallelism splits it); expected a multiple of {tp}")
     return tp

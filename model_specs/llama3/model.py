@@ -536,10 +536,12 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         h = self.norm(h)
-        if self.vocab_parallel:  # tensor parallel: the loss on the sharded logits (under loss_parallel in training)
+        if self.vocab_parallel:  # tensor parallel: the logits are sharded over the vocabulary
             logits = self.output(h)
-            if labels is None:
-                return logits.full_tensor()
+            if labels is None or not torch.is_grad_enabled():  # generation, evaluation: this micro-batch's logits gathered
+                full = logits.full_tensor()
+                return full if labels is None else F.cross_entropy(full.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            # training: on the sharded logits, under the parallelism's loss_parallel (its sync_context, forward and backward)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
             return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         if labels is None:

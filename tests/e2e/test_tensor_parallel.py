@@ -1,7 +1,7 @@
 """Tensor + sequence parallelism (``[parallelism] fsdp2`` with ``tp``) on CPU with gloo, real processes:
 a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
-order); the document mask with per-document RoPE positions too; and a tp = 2 checkpoint resumes
+order), and the validation losses too; the document mask with per-document RoPE positions too; and a tp = 2 checkpoint resumes
 under data parallelism alone (DCP reshards) with the uninterrupted run's next losses."""
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ def train(nproc, cfg, out, *args):
 
 def test_tp_and_fsdp_x_tp_equal_one_process_and_a_tp_checkpoint_resumes_under_dp(tiny_config, tmp_path):
     cfg = tiny_config(steps=5)
-    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--validation.every=3")
     one_loss, one_norm = curve(tmp_path / "one")
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
 
-    tp = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--checkpoint.every=3")
+    tp = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--checkpoint.every=3", "--validation.every=3")
     assert "x 1 data-parallel ranks (2 ranks, tp 2) x 4 accumulation" in tp.stdout, tp.stdout
     loss, norm = curve(tmp_path / "tp2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+    # validation runs outside loss_parallel: the evaluated micro-batch's logits gathered
+    val = [[r["val_loss"] for r in read_metrics(tmp_path / run, "val")] for run in ("one", "tp2")]
+    assert len(val[0]) == 2 and val[1] == pytest.approx(val[0], rel=TOL)
 
     two_d = train(4, cfg, tmp_path / "dp2tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--train.activation_checkpointing=full")
     assert "x 2 data-parallel ranks (4 ranks, tp 2) x 2 accumulation" in two_d.stdout, two_d.stdout
