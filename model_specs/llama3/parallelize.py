@@ -34,8 +34,6 @@ def check_tensor_parallel(args: Llama3Options, tp: int) -> None:
     for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
         if getattr(args, name) % tp:
             raise ConfigError(f"{where}: {name} = {getattr(args, name)} is not divisible by tp; expected a multiple of {tp}")
-    if args.tied:
-        raise ConfigError(f"{where}: tied embeddings are not supported under tensor parallelism yet; expected tie_embeddings = false")
     if args.qk_norm:
         raise ConfigError(f"{where}: qk_norm is not supported under tensor parallelism yet; expected qk_norm = false")
     if args.loss_chunk_tokens:
@@ -81,4 +79,7 @@ def parallelize_tensor(model: Transformer, tp_mesh: Any) -> None:
     }
     for block in model.layers:
         parallelize_module(_inner(block), tp_mesh, block_plan)
+    # Both are sharded over the vocabulary (row-wise embedding, column-wise head: Shard(0) of the same
+    # [vocab, dim] matrix), each distributed as a parameter of its own: tied again, one parameter.
+    model.tie_weights()
     model.vocab_parallel = True

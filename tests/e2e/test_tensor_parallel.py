@@ -1,7 +1,8 @@
 """Tensor + sequence parallelism (``[parallelism] fsdp2`` with ``tp``) on CPU with gloo, real processes:
 a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
-order), and the validation losses too; the document mask with per-document RoPE positions too; and a tp = 2 checkpoint resumes
+order), and the validation losses too; the document mask with per-document RoPE positions, and a
+head tied to the embedding, too; and a tp = 2 checkpoint resumes
 under data parallelism alone (DCP reshards) with the uninterrupted run's next losses."""
 
 from __future__ import annotations
@@ -85,5 +86,17 @@ def test_document_mask_under_sequence_parallelism_equals_one_process(tiny_config
     train(1, cfg, causal, "--parallelism.name=single", f"--data.path={data}")
     assert curve(causal)[0] != pytest.approx(one_loss, rel=1e-3)  # the mask changes the function here
     train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", *mask)
+    loss, norm = curve(tmp_path / "tp2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+
+
+def test_a_tied_head_under_tensor_parallelism_equals_one_process(tiny_config, tmp_path):
+    """The row-wise embedding and the column-wise head shard one [vocab, dim] matrix alike: tied again
+    after sharding, one parameter, the one-process losses."""
+    cfg = tiny_config(steps=3)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--model.tie_embeddings=true")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--model.tie_embeddings=true")
+    assert "205,120 parameters" in proc.stdout, proc.stdout  # the tied count (237,888 untied)
     loss, norm = curve(tmp_path / "tp2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
