@@ -34,8 +34,6 @@ def check_tensor_parallel(args: Llama3Options, tp: int) -> None:
     for name in ("n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
         if getattr(args, name) % tp:
             raise ConfigError(f"{where}: {name} = {getattr(args, name)} is not divisible by tp; expected a multiple of {tp}")
-    if args.qk_norm:
-        raise ConfigError(f"{where}: qk_norm is not supported under tensor parallelism yet; expected qk_norm = false")
     if args.loss_chunk_tokens:
         raise ConfigError(f"{where}: loss_chunk_tokens (chunked loss) is not supported under tensor parallelism; expected 0 (the loss is vocabulary-parallel)")
 
@@ -77,6 +75,11 @@ def parallelize_tensor(model: Transformer, tp_mesh: Any) -> None:
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
+    if model.args.qk_norm:
+        # each rank's own heads [B, T, H / tp, head_dim], sharded along the heads: the norm weights replicated,
+        # their gradients summed over the ranks
+        heads = SequenceParallel(sequence_dim=2, use_local_output=True)
+        block_plan |= {"attention.q_norm": heads, "attention.k_norm": heads}
     for block in model.layers:
         parallelize_module(_inner(block), tp_mesh, block_plan)
     # Both are sharded over the vocabulary (row-wise embedding, column-wise head: Shard(0) of the same

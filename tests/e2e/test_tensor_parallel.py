@@ -2,7 +2,7 @@
 a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
 order), and the validation losses too; the document mask with per-document RoPE positions, and a
-head tied to the embedding, too; and a tp = 2 checkpoint resumes
+head tied to the embedding with per-head q/k norms, too; and a tp = 2 checkpoint resumes
 under data parallelism alone (DCP reshards) with the uninterrupted run's next losses."""
 
 from __future__ import annotations
@@ -90,13 +90,15 @@ def test_document_mask_under_sequence_parallelism_equals_one_process(tiny_config
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
 
 
-def test_a_tied_head_under_tensor_parallelism_equals_one_process(tiny_config, tmp_path):
+def test_a_tied_head_and_qk_norm_under_tensor_parallelism_equal_one_process(tiny_config, tmp_path):
     """The row-wise embedding and the column-wise head shard one [vocab, dim] matrix alike: tied again
-    after sharding, one parameter, the one-process losses."""
+    after sharding, one parameter. The per-head q/k norms run on each rank's own heads, their weights
+    replicated and their gradients summed. Both give the one-process losses."""
     cfg = tiny_config(steps=3)
-    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--model.tie_embeddings=true")
+    options = ("--model.tie_embeddings=true", "--model.qk_norm=true")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", *options)
     one_loss, one_norm = curve(tmp_path / "one")
-    proc = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--model.tie_embeddings=true")
-    assert "205,120 parameters" in proc.stdout, proc.stdout  # the tied count (237,888 untied)
+    proc = train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", *options)
+    assert "205,184 parameters" in proc.stdout, proc.stdout  # tied, with q/k norms (237,888 untied, without)
     loss, norm = curve(tmp_path / "tp2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)

@@ -43,7 +43,6 @@ def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(
         (2, ["--parallelism.tp=2", "--parallelism.cpu_offload=true"], "cpu_offload with tp = 2 is not supported"),
         (2, ["--parallelism.tp=2", "--model.name=recurrent_moe"], "[parallelism] tp = 2: model 'recurrent_moe' has no tensor-parallel plan"),
         (4, ["--parallelism.tp=4", "--model.n_kv_heads=2"], "[model] llama3: n_kv_heads = 2 is not divisible by tp; expected a multiple of 4"),
-        (2, ["--parallelism.tp=2", "--model.qk_norm=true"], "qk_norm is not supported under tensor parallelism yet"),
         (2, ["--parallelism.tp=2", "--model.loss_chunk_tokens=64"], "loss_chunk_tokens (chunked loss) is not supported under tensor parallelism"),
         (2, ["--parallelism.tp=2", "--precision.name=fp8"], "precision 'fp8' under tensor parallelism is not supported yet"),
         (2, ["--parallelism.tp=2", "--train.compile=true"], "train.compile with tensor parallelism is not supported yet"),
