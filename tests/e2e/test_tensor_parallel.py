@@ -3,7 +3,8 @@ a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpoint
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
 order), and the validation losses too; the document mask with per-document RoPE positions, and a
 head tied to the embedding with per-head q/k norms, too; and a tp = 2 checkpoint resumes
-under data parallelism alone (DCP reshards) with the uninterrupted run's next losses."""
+under data parallelism alone and on one process, and a one-process checkpoint under tp = 2 (DCP
+reshards), with the uninterrupted run's next losses."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def train(nproc, cfg, out, *args):
 
 def test_tp_and_fsdp_x_tp_equal_one_process_and_a_tp_checkpoint_resumes_under_dp(tiny_config, tmp_path):
     cfg = tiny_config(steps=5)
-    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--validation.every=3")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--validation.every=3", "--checkpoint.every=3")
     one_loss, one_norm = curve(tmp_path / "one")
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
 
@@ -56,6 +57,15 @@ def test_tp_and_fsdp_x_tp_equal_one_process_and_a_tp_checkpoint_resumes_under_dp
     loss, norm = curve(tmp_path / "dp2")
     assert [r["step"] for r in read_metrics(tmp_path / "dp2")] == [4, 5]
     assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL)
+
+    # ... on one process, and back: the one-process run's step-3 checkpoint resumed under tp = 2
+    for nproc, out, layout, saved in ((1, "one_again", "single", "tp2"), (2, "tp2_again", "fsdp2", "one")):
+        ckpt = tmp_path / saved / "checkpoints" / "step_000000003"
+        tp_args = ("--parallelism.tp=2",) if nproc == 2 else ()
+        resumed = train(nproc, cfg, tmp_path / out, f"--parallelism.name={layout}", *tp_args, f"--checkpoint.resume={ckpt}")
+        assert "at step 3" in resumed.stdout, resumed.stdout
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL)
 
 
 def short_documents(folder):
