@@ -2,7 +2,8 @@
 a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
 order), and the validation losses too; the document mask with per-document RoPE positions, and a
-head tied to the embedding with per-head q/k norms, too; and a tp = 2 checkpoint resumes
+head tied to the embedding with per-head q/k norms, too, whose checkpoint exports the one-process
+weights; and a tp = 2 checkpoint resumes
 under data parallelism alone and on one process, and a one-process checkpoint under tp = 2 (DCP
 reshards), with the uninterrupted run's next losses."""
 
@@ -12,7 +13,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from conftest import REPO, read_metrics, run_module, torchrun
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +115,15 @@ def test_a_tied_head_and_qk_norm_under_tensor_parallelism_equal_one_process(tiny
     assert "205,184 parameters" in proc.stdout, proc.stdout  # tied, with q/k norms (237,888 untied, without)
     loss, norm = curve(tmp_path / "tp2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+    # export reads the tp checkpoint as any other: the one-process run's weights
+    weights = {}
+    for run in ("one", "tp2"):
+        exported = tmp_path / run / "exported"
+        proc = run_module(
+            "core.export", "--checkpoint", str(tmp_path / run / "checkpoints" / "step_000000003"), "--format", "safetensors", "--out", str(exported)
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        weights[run] = load_file(exported / "model.safetensors")
+    assert sorted(weights["tp2"]) == sorted(weights["one"])
+    for name, w in weights["one"].items():
+        torch.testing.assert_close(weights["tp2"][name], w, rtol=1e-5, atol=1e-5)
