@@ -223,6 +223,10 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) 
         raise ConfigError(
             f"{where}: train.compile with tensor parallelism is not supported yet (a compiled block's backward fails in DTensor); expected compile = false"
         )
+    if rc.train.micro_batch == "auto":
+        raise ConfigError(
+            f'{where}: train.micro_batch = "auto" with tensor parallelism is not supported yet (its probe runs outside loss_parallel); expected a number'
+        )
     if rc.seq_len % tp:
         raise ConfigError(f"{where}: data.seq_len {rc.seq_len} is not divisible by tp (sequence parallelism splits it); expected a multiple of {tp}")
     return tp
