@@ -1,7 +1,7 @@
 """Tensor + sequence parallelism (``[parallelism] fsdp2`` with ``tp``) on CPU with gloo, real processes:
 a 2-rank tp = 2 run and a 4-rank dp = 2 x tp = 2 run (with activation checkpointing) give the losses
 and gradient norms of one process (relative tolerance 1e-5: the same float32 math summed in another
-order), and the validation losses too; the document mask with per-document RoPE positions, and a
+order), and the validation losses too; the document mask with per-document RoPE positions (with selective activation checkpointing), and a
 head tied to the embedding with per-head q/k norms, too, whose checkpoint exports the one-process
 weights; and a tp = 2 checkpoint resumes
 under data parallelism alone and on one process, and a one-process checkpoint under tp = 2 (DCP
@@ -98,7 +98,7 @@ def test_document_mask_under_sequence_parallelism_equals_one_process(tiny_config
     causal = tmp_path / "causal"
     train(1, cfg, causal, "--parallelism.name=single", f"--data.path={data}")
     assert curve(causal)[0] != pytest.approx(one_loss, rel=1e-3)  # the mask changes the function here
-    train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", *mask)
+    train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--train.activation_checkpointing=selective", *mask)
     loss, norm = curve(tmp_path / "tp2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
 
