@@ -21,10 +21,10 @@ import torch
 from core.checkpoint.checkpointer import TrainingState
 from core.checkpoint.rng import seed_everything
 from core.contract import log
-from core.contract.errors import PluginError
+from core.contract.errors import ConfigError, PluginError
 from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
-from core.contract.protocols import DistInfo, LoaderSpec, output_head_params
+from core.contract.protocols import DistInfo, LoaderSpec, loader_state_per_rank, output_head_params
 from core.contract.run import Run
 from core.data.prefetch import prefetching
 from core.preflight.prepare import Prepared
@@ -100,6 +100,11 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     loader = c["data"].loader(loader_spec)
     if not all(callable(member("loader", loader, m)) for m in ("__iter__", "state_dict", "load_state_dict")):
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
+    if dist.tp > 1 and loader_state_per_rank(loader):  # a checkpoint keeps a stream position per rank, not per data-parallel rank
+        raise ConfigError(
+            f"{name['data']}: a streaming source (a position per rank) with [parallelism] tp = {dist.tp} is not supported yet; "
+            "expected a source with a global sample index (token_bin) or tp = 1"
+        )
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
 
