@@ -309,3 +309,24 @@ def build_optimizer(name: str, values: dict, model: torch.nn.Module) -> torch.op
     component = registry.load().get("optimizer", name, "test")
     opts = build_options(component.options, values, f"[optimizer] {name}")
     return component.factory(opts).build(param_groups(model, opts))
+
+
+def plan_error(capsys, *args: str) -> str:
+    """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line. Input that
+    makes a plan impossible prints nothing else; a missing or unusable data file or checkpoint is
+    listed under the whole plan, which is printed."""
+    from core.cli import plan
+
+    capsys.readouterr()
+    try:
+        code = plan.main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    assert code == 2, out
+    lines = [l for l in out.err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("plait: error: "), out.err
+    if out.out:  # the plan, and the problem under it
+        assert out.out.startswith("plan for ") and "  parameters  " in out.out, out.out
+        assert "  problems    " + lines[0].removeprefix("plait: error: ") in out.out, out.out
+    return lines[0]

@@ -72,7 +72,9 @@ def make_plan(prep) -> dict[str, Any]:
         "weights_gib": total * 4 / shard / GiB,
         "grads_gib": total * 4 / shard / GiB,
         "optimizer_gib": total * opt_bytes / shard / GiB,
-        "activations_gib": spec.activation_bytes(rc.train.micro_batch, rc.seq_len, act_bytes_per_el) / GiB,
+        # tensor + sequence parallelism splits each block's activations over the tp ranks (estimate: the
+        # gathered inputs of attention and the MLP are whole)
+        "activations_gib": spec.activation_bytes(rc.train.micro_batch, rc.seq_len, act_bytes_per_el) / prep.tensor_parallel / GiB,
     }
     mem["total_gib"] = sum(mem.values())
     ckpt_opts = rc.sections["checkpoint"]
@@ -99,6 +101,7 @@ def make_plan(prep) -> dict[str, Any]:
         "flops_per_token": fpt,
         "seq_len": rc.seq_len,
         "world_size": world,
+        "mesh": {"dp": world // prep.tensor_parallel, "tp": prep.tensor_parallel},  # data-parallel x tensor-parallel ranks
         "micro_batch": rc.train.micro_batch,
         "micro_batch_candidates": prep.micro_batch_candidates,  # micro_batch = "auto": the trainer probes down these on CUDA
         "grad_accum": prep.grad_accum,

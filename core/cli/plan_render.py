@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.config.sections import data_ranks
+
 
 def checkpoint_line(c: dict[str, Any], world: int) -> str:
     when = f"every {c['every']:,} steps" if c["every"] else "at the end and on a stop"
@@ -32,7 +34,7 @@ def render(plan: dict[str, Any]) -> str:
         f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
         f"  FLOPs/token {human(plan['flops_per_token'])} (the model spec's flops_per_token at seq {plan['seq_len']}; docs/metrics.md)",
         f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
-        f"x {plan['world_size']} ranks x {plan['grad_accum']} accumulation",
+        f"x {data_ranks(plan['mesh']['dp'], plan['world_size'], plan['mesh']['tp'])} x {plan['grad_accum']} accumulation",
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
         f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
         f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate"

@@ -246,3 +246,9 @@ def total_steps(train: TrainOptions, tokens_per_step: int) -> int:
     if steps * tokens_per_step > MAX_TOKENS:
         raise ConfigError(f"[train] {steps} steps x {tokens_per_step} tokens overflow the 64-bit token counter; expected at most {MAX_TOKENS} tokens")
     return steps
+
+
+def data_ranks(dp: int, world: int, tp: int) -> str:
+    """The ranks that read different batches, said in a batch line: ``4 ranks``, or with tensor
+    parallelism ``2 data-parallel ranks (4 ranks, tp 2)``."""
+    return f"{world} ranks" if tp == 1 else f"{dp} data-parallel ranks ({world} ranks, tp {tp})"

@@ -98,6 +98,20 @@ CONTRACT: dict[str, list[Member]] = {
             "(the data's end-of-document id, or None) told before build, for a document attention mask; refuse None when needed (raise ConfigError); default: not told",
             False,
         ),
+        method(
+            "check_tensor_parallel",
+            1,
+            "(tp) refuse a tensor-parallel degree its shapes or options cannot split into (raise ConfigError); default: tp > 1 refused",
+            False,
+            needs="parallelize_tensor",
+        ),
+        method(
+            "parallelize_tensor",
+            2,
+            "(model, tp_mesh) shard its modules over the 1-D tensor-parallel mesh (parallelize_module); default: tp > 1 refused",
+            False,
+            needs="check_tensor_parallel",
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
     ],
     "parallelism": [
@@ -106,6 +120,8 @@ CONTRACT: dict[str, list[Member]] = {
         method("clip_grad_norm", 2, "(model, max_norm) -> the global gradient norm tensor before clipping; the gradients are clipped in place"),
         method("check_world", 1, "refuse a world size it cannot use (raise ConfigError); default: any", False),
         value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False, default=False),
+        value("tensor_parallel", (int,), "ranks of one tensor-parallel group (data-parallel ranks: world size / it); default 1", False, default=1),
+        method("shard_tensors", 3, "(model, spec, dist) tensor-parallel sharding, before checkpointing and compile; default: none", False),
         value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
     ],
     "precision": [

@@ -51,22 +51,24 @@ SLOT_DOCS: dict[str, str] = {
 class DistInfo:
     """Where this process sits in the job: ``rank`` (0-based, over every node), ``world_size`` (the
     job's processes), ``local_rank`` (on its node), ``device`` (this process's torch device) and
-    ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group). Every rank is a
-    data-parallel rank: ``dp_rank`` and ``dp_size`` are ``rank`` and ``world_size``."""
+    ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group) and ``tp`` (ranks of one
+    tensor-parallel group, consecutive ranks: they read the same batches). ``dp_rank`` and ``dp_size``:
+    this rank's data-parallel group and their count, ``rank // tp`` and ``world_size // tp``."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "none"
+    tp: int = 1
 
     @property
     def dp_rank(self) -> int:
-        return self.rank
+        return self.rank // self.tp
 
     @property
     def dp_size(self) -> int:
-        return self.world_size
+        return self.world_size // self.tp
 
     @property
     def is_main(self) -> bool:
@@ -93,7 +95,12 @@ class ModelSpec(Protocol):
     resume, or ``initial_load`` of a plait checkpoint, whose saved values of them (or model name)
     differ is refused (exit 2); without it only shapes are checked. ``resolved_architecture()``
     returns ``{option: value}`` as the spec was built (a flavor's defaults filled in); each
-    checkpoint records it, and a resume compares those values.
+    checkpoint records it, and a resume compares those values. Tensor parallelism (``[parallelism]
+    tp > 1``) needs ``check_tensor_parallel(tp)`` (refuse a degree its shapes or options cannot split
+    into, ConfigError, before any process group) and ``parallelize_tensor(model, tp_mesh)`` (shard its
+    modules over the 1-D tensor-parallel DeviceMesh with ``parallelize_module``, before activation
+    checkpointing and compile; the forward's loss then runs under the parallelism's ``sync_context``,
+    which may be ``loss_parallel``); a model without them is refused under tp > 1.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;
@@ -162,7 +169,10 @@ class Parallelism(Protocol):
     ``clip_grad_norm`` get what it returned. After a step's last backward every gradient must be
     the mean over ranks (each rank's loss is the mean over its own tokens), as DDP makes it.
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``check_world(world_size)``,
-    ``shards_parameters`` and ``wraps_before_compile``.
+    ``shards_parameters``, ``wraps_before_compile``, ``tensor_parallel`` (ranks of one
+    tensor-parallel group, consecutive ranks reading the same batches; the data-parallel ranks are
+    world size / it) and ``shard_tensors(model, spec, dist)`` (the tensor-parallel sharding, applied
+    before activation checkpointing and compile).
     """
 
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...

@@ -20,10 +20,10 @@ import torch
 
 from core.checkpoint import TrainingState, seed_everything
 from core.contract import log
-from core.contract.errors import PluginError
+from core.contract.errors import ConfigError, PluginError
 from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
-from core.contract.protocols import DistInfo, LoaderSpec, output_head_params
+from core.contract.protocols import DistInfo, LoaderSpec, loader_state_per_rank, output_head_params
 from core.contract.run import Run
 from core.data.prefetch import prefetching
 from core.preflight.prepare import Prepared
@@ -99,6 +99,11 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     loader = c["data"].loader(loader_spec)
     if not all(callable(member("loader", loader, m)) for m in ("__iter__", "state_dict", "load_state_dict")):
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
+    if dist.tp > 1 and loader_state_per_rank(loader):  # a checkpoint keeps a stream position per rank, not per data-parallel rank
+        raise ConfigError(
+            f"{name['data']}: a streaming source (a position per rank) with [parallelism] tp = {dist.tp} is not supported yet; "
+            "expected a source with a global sample index (token_bin) or tp = 1"
+        )
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
 
@@ -116,6 +121,6 @@ def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.Cont
         micro = probe(train_model, c["precision"], dist.device, prep.micro_batch_candidates, rc.seq_len, c["model"].vocab_size, state)
         micro = control.agree(micro, "min")  # the smallest rank's answer
     rc.train.micro_batch = micro
-    prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.world_size)
+    prep.grad_accum = batch_layout(rc.train.global_batch_tokens, micro, rc.seq_len, dist.dp_size)
     if dist.is_main:
         log.info(f'micro_batch = "auto" chose {micro} (accumulation {prep.grad_accum}) on {dist.device}')

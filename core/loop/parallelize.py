@@ -1,5 +1,6 @@
 """Turning a built model into the one that trains, in a fixed order.
 
+0. tensor-parallel sharding (the parallelism's ``shard_tensors``, tp > 1),
 1. activation checkpointing of the blocks (``train.activation_checkpointing``),
 2. ``torch.compile`` of each block and of the loss (``train.compile``),
 3. the parallelism wrapper (ddp, fsdp2...).
@@ -74,7 +75,11 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
 
 
 def parallelize(model: nn.Module, spec, parallelism, precision, dist, train) -> nn.Module:
-    """Apply checkpointing, compile and the parallelism wrapper; return the module to call."""
+    """Apply tensor-parallel sharding, checkpointing, compile and the parallelism wrapper; return the
+    module to call."""
+    shard_tensors = member("parallelism", parallelism, "shard_tensors")
+    if shard_tensors is not None:
+        shard_tensors(model, spec, dist)
     apply_activation_checkpointing(model, spec, train.activation_checkpointing, train.activation_checkpointing_every)
     if member("parallelism", parallelism, "wraps_before_compile"):
         wrapped = parallelism.wrap(model, spec, dist, precision)

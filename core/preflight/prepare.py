@@ -58,6 +58,7 @@ class Prepared:
     model_meta: torch.nn.Module | None = None  # the model built on the meta device for the checks (core.plan sizes it)
     architecture: dict[str, Any] | None = None  # model name and declared architecture options (core.checkpoint.folders)
     tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (core.data.tokenizer_spec)
+    tensor_parallel: int = 1  # ranks of one tensor-parallel group (the parallelism's tensor_parallel)
 
     @property
     def saved_facts(self) -> dict[str, Any]:
@@ -130,6 +131,8 @@ def prepare(
     check_world = member("parallelism", components["parallelism"], "check_world")
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
+    tp = check_tensor_parallel(components, rc, str(path))
+    dp_world = world // tp  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
     for name, monitor in monitors:
@@ -138,9 +141,9 @@ def prepare(
     schedule = seq_len_schedule(pm, [name for name, _ in monitors], rc, steps, str(path))
     micro_auto: list[int] = []
     if rc.train.micro_batch == "auto":
-        micro_auto = micro_batch_candidates(rc.train.global_batch_tokens, rc.seq_len, world, rc.train.micro_batch_max)
+        micro_auto = micro_batch_candidates(rc.train.global_batch_tokens, rc.seq_len, dp_world, rc.train.micro_batch_max)
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
-    accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, world)
+    accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, dp_world)
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
@@ -164,12 +167,13 @@ def prepare(
         val = rc.sections["validation"]
         seq = next((s for first, s in schedule if first == 0), rc.seq_len)  # the first step's length (a stage from step 0)
         tokens = rc.train.micro_batch * rc.seq_len
-        first = LoaderSpec(seq, tokens // seq, accum, 0, world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
+        first = LoaderSpec(seq, tokens // seq, accum, 0, dp_world, rc.train.seed, total_samples=steps * rc.train.global_batch_tokens // rc.seq_len)
         with noted(problems):
             check_data(components["data"], rc.slots["data"].component.name, spec.vocab_size, rc.seq_len, val.every, val.split, str(path))
             check_first_step(components["data"], rc.slots["data"].component.name, first)
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
+    prep.tensor_parallel = tp
     prep.model_meta = model_meta
     prep.architecture = architecture
     data_name = f"data {rc.slots['data'].component.name!r}"
@@ -199,6 +203,33 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         if problems is None:
             raise
         problems.append(e)
+
+
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) -> int:
+    """The parallelism's tensor-parallel degree, once the model, the precision and the sequence length
+    can take it: ConfigError (one line) before any process group otherwise."""
+    tp = member("parallelism", components["parallelism"], "tensor_parallel")
+    if tp == 1:
+        return 1
+    model_name, precision_name = rc.slots["model"].component.name, rc.slots["precision"].component.name
+    where = f"{path}: [parallelism] tp = {tp}"
+    check = member("model", components["model"], "check_tensor_parallel")
+    if check is None:
+        raise ConfigError(f"{where}: model {model_name!r} has no tensor-parallel plan (parallelize_tensor); expected tp = 1")
+    call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
+    if precision_name in ("fp8", "mxfp8", "te_fp8"):
+        raise ConfigError(f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet; expected fp32 or bf16")
+    if rc.train.compile:
+        raise ConfigError(
+            f"{where}: train.compile with tensor parallelism is not supported yet (a compiled block's backward fails in DTensor); expected compile = false"
+        )
+    if rc.train.micro_batch == "auto":
+        raise ConfigError(
+            f'{where}: train.micro_batch = "auto" with tensor parallelism is not supported yet (its probe runs outside loss_parallel); expected a number'
+        )
+    if rc.seq_len % tp:
+        raise ConfigError(f"{where}: data.seq_len {rc.seq_len} is not divisible by tp (sequence parallelism splits it); expected a multiple of {tp}")
+    return tp
 
 
 def tell_end_of_document(spec: Any, model_name: str, data: Any, data_name: str, path: str) -> None:

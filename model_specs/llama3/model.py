@@ -390,9 +390,10 @@ class Attention(nn.Module):
         """``mask``: None (causal), a boolean [B, 1, T, T] mask (True: attend) or a FlexAttention BlockMask
         (:func:`document_mask`)."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        # -1 heads: under tensor parallelism each rank holds n_heads / tp (n_kv_heads / tp) of them
+        q = self.wq(x).view(B, T, -1, self.head_dim)
+        k = self.wk(x).view(B, T, -1, self.head_dim)
+        v = self.wv(x).view(B, T, -1, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -414,7 +415,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, head_dim]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return self.wo(y)
 
 
@@ -465,6 +466,7 @@ class Transformer(nn.Module):
         self.tie_weights()
         self._attention_logged = False
         self.compile_loss = False  # set by Llama3Spec.compile_loss (train.compile): core.contract.losses compiles the loss
+        self.vocab_parallel = False  # set by the tensor-parallel plan: the head's logits are vocabulary-sharded DTensors
         # Derived from the shapes, not learned: left out of state_dict, and
         # recomputed by init_buffers() after to_empty() leaves them garbage.
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -534,6 +536,14 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         h = self.norm(h)
+        if self.vocab_parallel:  # tensor parallel: the logits are sharded over the vocabulary
+            logits = self.output(h)
+            if labels is None or not torch.is_grad_enabled():  # generation, evaluation: this micro-batch's logits gathered
+                full = logits.full_tensor()
+                return full if labels is None else F.cross_entropy(full.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            # training: on the sharded logits, under the parallelism's loss_parallel (its sync_context, forward and backward)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+            return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
         if labels is None:
             return self.output(h)
         from core.api import chunked_cross_entropy, output_cross_entropy

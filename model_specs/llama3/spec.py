@@ -20,6 +20,7 @@ from torch import nn
 
 from core.api import ConfigError, log
 from model_specs.llama3.model import FLAVORS, Llama3Options, Transformer, param_counts
+from model_specs.llama3.parallelize import check_tensor_parallel, parallelize_tensor
 
 
 def end_of_document(attention_mask: str, eod_id: int | None) -> int | None:
@@ -110,6 +111,14 @@ class Llama3Spec:
         """The data's end-of-document id, given by the core before the model is built
         (``attention_mask = "document"`` refuses None)."""
         self.eod_id = end_of_document(self.args.attention_mask, eod_id)
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Refuse a tensor-parallel degree these shapes or options cannot split into (ConfigError)."""
+        check_tensor_parallel(self.args, tp)
+
+    def parallelize_tensor(self, model: nn.Module, tp_mesh: Any) -> None:
+        """Tensor + sequence parallelism over ``tp_mesh`` (:mod:`model_specs.llama3.parallelize`)."""
+        parallelize_tensor(_unwrap(model), tp_mesh)
 
     def compile_loss(self, model: nn.Module) -> None:
         """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as

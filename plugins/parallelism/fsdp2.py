@@ -12,6 +12,12 @@ and the optimizer state in host memory (FSDP2's ``CPUOffloadPolicy``; pinned
 on CUDA), so a model too big for one GPU's memory can still train, slowly.
 It works on one process too: the plugin then shards over a one-rank group of
 its own, which is how an 8B model is meant to fit on one 80 GB GPU.
+
+``tp > 1`` adds tensor + sequence parallelism on one device mesh (``dp`` x ``tp``, dp = world
+size / tp): consecutive ranks form a tensor-parallel group, which reads the same batches, and the
+model spec's ``parallelize_tensor`` shards its modules over it (before checkpointing and compile);
+FSDP then shards over ``dp`` (over nothing when dp = 1). Degrees are checked against the world size
+before any process group; ``pp`` (pipeline stages) is declared but only 1 is supported yet.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class FSDP2Options:
     reshard_after_forward: bool = option(True, "free gathered parameters after each block's forward (less memory, one more all-gather)")
     replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica", ge=1)
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
+    tp: int = option(1, "tensor-parallel degree: ranks of one group that split each layer (world size = dp x tp)", ge=1)
+    pp: int = option(1, "pipeline-parallel degree (only 1: pipeline parallelism is not supported yet)", ge=1)
 
 
 class FSDP2:
@@ -40,21 +48,46 @@ class FSDP2:
     def __init__(self, options: FSDP2Options) -> None:
         self.options = options
 
+        self.tensor_parallel = options.tp
+        self.mesh: Any = None  # the dp x tp mesh, made by shard_tensors when tp > 1
+
     def check_world(self, world_size: int) -> None:
-        if world_size % self.options.replicate:
-            raise ConfigError(f"[parallelism] fsdp2: replicate = {self.options.replicate} does not divide the world size {world_size}")
+        o = self.options
+        if o.pp != 1:
+            raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp}: pipeline parallelism is not supported yet; expected pp = 1")
+        if world_size % o.tp:
+            raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
+        if o.tp > 1 and o.replicate > 1:
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} with tp = {o.tp} is not supported yet; expected replicate = 1 or tp = 1")
+        if world_size % o.replicate:
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the world size {world_size}")
+        if o.tp > 1 and o.cpu_offload:
+            raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
+
+    def shard_tensors(self, model: nn.Module, spec, dist) -> None:
+        """tp > 1: the dp x tp mesh, and the model's modules sharded over its ``tp`` dimension."""
+        o = self.options
+        if o.tp == 1:
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
+        spec.parallelize_tensor(model, self.mesh["tp"])
 
     def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
         o = self.options
-        if dist.world_size == 1 and not o.cpu_offload:
-            return model  # nothing to shard over: behave like a single process
+        dp = dist.world_size // o.tp
+        if dp == 1 and not o.cpu_offload:
+            return model  # nothing to shard over: behave like a single process (tensor-parallel only)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         if dist.world_size == 1:
             one_rank_group(dist.device)
         device_type = dist.device.type
-        if o.replicate > 1:
+        if o.tp > 1:
+            mesh = self.mesh["dp"]
+        elif o.replicate > 1:
             mesh = init_device_mesh(device_type, (o.replicate, dist.world_size // o.replicate), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
@@ -73,9 +106,15 @@ class FSDP2:
         return model
 
     def sync_context(self, model: nn.Module, sync: bool):
+        """Gradient sync on the last micro-step only; with tp > 1, the loss computed on the
+        vocabulary-sharded logits (``loss_parallel``, forward and backward)."""
         set_sync = getattr(model, "set_requires_gradient_sync", None)  # an FSDPModule's
         if set_sync is not None:
             set_sync(sync)
+        if self.options.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:

@@ -7,30 +7,9 @@ import json
 import numpy as np
 import pytest
 from conftest import REPO
-from shared import token_bin_source
+from shared import plan_error, token_bin_source
 
 # --- bad input found before anything is built, in-process and cheap ---------------------------
-
-
-def plan_error(capsys, *args: str) -> str:
-    """``python -m core.plan`` in this process: exit code 2 and one ``plait: error:`` line. Input that
-    makes a plan impossible prints nothing else; a missing or unusable data file or checkpoint is
-    listed under the whole plan, which is printed."""
-    from core.cli import plan
-
-    capsys.readouterr()
-    try:
-        code = plan.main(list(args))
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    assert code == 2, out
-    lines = [l for l in out.err.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("plait: error: "), out.err
-    if out.out:  # the plan, and the problem under it
-        assert out.out.startswith("plan for ") and "  parameters  " in out.out, out.out
-        assert "  problems    " + lines[0].removeprefix("plait: error: ") in out.out, out.out
-    return lines[0]
 
 
 @pytest.mark.parametrize(
