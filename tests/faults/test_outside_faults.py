@@ -59,6 +59,41 @@ def test_an_unreadable_checkpoint_is_skipped_with_a_line_or_refused_when_named(t
     assert committed(root) == ["step_000000003", "step_000000006"]
 
 
+def test_a_save_onto_a_step_folder_it_cannot_read_sets_that_aside_in_one_line_and_the_run_goes_on(tmp_path):
+    """The newest step folder is unreadable (mode 000: NFS root squash, another owner), or a file or a
+    link to nothing stands at its name: resume = "auto" resumes the one before, and the save of that
+    step sets what is there aside in one line and saves in its place, under one process and two ranks.
+    Without write permission a folder cannot leave its folder (rename(2)): it is renamed beside it. It
+    used to end every attempt in a PermissionError traceback (or exit 74) at that save, and
+    launchers/remote.sh restarted into it until MAX_RESTARTS ran out."""
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    newest = root / "step_000000006"
+    for what, launch in (("unreadable", run_module), ("unreadable", torchrun), ("file", run_module), ("link", run_module)):
+        extra: dict[str, str] = {}
+        if what == "unreadable":
+            extra = {**SEAMS, "PLAIT_TEST_UNREADABLE": str(newest)}
+        else:
+            shutil.rmtree(newest)
+            newest.write_text("a user's notes\n") if what == "file" else newest.symlink_to(tmp_path / "gone")
+        before = {p.name for p in root.iterdir()} | {"abandoned"}
+        r = run_module("core.train", "--config", str(cfg), extra_env=extra) if launch is run_module else torchrun(2, "--config", str(cfg), extra_env=extra)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (what, r.stderr[-2000:])
+        lines = [line for line in r.stderr.splitlines() if "plait cannot read or replace it as a checkpoint" in line]
+        why = {"unreadable": "cannot be read (Permission denied)", "file": "is not a folder", "link": "is a link to nothing"}[what]
+        assert len(lines) == 1 and f"{newest} {why}" in lines[0] and "this save takes its name" in lines[0], (what, r.stderr[-2000:])
+        assert committed(root)[-1] == "step_000000006" and verifies(newest), (what, r.stderr[-2000:])  # no step beyond checkpoint.every lost
+        if what == "unreadable":  # renamed beside it, whole: the checkpoint it was
+            beside = [root / n for n in {p.name for p in root.iterdir()} - before]
+            assert len(beside) == 1 and beside[0].name.endswith("_before_step_000000006") and str(beside[0]) in lines[0], (before, lines[0])
+            assert verifies(beside[0])
+        else:  # moved to abandoned/, unchanged
+            moved = [p / "step_000000006" for p in (root / "abandoned").glob("*_before_step_000000006") if str(p / "step_000000006") in lines[0]]
+            assert len(moved) == 1 and os.path.lexists(moved[0]), lines[0]
+            assert moved[0].read_text() == "a user's notes\n" if what == "file" else not moved[0].exists()
+
+
 def test_a_checkpoint_without_its_commit_marker_is_skipped_with_a_line(tmp_path):
     cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
     root = tmp_path / "out" / "checkpoints"
