@@ -8,6 +8,7 @@ pruned (:mod:`core.checkpoint.retention`); it restores, leaves a branch and roll
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -367,8 +368,12 @@ class StepFolders:
         or damaged save of the same step are replaced. Another run's committed checkpoint is never
         touched (False: the save is skipped). An uncommitted folder of another run (or of none) is a
         save whose writer is dead (this job holds the folder's lock): it is moved to ``abandoned/``,
-        never deleted, and so is a sound checkpoint of this run's (a branch left)."""
-        if path.exists():
+        never deleted, and so is a sound checkpoint of this run's (a branch left), and anything there
+        that cannot be read as a checkpoint folder (:func:`core.checkpoint.folders.unreadable`)."""
+        if os.path.lexists(path) and (why := folders.unreadable(path)):
+            where = retention.set_aside_one(self.where.root, path, f"before_{path.name}")
+            log.note(f"{path} {why}: plait cannot read or replace it as a checkpoint; moved to {where} (kept, never resumed from), this save takes its name")
+        elif path.exists():
             ours, done = lineage_of(path) == lineage, (path / COMMIT_MARKER).is_file()
             if done and not ours:
                 log.warn(f"{path} belongs to another run; not overwriting it, this save is skipped")
@@ -404,7 +409,7 @@ class StepFolders:
         rank = next(r for r, m in enumerate(errors) if m)
         kept = ""
         if dist.is_main:
-            if (path / COMMIT_MARKER).is_file():
+            if folders.marker_file(path):
                 kept = f"; {path.name} was committed before the error and is kept"
             elif self.made == path and lineage_of(path) in (None, lineage):  # made by this save (None: its LINEAGE write failed)
                 retention.remove(path)  # what a save writes; a folder that was there before the claim is never touched

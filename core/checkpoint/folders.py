@@ -113,6 +113,31 @@ def marked(path: Path) -> bool:
         return True
 
 
+def unreadable(path: Path) -> str:
+    """Why ``path``, an entry named as a checkpoint folder, cannot be read as one: it is not a folder
+    (a file, a link to nothing), or it cannot be listed or looked into (no read permission, as NFS
+    with root squash or another owner leaves it); '' when it can."""
+    if not os.path.isdir(path):
+        return "is a link to nothing" if os.path.islink(path) else "is not a folder"
+    try:
+        names = os.listdir(path)
+        for name in (COMMIT_MARKER, LINEAGE_FILE):
+            if name in names:
+                os.stat(path / name)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return ""
+
+
+def marker_file(path: Path) -> bool:
+    """Whether checkpoint folder ``path`` holds its commit marker as a file; False when that cannot be
+    looked at (a save that failed on such a folder keeps it, untouched)."""
+    try:
+        return stat.S_ISREG(os.stat(path / COMMIT_MARKER).st_mode)
+    except OSError:
+        return False
+
+
 def committed(root: Path) -> list[Path]:
     """Folders with a commit marker, oldest first (by step)."""
     return [p for p in step_dirs(root) if marked(p)]

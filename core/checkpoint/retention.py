@@ -488,6 +488,29 @@ def set_aside(root: Path, paths: list[Path], label: str) -> Path:
     return dest
 
 
+def set_aside_one(root: Path, path: Path, label: str) -> Path:
+    """Set ``path`` aside (:func:`set_aside`) and return where it went; a folder that cannot leave
+    ``root`` (without write permission: a move to another folder rewrites its ``..``, rename(2)) is
+    renamed in ``root`` to ``abandoned_<utc>_<label>``, which no checkpoint, nor ``step_*``, names.
+    Raises OSError if both fail."""
+    try:
+        return set_aside(root, [path], label) / path.name
+    except PermissionError:
+        if not os.path.lexists(path):
+            raise
+    (root / SETTING_ASIDE_FILE).unlink(missing_ok=True)  # it named ``path`` alone, which is still here
+    for made in (root / ABANDONED_DIR).glob(f"*_{label}"):  # the folder it was to go to, left empty
+        try:
+            made.rmdir()
+        except OSError:
+            pass
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    beside = root / f"{ABANDONED_DIR}_{stamp}_{label}"
+    os.replace(path, beside)
+    sync_dir(root)
+    return beside
+
+
 def settle_set_aside(root: Path) -> None:
     """Drop from ``SETTING_ASIDE.json`` the folders no longer in ``root`` (moved before the kill that
     left the marker), and the marker once it names none (rank 0, before the first step). Left naming a

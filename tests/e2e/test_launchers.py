@@ -629,6 +629,26 @@ def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tm
     assert proc.returncode == 1 and "1 attempts in a row committed no new checkpoint, and MAX_RESTARTS=0" in log, log[-3000:]
 
 
+def test_remote_sh_goes_past_an_unreadable_newest_checkpoint_in_one_attempt(tmp_path):
+    """The newest step folder cannot be read (mode 000: NFS root squash, another owner; tests/seams, as
+    the tests run as root): the attempt resumes the one before, sets the folder aside at the save of its
+    step (one line) and ends with exit 0. It used to end each attempt in a PermissionError traceback at
+    that save, which remote.sh restarted into until MAX_RESTARTS ran out."""
+    seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
+    args = ["bash", "launchers/remote.sh", *small_args(None, 6)]
+    proc = subprocess.run(args, cwd=REPO, env=remote_env(tmp_path, NPROC="1", CKPT_EVERY="3"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root = tmp_path / "out" / "checkpoints"
+    newest = root / "step_000000006"
+    e = remote_env(tmp_path, NPROC="1", CKPT_EVERY="3", BACKOFF_S="0", MAX_RESTARTS="2", PYTHONPATH=seams, PLAIT_TEST_UNREADABLE=str(newest))
+    proc = subprocess.run(args, cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "out" / "remote.log").read_text()
+    assert proc.returncode == 0 and "Traceback" not in log, log[-3000:]
+    assert log.count("starting (attempt") == 2 and f"resumed from {root / 'step_000000003'} at step 3" in log, log[-3000:]  # the first launch's, and this one's
+    assert log.count("plait cannot read or replace it as a checkpoint") == 1, log[-3000:]
+    assert json.loads((newest / "state.json").read_text())["step"] == 6 and (newest / "COMMITTED").is_file()
+
+
 def test_remote_sh_with_a_log_it_cannot_write_says_so(tmp_path):
     log = tmp_path / "no_such_folder" / "remote.log"
     env = remote_env(tmp_path, LOG=str(log))

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, env, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
+from conftest import PY, REPO, env, run_module, start_module, torchrun, torchrun_argv, write_tiny_config
 from shared import committed
 
 from core.checkpoint.folders import verifies
@@ -57,6 +59,84 @@ def test_an_unreadable_checkpoint_is_skipped_with_a_line_or_refused_when_named(t
         line = one_error_line(run_module("core.train", "--config", str(cfg), f"--checkpoint.resume={newest}", extra_env=env))
         assert "step_000000006" in line and "unreadable" in line and "Permission denied" in line
     assert committed(root) == ["step_000000003", "step_000000006"]
+
+
+def test_a_save_onto_a_step_folder_it_cannot_read_sets_that_aside_in_one_line_and_the_run_goes_on(tmp_path):
+    """The newest step folder is unreadable (mode 000: NFS root squash, another owner), or a file or a
+    link to nothing stands at its name: resume = "auto" resumes the one before, and the save of that
+    step sets what is there aside in one line and saves in its place, under one process and two ranks.
+    Without write permission a folder cannot leave its folder (rename(2)): it is renamed beside it. It
+    used to end every attempt in a PermissionError traceback (or exit 74) at that save, and
+    launchers/remote.sh restarted into it until MAX_RESTARTS ran out."""
+    cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+    root = tmp_path / "out" / "checkpoints"
+    assert run_module("core.train", "--config", str(cfg)).returncode == 0
+    newest = root / "step_000000006"
+    for what, launch in (("unreadable", run_module), ("unreadable", torchrun), ("file", run_module), ("link", run_module)):
+        extra: dict[str, str] = {}
+        if what == "unreadable":
+            extra = {**SEAMS, "PLAIT_TEST_UNREADABLE": str(newest)}
+        else:
+            shutil.rmtree(newest)
+            newest.write_text("a user's notes\n") if what == "file" else newest.symlink_to(tmp_path / "gone")
+        before = {p.name for p in root.iterdir()} | {"abandoned"}
+        r = run_module("core.train", "--config", str(cfg), extra_env=extra) if launch is run_module else torchrun(2, "--config", str(cfg), extra_env=extra)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (what, r.stderr[-2000:])
+        lines = [line for line in r.stderr.splitlines() if "plait cannot read or replace it as a checkpoint" in line]
+        why = {"unreadable": "cannot be read (Permission denied)", "file": "is not a folder", "link": "is a link to nothing"}[what]
+        assert len(lines) == 1 and f"{newest} {why}" in lines[0] and "this save takes its name" in lines[0], (what, r.stderr[-2000:])
+        assert committed(root)[-1] == "step_000000006" and verifies(newest), (what, r.stderr[-2000:])  # no step beyond checkpoint.every lost
+        if what == "unreadable":  # renamed beside it, whole: the checkpoint it was
+            beside = [root / n for n in {p.name for p in root.iterdir()} - before]
+            assert len(beside) == 1 and beside[0].name.endswith("_before_step_000000006") and str(beside[0]) in lines[0], (before, lines[0])
+            assert verifies(beside[0])
+        else:  # moved to abandoned/, unchanged
+            moved = [p / "step_000000006" for p in (root / "abandoned").glob("*_before_step_000000006") if str(p / "step_000000006") in lines[0]]
+            assert len(moved) == 1 and os.path.lexists(moved[0]), lines[0]
+            assert moved[0].read_text() == "a user's notes\n" if what == "file" else not moved[0].exists()
+
+
+def test_a_save_onto_a_mode_000_step_folder_renames_it_beside_under_an_unprivileged_user():
+    """The same as a user whom file modes stop, for real: the newest step folder is mode 000, its owner
+    cannot move it out of its folder (rename(2) rewrites its ``..``), so the save renames it beside and
+    saves in its place. Root (the CI) runs the trainer as ``nobody`` through ``setpriv``."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root, which mode 000 does not stop, and setpriv (util-linux) is not installed to run the trainer as nobody")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    base = Path(tempfile.mkdtemp(prefix="plait-unprivileged-"))  # pytest's tmp_path is root's alone
+    try:
+        base.chmod(0o777)
+        cfg = write_tiny_config(base, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
+        cfg.chmod(0o644)
+        root = base / "out" / "checkpoints"
+
+        def train(*prefix: str) -> subprocess.CompletedProcess:
+            e = env(HOME=str(base), TMPDIR=str(base))
+            return subprocess.run([*prefix, PY, "-m", "core.train", "--config", str(cfg)], cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+
+        r = train()  # by this interpreter: nobody may reach another one (a venv's base in root's home)
+        assert r.returncode == 0, r.stderr[-2000:]
+        if prefix:
+            for p in [base, *base.rglob("*")]:
+                os.chown(p, 65534, 65534, follow_symlinks=False)
+        newest = root / "step_000000006"
+        newest.chmod(0o000)
+        r = train(*prefix)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        skipped = [line for line in r.stderr.splitlines() if "skipping checkpoint" in line]
+        assert len(skipped) == 1 and "step_000000006" in skipped[0] and "Permission denied" in skipped[0], r.stderr[-2000:]
+        lines = [line for line in r.stderr.splitlines() if "plait cannot read or replace it as a checkpoint" in line]
+        assert len(lines) == 1 and f"{newest} cannot be read (Permission denied)" in lines[0], r.stderr[-2000:]
+        beside = list(root.glob("abandoned_*_before_step_000000006"))
+        assert len(beside) == 1 and str(beside[0]) in lines[0] and stat.S_IMODE(beside[0].stat().st_mode) == 0, lines[0]
+        assert committed(root)[-1] == "step_000000006" and json.loads((newest / "state.json").read_text())["step"] == 6, r.stderr[-2000:]
+    finally:
+        for p in base.rglob("*"):
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_a_checkpoint_without_its_commit_marker_is_skipped_with_a_line(tmp_path):

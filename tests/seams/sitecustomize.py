@@ -322,22 +322,34 @@ if _lease:
 
 # ``PLAIT_TEST_UNREADABLE=PATH[:PATH...]``: each PATH has no read permission for this process, as a folder or
 # file of mode 000 on NFS with root squash (the tests run as root, which file modes do not stop): a file there
-# cannot be opened; a folder cannot be listed, nor anything in it looked at. PATH itself can be looked at.
+# cannot be opened; a folder cannot be listed, nor anything in it looked at. PATH itself can be looked at,
+# and renamed in its own folder, but not moved to another (Linux updates a moved folder's "..", which
+# takes write permission on it: rename(2), EACCES).
 _unreadable = os.environ.get("PLAIT_TEST_UNREADABLE", "")
 if _unreadable:
     import builtins as _builtins
     import errno as _errno
     import io as _io
 
-    _denied = [os.path.abspath(p) for p in _unreadable.split(":") if p]
+    _real_lstat = os.lstat
+
+    def _identity(path):
+        try:
+            st = _real_lstat(path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    # what is at PATH now: a folder made there after this one was renamed away is readable
+    _denied = {os.path.abspath(p): _identity(p) for p in _unreadable.split(":") if p}
 
     def _deny(path, whole):
         try:
             here = os.path.abspath(os.fspath(path))
         except TypeError:  # a file descriptor
             return
-        for d in _denied:
-            if here.startswith(d + os.sep) or (whole and here == d):
+        for d, ident in _denied.items():
+            if (here.startswith(d + os.sep) or (whole and here == d)) and (ident is None or _identity(d) == ident):
                 raise PermissionError(_errno.EACCES, "Permission denied", here)
 
     def _checked(real, whole):
@@ -353,3 +365,17 @@ if _unreadable:
     os.scandir = _checked(os.scandir, True)
     os.listdir = _checked(os.listdir, True)
     _builtins.open = _io.open = _checked(_io.open, True)
+
+    def _moving(real):
+        def call(src, dst, *args, **kwargs):
+            here, there = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
+            denied = here in _denied and _denied[here] in (None, _identity(here))
+            if denied and os.path.isdir(here) and os.path.dirname(here) != os.path.dirname(there):
+                raise PermissionError(_errno.EACCES, "Permission denied", here, None, there)
+            _deny(src, False)
+            return real(src, dst, *args, **kwargs)
+
+        return call
+
+    os.rename = _moving(os.rename)
+    os.replace = _moving(os.replace)
