@@ -17,6 +17,7 @@ results, so the commit manifest gets them without reading the shards again.
 
 from __future__ import annotations
 
+import enum
 import io
 import pickle
 import re
@@ -67,9 +68,17 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in ALLOWED_GLOBALS.get(module, ()):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):  # how Python 3.12 (and some 3.11 builds) pickle an enum member
+            return self._enum_member
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise CheckpointError(f"{self.source} refers to {module}.{name}, which DCP metadata never holds: refusing to load it")
+
+    def _enum_member(self, cls: Any, name: Any) -> enum.Enum:
+        """``getattr(cls, name)`` for a member ``name`` of an allowed enum class, and nothing else."""
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+            return cls[name]
+        raise CheckpointError(f"{self.source} asks for getattr({cls!r}, {name!r}), which is no enum member DCP metadata holds: refusing to load it")
 
 
 def load_metadata(path: Path) -> Metadata:
