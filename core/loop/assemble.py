@@ -20,7 +20,7 @@ import torch
 
 from core.checkpoint.checkpointer import TrainingState
 from core.checkpoint.rng import seed_everything
-from core.contract import log
+from core.contract import log, mup
 from core.contract.errors import PluginError
 from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
@@ -66,8 +66,11 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     returned(train_model, torch.nn.Module, f"{name['parallelism']}: wrap()", "a torch.nn.Module")
     if prep.micro_batch_candidates:
         choose_micro_batch(prep, dist, control, model, train_model)
-    head = output_head_params(spec, model) if member("optimizer", c["optimizer"], "separate_output_head") else ()
-    optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options, head))
+    widths = mup.model_widths(spec, rc.slots["model"].component.name)
+    separate = member("optimizer", c["optimizer"], "separate_output_head")
+    head = output_head_params(spec, model) if separate or widths else ()
+    groups = param_groups(model, c["optimizer"].options, head, mup.lr_multipliers(widths, c["optimizer"]), head_is_matrix=not separate)
+    optimizer = c["optimizer"].build(groups)
     returned(optimizer, torch.optim.Optimizer, f"{name['optimizer']}: build()", "a torch.optim.Optimizer")
     total, schedule = prep.total_steps, c["lr_schedule"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
