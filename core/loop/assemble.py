@@ -66,11 +66,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     returned(train_model, torch.nn.Module, f"{name['parallelism']}: wrap()", "a torch.nn.Module")
     if prep.micro_batch_candidates:
         choose_micro_batch(prep, dist, control, model, train_model)
-    widths = mup.model_widths(spec, rc.slots["model"].component.name)
-    separate = member("optimizer", c["optimizer"], "separate_output_head")
-    head = output_head_params(spec, model) if separate or widths else ()
-    groups = param_groups(model, c["optimizer"].options, head, mup.lr_multipliers(widths, c["optimizer"]), head_is_matrix=not separate)
-    optimizer = c["optimizer"].build(groups)
+    optimizer = make_optimizer(spec, rc.slots["model"].component.name, model, c["optimizer"])
     returned(optimizer, torch.optim.Optimizer, f"{name['optimizer']}: build()", "a torch.optim.Optimizer")
     total, schedule = prep.total_steps, c["lr_schedule"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
@@ -105,6 +101,16 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
+
+
+def make_optimizer(spec: Any, model_name: str, model: torch.nn.Module, builder: Any) -> Any:
+    """The optimizer plugin's optimizer over the core's parameter groups of ``model`` (unwrapped): the
+    untied head in a group of its own for an optimizer with ``separate_output_head`` or under µP,
+    and µP's LR multiplier per kind (:mod:`core.contract.mup`)."""
+    widths = mup.model_widths(spec, model_name)
+    separate = member("optimizer", builder, "separate_output_head")
+    head = output_head_params(spec, model) if separate or widths else ()
+    return builder.build(param_groups(model, builder.options, head, mup.lr_multipliers(widths, builder), head_is_matrix=not separate))
 
 
 def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, model: torch.nn.Module, train_model: torch.nn.Module) -> None:
