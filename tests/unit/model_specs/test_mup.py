@@ -7,6 +7,7 @@ resume of a µP checkpoint) is one line, exit 2. Real trainers in-process on one
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,36 @@ def test_mup_at_its_base_width_trains_as_the_standard_run(tmp_path, optimizer):
     standard = trained_losses(tmp_path / "standard", name)
     at_base = trained_losses(tmp_path / "mup", name, "--model.parametrization=mup", "--model.mup_base_width=64")
     assert len(standard) == 4 and at_base == standard
+
+
+MOE = """
+extends = "{repo}/train_configs/recurrent_moe_debug.toml"
+[train]
+steps = 4
+global_batch_tokens = 256
+micro_batch = 4
+output_dir = "{out}"
+log_every = 1
+[data]
+path = "{repo}/plugins/data/corpus/shakespeare"
+seq_len = 64
+[checkpoint]
+at_end = false
+[monitors]
+enabled = ["console", "jsonl"]
+"""
+
+
+def test_recurrent_moe_mup_at_its_base_width_trains_as_the_standard_run(tmp_path):
+    """Tolerance: none, as for llama3; the untied head is its own AdamW group, every multiplier 1."""
+    repo = Path(__file__).resolve().parents[3]
+    got = {}
+    for name, extra in (("standard", []), ("mup", ["--model.parametrization=mup", "--model.mup_base_width=64"])):
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(MOE.format(repo=repo, out=tmp_path / name))
+        assert trainer_for(cfg, *extra).fit() == 0
+        got[name] = losses(tmp_path / name)
+    assert len(got["standard"]) == 4 and got["mup"] == got["standard"]
 
 
 def test_mup_at_twice_the_base_width_scales_logits_attention_and_head_init():
@@ -136,14 +167,16 @@ def test_a_base_width_that_does_not_divide_dim_is_one_line_exit_2(tmp_path):
     assert "mup_base_width 48 is not a divisor of dim 64" in err and len(err.strip().splitlines()) == 1
 
 
-def test_mup_asked_of_a_model_without_widths_is_one_line_exit_2(tmp_path):
-    from core.cli.plan import main
+@dataclass
+class WidthlessOptions:
+    flavor: str = "x"
 
-    repo = Path(__file__).resolve().parents[3]
-    code, _, err = main_here(main, "--config", str(repo / "train_configs" / "recurrent_moe_debug.toml"), "--model.parametrization=mup")
-    assert code == 2
-    assert "model 'recurrent_moe' has no parametrization option and declares no widths (mup_widths())" in err
-    assert len(err.strip().splitlines()) == 1
+
+def test_mup_asked_of_a_model_without_the_option_is_one_line():
+    """resolve() asks this before filling the model's options (rather than "unknown key")."""
+    with pytest.raises(ConfigError, match=r"run.toml: \[model\].parametrization: model 'other' has no parametrization option and declares no widths"):
+        mup.unasked_option({"parametrization": "mup"}, WidthlessOptions, "other", "run.toml: [model]")
+    mup.unasked_option({"flavor": "y"}, WidthlessOptions, "other", "run.toml: [model]")  # not asked: nothing to say
 
 
 class NoWidths:
