@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import main_here, write_tiny_config
-from shared import losses, trainer_for
+from shared import losses, plan_json, plan_text, trainer_for
 
 from core.contract import mup
 from core.contract.errors import ConfigError
@@ -200,3 +200,18 @@ def test_a_mup_checkpoint_resumed_as_standard_is_one_line_exit_2(tmp_path):
     code, _, err = main_here(main, "--config", str(cfg), "--train.steps=4")
     assert code == 2
     assert "model.parametrization 'mup' -> 'standard'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_prints_each_groups_effective_lr_and_the_widths(tmp_path, capsys):
+    cfg = write_tiny_config(tmp_path, body=NO_CHECKPOINT)
+    mu = ("--model.parametrization=mup", "--model.dim=128", "--model.mup_base_width=64")
+    plan = plan_json(capsys, "--config", str(cfg), "--config-only", *mu)
+    groups = {g["name"]: g for g in plan["param_groups"]}
+    assert plan["mup_widths"] == [128, 64]
+    assert groups["matrix"]["lr"] == pytest.approx(3e-4 * 0.5) and groups["matrix"]["lr_mult"] == 0.5
+    assert groups["output"]["lr"] == pytest.approx(3e-4) and groups["output"]["params"] == 128 * 512
+    text = plan_text(capsys, "--config", str(cfg), "--config-only", *mu)
+    assert "µP          width 128, base width 64: logits x 0.5" in text
+    assert "LR groups   matrix: peak lr 0.00015 (x 0.5), weight_decay 0.1" in text
+    standard = plan_json(capsys, "--config", str(cfg), "--config-only")
+    assert standard["mup_widths"] is None and [g["name"] for g in standard["param_groups"]] == ["matrix", "embedding", "norm"]
