@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         body.append(f"### {param} parametrization ({a.optimizer}): validation loss after {a.steps} steps, by width and LR\n")
         body.append(table(["width", *[f"lr {lr:g}" for lr in lrs], "best lr"], rows))
         body.append(
-            f"\nbest LR moves {moves[param]} grid step(s) from width {widths[0]} to {widths[-1]}; seeds {a.seeds}, largest spread between seeds {spread:.4f}\n"
+            f"\nbest LR moves {moves[param]} grid step(s) from width {widths[0]} to {widths[-1]}; "
+            + (f"seeds {a.seeds}, largest spread between seeds {spread:.4f}\n" if len(seeds) > 1 else f"one seed ({a.seeds}): noise not measured\n")
         )
     text = "\n".join(body)
     print(text)
