@@ -27,6 +27,7 @@ COMMANDS: dict[str, Command] = {
     "plugins": Command("core.cli.plugins", "every slot, its installed plugins and their options"),
     "export": Command("core.cli.export", "a checkpoint's weights as safetensors or in Hugging Face's layout"),
     "generate": Command("core.cli.generate", "sample text from a checkpoint or an export"),
+    "mup-check": Command("core.cli.mup_check", "µP's coordinate check: RMS of each layer's activations and updates against width, standard vs µP"),
     "report": Command("core.cli.report", "a run's manifest, metrics CSV, curves and final weights"),
     "eval": Command("core.cli.eval", "score a checkpoint or an export on task and held-out files: a table and JSON"),
     "lm-eval": Command("core.cli.lm_eval_model", "lm-evaluation-harness's command line with the model plait registered", extra="eval"),

@@ -35,10 +35,11 @@ from core.cli.lr_plot import check_plot_path, plot_lr
 from core.cli.measure import measure
 from core.cli.plan_eta import add_time_and_money
 from core.cli.plan_render import render
-from core.contract import log
+from core.contract import log, mup
 from core.contract.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
 from core.contract.members import member
 from core.contract.protocols import output_head_params
+from core.loop.assemble import make_optimizer
 from core.runtime.disk import checkpoint_bytes
 
 GiB = 2**30
@@ -114,7 +115,31 @@ def make_plan(prep) -> dict[str, Any]:
         "checkpoint": checkpoint,
         "seq_len_stages": stages(prep),
         "resume": resume_summary(prep),
+        "param_groups": param_group_rows(prep),
+        "mup_widths": mup.model_widths(spec, rc.slots["model"].component.name),
     }
+
+
+def param_group_rows(prep) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups as the run builds them (over the meta model): name, parameters,
+    peak LR (the schedule multiplies it), LR multiplier (µP's and the options' together) and weight
+    decay; [] with a note when the optimizer cannot be built over meta parameters."""
+    rc, c = prep.rc, prep.components
+    try:
+        optimizer = make_optimizer(c["model"], rc.slots["model"].component.name, prep.model_meta, c["optimizer"])
+    except Exception as e:  # e.g. a library that allocates state for each parameter when built
+        log.note(f"plan: the optimizer's groups are not listed (it cannot be built over meta parameters: {type(e).__name__}: {e})")
+        return []
+    return [
+        {
+            "name": str(g.get("name", i)),
+            "params": sum(p.numel() for p in g["params"]),
+            "lr": float(g["lr"]),
+            "lr_mult": float(g.get("lr_mult", 1.0)),
+            "weight_decay": float(g.get("weight_decay", 0.0)),
+        }
+        for i, g in enumerate(optimizer.param_groups)
+    ]
 
 
 def plugin_options(rc) -> dict[str, dict[str, Any]]:

@@ -44,6 +44,7 @@ def render(plan: dict[str, Any]) -> str:
             else ")"
         ),
         checkpoint_line(plan["checkpoint"], plan["world_size"]),
+        *param_group_lines(plan),
     ]
     st = plan["seq_len_stages"]
     staged = len(st) > 1
@@ -69,6 +70,19 @@ def render(plan: dict[str, Any]) -> str:
     if problems:
         lines.append(f"  {len(problems)} problem(s) found: a start with this config is refused (exit code 2) until they are fixed")
     return "\n".join(lines)
+
+
+def param_group_lines(plan: dict[str, Any]) -> list[str]:
+    """One line per optimizer group: its peak LR (multiplier), weight decay and parameters; the µP widths."""
+    lines = []
+    widths = plan.get("mup_widths")
+    if widths:
+        width, base = widths
+        lines.append(f"  µP          width {width}, base width {base}: logits x {base / width:.4g}, per-kind LR multipliers below (docs/mup.md)")
+    for i, g in enumerate(plan.get("param_groups", [])):
+        label = "LR groups   " if i == 0 else "            "
+        lines.append(f"  {label}{g['name']}: peak lr {g['lr']:.4g} (x {g['lr_mult']:.4g}), weight_decay {g['weight_decay']:g}, {g['params']:,} params")
+    return lines
 
 
 def render_options(options: dict[str, dict[str, Any]]) -> list[str]:

@@ -21,6 +21,7 @@ from core.config.sections import (
     MonitorsOptions,
     TrainOptions,
 )
+from core.contract import mup
 from core.contract.errors import ConfigError, PluginError, closest
 from core.contract.option_values import _matches, build_options, nonfinite
 from core.contract.options import _type_name, to_dict
@@ -126,6 +127,8 @@ def resolve(cfg: dict[str, Any], registry: Registry, source: str = "config") -> 
         core_keys[slot] = ck
         where = f"{source}: [{section}]"
         component = registry.get(slot, name, where)
+        if slot == "model":
+            mup.unasked_option(table, component.options, name, where)
         options = build_options(component.options, table, f"{where} ({slot} {name!r})")
         slots[slot] = Chosen(component, options, section)
 

@@ -113,6 +113,13 @@ CONTRACT: dict[str, list[Member]] = {
             needs="check_tensor_parallel",
         ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
+        method(
+            "mup_widths",
+            0,
+            '() -> (width, base_width) under [model] parametrization = "mup" (the core scales each kind\'s LR, core.contract.mup), None under standard; '
+            "default: no µP (asking for it is refused)",
+            False,
+        ),
     ],
     "parallelism": [
         method("wrap", 4, "(model, spec, dist, precision) -> the module to call"),
@@ -181,6 +188,13 @@ CONTRACT: dict[str, list[Member]] = {
             "True: the untied output head gets its own group of kind 'output'; default False: a matrix",
             False,
             default=False,
+        ),
+        value(
+            "mup_matrix_lr_power",
+            (int, float),
+            "under µP the matrix LR is multiplied by (base_width / width) ** this: 1 for entrywise-normalized updates (Adam), 0 for spectral ones (Muon); default 1",
+            False,
+            default=1.0,
         ),
     ],
     "lr_schedule": [

@@ -76,21 +76,26 @@ def classify(model: nn.Module, output_head: tuple[nn.Parameter, ...] = ()) -> di
     return out
 
 
-def param_groups(model: nn.Module, opts: OptimizerOptions, output_head: tuple[nn.Parameter, ...] = ()) -> list[dict[str, Any]]:
+def param_groups(
+    model: nn.Module, opts: OptimizerOptions, output_head: tuple[nn.Parameter, ...] = (), mup: dict[str, float] | None = None, head_is_matrix: bool = False
+) -> list[dict[str, Any]]:
     """One group per kind present (``params``, ``name``, ``lr``, ``lr_mult``, ``weight_decay``), in
-    the order of :data:`KINDS`, ``output`` last."""
+    the order of :data:`KINDS`, ``output`` last. ``mup``: µP's multiplier per kind
+    (:func:`core.contract.mup.lr_multipliers`), times the options' ``lr_multipliers``;
+    ``head_is_matrix``: the head is split off for µP only, so the options' ``matrix`` multiplier is its."""
     groups = []
     for kind, params in classify(model, output_head).items():
         if not params:
             continue
-        mult = float(opts.lr_multipliers.get(kind, 1.0))
+        named = "matrix" if kind == OUTPUT and head_is_matrix else kind
+        mult = float(opts.lr_multipliers.get(named, 1.0)) * (mup or {}).get(kind, 1.0)
         groups.append(
             {
                 "params": params,
                 "name": kind,
                 "lr": opts.lr * mult,
                 "lr_mult": mult,
-                "weight_decay": 0.0 if kind in opts.no_decay else opts.weight_decay,
+                "weight_decay": 0.0 if named in opts.no_decay else opts.weight_decay,
             }
         )
     return groups

@@ -130,6 +130,15 @@ class ModelSpec(Protocol):
     ``bias``; everything else is ``matrix``. So learned positions made as an ``nn.Embedding`` are
     ``embedding`` (no weight decay by default), while a bare ``nn.Parameter`` of positions on another
     module is ``matrix`` (decayed). Parameters with ``requires_grad = False`` are not trained.
+
+    **µP** (:mod:`core.contract.mup`, docs/mup.md). ``[model] parametrization = "mup"`` asks for it; the
+    spec declares its widths with ``mup_widths()``: ``(width, base_width)``, two ints, base_width a
+    divisor of width, or None under standard parametrization. The core then multiplies each kind's
+    LR (``matrix``: ``(base_width / width) ** p``, ``p`` the optimizer's ``mup_matrix_lr_power``;
+    the others 1, the untied head in a group of its own); the model applies the rest itself: its
+    output logits times ``base_width / width``, attention scores 1/d, an untied head's init std
+    constant in width, hidden matrices at variance 1/fan_in. A model without ``mup_widths()`` (or
+    one returning None) asked for µP is refused in one line, exit 2.
     """
 
     vocab_size: int
@@ -418,7 +427,9 @@ class OptimizerBuilder(Protocol):
     """Builds a torch optimizer from the parameter groups the core made.
 
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``state_bytes_per_param``,
-    ``separate_output_head``. A built optimizer whose ``step()`` honours ``found_inf`` (torch's
+    ``separate_output_head``, ``mup_matrix_lr_power`` (under µP the matrix LR is multiplied by
+    ``(base_width / width)`` to this power: 1, the default, for updates normalized entry by entry as
+    Adam's, 0 for spectrally normalized ones as Muon's). A built optimizer whose ``step()`` honours ``found_inf`` (torch's
     ``_step_supports_amp_scaling``, as its fused kernels) skips a non-finite step on the device;
     any other is skipped from the host.
     """

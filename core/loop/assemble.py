@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from core.checkpoint import TrainingState, seed_everything
-from core.contract import log
+from core.contract import log, mup
 from core.contract.errors import ConfigError, PluginError
 from core.contract.members import member, returned
 from core.contract.param_groups import param_groups
@@ -65,8 +65,7 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     returned(train_model, torch.nn.Module, f"{name['parallelism']}: wrap()", "a torch.nn.Module")
     if prep.micro_batch_candidates:
         choose_micro_batch(prep, dist, control, model, train_model)
-    head = output_head_params(spec, model) if member("optimizer", c["optimizer"], "separate_output_head") else ()
-    optimizer = c["optimizer"].build(param_groups(model, c["optimizer"].options, head))
+    optimizer = make_optimizer(spec, rc.slots["model"].component.name, model, c["optimizer"])
     returned(optimizer, torch.optim.Optimizer, f"{name['optimizer']}: build()", "a torch.optim.Optimizer")
     total, schedule = prep.total_steps, c["lr_schedule"]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule.multiplier(s, total))
@@ -106,6 +105,16 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
         )
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)
+
+
+def make_optimizer(spec: Any, model_name: str, model: torch.nn.Module, builder: Any) -> Any:
+    """The optimizer plugin's optimizer over the core's parameter groups of ``model`` (unwrapped): the
+    untied head in a group of its own for an optimizer with ``separate_output_head`` or under µP,
+    and µP's LR multiplier per kind (:mod:`core.contract.mup`)."""
+    widths = mup.model_widths(spec, model_name)
+    separate = member("optimizer", builder, "separate_output_head")
+    head = output_head_params(spec, model) if separate or widths else ()
+    return builder.build(param_groups(model, builder.options, head, mup.lr_multipliers(widths, builder), head_is_matrix=not separate))
 
 
 def choose_micro_batch(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, model: torch.nn.Module, train_model: torch.nn.Module) -> None:

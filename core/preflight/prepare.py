@@ -26,7 +26,7 @@ from core.config import registry as registry_mod
 from core.config.registry import plugin_manager
 from core.config.run_config import RunConfig, resolve
 from core.config.sections import batch_layout, micro_batch_candidates, total_steps
-from core.contract import log
+from core.contract import log, mup
 from core.contract.errors import CheckpointError, ConfigError, DataError, PlaitError, PluginError
 from core.contract.hookspecs import register_monitor
 from core.contract.members import check_component, member
@@ -122,6 +122,7 @@ def prepare(
     components = {slot: chosen.instantiate() for slot, chosen in rc.slots.items()}
     for slot, component in components.items():  # what each factory returned, held to core/contract/members.py
         check_component(slot, rc.slots[slot].component.name, component)
+    mup.check_asked(components["model"], rc.slots["model"].component.name, rc.to_dict()["model"], str(path))
     _, env_world_size, local_rank = env_world()
     world = world_size or env_world_size
     device = pick_device(rc.train.device, local_rank)

@@ -220,13 +220,34 @@ class Llama3Options:
     norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
     init_std: float = option(0.02, "std of the token embedding at init", gt=0)
     qk_norm: bool = option(False, "RMSNorm over each head's queries and keys before RoPE, a weight of head_dim each (OLMo 2, Qwen3)")
+    parametrization: Literal["standard", "mup"] = option(
+        "standard", "standard, or mup: init, logit and attention multipliers and per-kind LRs scale with dim / mup_base_width (docs/mup.md)"
+    )
+    mup_base_width: int = option(0, "mup: the dim the hyperparameters were tuned at, a divisor of dim (0: dim itself)", ge=0)
+    mup_base_head_dim: int = option(0, "mup: the head dim at the base width (0: mup_base_width / n_heads, the same head count)", ge=0)
 
     def resolved(self) -> "Llama3Options":
         """These options with the flavor's value for each one left at 0 or "flavor", tie_embeddings a
         bool, and the attention kernel one that imports here."""
         over = {k: v for k, v in FLAVORS[self.flavor].items() if _from_flavor(getattr(self, k))}
         over["tie_embeddings"] = over.get("tie_embeddings", self.tie_embeddings) in (True, "true")
-        return replace(self, **over, attention=resolve_attention(self.attention))
+        a = replace(self, **over, attention=resolve_attention(self.attention))
+        base = a.mup_base_width or a.dim
+        return replace(a, mup_base_width=base, mup_base_head_dim=a.mup_base_head_dim or base // max(a.n_heads, 1))
+
+    @property
+    def width_ratio(self) -> float:
+        """base width / dim under µP (1.0 under standard parametrization), once resolved: the output
+        logits' multiplier and the hidden matrices' AdamW LR multiplier."""
+        return self.mup_base_width / self.dim if self.parametrization == "mup" else 1.0
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The attention scores' multiplier: under µP sqrt(base head dim) / head_dim (1/d, equal to
+        1/sqrt(head_dim) at the base width); None (SDPA's 1/sqrt(head_dim)) under standard."""
+        if self.parametrization != "mup" or self.mup_base_head_dim == self.head_dim:
+            return None
+        return math.sqrt(self.mup_base_head_dim) / self.head_dim
 
     @property
     def tied(self) -> bool:
@@ -248,6 +269,8 @@ class Llama3Options:
             raise ValueError(f"n_heads {a.n_heads} is not divisible by n_kv_heads {a.n_kv_heads}")
         if a.head_dim % 2:
             raise ValueError(f"head dim {a.head_dim} (dim / n_heads) must be even for RoPE")
+        if a.parametrization == "mup" and a.dim % a.mup_base_width:
+            raise ValueError(f"mup_base_width {a.mup_base_width} is not a divisor of dim {a.dim}; expected the width the hyperparameters were tuned at")
         shape = f"n_layers {a.n_layers}, dim {a.dim}, ffn_dim {a.ffn_dim} and vocab_size {a.vocab_size}"
         check_size(a.max_seq_len, param_counts(a)[0], shape)
 
@@ -379,6 +402,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         self.use_flash_attn = args.attention == "flash_attn"
+        self.scale = args.attention_scale  # None: 1/sqrt(head_dim)
         self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
@@ -400,12 +424,14 @@ class Attention(nn.Module):
         if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask (CUDA)
             from torch.nn.attention.flex_attention import flex_attention
 
-            y = flex_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+            y = flex_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=mask, scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads
+            )
             return self.wo(cast(torch.Tensor, y).transpose(1, 2).reshape(B, T, -1))
         if mask is None and self.use_flash_attn and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             from flash_attn import flash_attn_func  # GQA natively, [B, T, H, D] layout
 
-            return self.wo(flash_attn_func(q, k, v, causal=True).reshape(B, T, -1))
+            return self.wo(flash_attn_func(q, k, v, causal=True, softmax_scale=self.scale).reshape(B, T, -1))
         # Share each kv head with n_heads / n_kv_heads query heads. Repeating
         # explicitly (rather than SDPA's enable_gqa, which only the flash
         # kernel honours) keeps every SDPA backend available, fp32 included.
@@ -414,7 +440,7 @@ class Attention(nn.Module):
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, -1)
         return self.wo(y)
 
@@ -501,7 +527,10 @@ class Transformer(nn.Module):
         """Linears N(0, std 1/sqrt(fan_in)); the residual outputs (wo, w2) std
         dim^-0.5 / sqrt(2 n_layers); embeddings std init_std; norms (q/k norms too) 1; an
         untied head std dim^-0.5. Also ties the head again and recomputes the
-        RoPE buffers, both lost by ``to_empty()``."""
+        RoPE buffers, both lost by ``to_empty()``.
+
+        Under µP the hidden matrices keep this init (variance 1/fan_in is µP's); the untied head is
+        std base_width^-0.5 at every width, its logits multiplied by base_width / dim in forward."""
         a = self.args
         self.tie_weights()
         self.init_buffers()
@@ -521,7 +550,7 @@ class Transformer(nn.Module):
             layer.ffn_norm.reset_parameters()
         self.norm.reset_parameters()
         if not a.tie_embeddings:
-            nn.init.normal_(self.output.weight, std=a.dim**-0.5)
+            nn.init.normal_(self.output.weight, std=a.mup_base_width**-0.5 if a.parametrization == "mup" else a.dim**-0.5)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, vocab] or, given labels (-100: ignored), the mean cross-entropy (fp32)."""
@@ -536,6 +565,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
         h = self.norm(h)
+        if self.args.width_ratio != 1.0:  # µP's output multiplier, on the head's input: the chunked loss sees it too
+            h = h * self.args.width_ratio
         if self.vocab_parallel:  # tensor parallel: the logits are sharded over the vocabulary
             logits = self.output(h)
             if labels is None or not torch.is_grad_enabled():  # generation, evaluation: this micro-batch's logits gathered

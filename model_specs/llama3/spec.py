@@ -70,6 +70,9 @@ class Llama3Spec:
         "tie_embeddings",
         "norm_eps",
         "qk_norm",
+        "parametrization",
+        "mup_base_width",
+        "mup_base_head_dim",
     )
 
     def resolved_architecture(self) -> dict[str, Any]:
@@ -124,6 +127,13 @@ class Llama3Spec:
         """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as
         a ``torch.compile`` graph (:mod:`core.contract.losses`)."""
         _unwrap(model).compile_loss = True
+
+    def mup_widths(self) -> tuple[int, int] | None:
+        """(dim, mup_base_width) under ``parametrization = "mup"`` (the core scales the LR of each
+        parameter kind by them), None under standard. The model applies its own init, logit and
+        attention multipliers (:class:`model_specs.llama3.model.Llama3Options`)."""
+        a = self.args
+        return (a.dim, a.mup_base_width) if a.parametrization == "mup" else None
 
     # -- numbers ------------------------------------------------------------
     def param_counts(self) -> tuple[int, int]:
@@ -211,13 +221,35 @@ class Llama3Spec:
                 + (", with positions from 0 (rope_positions = document)" if self.args.rope_positions == "document" else ""),
                 once="llama3:hf document mask",
             )
-        return to_hf(sd, self.args.tied)
+        return to_hf(self.mup_folded(sd, 1), self.args.tied)
+
+    def mup_folded(self, sd: dict[str, Any], power: int) -> dict[str, Any]:
+        """µP's multipliers folded into the weights (power 1; -1 unfolds): the head times the logit
+        multiplier, and wq (q_norm with qk_norm) times attention_scale x sqrt(head_dim), so a model
+        that scores with 1/sqrt(head_dim) and no logit multiplier (Hugging Face's) computes the same
+        logits. A tied head at a width other than the base cannot fold (the embedding is the head):
+        ValueError."""
+        a = self.args
+        out = dict(sd)
+        if a.width_ratio != 1.0:
+            if a.tied:
+                raise ValueError(
+                    f'parametrization = "mup" with a tied head at dim {a.dim} (mup_base_width {a.mup_base_width}): its logit multiplier '
+                    "cannot fold into the weights (the head is the embedding); expected an untied head or the base width"
+                )
+            out["output.weight"] = sd["output.weight"] * a.width_ratio**power
+        if a.attention_scale is not None:
+            factor = (a.attention_scale * a.head_dim**0.5) ** power
+            q = "attention.q_norm.weight" if a.qk_norm else "attention.wq.weight"
+            for i in range(a.n_layers):
+                out[f"layers.{i}.{q}"] = sd[f"layers.{i}.{q}"] * factor
+        return out
 
     def from_hf_state_dict(self, sd: dict[str, Any]) -> dict[str, Any]:
         """``LlamaForCausalLM`` (``Qwen3ForCausalLM``) names -> plait names (tied head restored)."""
         from model_specs.llama3.hf import from_hf
 
-        return from_hf(sd, self.args.tied)
+        return self.mup_folded(from_hf(sd, self.args.tied), -1)
 
 
 __all__ = ["FLAVORS", "Llama3Options", "Llama3Spec"]

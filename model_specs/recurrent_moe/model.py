@@ -71,6 +71,8 @@ class RecurrentMoEOptions:
     """Options of ``[model] name = "recurrent_moe"``, and, resolved (:meth:`resolved`), the model's."""
 
     flavor: str = option("debug", f"named set of shapes: {', '.join(FLAVORS)}")
+    dim: int = option(0, "model width (0: from flavor)", ge=0)
+    ffn_dim: int = option(0, "each expert's SwiGLU hidden width (0: from flavor)", ge=0)
     n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)", ge=0)
     n_experts: int = option(0, "experts per MoE layer (0: from flavor)", ge=0)
     top_k: int = option(0, "experts each token is routed to (0: from flavor)", ge=0)
@@ -89,6 +91,11 @@ class RecurrentMoEOptions:
     capacity_factor: float = option(
         0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0
     )
+    parametrization: Literal["standard", "mup"] = option(
+        "standard", "standard, or mup: init, logit and attention multipliers and per-kind LRs scale with dim / mup_base_width (docs/mup.md)"
+    )
+    mup_base_width: int = option(0, "mup: the dim the hyperparameters were tuned at, a divisor of dim (0: dim itself)", ge=0)
+    mup_base_head_dim: int = option(0, "mup: the head dim at the base width (0: mup_base_width / n_heads, the same head count)", ge=0)
 
     def resolved(self) -> "RecurrentMoEOptions":
         """These options with the flavor's value for each one left at 0."""
@@ -106,10 +113,14 @@ class RecurrentMoEOptions:
             raise ValueError(f"capacity_factor {self.capacity_factor}: expected 0 (dropless) or at least 1")
         if self.capacity_factor and self.dispatch == "dense":
             raise ValueError('capacity_factor needs dispatch = "sparse" (the dense path drops nothing)')
+        if r.dim % f["n_heads"] or (r.dim // f["n_heads"]) % 2:
+            raise ValueError(f"dim {r.dim}: expected a multiple of 2 x n_heads ({f['n_heads']}), for an even head dim")
+        if r.parametrization == "mup" and r.mup_base_width and r.dim % r.mup_base_width:
+            raise ValueError(f"mup_base_width {r.mup_base_width} is not a divisor of dim {r.dim}; expected the width the hyperparameters were tuned at")
         layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
-        per_layer = 4 * f["dim"] ** 2 + r.n_experts * (3 * f["dim"] * f["ffn_dim"] + f["dim"])  # at most: attention, experts, router
+        per_layer = 4 * r.dim**2 + r.n_experts * (3 * r.dim * r.ffn_dim + r.dim)  # at most: attention, experts, router
         shape = f"n_experts {r.n_experts} of {layers} layers and vocab_size {r.vocab_size}"
-        check_size(f["max_seq_len"], layers * per_layer + 2 * r.vocab_size * f["dim"], shape)
+        check_size(f["max_seq_len"], layers * per_layer + 2 * r.vocab_size * r.dim, shape)
 
 
 @dataclass(frozen=True)
@@ -272,7 +283,7 @@ class RecurrentMoE(nn.Module):
             block.attention_norm.reset_parameters()
             block.ffn_norm.reset_parameters()
         self.norm.reset_parameters()
-        nn.init.normal_(self.output.weight, std=b.dim**-0.5)
+        nn.init.normal_(self.output.weight, std=b.mup_base_width**-0.5 if b.parametrization == "mup" else b.dim**-0.5)  # µP: constant in width
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         a = self.args
@@ -293,7 +304,8 @@ class RecurrentMoE(nn.Module):
             h, aux, z = run(self.core, h, aux, z)
             states.append(h.detach())
         h, aux, z = run(self.coda, h, aux, z)
-        logits = self.output(self.norm(h))
+        h = self.norm(h)
+        logits = self.output(h * a.base.width_ratio if a.base.width_ratio != 1.0 else h)  # µP's output multiplier
         if labels is None:
             return logits
         n_moe = len(self.prelude) + len(self.core) * a.options.n_loops + len(self.coda)

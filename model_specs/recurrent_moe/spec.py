@@ -16,13 +16,27 @@ from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, RecurrentMoE, Recu
 class RecurrentMoESpec:
     args: MoEArgs
     # The options its weights are trained for (a resume that changes one is refused); not the loss weights.
-    architecture_options: ClassVar[tuple[str, ...]] = ("flavor", "n_loops", "n_experts", "top_k", "vocab_size")
+    architecture_options: ClassVar[tuple[str, ...]] = (
+        "flavor",
+        "dim",
+        "ffn_dim",
+        "n_loops",
+        "n_experts",
+        "top_k",
+        "vocab_size",
+        "parametrization",
+        "mup_base_width",
+        "mup_base_head_dim",
+    )
 
     def resolved_architecture(self) -> dict[str, Any]:
         """What the weights compute, as built from the flavor and the options (a resume compares these,
         ``core.checkpoint.folders``): the loop and routing counts and the flavor's shapes."""
         a, b = self.args, self.args.base
-        shapes = {k: getattr(b, k) for k in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps")}
+        shapes = {
+            k: getattr(b, k)
+            for k in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps", "parametrization", "mup_base_width", "mup_base_head_dim")
+        }
         return {
             "n_prelude": a.n_prelude,
             "n_core": a.n_core,
@@ -39,18 +53,27 @@ class RecurrentMoESpec:
         r, f = o.resolved(), FLAVORS[o.flavor]
         base = Llama3Options(
             n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"],
-            dim=f["dim"],
+            dim=r.dim,
             n_heads=f["n_heads"],
             n_kv_heads=f["n_kv_heads"],
-            ffn_dim=f["ffn_dim"],
+            ffn_dim=r.ffn_dim,
             vocab_size=r.vocab_size,
             rope_theta=f["rope_theta"],
             max_seq_len=f["max_seq_len"],
             attention_mask=r.attention_mask,
             rope_positions=r.rope_positions,
             tie_embeddings=False,
-        )
+            parametrization=r.parametrization,
+            mup_base_width=r.mup_base_width,
+            mup_base_head_dim=r.mup_base_head_dim,
+        ).resolved()  # the µP widths filled in (every shape is set)
         return cls(MoEArgs(r, base, f["n_prelude"], f["n_core"], f["n_coda"]))
+
+    def mup_widths(self) -> tuple[int, int] | None:
+        """(dim, mup_base_width) under ``parametrization = "mup"``, None under standard (core.contract.mup).
+        The router is a hidden matrix (its LR scales as the experts')."""
+        b = self.args.base
+        return (b.dim, b.mup_base_width) if b.parametrization == "mup" else None
 
     @property
     def vocab_size(self) -> int:

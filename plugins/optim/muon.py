@@ -18,6 +18,8 @@ reshards its state like any other optimizer's. The groups it makes from the core
   in ``no_decay``).
 
 ``lr_multipliers`` scale each kind's LR as for every optimizer; the schedule scales every group.
+Under µP (``mup_matrix_lr_power``) the matrices keep Muon's LR with ``original`` (the spectral rule
+is width-independent) and take sqrt(base_width / width) with ``match_rms_adamw``.
 Under fsdp2 and HSDP a Muon parameter is a DTensor sharded on dim 0: each rank all-gathers the
 momentum-updated matrix over its shard group (one all-gather per matrix, the bytes of FSDP's own
 parameter gather), runs Newton-Schulz on the whole matrix and keeps its own rows. Every rank does
@@ -78,6 +80,14 @@ class Muon:
 
     def __init__(self, options: MuonOptions) -> None:
         self.options = options
+
+    @property
+    def mup_matrix_lr_power(self) -> float:
+        """µP's rule for the hidden matrices (core.contract.mup): ``original`` scales an orthogonalized
+        update to spectral norm lr x sqrt(max(1, A/B)), already width-independent for matrices whose
+        shapes grow together (0: no multiplier); ``match_rms_adamw``'s 0.2 sqrt(max(A, B)) grows as
+        sqrt(width), so the LR takes sqrt(base_width / width) (0.5)."""
+        return 0.0 if self.options.adjust_lr == "original" else 0.5
 
     def build(self, param_groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
         return MuonAdamW(split_groups(param_groups, self.options))

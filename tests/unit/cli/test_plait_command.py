@@ -45,7 +45,8 @@ def test_a_new_command_joins_with_one_entry(monkeypatch, capsys):
     monkeypatch.setitem(plait.COMMANDS, "plugins2", plait.Command("core.cli.plugins", "the plugins again"))
     assert plait.main(["plugins2", "--slot", "lr_schedule"]) == 0
     assert "warmup_cosine" in capsys.readouterr().out
-    assert "plugins2  the plugins again" in plait.usage()
+    width = max(map(len, plait.COMMANDS))
+    assert f"  {'plugins2':<{width}}  the plugins again" in plait.usage()
 
 
 @pytest.mark.parametrize(
