@@ -54,6 +54,7 @@ RECORD_READS = 5  # a record that does not parse is read this many times (50 ms 
 _held: list[IO[str]] = []  # open lock files: the locks live as long as these
 _record: dict = {}  # this process's record in them
 _renewing: threading.Event | None = None  # set: the renewing thread stops
+_renewer: threading.Thread | None = None  # that thread, joined at a clean end
 taken: list[str] = []  # why this process lost a run folder to another job: it writes nothing more there
 
 
@@ -282,10 +283,11 @@ def lock_run_folders(folders: list) -> None:
                 "one folder has one writer: wait for it, stop it, or choose another train.output_dir"
             )
         _held.append(f)
-    global _renewing
+    global _renewing, _renewer
     if _held and _renewing is None:
         _renewing = threading.Event()
-        threading.Thread(target=_renew, args=(_renewing,), name="plait-lock-lease", daemon=True).start()
+        _renewer = threading.Thread(target=_renew, args=(_renewing,), name="plait-lock-lease", daemon=True)
+        _renewer.start()
 
 
 def hold_run_folders() -> None:
@@ -379,10 +381,13 @@ def release_run_folders(ended: bool = False) -> None:
     """Close this process's lock files (the kernel drops the locks). ``ended``: the holder's clean
     end, marked in its record first, so that a job on another host need not watch it; never in a
     forked loader worker, whose copies of the files close while the rank holds on."""
-    global _renewing
+    global _renewing, _renewer
     if _renewing is not None and ended:
         _renewing.set()
         _renewing = None
+        if _renewer is not None and _renewer is not threading.current_thread():
+            _renewer.join(timeout=5)  # gone when this returns (a renewal under way writes one small file)
+        _renewer = None
     while _held:
         f = _held.pop()
         if ended and not _taken_by(f):  # another job's record is never overwritten
