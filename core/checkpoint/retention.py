@@ -474,8 +474,14 @@ def set_aside(root: Path, paths: list[Path], label: str) -> Path:
     that folder. While the moves run, ``SETTING_ASIDE.json`` names them (resume = "auto" skips them).
     Raises OSError if a move fails."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = root / ABANDONED_DIR / f"{stamp}_{label}"
-    dest.mkdir(parents=True, exist_ok=True)
+    (root / ABANDONED_DIR).mkdir(exist_ok=True)
+    dest, n = root / ABANDONED_DIR / f"{stamp}_{label}", 1
+    while True:  # a folder of its own: an earlier set-aside of the same second is never merged into or replaced
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            dest, n = root / ABANDONED_DIR / f"{stamp}_{n}_{label}", n + 1
     marker = root / SETTING_ASIDE_FILE  # a kill inside the loop: resume = "auto" still skips the rest
     write_durable(marker, json.dumps([p.name for p in paths]))
     sync_dir(root)
@@ -505,8 +511,10 @@ def set_aside_one(root: Path, path: Path, label: str) -> Path:
         except OSError:
             pass
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    beside = root / f"{ABANDONED_DIR}_{stamp}_{label}"
-    os.replace(path, beside)
+    beside, n = root / f"{ABANDONED_DIR}_{stamp}_{label}", 1
+    while os.path.lexists(beside):  # one set aside earlier in the same second: never replaced, never merged
+        beside, n = root / f"{ABANDONED_DIR}_{stamp}_{n}_{label}", n + 1
+    os.rename(path, beside)
     sync_dir(root)
     return beside
 

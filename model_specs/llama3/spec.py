@@ -77,8 +77,10 @@ class Llama3Spec:
 
     def resolved_architecture(self) -> dict[str, Any]:
         """The architecture options as built: the flavor's values where the config left 0 or "flavor"
-        (a resume compares these, ``core.checkpoint.folders``). The flavor itself is no function."""
-        return {name: getattr(self.args, name) for name in self.architecture_options if name != "flavor"}
+        (a resume compares these, ``core.checkpoint.folders``). The flavor itself is no function, nor
+        are µP's base widths under standard parametrization."""
+        unused = {"flavor"} | ({"mup_base_width", "mup_base_head_dim"} if self.args.parametrization != "mup" else set())
+        return {name: getattr(self.args, name) for name in self.architecture_options if name not in unused}
 
     @classmethod
     def from_options(cls, opts: Llama3Options) -> "Llama3Spec":

@@ -36,6 +36,7 @@ class RecurrentMoESpec:
         shapes = {
             k: getattr(b, k)
             for k in ("dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps", "parametrization", "mup_base_width", "mup_base_head_dim")
+            if b.parametrization == "mup" or not k.startswith("mup_")  # µP's base widths compute nothing under standard
         }
         return {
             "n_prelude": a.n_prelude,

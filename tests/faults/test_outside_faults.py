@@ -65,9 +65,8 @@ def test_a_save_onto_a_step_folder_it_cannot_read_sets_that_aside_in_one_line_an
     """The newest step folder is unreadable (mode 000: NFS root squash, another owner), or a file or a
     link to nothing stands at its name: resume = "auto" resumes the one before, and the save of that
     step sets what is there aside in one line and saves in its place, under one process and two ranks.
-    Without write permission a folder cannot leave its folder (rename(2)): it is renamed beside it. It
-    used to end every attempt in a PermissionError traceback (or exit 74) at that save, and
-    launchers/remote.sh restarted into it until MAX_RESTARTS ran out."""
+    Without write permission a folder cannot leave its folder (rename(2)): it is renamed beside it,
+    under a name of its own even when an earlier one was set aside in the same second."""
     cfg = write_tiny_config(tmp_path, steps=6, body="[checkpoint]\nevery = 3\nkeep_latest = 0\n")
     root = tmp_path / "out" / "checkpoints"
     assert run_module("core.train", "--config", str(cfg)).returncode == 0

@@ -118,3 +118,27 @@ def test_the_disk_check_counts_every_checkpoint_the_rule_keeps_at_once():
                 held = max(len(retained(saves[: i + 1], opts) | set(saves[max(0, i - 1) : i + 1])) for i in range(len(saves)))
                 assert Checkpointer.kept_at_once(opts, 24) >= held, (every, keep_latest, keep_every)
     assert Checkpointer.kept_at_once(CheckpointOptions(every=2, keep_latest=1, keep_every=4, keep_lowest_loss=False), 12) == 2 + 3
+
+
+def test_two_set_asides_of_one_name_in_one_second_keep_both(tmp_path, monkeypatch):
+    """Setting aside what stands at a step's name twice within one second (two saves meeting a file
+    there, or a folder renamed beside its root) gives each its own place: neither replaces nor merges
+    into the other."""
+
+    from core.checkpoint import retention
+
+    monkeypatch.setattr(retention.time, "strftime", lambda fmt, t=None: "20261202T000000Z")  # one second for all
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    step = root / "step_000000006"
+    places = []
+    for text in ("first", "second"):
+        step.write_text(text)
+        places.append(retention.set_aside(root, [step], "before_step_000000006") / step.name)
+    assert [p.read_text() for p in places] == ["first", "second"] and places[0] != places[1]
+    for text in ("third", "fourth"):  # renamed beside, as for a folder that cannot leave root
+        step.write_text(text)
+        monkeypatch.setattr(retention, "set_aside", lambda *a: (_ for _ in ()).throw(PermissionError("no")))
+        places.append(retention.set_aside_one(root, step, "before_step_000000006"))
+    assert [p.read_text() for p in places] == ["first", "second", "third", "fourth"] and len(set(places)) == 4
+    assert all(p.name.endswith("_before_step_000000006") for p in places[2:])
