@@ -3,8 +3,8 @@
 Evaluates a plait checkpoint folder or export (whatever ``core.generate`` reads) offline with the
 code the ``downstream`` monitor runs in the loop (:mod:`core.loop.evaluation`): multiple-choice task
 files (``eval/<task>/acc``, ``acc_norm`` per character, ``acc_norm_tokens``, ``gold_ll``) and bits per
-byte on held-out text or token ``.bin`` files (``eval/<name>/bpb``). Prints a table and writes the
-metrics as JSON (``--json``, default ``eval.json``). Task files are checked before the model is
+byte on held-out text or token ``.bin`` files (``eval/<name>/bpb``). Prints a table; writes files only
+where asked: the metrics as JSON (``--json OUT``). Task files are checked before the model is
 loaded: a bad one is one line naming ``file:line``, exit 2.
 """
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=0, help="longest sequence scored; 0: the model's max_seq_len, else 2048 (default: %(default)s)")
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the checkpoint recorded)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
-    p.add_argument("--json", type=Path, default=Path("eval.json"), help="where the metrics are written (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the metrics as JSON here (default: no file)")
     args = p.parse_args(argv)
     try:
         for flag, value, low in (
@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     except PlaitError as e:
         exit_bad_input(e)
     sys.stdout.write(table(metrics) + "\n")
-    record = {"checkpoint": str(args.checkpoint), "metrics": {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
-    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    if args.json is not None:
+        record = {"checkpoint": str(args.checkpoint), "metrics": {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

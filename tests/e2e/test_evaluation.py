@@ -169,6 +169,21 @@ def test_core_eval_prints_a_table_writes_json_and_agrees_with_the_loop(trained):
     assert abs(cut["eval/shakes/bpb"] - metrics["eval/shakes/bpb"]) > 1e-4
 
 
+def test_core_eval_writes_files_only_where_asked(trained, tmp_path):
+    """No ``eval.json`` (nor anything else) in the working directory by default; ``--json`` writes only there."""
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    work = tmp_path / "work"
+    work.mkdir()
+    r = run_module("core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), "--limit", "8", cwd=work, timeout=300)
+    assert r.returncode == 0 and "acc_norm" in r.stdout, r.stderr
+    assert list(work.iterdir()) == []
+    out = tmp_path / "elsewhere" / "m.json"
+    out.parent.mkdir()
+    r = run_module("core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["toy"]), "--limit", "8", "--json", str(out), cwd=work, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert list(work.iterdir()) == [] and "eval/toy/acc" in json.loads(out.read_text())["metrics"]
+
+
 def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trained, tmp_path):
     pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")  # the dev extra installs it
     from lm_eval import simple_evaluate
