@@ -1,11 +1,12 @@
-"""``python -m core.eval --checkpoint DIR --tasks F [F ...] [--held-out NAME=FILE ...] [--limit N] [--json OUT]``
+"""``python -m core.eval --checkpoint DIR --tasks F [F ...] [--held-out NAME=FILE ...] [--limit N] [--json OUT] [--log-samples FILE]``
 
 Evaluates a plait checkpoint folder or export (whatever ``core.generate`` reads) offline with the
 code the ``downstream`` monitor runs in the loop (:mod:`core.loop.evaluation`): multiple-choice task
-files (``eval/<task>/acc``, ``acc_norm`` per character, ``acc_norm_tokens``, ``gold_ll``) and bits per
-byte on held-out text or token ``.bin`` files (``eval/<name>/bpb``). Prints a table; writes files only
-where asked: the metrics as JSON (``--json OUT``). Task files are checked before the model is
-loaded: a bad one is one line naming ``file:line``, exit 2.
+files (``eval/<task>/acc``, ``acc_norm`` per character, ``acc_norm_tokens``, ``gold_ll``, standard errors
+``acc_stderr``, ``acc_norm_stderr``) and bits per byte on held-out text or token ``.bin`` files
+(``eval/<name>/bpb``). Prints a table; writes files only where asked: the metrics as JSON (``--json
+OUT``), one JSON line per task example (``--log-samples FILE``). Task files are checked before the
+model is loaded: a bad one is one line naming ``file:line``, exit 2.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def table(metrics: dict[str, float]) -> str:
     for key, value in metrics.items():
         _, name, metric = key.split("/", 2)
         rows.setdefault(name, {})[metric] = value
-    columns = sorted({m for r in rows.values() for m in r}, key=lambda m: (m not in evaluation.SUMS and m not in ("bpb", "loss"), m))
+
+    def order(m: str) -> tuple[bool, str, str]:  # SUMS and bpb first, each standard error after its metric
+        base = m.removesuffix("_stderr")
+        return base not in evaluation.SUMS and base not in ("bpb", "loss"), base, m
+
+    columns = sorted({m for r in rows.values() for m in r}, key=order)
     width = max(len(n) for n in rows) if rows else 4
     lines = [f"{'name':<{width}}  " + "  ".join(f"{c:>15}" for c in columns)]
     for name, r in rows.items():
@@ -63,8 +69,10 @@ def evaluate_checkpoint(
     held_out_tokens: int = 0,
     tokenizer: str | None = None,
     device: str | None = None,
+    samples: list[dict] | None = None,
 ) -> dict[str, float]:
-    """Every metric of ``tasks`` and ``held_out`` on ``checkpoint`` (one process)."""
+    """Every metric of ``tasks`` and ``held_out`` on ``checkpoint`` (one process); ``samples``: extended
+    with a record per task example (:func:`core.loop.evaluation.task_samples`)."""
     from core.cli.generate import load, pick_device
     from core.cli.text_codec import Codec, TokenizerRecord, resolve
 
@@ -87,7 +95,7 @@ def evaluate_checkpoint(
 
     dev = pick_device(device)
     scorer = evaluation.Scorer(loaded.model.to(dev), longest, dev, batch_size)
-    return evaluation.evaluate_locally(prepared, scorer)
+    return evaluation.evaluate_locally(prepared, scorer, samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="bytes | hf:PATH/tokenizer.json | tiktoken:PATH (default: the one the checkpoint recorded)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the metrics as JSON here (default: no file)")
+    p.add_argument(
+        "--log-samples",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write one JSON line per task example here: choices' log-likelihoods, acc, acc_norm (default: no file)",
+    )
     args = p.parse_args(argv)
     try:
         for flag, value, low in (
@@ -114,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{flag} must be >= {low}, got {value}")
         if not args.tasks and not args.held_out:
             raise ConfigError("--tasks and --held-out are both empty: nothing to evaluate")
+        for flag, out in (("--json", args.json), ("--log-samples", args.log_samples)):
+            if out is not None and not out.parent.is_dir():
+                raise ConfigError(f"{flag} {out}: folder {out.parent} does not exist")
+        samples: list[dict] | None = [] if args.log_samples is not None else None
         with torch.no_grad():
             metrics = evaluate_checkpoint(
                 args.checkpoint,
@@ -125,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 held_out_tokens=args.held_out_tokens,
                 tokenizer=args.tokenizer,
                 device=args.device,
+                samples=samples,
             )
     except PlaitError as e:
         exit_bad_input(e)
@@ -132,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         record = {"checkpoint": str(args.checkpoint), "metrics": {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         args.json.write_text(json.dumps(record, indent=1) + "\n")
+    if args.log_samples is not None:
+        with args.log_samples.open("w") as f:
+            for sample in samples or []:
+                f.write(json.dumps(sample, ensure_ascii=False, allow_nan=False) + "\n")
     return 0
 
 

@@ -24,7 +24,8 @@ The one implementation that the in-loop ``downstream`` monitor (``plugins/monito
   the gold one), ``acc_norm`` (likelihood divided by the choice's length in characters, the
   delimiter and moved whitespace not counted: lm-evaluation-harness's ``acc_norm``),
   ``acc_norm_tokens`` (plait's own: divided by the continuation's length in tokens) and ``gold_ll``
-  (plait's own: the gold continuation's mean log-likelihood, nats).
+  (plait's own: the gold continuation's mean log-likelihood, nats); ``acc_stderr`` and ``acc_norm_stderr``
+  (lm-evaluation-harness's ``mean_stderr``); per example, :func:`task_samples`.
 * **Bits per byte** (:func:`rolling_requests`, :func:`bits_per_byte`): a text's tokens after the EOS
   token in lm-evaluation-harness's rolling windows (``get_rolling_token_windows`` with a context of one
   token, made disjoint): every token predicted once, each window's input ``max_len`` tokens long (the
@@ -53,6 +54,7 @@ from core.contract.errors import ConfigError, DataError
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 SUMS = ("examples", "acc", "acc_norm", "acc_norm_tokens", "gold_ll")  # task_sums' order
+STDERR = ("acc", "acc_norm")  # metrics also given with lm-evaluation-harness's standard error, <metric>_stderr
 DEFAULT_MAX_LEN = 2048  # lm-evaluation-harness's default max_length, for a model that declares no max_seq_len
 MAX_LINE_BYTES = 1 << 20  # a task or held-out text line longer than this is refused, never read whole
 
@@ -276,26 +278,67 @@ def example_requests(encoded: list[tuple[list[int], list[list[int]]]], items: Se
     return [(encoded[e][0], cont) for e in items for cont in encoded[e][1]]
 
 
+def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[float]) -> tuple[bool, bool, bool]:
+    """(acc, acc_norm, acc_norm_tokens) of one example from its continuations' log-likelihoods ``lls``."""
+    chars = [ll / len(c) for ll, c in zip(lls, ex.continuations)]
+    tokens = [ll / len(c) for ll, c in zip(lls, conts)]
+    return argmax(lls) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold
+
+
+def per_example(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
+    """(example index, its continuations' log-likelihoods) of ``items``, from ``lls`` in :func:`example_requests` order."""
+    k = 0
+    for e in items:
+        n = len(encoded[e][1])
+        yield e, list(lls[k : k + n])
+        k += n
+
+
 def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
     """The sums :data:`SUMS` over examples ``items`` of ``task``, from their continuations' log-likelihoods
     in :func:`example_requests` order (float64, to be summed over the ranks)."""
     sums = torch.zeros(len(SUMS), dtype=torch.float64)
-    k = 0
-    for e in items:
-        ex, conts = task.examples[e], encoded[e][1]
-        mine = list(lls[k : k + len(conts)])
-        k += len(conts)
-        chars = [ll / len(c) for ll, c in zip(mine, ex.continuations)]
-        tokens = [ll / len(c) for ll, c in zip(mine, conts)]
-        sums += torch.tensor([1.0, argmax(mine) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold, mine[ex.gold]], dtype=torch.float64)
+    for e, mine in per_example(task, encoded, items, lls):
+        ex = task.examples[e]
+        sums += torch.tensor([1.0, *example_scores(ex, encoded[e][1], mine), mine[ex.gold]], dtype=torch.float64)
     return sums
 
 
+def task_samples(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
+    """One record per example of ``items`` (``core.eval --log-samples``): its text, each choice's log-likelihood, acc and acc_norm."""
+    for e, mine in per_example(task, encoded, items, lls):
+        ex = task.examples[e]
+        acc, acc_norm, _ = example_scores(ex, encoded[e][1], mine)
+        yield {
+            "task": task.name,
+            "index": e,
+            "line": ex.line,
+            "context": ex.context,
+            "target_delimiter": ex.target_delimiter,
+            "choices": list(ex.continuations),
+            "loglikelihoods": mine,
+            "gold": ex.gold,
+            "acc": float(acc),
+            "acc_norm": float(acc_norm),
+        }
+
+
+def mean_stderr(p: float, n: float) -> float:
+    """lm-evaluation-harness's ``mean_stderr`` (sample standard deviation / sqrt(n)) of ``n`` values of 0 or 1
+    with mean ``p``: sqrt(p (1 - p) / (n - 1))."""
+    return math.sqrt(max(p * (1.0 - p), 0.0) / (n - 1))
+
+
 def task_metrics(name: str, sums: torch.Tensor | Sequence[float]) -> dict[str, float]:
-    """``eval/<name>/acc``, ``acc_norm``, ``acc_norm_tokens``, ``gold_ll`` from summed :data:`SUMS`."""
+    """``eval/<name>/acc``, ``acc_norm``, ``acc_norm_tokens``, ``gold_ll`` from summed :data:`SUMS`, and
+    ``acc_stderr``, ``acc_norm_stderr`` (:func:`mean_stderr`) when there are two examples or more."""
     s = [float(v) for v in sums]
     n = max(s[0], 1.0)
-    return {f"eval/{name}/{key}": s[i] / n for i, key in enumerate(SUMS) if i}
+    out = {f"eval/{name}/{key}": s[i] / n for i, key in enumerate(SUMS) if i}
+    if s[0] >= 2:
+        for key in STDERR:
+            out[f"eval/{name}/{key}_stderr"] = mean_stderr(out[f"eval/{name}/{key}"], s[0])
+    return out
 
 
 def rolling_requests(ids: Sequence[int], prefix: int, max_len: int) -> list[Request]:
@@ -407,15 +450,20 @@ class Evaluation:
             every = [[windows[w] for w in share(len(windows), r, world)] for r in range(world)]
             yield "held_out", h, every[rank], max(every, key=scorer.forwards)
 
-    def run(self, scorer: Scorer, rank: int = 0, world: int = 1) -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]]:
+    def run(
+        self, scorer: Scorer, rank: int = 0, world: int = 1, samples: list[dict[str, Any]] | None = None
+    ) -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]]:
         """This rank's sums per task and held-out file with the function that turns their totals over
-        the ranks into metrics: ``{name: (sums, finish)}``. Every rank runs the same number of forwards."""
+        the ranks into metrics: ``{name: (sums, finish)}``. Every rank runs the same number of forwards.
+        ``samples``: extended with this rank's :func:`task_samples`."""
         out: dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]] = {}
         for kind, what, mine, largest in self._work(scorer, rank, world):
             lls = [ll for ll, _ in scorer.loglikelihoods(mine, forwards=scorer.forwards(largest))]
             if kind == "task":
                 task, enc, items = what
                 out[task.name] = (task_sums(task, enc, items, lls), functools.partial(task_metrics, task.name))
+                if samples is not None:
+                    samples.extend(task_samples(task, enc, items, lls))
             else:
                 h = what
                 total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
@@ -434,9 +482,10 @@ def prepare(
     return Evaluation(tasks, [encode_task(t, encode, eos_id, vocab_size) for t in tasks], held_out, eos_id)
 
 
-def evaluate_locally(evaluation: Evaluation, scorer: Scorer) -> dict[str, float]:
-    """Every metric of ``evaluation`` on one process (``core.eval``, benchmarks)."""
+def evaluate_locally(evaluation: Evaluation, scorer: Scorer, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """Every metric of ``evaluation`` on one process (``core.eval``, benchmarks); ``samples``: extended with
+    one :func:`task_samples` record per example."""
     metrics: dict[str, float] = {}
-    for sums, finish in evaluation.run(scorer).values():
+    for sums, finish in evaluation.run(scorer, samples=samples).values():
         metrics.update(finish(sums))
     return metrics

@@ -184,6 +184,43 @@ def test_core_eval_writes_files_only_where_asked(trained, tmp_path):
     assert list(work.iterdir()) == [] and "eval/toy/acc" in json.loads(out.read_text())["metrics"]
 
 
+def test_core_eval_logs_samples_and_standard_errors(trained, tmp_path):
+    """``--log-samples FILE``: one JSON line per example, its choices' log-likelihoods the scorer's, its acc and
+    acc_norm averaging to the metrics; the table and JSON carry ``acc_stderr`` and ``acc_norm_stderr``."""
+    from core.cli.generate import load
+
+    ckpt = trained["out"] / "checkpoints" / "step_000000030"
+    out, log = tmp_path / "m.json", tmp_path / "samples.jsonl"
+    r = run_module(
+        "core.eval", "--checkpoint", str(ckpt), "--tasks", str(trained["hard"]), str(trained["toy"]), "--limit", "20",
+        "--held-out", f"shakes={trained['held']}", "--json", str(out), "--log-samples", str(log), cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0].split()
+    assert header[:5] == ["name", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr"], r.stdout
+    metrics = json.loads(out.read_text())["metrics"]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(x["task"], x["index"]) for x in rows] == [("hard", i) for i in range(20)] + [("toy", i) for i in range(20)]
+    task = evaluation.read_task(trained["hard"], 20)
+    enc = evaluation.encode_task(task, lambda t: list(t.encode("utf-8")), 256, 512)
+    lls = [ll for ll, _ in evaluation.Scorer(load(ckpt).model, 1024).loglikelihoods(evaluation.example_requests(enc, range(20)))]
+    hard = [x for x in rows if x["task"] == "hard"]
+    logged = [v for x in hard for v in x["loglikelihoods"]]
+    assert len(logged) == len(lls) and max(abs(a - b) for a, b in zip(logged, lls)) < 1e-5
+    for x, ex in zip(hard, task.examples):
+        assert (x["context"], x["choices"], x["gold"], x["line"]) == (ex.context, list(ex.continuations), ex.gold, ex.line)
+        assert x["acc"] == float(max(range(len(x["choices"])), key=lambda i: (x["loglikelihoods"][i], -i)) == ex.gold)
+    for name in ("hard", "toy"):
+        mine = [x for x in rows if x["task"] == name]
+        for key in ("acc", "acc_norm"):
+            values = [x[key] for x in mine]
+            p = sum(values) / len(values)
+            assert metrics[f"eval/{name}/{key}"] == pytest.approx(p, abs=1e-9)
+            assert metrics[f"eval/{name}/{key}_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / (len(values) - 1)), abs=1e-9)
+    assert "eval/shakes/bpb" in metrics and not any(k.startswith("eval/shakes/") and "stderr" in k for k in metrics)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "samples.jsonl"]
+
+
 def test_scores_equal_lm_evaluation_harness_on_the_same_checkpoint_and_task(trained, tmp_path):
     pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")  # the dev extra installs it
     from lm_eval import simple_evaluate

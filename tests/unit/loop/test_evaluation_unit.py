@@ -4,6 +4,8 @@ batches contexts sharing one token and pads forwards; rolling windows predict ev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from shared import write_task
 
@@ -211,6 +213,41 @@ def test_task_lines_with_a_target_delimiter_are_scored_after_it_and_acc_norm_div
     f.write_text('{"context": "a", "continuations": ["b"], "gold": 0, "target_delimiter": 1}\n')
     with pytest.raises(DataError, match=":1: 'target_delimiter' is int; expected a string"):
         evaluation.read_task(f)
+
+
+def test_standard_errors_are_lm_evaluation_harness_mean_stderr_of_the_per_example_scores(tmp_path):
+    """``acc_stderr`` and ``acc_norm_stderr`` equal lm-evaluation-harness's own ``mean_stderr`` on the per-example
+    values that ``task_samples`` (``core.eval --log-samples``) records; summed over two ranks' shares alike."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    import random
+
+    from lm_eval.api.metrics import mean_stderr
+
+    f = tmp_path / "t.jsonl"
+    rng = random.Random(3)
+    lines = []
+    for _ in range(23):
+        choices = ["a" * rng.randrange(1, 6) for _ in range(3)]
+        lines.append(json.dumps({"context": "Q:", "continuations": choices, "gold": rng.randrange(3), "target_delimiter": " "}))
+    f.write_text("\n".join(lines) + "\n")
+    task = evaluation.read_task(f)
+    enc = evaluation.encode_task(task, lambda t: list(t.encode("utf-8")), 256, 256)
+    lls = [-rng.uniform(0.5, 12.0) for _ in evaluation.example_requests(enc, range(len(enc)))]
+    samples = list(evaluation.task_samples(task, enc, range(len(enc)), lls))
+    assert [s["index"] for s in samples] == list(range(23)) and samples[4]["choices"] == list(task.examples[4].continuations)
+    assert [x for s in samples for x in s["loglikelihoods"]] == lls
+    metrics = evaluation.task_metrics("t", evaluation.task_sums(task, enc, range(len(enc)), lls))
+    for key in ("acc", "acc_norm"):
+        values = [s[key] for s in samples]
+        assert 0 < sum(values) < len(values)  # neither all right nor all wrong: the error is not zero
+        assert metrics[f"eval/t/{key}"] == pytest.approx(sum(values) / len(values), abs=1e-12)
+        assert metrics[f"eval/t/{key}_stderr"] == pytest.approx(mean_stderr(values), rel=1e-12)
+    per = [s["loglikelihoods"] for s in samples]  # two ranks' shares, each in example_requests order
+    even, odd = ([ll for e in range(r, 23, 2) for ll in per[e]] for r in (0, 1))
+    summed = evaluation.task_sums(task, enc, range(0, 23, 2), even) + evaluation.task_sums(task, enc, range(1, 23, 2), odd)
+    assert evaluation.task_metrics("t", summed) == pytest.approx(metrics, abs=1e-12)
+    one = evaluation.task_metrics("t", evaluation.task_sums(task, enc, [0], lls[:3]))
+    assert "eval/t/acc" in one and "eval/t/acc_stderr" not in one  # one example: no standard error (n - 1 = 0)
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 9, 10, 13])
