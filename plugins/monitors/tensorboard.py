@@ -3,7 +3,9 @@
 Training metrics go to ``train/<name>`` (``train/loss``, ``train/lr``,
 ``train/grad_norm``, ``train/tokens_per_s``...) plus ``train/perplexity`` =
 ``exp(loss)``; validation metrics to ``val/<name>`` with a leading ``val_``
-dropped (``val_loss`` -> ``val/loss``). ``global_step`` is the step. A resumed
+dropped (``val_loss`` -> ``val/loss``); evaluation metrics (the ``downstream`` monitor's
+``eval/<task>/acc``, ``eval/time_s``...) under their own name, TensorBoard's ``eval`` section.
+``global_step`` is the step. A resumed
 run purges events its output folder holds from steps after the checkpoint.
 
 Events are written on the training thread (no writer thread) and flushed at each step that logged
@@ -27,6 +29,7 @@ from typing import Any, BinaryIO
 from core.api import PluginError, hookimpl, log, option
 
 SKIP = {"step"}
+OWN_SECTIONS = ("eval/",)  # step metrics named with one of these keep their name as the tag: their own section
 _files = itertools.count()  # events files this process opened: part of each file's name
 
 
@@ -123,7 +126,7 @@ class TensorBoard:
                 continue
             if prefix == "val" and key.startswith("val_"):
                 key = key[len("val_") :]
-            writer.add_scalar(f"{prefix}/{key}", v, step)
+            writer.add_scalar(key if key.startswith(OWN_SECTIONS) else f"{prefix}/{key}", v, step)
 
     @hookimpl
     def plait_step_end(self, run, step, metrics):

@@ -233,6 +233,25 @@ def test_tensorboard_scalars(tmp_path):
     assert got["val/loss"] == pytest.approx({20: 2.9})
 
 
+def test_tensorboard_puts_evaluation_metrics_in_their_own_eval_section(tmp_path):
+    """The downstream monitor's step metrics (``eval/<task>/acc``, ``eval/time_s``) are tagged ``eval/...``
+    (TensorBoard's section is a tag's first part), not ``train/eval/...``; training metrics stay in ``train/``."""
+    from plugins.monitors.tensorboard import TensorBoard, TensorBoardOptions
+
+    out = tmp_path / "out"
+    pm, run = manager(TensorBoard(TensorBoardOptions())), make_run(out, total=20)
+    pm.hook.plait_train_start(run=run)
+    for s in (10, 20):
+        run.step = s
+        pm.hook.plait_step_end(run=run, step=s, metrics={**metrics(s, 2.5), "eval/toy/acc": s / 40, "eval/toy/acc_stderr": 0.01, "eval/time_s": 1.5})
+    pm.hook.plait_train_end(run=run, reason="completed")
+    got = scalars(out / "tensorboard")
+    assert got["eval/toy/acc"] == pytest.approx({10: 0.25, 20: 0.5})
+    assert got["eval/toy/acc_stderr"] == pytest.approx({10: 0.01, 20: 0.01}) and got["eval/time_s"] == pytest.approx({10: 1.5, 20: 1.5})
+    assert "train/loss" in got and not [t for t in got if "eval" in t and not t.startswith("eval/")], sorted(got)
+    assert {t.split("/")[0] for t in got} == {"train", "eval"}
+
+
 def test_tensorboard_resume_hides_the_steps_after_the_checkpoint(tmp_path):
     """A run logged to step 30, then resumed from its step-20 checkpoint: TensorBoard shows steps 21-30
     of the resumed run, not of the first (the resumed file's START event at step 21 purges them)."""
