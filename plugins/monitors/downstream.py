@@ -3,7 +3,8 @@
 Every ``every`` steps and at the final step (a log step: ``every`` is a multiple of ``train.log_every``),
 the model as it trains scores each task file's first ``limit`` examples and each held-out file
 (``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
-adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll`` and
+adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll``, the standard
+errors ``acc_stderr``, ``acc_norm_stderr`` and
 ``eval/<name>/bpb``, ``eval/<name>/loss`` and the pass's wall time ``eval/time_s`` (the slowest rank's) to that step's metrics, so every monitor logs them
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
