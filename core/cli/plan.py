@@ -29,7 +29,9 @@ import math
 import sys
 from typing import Any
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from core.cli.lr_plot import check_plot_path, plot_lr
 from core.cli.measure import measure
@@ -115,21 +117,24 @@ def make_plan(prep) -> dict[str, Any]:
         "checkpoint": checkpoint,
         "seq_len_stages": stages(prep),
         "resume": resume_summary(prep),
-        "param_groups": param_group_rows(prep),
+        "param_groups": param_group_rows(prep, spec),
         "mup_widths": mup.model_widths(spec, rc.slots["model"].component.name),
     }
 
 
-def param_group_rows(prep) -> list[dict[str, Any]]:
+def param_group_rows(prep, spec) -> list[dict[str, Any]]:
     """The optimizer's parameter groups as the run builds them (over the meta model): name, parameters,
-    peak LR (the schedule multiplies it), LR multiplier (µP's and the options' together) and weight
-    decay; [] with a note when the optimizer cannot be built over meta parameters."""
+    peak LR (the schedule multiplies it), LR multiplier (µP's and the options' together), weight
+    decay and init std (``[lowest, highest]`` over the group's parameters, from
+    :func:`init_stds`; None when one of them is set by other means); [] with a note when the
+    optimizer cannot be built over meta parameters."""
     rc, c = prep.rc, prep.components
     try:
         optimizer = make_optimizer(c["model"], rc.slots["model"].component.name, prep.model_meta, c["optimizer"])
     except Exception as e:  # e.g. a library that allocates state for each parameter when built
         log.note(f"plan: the optimizer's groups are not listed (it cannot be built over meta parameters: {type(e).__name__}: {e})")
         return []
+    stds = init_stds(spec, prep.model_meta)
     return [
         {
             "name": str(g.get("name", i)),
@@ -137,9 +142,61 @@ def param_group_rows(prep) -> list[dict[str, Any]]:
             "lr": float(g["lr"]),
             "lr_mult": float(g.get("lr_mult", 1.0)),
             "weight_decay": float(g.get("weight_decay", 0.0)),
+            "init_std": std_range([stds.get(id(p)) for p in g["params"]]),
         }
         for i, g in enumerate(optimizer.param_groups)
     ]
+
+
+class _InitRecorder(TorchFunctionMode):
+    """Records the std the last in-place init op gave each tensor: ``normal_`` its std,
+    ``uniform_(a, b)`` (b - a) / sqrt(12), ``fill_``/``zero_`` 0; any other in-place op None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.std: dict[int, float | None] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        tensor = args[0] if args else kwargs.get("tensor")  # Tensor.normal_(t, ...) or nn.init.normal_(tensor=t, ...)
+        if name.endswith("_") and not name.startswith("_") and isinstance(tensor, torch.Tensor):
+            self.std[id(tensor)] = _std_of(name, args[1:], kwargs)
+        return func(*args, **kwargs)
+
+
+def _std_of(name: str, args: tuple, kwargs: dict[str, Any]) -> float | None:
+    """The std an in-place op named ``name`` gives its tensor (positional ``args`` after the tensor)."""
+    if name == "normal_":
+        return float(args[1] if len(args) > 1 else kwargs.get("std", 1.0))
+    if name == "uniform_":
+        low = args[0] if args else kwargs.get("a", kwargs.get("from", 0.0))
+        high = args[1] if len(args) > 1 else kwargs.get("b", kwargs.get("to", 1.0))
+        return (float(high) - float(low)) / math.sqrt(12)
+    if name in ("fill_", "zero_", "zeros_", "ones_", "constant_"):
+        return 0.0
+    return None
+
+
+def init_stds(spec, model_meta: nn.Module) -> dict[int, float | None]:
+    """The init std of each parameter (by id) that ``spec.init_weights`` gives, read off the in-place
+    ops it runs on the meta model (no values are allocated); a parameter it does not touch: absent."""
+    recorder = _InitRecorder()
+    try:
+        with torch.no_grad(), recorder:
+            spec.init_weights(model_meta)
+    except Exception as e:  # a model whose init needs real values
+        log.note(f"plan: init stds are not listed (the model's init_weights does not run on meta parameters: {type(e).__name__}: {e})")
+        return {}
+    return recorder.std
+
+
+def std_range(stds: list[float | None]) -> list[float] | None:
+    """``[lowest, highest]`` of a group's init stds; None when one is unknown (or the group is empty)."""
+    if not stds or any(s is None for s in stds):
+        return None
+    known = [float(s) for s in stds if s is not None]
+    return [min(known), max(known)]
 
 
 def plugin_options(rc) -> dict[str, dict[str, Any]]:

@@ -73,7 +73,7 @@ def render(plan: dict[str, Any]) -> str:
 
 
 def param_group_lines(plan: dict[str, Any]) -> list[str]:
-    """One line per optimizer group: its peak LR (multiplier), weight decay and parameters; the µP widths."""
+    """One line per optimizer group: its peak LR (multiplier), init std, weight decay and parameters; the µP widths."""
     lines = []
     widths = plan.get("mup_widths")
     if widths:
@@ -81,8 +81,21 @@ def param_group_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(f"  µP          width {width}, base width {base}: logits x {base / width:.4g}, per-kind LR multipliers below (docs/mup.md)")
     for i, g in enumerate(plan.get("param_groups", [])):
         label = "LR groups   " if i == 0 else "            "
-        lines.append(f"  {label}{g['name']}: peak lr {g['lr']:.4g} (x {g['lr_mult']:.4g}), weight_decay {g['weight_decay']:g}, {g['params']:,} params")
+        lines.append(
+            f"  {label}{g['name']}: peak lr {g['lr']:.4g} (x {g['lr_mult']:.4g}), init std {init_std_text(g.get('init_std'))}, "
+            f"weight_decay {g['weight_decay']:g}, {g['params']:,} params"
+        )
     return lines
+
+
+def init_std_text(stds: list[float] | None) -> str:
+    """``0.02``, or ``0.0221-0.0625`` when the group's parameters differ, ``0 (constant)``, ``unknown``."""
+    if not stds:
+        return "unknown"
+    low, high = stds
+    if high == 0:
+        return "0 (constant)"
+    return f"{low:.4g}" if low == high else f"{low:.4g}-{high:.4g}"
 
 
 def render_options(options: dict[str, dict[str, Any]]) -> list[str]:

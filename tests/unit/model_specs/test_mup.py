@@ -210,8 +210,16 @@ def test_plan_prints_each_groups_effective_lr_and_the_widths(tmp_path, capsys):
     assert plan["mup_widths"] == [128, 64]
     assert groups["matrix"]["lr"] == pytest.approx(3e-4 * 0.5) and groups["matrix"]["lr_mult"] == 0.5
     assert groups["output"]["lr"] == pytest.approx(3e-4) and groups["output"]["params"] == 128 * 512
+    # init std over each group's parameters: hidden 1/sqrt(fan_in 128), the residual outputs
+    # 128^-0.5 / sqrt(2 x 2 layers); the µP head base_width^-0.5 = 64^-0.5; norms constant
+    assert groups["matrix"]["init_std"] == pytest.approx([128**-0.5 / 2, 128**-0.5])
+    assert groups["output"]["init_std"] == pytest.approx([0.125, 0.125])
+    assert groups["embedding"]["init_std"] == pytest.approx([0.02, 0.02]) and groups["norm"]["init_std"] == [0.0, 0.0]
     text = plan_text(capsys, "--config", str(cfg), "--config-only", *mu)
     assert "µP          width 128, base width 64: logits x 0.5" in text
-    assert "LR groups   matrix: peak lr 0.00015 (x 0.5), weight_decay 0.1" in text
+    assert "LR groups   matrix: peak lr 0.00015 (x 0.5), init std 0.04419-0.08839, weight_decay 0.1" in text
+    assert "output: peak lr 0.0003 (x 1), init std 0.125, weight_decay" in text and "norm: peak lr 0.0003 (x 1), init std 0 (constant)" in text
+    muon = plan_json(capsys, "--config", str(cfg), "--config-only", "--model.dim=128", "--optimizer.name=muon")  # its own head group
+    assert {g["name"]: g["init_std"] for g in muon["param_groups"]}["output"] == pytest.approx([128**-0.5] * 2)  # standard: dim^-0.5
     standard = plan_json(capsys, "--config", str(cfg), "--config-only")
     assert standard["mup_widths"] is None and [g["name"] for g in standard["param_groups"]] == ["matrix", "embedding", "norm"]
