@@ -474,11 +474,10 @@ def set_aside(root: Path, paths: list[Path], label: str) -> Path:
     that folder. While the moves run, ``SETTING_ASIDE.json`` names them (resume = "auto" skips them).
     Raises OSError if a move fails."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    (root / ABANDONED_DIR).mkdir(exist_ok=True)
     dest, n = root / ABANDONED_DIR / f"{stamp}_{label}", 1
     while True:  # a folder of its own: an earlier set-aside of the same second is never merged into or replaced
         try:
-            dest.mkdir()
+            dest.mkdir(parents=True)
             break
         except FileExistsError:
             dest, n = root / ABANDONED_DIR / f"{stamp}_{n}_{label}", n + 1

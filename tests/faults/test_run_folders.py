@@ -324,9 +324,9 @@ def test_a_run_folder_moved_aside_mid_run_keeps_one_writer(tmp_path, who_first):
 
 def test_a_failed_save_never_deletes_a_folder_it_did_not_make(tmp_path):
     """A folder of the user's named like the step about to be saved (no LINEAGE: not plait's) is moved
-    to ``abandoned/`` by the save's claim. When that move failed (here ``abandoned`` is a file of theirs
-    too), the failed save removed the step folder as its own partial one: the user's notes with it. A
-    failed save now removes only a folder it made itself, and in it only what a save writes."""
+    to ``abandoned/`` by the save's claim; when that move fails (here ``abandoned`` is a file of theirs
+    too), the save ends with exit 74 and removes only a folder it made itself: the user's folder, its
+    notes and their file stay as they were."""
     cfg = write_tiny_config(tmp_path, steps=4)
     root = tmp_path / "out" / "checkpoints"
     (root / "step_000000002").mkdir(parents=True)
