@@ -192,6 +192,22 @@ def _from_flavor(value: Any) -> bool:
     return value == "flavor" or (type(value) in (int, float) and value == 0)
 
 
+Parametrization = Literal["standard", "mup"]
+
+
+def parametrization_option() -> Any:
+    """``parametrization``'s declaration, shared by every model spec that offers µP."""
+    return option("standard", "standard, or mup: init, logit and attention multipliers and per-kind LRs scale with dim / mup_base_width (docs/mup.md)")
+
+
+def mup_base_width_option() -> Any:
+    return option(0, "mup: the dim the hyperparameters were tuned at, a divisor of dim (0: dim itself)", ge=0)
+
+
+def mup_base_head_dim_option() -> Any:
+    return option(0, "mup: the head dim at the base width (0: mup_base_width / n_heads, the same head count)", ge=0)
+
+
 @dataclass
 class Llama3Options:
     """Options of ``[model] name = "llama3"``, and, resolved (:meth:`resolved`), the model's arguments."""
@@ -220,11 +236,9 @@ class Llama3Options:
     norm_eps: float = option(1e-5, "RMSNorm epsilon", gt=0)
     init_std: float = option(0.02, "std of the token embedding at init", gt=0)
     qk_norm: bool = option(False, "RMSNorm over each head's queries and keys before RoPE, a weight of head_dim each (OLMo 2, Qwen3)")
-    parametrization: Literal["standard", "mup"] = option(
-        "standard", "standard, or mup: init, logit and attention multipliers and per-kind LRs scale with dim / mup_base_width (docs/mup.md)"
-    )
-    mup_base_width: int = option(0, "mup: the dim the hyperparameters were tuned at, a divisor of dim (0: dim itself)", ge=0)
-    mup_base_head_dim: int = option(0, "mup: the head dim at the base width (0: mup_base_width / n_heads, the same head count)", ge=0)
+    parametrization: Parametrization = parametrization_option()
+    mup_base_width: int = mup_base_width_option()
+    mup_base_head_dim: int = mup_base_head_dim_option()
 
     def resolved(self) -> "Llama3Options":
         """These options with the flavor's value for each one left at 0 or "flavor", tie_embeddings a

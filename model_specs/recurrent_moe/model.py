@@ -24,7 +24,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.api import option
-from model_specs.llama3.model import Attention, FeedForward, Llama3Options, RMSNorm, attention_inputs, check_masking, check_size, rope_tables
+from model_specs.llama3.model import (
+    Attention,
+    FeedForward,
+    Llama3Options,
+    Parametrization,
+    RMSNorm,
+    attention_inputs,
+    check_masking,
+    check_size,
+    mup_base_head_dim_option,
+    mup_base_width_option,
+    parametrization_option,
+    rope_tables,
+)
 from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
 
 FLAVORS: dict[str, dict[str, Any]] = {
@@ -91,11 +104,9 @@ class RecurrentMoEOptions:
     capacity_factor: float = option(
         0.0, "0: dropless; >= 1: each expert takes at most ceil(factor x routed pairs / n_experts) per layer, the rest dropped", ge=0
     )
-    parametrization: Literal["standard", "mup"] = option(
-        "standard", "standard, or mup: init, logit and attention multipliers and per-kind LRs scale with dim / mup_base_width (docs/mup.md)"
-    )
-    mup_base_width: int = option(0, "mup: the dim the hyperparameters were tuned at, a divisor of dim (0: dim itself)", ge=0)
-    mup_base_head_dim: int = option(0, "mup: the head dim at the base width (0: mup_base_width / n_heads, the same head count)", ge=0)
+    parametrization: Parametrization = parametrization_option()
+    mup_base_width: int = mup_base_width_option()
+    mup_base_head_dim: int = mup_base_head_dim_option()
 
     def resolved(self) -> "RecurrentMoEOptions":
         """These options with the flavor's value for each one left at 0."""
