@@ -7,7 +7,8 @@ and checkpoint folders), so bad input exits 2 here too; ``--config-only``
 skips the data, checkpoint and folder checks, to plan a run for another
 machine. Prints the resolved plugins, parameter counts,
 FLOPs per token, the batch layout, the number of steps, the sequence-length
-stages, an estimate of memory per rank, and the run's ETA and cost.
+stages, an estimate of memory per rank, the run's ETA and cost, and what the
+in-loop evaluation adds (:mod:`core.cli.plan_eval`).
 
 The ETA needs a throughput (tokens per second of the whole run, all devices
 together, as the logged ``tokens_per_s``): ``--tokens-per-s``, else
@@ -36,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from core.cli.lr_plot import check_plot_path, plot_lr
 from core.cli.measure import measure
 from core.cli.plan_eta import add_time_and_money
+from core.cli.plan_eval import add_evaluation_cost
 from core.cli.plan_render import render
 from core.contract import log, mup
 from core.contract.errors import EXIT_BAD_INPUT, ArgumentParser, PlaitError, exit_bad_input
@@ -334,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             problems.append(PlaitError("--measure: not measured, the problems above stop a start"))
         measured = measure(args.config, overrides, args.measure_warmup, args.measure_steps) if args.measure and not problems else None
         add_time_and_money(plan, prep, args.tokens_per_s, args.usd_per_device_hr, measured)
+        add_evaluation_cost(plan, prep)
     except PlaitError as e:
         exit_bad_input(e)
     plan["problems"] = [str(e) for e in problems]

@@ -64,6 +64,7 @@ def render(plan: dict[str, Any]) -> str:
             aside = resume["sets_aside"]
             lines.append(f"              a new branch: the {len(aside)} later checkpoint(s), {aside[0]} to {aside[-1]}, move to abandoned/")
     lines += render_time_and_money(plan)
+    lines += render_evaluation(plan.get("evaluation"))
     lines += render_options(plan["options"])
     problems = plan.get("problems") or []
     lines += [f"  {'problems    ' if i == 0 else '            '}{p}" for i, p in enumerate(problems)]
@@ -139,6 +140,34 @@ def render_time_and_money(plan: dict[str, Any]) -> list[str]:
             f"  cost: ${plan['cost_usd']:,.2f} = ${rate:,.6g}/device-hr x {plan['devices']} devices "
             f"x {plan['eta_s'] / 3600:,.2f} h ({plan['usd_per_device_hr_source']})"
         )
+    return lines
+
+
+def render_evaluation(ev: dict[str, Any] | None) -> list[str]:
+    """One line per in-loop evaluation (a pass's forward tokens, FLOPs and seconds; passes in the run), then the total."""
+    if not ev or not ev["passes"]:
+        return []
+    lines = []
+    for i, r in enumerate(ev["passes"]):
+        label = "evaluation  " if i == 0 else "            "
+        head = f"  {label}{r['name']} every {r['every']:,} steps and at the end: {r['passes']:,} passes"
+        if "unknown" in r:
+            lines.append(f"{head}; cost unknown: {r['unknown']}")
+            continue
+        per = f", {duration(r['seconds_per_pass'])} each" if r["seconds_per_pass"] is not None else ""
+        lines.append(
+            f"{head} of {r['items']:,} items, {r['requests']:,} sequences, {human(r['forward_tokens'])} forward tokens "
+            f"({r['forwards']:,} forwards, padded), {r['flops_per_pass']:.3g} FLOPs{per}"
+        )
+    if len(ev["unknown"]) == len(ev["passes"]):
+        return lines
+    share = ev["fraction_of_training"] or 0.0
+    total = f"{duration(ev['seconds'])}, " if ev["seconds"] is not None else ""
+    unknown = f"; {', '.join(ev['unknown'])} not counted (unknown)" if ev["unknown"] else ""
+    lines.append(
+        f"              all passes: {total}{ev['flops']:.3g} FLOPs = {100 * share:.3g}% of the training FLOPs and time "
+        f"(a forward token at 1/3 of a training token's FLOPs, at the training FLOP/s: small eval batches run slower){unknown}"
+    )
     return lines
 
 

@@ -149,6 +149,20 @@ def plait_seq_len_schedule(seq_len: int, total_steps: int) -> list[tuple[int, in
 
 
 @hookspec
+def plait_planned_evaluation() -> dict[str, Any] | None:
+    """What this monitor evaluates during training, for ``core.plan``'s estimate of its cost: asked
+    by ``core.plan`` after ``plait_preflight``, never during a run.
+
+    Return ``{"every": N, "cost": PassCost | None, "why": "..."}`` or None: a pass every ``N``
+    steps and at the final step; ``cost`` one pass's forwards over all ranks
+    (:class:`core.api.evaluation.PassCost`, from ``Evaluation.pass_cost``), None when they are
+    unknown (its files are not readable here), ``why`` then saying what is missing. The plan
+    counts each forward token at a third of the model's training FLOPs per token at that
+    forward's width. The ``downstream`` monitor answers this way.
+    """
+
+
+@hookspec
 def plait_before_update(run: "Run", step: int, loss: float, grad_norm: float, clip_coef: float) -> str | None:
     """Gradients of step ``step`` (1-based) are ready and already clipped; the optimizer has not stepped yet.
 
@@ -210,6 +224,7 @@ RUN_EVENT_HOOKS: tuple[str, ...] = (
     "plait_train_start",
     "plait_replace_batch",
     "plait_seq_len_schedule",
+    "plait_planned_evaluation",
     "plait_before_update",
     "plait_metrics",
     "plait_step_end",

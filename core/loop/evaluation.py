@@ -184,6 +184,35 @@ def share(n: int, rank: int, world: int) -> range:
     return range(rank, n, world)
 
 
+Row = tuple[list[int], list[tuple[int, int, list[int]]]]  # (input ids, [(request index, first predicted position, continuation ids)])
+
+
+def score_rows(requests: Sequence[Request], max_len: int) -> list[Row]:
+    """The rows a :class:`Scorer` runs for ``requests``: (input ids, [(request index, first predicted position,
+    continuation ids)]). Requests with one context and one-token continuations share a row (the context once);
+    a longer sequence than ``max_len + 1`` tokens keeps its last ones."""
+    rows: list[Row] = []
+    single: dict[tuple[int, ...], int] = {}  # context -> its row of one-token continuations
+    for i, (ctx, cont) in enumerate(requests):
+        ctx, cont = list(ctx), list(cont)
+        if len(cont) == 1 and len(ctx) <= max_len:
+            key = tuple(ctx)
+            if key not in single:
+                single[key] = len(rows)
+                rows.append((ctx, []))
+            rows[single[key]][1].append((i, len(ctx) - 1, cont))
+            continue
+        full = (ctx + cont)[-(max_len + 1) :]
+        rows.append((full[:-1], [(i, len(full) - 1 - len(cont), cont)]))
+    return rows
+
+
+def in_batches(rows: list[Row], batch_size: int) -> list[list[Row]]:
+    """``rows`` in forwards of at most ``batch_size``, longest first (little padding)."""
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))
+    return [[rows[r] for r in order[b : b + batch_size]] for b in range(0, len(order), batch_size)]
+
+
 class Interrupted(Exception):
     """The scorer's ``stop()`` said a stop signal came: every rank leaves the pass before the same forward."""
 
@@ -210,38 +239,19 @@ class Scorer:
         if self.stop is not None and self.stop():
             raise Interrupted
 
-    def _rows(self, requests: Sequence[Request]) -> list[tuple[list[int], list[tuple[int, int, list[int]]]]]:
-        """Rows to run: (input ids, [(request index, first predicted position, continuation ids)]).
-        Requests with one context and one-token continuations share a row (the context once)."""
-        rows: list[tuple[list[int], list[tuple[int, int, list[int]]]]] = []
-        single: dict[tuple[int, ...], int] = {}  # context -> its row of one-token continuations
-        for i, (ctx, cont) in enumerate(requests):
-            ctx, cont = list(ctx), list(cont)
-            if len(cont) == 1 and len(ctx) <= self.max_len:
-                key = tuple(ctx)
-                if key not in single:
-                    single[key] = len(rows)
-                    rows.append((ctx, []))
-                rows[single[key]][1].append((i, len(ctx) - 1, cont))
-                continue
-            full = (ctx + cont)[-(self.max_len + 1) :]
-            rows.append((full[:-1], [(i, len(full) - 1 - len(cont), cont)]))
-        return rows
-
-    def _batches(self, rows: list) -> list[list]:
-        order = sorted(range(len(rows)), key=lambda r: -len(rows[r][0]))  # longest first: little padding
-        return [[rows[r] for r in order[b : b + self.batch_size]] for b in range(0, len(order), self.batch_size)]
+    def _batches(self, requests: Sequence[Request]) -> list[list[Row]]:
+        return in_batches(score_rows(requests, self.max_len), self.batch_size)
 
     def forwards(self, requests: Sequence[Request]) -> int:
         """How many forwards :meth:`loglikelihoods` runs for ``requests``."""
-        return len(self._batches(self._rows(requests)))
+        return len(self._batches(requests))
 
     @torch.no_grad()
     def loglikelihoods(self, requests: Sequence[Request], forwards: int = 0) -> list[tuple[float, bool]]:
         """(summed log-probability, greedy: each token the most likely) of each request, in order;
         at least ``forwards`` forwards are run (the extra ones on one token: a sharded model's collectives match)."""
         out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
-        batches = self._batches(self._rows(requests))
+        batches = self._batches(requests)
         model, was_training = self.model, self.model.training
         model.eval()
         try:
@@ -432,6 +442,20 @@ def read_held_out(
     return HeldOut(name, path, ids, n_bytes)
 
 
+@dataclass(frozen=True)
+class PassCost:
+    """The work of one pass of an :class:`Evaluation` over all ranks (:meth:`Evaluation.pass_cost`), for ``core.plan``."""
+
+    items: int  # task examples and held-out windows
+    requests: int  # sequences scored: one per choice of each example, one per held-out window
+    forwards: tuple[tuple[int, int], ...]  # (rows, padded width in tokens) of each forward on one process
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the forwards take in, padding included."""
+        return sum(rows * width for rows, width in self.forwards)
+
+
 @dataclass
 class Evaluation:
     """Tasks and held-out files, encoded once, scored by :meth:`run` on this rank's share."""
@@ -469,6 +493,19 @@ class Evaluation:
                 total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
                 out[h.name] = (total, functools.partial(held_out_metrics, h))
         return out
+
+    def pass_cost(self, max_len: int, batch_size: int) -> PassCost:
+        """The forwards one pass runs on one process (the work the ranks share), batched as :class:`Scorer`
+        batches them: each task and held-out file on its own, rows by :func:`score_rows`, cut at ``max_len``."""
+        groups = [example_requests(enc, range(len(enc))) for enc in self.encoded]
+        windows = [rolling_requests(h.ids, self.eos_id, max_len) for h in self.held_out]
+        forwards = tuple(
+            (len(batch), max(len(ids) for ids, _ in batch))
+            for group in groups + windows
+            for batch in in_batches(score_rows(group, max_len), max(1, batch_size))
+        )
+        items = sum(len(enc) for enc in self.encoded) + sum(len(w) for w in windows)
+        return PassCost(items, sum(len(g) for g in groups + windows), forwards)
 
 
 def prepare(

@@ -59,6 +59,7 @@ class Prepared:
     architecture: dict[str, Any] | None = None  # model name and declared architecture options (core.checkpoint.folders)
     tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (core.data.tokenizer_spec)
     tensor_parallel: int = 1  # ranks of one tensor-parallel group (the parallelism's tensor_parallel)
+    monitor_hooks: Any = None  # the enabled monitors' pluggy manager, after their plait_preflight (core.plan asks plait_planned_evaluation)
 
     @property
     def saved_facts(self) -> dict[str, Any]:
@@ -185,6 +186,7 @@ def prepare(
     for impl in reversed(pm.hook.plait_preflight.get_hookimpls()):  # monitors' own checks (the budget guard's projection)
         with noted(problems):
             call_plugin(f"monitor {impl.plugin_name!r}: plait_preflight", impl.function, **{k: args[k] for k in impl.argnames})
+    prep.monitor_hooks = pm
     if validate_data:  # a training start: the folders, the checkpoint to resume from (core.preflight.start_folders)
         with noted(problems):
             check_start(prep, model_meta, lock, dry_run)

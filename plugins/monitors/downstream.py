@@ -12,7 +12,7 @@ with the run's precision, and the RNG states are put back afterwards: training i
 it on or off (``tests/e2e/test_evaluation.py``). A stop signal is looked for before every forward
 (``run.stop_signalled``): the pass ends, is not recorded, and the run stops with a checkpoint of the
 step. Task files are read and encoded at start (and by
-``core.plan``): a bad one is one line naming ``file:line``, exit 2.
+``core.plan``, which also estimates what the passes cost from them): a bad one is one line naming ``file:line``, exit 2.
 """
 
 from __future__ import annotations
@@ -98,6 +98,13 @@ class Downstream:
                 f"monitors.downstream.every = {self.options.every}: expected a multiple of train.log_every = {log_every} (evaluations run on log steps)"
             )
         self._prepare(prep.tokenizer, prep.spec.vocab_size, getattr(prep.spec, "max_seq_len", None))
+
+    @hookimpl
+    def plait_planned_evaluation(self) -> dict[str, Any]:
+        """One pass's forwards for ``core.plan`` (its files as ``plait_preflight`` read them), or why they are unknown."""
+        if self.evaluation is None:
+            return {"every": self.options.every, "cost": None, "why": "the task or held-out files are not readable here (see the problems below)"}
+        return {"every": self.options.every, "cost": self.evaluation.pass_cost(self.max_len, self.options.batch_size)}
 
     @hookimpl
     def plait_train_start(self, run: Any) -> None:

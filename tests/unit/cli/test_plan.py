@@ -1,6 +1,8 @@
-"""``python -m core.plan``: the run's ETA and cost, sequence-length stages, ``--measure``, bad flags."""
+"""``python -m core.plan``: the run's ETA and cost, sequence-length stages, ``--measure``, what the in-loop evaluation costs, bad flags."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from conftest import REPO
@@ -188,3 +190,57 @@ def test_the_checkpoint_size_is_what_a_save_writes_and_async_saves_name_their_ho
     assert f"(pinned on CUDA), in {tmp_path / 'out' / 'checkpoints'}\n" in text and "on several nodes" not in text
     assert p["checkpoint"]["dir"] == str(tmp_path / "out" / "checkpoints")
     assert "on several nodes: one folder every node mounts (shared storage)" in plan_text(capsys, "--config", cfg, "--nproc=2")
+
+
+def same_items(path, items: int):
+    """A task file of ``items`` identical examples: an 18-byte context, four 4-byte continuations (bytes tokens)."""
+    line = json.dumps({"context": "The cat sat on the", "continuations": [" mat", " hat", " bat", " cat"], "gold": 0})
+    path.write_text((line + "\n") * items)
+    return str(path)
+
+
+def downstream(task: str, every: int) -> list[str]:
+    return ['--monitors.enabled=["console", "downstream"]', f'--monitors.downstream.tasks=["{task}"]', f"--monitors.downstream.every={every}"]
+
+
+def test_evaluation_cost_scales_with_the_items_the_interval_and_the_throughput(tiny_config, tmp_path, capsys):
+    cfg = str(tiny_config(steps=6))  # 1024 tokens/step, seq 128, micro 2
+    eight, sixteen = same_items(tmp_path / "eight.jsonl", 8), same_items(tmp_path / "sixteen.jsonl", 16)
+    p = plan_json(capsys, "--config", cfg, *downstream(eight, 3), "--tokens-per-s=1000")
+    (d,) = p["evaluation"]["passes"]
+    # a row per choice: context + continuation - 1 = 21 input tokens, batches of 16 rows, no padding
+    assert (d["name"], d["items"], d["requests"], d["forward_tokens"], d["forwards"]) == ("downstream", 8, 32, 8 * 4 * 21, 2)
+    assert d["passes"] == 2  # steps 3 and 6
+    fpt0 = p["seq_len_stages"][0]["flops_per_token"]
+    assert d["seconds_per_pass"] == pytest.approx(d["flops_per_pass"] / (1000 * fpt0))
+    assert p["evaluation"]["fraction_of_training"] == pytest.approx(d["flops"] / p["total_flops"])
+    double = plan_json(capsys, "--config", cfg, *downstream(sixteen, 3), "--tokens-per-s=1000")["evaluation"]
+    assert double["passes"][0]["forward_tokens"] == 2 * d["forward_tokens"]
+    assert double["passes"][0]["seconds_per_pass"] == pytest.approx(2 * d["seconds_per_pass"])
+    assert double["fraction_of_training"] == pytest.approx(2 * p["evaluation"]["fraction_of_training"])
+    often = plan_json(capsys, "--config", cfg, *downstream(eight, 1), "--tokens-per-s=1000")["evaluation"]
+    assert often["passes"][0]["passes"] == 6 and often["seconds"] == pytest.approx(3 * p["evaluation"]["seconds"])
+    assert plan_json(capsys, "--config", cfg, *downstream(eight, 4))["evaluation"]["passes"][0]["passes"] == 2  # step 4 and the final step 6
+    faster = plan_json(capsys, "--config", cfg, *downstream(eight, 3), "--tokens-per-s=2000")["evaluation"]
+    assert faster["seconds"] == pytest.approx(p["evaluation"]["seconds"] / 2)
+    assert plan_json(capsys, "--config", cfg, *downstream(eight, 3))["evaluation"]["seconds"] is None  # no throughput: no seconds
+    text = plan_text(capsys, "--config", cfg, *downstream(eight, 3), "--tokens-per-s=1000")
+    assert "  evaluation  downstream every 3 steps and at the end: 2 passes of 8 items, 32 sequences, 672 forward tokens" in text
+    assert "% of the training FLOPs and time" in text
+
+
+def test_validation_cost_is_its_micro_batches_on_every_data_rank(tiny_config, capsys):
+    cfg = str(tiny_config(steps=6))
+    one = plan_json(capsys, "--config", cfg, "--validation.every=4", "--validation.batches=3")["evaluation"]["passes"]
+    two = plan_json(capsys, "--config", cfg, "--validation.every=4", "--validation.batches=3", "--nproc=2")["evaluation"]["passes"]
+    assert [(v["name"], v["passes"], v["forward_tokens"], v["items"]) for v in one] == [("validation", 2, 3 * 2 * 128, 3)]
+    assert two[0]["forward_tokens"] == 2 * one[0]["forward_tokens"]
+    assert plan_json(capsys, "--config", cfg)["evaluation"]["passes"] == []  # nothing evaluated
+
+
+def test_evaluation_cost_of_unreadable_task_files_is_unknown_not_guessed(tiny_config, tmp_path, capsys):
+    cfg = str(tiny_config(steps=6))
+    assert main(["--config", cfg, *downstream(str(tmp_path / "missing.jsonl"), 3), "--tokens-per-s=1000", "--json"]) == 2
+    ev = json.loads(capsys.readouterr().out)["evaluation"]
+    (d,) = ev["passes"]
+    assert "unknown" in d and "forward_tokens" not in d and ev["unknown"] == ["downstream"] and ev["flops"] == 0
