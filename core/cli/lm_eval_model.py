@@ -6,11 +6,8 @@ lm-evaluation-harness's own command line with the model registered::
 
     plait lm-eval run --model plait --model_args checkpoint=DIR --tasks hellaswag
 
-``--model_args`` takes ``checkpoint`` (a checkpoint folder or an export, as ``core.generate``
-reads it), ``tokenizer`` (default: the one the checkpoint recorded), ``max_len`` (default: the
-model's ``max_seq_len``, else 2048: :func:`core.loop.evaluation.resolve_max_len`), ``batch_size`` and
-``device`` (a ``cuda:N`` that does not exist falls back to ``cuda:0``, no CUDA at all to ``cpu``, said
-in one line: lm-evaluation-harness passes ``cuda:0`` by default). The model and tokenizer are plait's
+``--model_args`` takes the keys of :data:`MODEL_ARGS` (``plait lm-eval --help`` prints them with
+what plait adds over ``lm_eval``'s own command line: :data:`HELP`). The model and tokenizer are plait's
 own; ``loglikelihood`` encodes by :func:`core.loop.evaluation.encode_pair` (lm-evaluation-harness's
 rule) and it and ``loglikelihood_rolling`` (:func:`core.loop.evaluation.rolling_requests`) run
 :class:`core.loop.evaluation.Scorer`, the code ``core.eval`` and the ``downstream`` monitor run, so a
@@ -32,6 +29,26 @@ from lm_eval.api.registry import register_model
 from core.contract import log
 from core.contract.errors import ConfigError, PlaitError, exit_bad_input
 from core.loop import evaluation
+
+MODEL_ARGS: dict[str, str] = {  # --model_args key -> what it is (PlaitLM's keyword arguments)
+    "checkpoint": "required: a checkpoint folder of a plait run (runs/x/checkpoints/step_N) or an export, loaded as it is, no conversion",
+    "tokenizer": "any plait tokenizer, bytes | hf:PATH | tiktoken:PATH (default: the one the checkpoint recorded)",
+    "max_len": "longest sequence scored, in tokens (default: the model's max_seq_len, else 2048; as core.eval and the downstream monitor)",
+    "batch_size": "sequences per forward (default 16; 'auto': 16)",
+    "device": "cpu | cuda | cuda:N; a cuda:N that does not exist falls back to cuda:0, no CUDA to cpu, in one line (default: cuda if any, else cpu)",
+}
+
+HELP = "\n".join(
+    [
+        "plait lm-eval: lm-evaluation-harness's own command line with the model 'plait' registered; every flag",
+        "below is the harness's and passes to it unchanged. What plait adds over lm_eval:",
+        "  lm-eval run --model plait --model_args checkpoint=DIR[,tokenizer=SPEC][,max_len=N][,batch_size=N][,device=D] --tasks ...",
+        *(f"    {key:<10}  {doc}" for key, doc in MODEL_ARGS.items()),
+        "  scores equal core.eval's and the downstream monitor's (one scoring rule, lm-evaluation-harness's: docs/evaluation.md)",
+        "  bad input (a missing checkpoint, an unknown task, a bad flag value): one line naming it, exit 2",
+        "",
+    ]
+)
 
 
 def device_that_exists(name: str | None) -> torch.device:
@@ -125,11 +142,13 @@ def raised_by_harness_config(err: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """lm-evaluation-harness's command line (``argv``, default ``sys.argv[1:]``), with ``plait`` registered;
-    bad input (plait's errors, lm-evaluation-harness's config checks) is one line, exit 2."""
+    ``-h``/``--help`` print :data:`HELP` before the harness's help; bad input (plait's errors, lm-evaluation-harness's config checks) is one line, exit 2."""
     from lm_eval.__main__ import cli_evaluate
 
     if argv is not None:
         sys.argv = ["lm_eval", *argv]
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(HELP, flush=True)  # then the harness's own help
     try:
         with torch.no_grad():
             cli_evaluate()

@@ -158,3 +158,28 @@ def test_lm_eval_is_the_harness_command_line_with_plait_registered(capsys, monke
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1, err
     assert "plait lm-eval: needs lm_eval" in err and "pip install -e '.[eval]'" in err
+
+
+def test_lm_eval_help_says_what_plait_adds_and_names_every_model_arg(capsys, monkeypatch):
+    """``plait lm-eval --help`` exits 0 with plait's lines (every keyword ``PlaitLM`` takes, as a
+    ``--model_args`` key) and then the harness's own help, its flags passed to it unchanged."""
+    import inspect
+    import sys
+
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the optional extra 'eval' (in 'dev')")
+    from core.cli.lm_eval_model import PlaitLM
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    keys = [p.name for p in inspect.signature(PlaitLM.__init__).parameters.values() if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert "checkpoint" in keys and "device" in keys
+    for argv in (["lm-eval", "--help"], ["lm-eval", "run", "-h"]):
+        with pytest.raises(SystemExit) as e:
+            plait.main(argv)
+        assert e.value.code == 0
+        out = capsys.readouterr().out
+        plait_part, harness_part = out.split("usage: lm-eval", 1)
+        assert "What plait adds over lm_eval" in plait_part and "--model plait --model_args checkpoint=DIR" in plait_part
+        for key in keys:
+            assert f"\n    {key} " in plait_part, key  # one line per model_args key
+        assert "no conversion" in plait_part and "falls back to cuda:0" in plait_part and "exit 2" in plait_part
+    assert "--model_args" in harness_part and "--tasks" in harness_part  # the harness's own run --help follows
