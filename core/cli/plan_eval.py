@@ -6,8 +6,8 @@ FLOPs (a forward token costs a third of the model's training FLOPs per token at 
 width: ``flops_per_token(width) / 3``), the passes in the run (every ``every`` steps and at the
 final step), and, with a throughput, its seconds at the run's model FLOP/s (the ETA's). The share
 of the run is the passes' FLOPs over the training steps' FLOPs (the stages', each at its own
-length): the time they add at the same FLOP/s. Small eval forwards rarely reach the training
-step's FLOP/s, so the seconds are a lower bound (docs/benchmarks.md#eval-vs-step measures both).
+length): the time they add at the same FLOP/s. An estimate: eval forwards (other shapes, no
+backward) may run at another FLOP/s than the step (docs/benchmarks.md#eval-vs-step measures both).
 A monitor whose files are not readable here is listed as unknown, never guessed.
 """
 

@@ -166,7 +166,7 @@ def render_evaluation(ev: dict[str, Any] | None) -> list[str]:
     unknown = f"; {', '.join(ev['unknown'])} not counted (unknown)" if ev["unknown"] else ""
     lines.append(
         f"              all passes: {total}{ev['flops']:.3g} FLOPs = {100 * share:.3g}% of the training FLOPs and time "
-        f"(a forward token at 1/3 of a training token's FLOPs, at the training FLOP/s: small eval batches run slower){unknown}"
+        f"(a forward token at 1/3 of a training token's FLOPs, at the training FLOP/s: an estimate){unknown}"
     )
     return lines
 

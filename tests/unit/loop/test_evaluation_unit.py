@@ -134,6 +134,30 @@ def test_scorer_batches_shares_one_token_contexts_and_pads_forwards():
     assert model.calls == 5  # padded to the forwards asked for
 
 
+def test_the_pass_cost_core_plan_counts_is_the_forwards_the_scorer_runs():
+    """``Evaluation.pass_cost`` (what ``core.plan`` prices) lists the (rows, width) of every forward one
+    process runs for the pass: tasks with one-token and longer choices, a context cut at ``max_len``,
+    a held-out text in rolling windows."""
+    shapes: list[tuple[int, int]] = []
+
+    class Recording(Counting):
+        def __call__(self, ids):
+            shapes.append(tuple(ids.shape))
+            return super().__call__(ids)
+
+    one = evaluation.Example("abc", ("d", "e", "f"), 0, 1)  # one-token choices: one row
+    long = evaluation.Example("a" * 30, ("bc", "d"), 1, 2)  # cut at max_len
+    task = evaluation.Task("t", evaluation.Path("t.jsonl"), [one, long, one])
+    held = evaluation.HeldOut("h", evaluation.Path("h.txt"), [i % 7 for i in range(23)], 23)
+    encode = lambda text: [ord(ch) % 7 for ch in text]  # noqa: E731 - ids below the stand-in's vocabulary
+    ev = evaluation.prepare([task], [held], encode, 7, 8)
+    cost = ev.pass_cost(max_len=8, batch_size=2)
+    evaluation.evaluate_locally(ev, evaluation.Scorer(Recording(), max_len=8, batch_size=2))  # type: ignore[arg-type]
+    assert list(cost.forwards) == shapes
+    assert cost.tokens == sum(r * w for r, w in shapes) and max(w for _, w in shapes) == 8
+    assert cost.items == 3 + 3 and cost.requests == 3 + 2 + 3 + 3  # examples and windows; choices and windows
+
+
 def test_rolling_windows_predict_every_token_once():
     reqs = evaluation.rolling_requests(list(range(10)), prefix=99, max_len=4)
     assert [c for _, c in reqs] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
