@@ -474,7 +474,7 @@ class SaveContents:
         """This rank's share of ``state`` (:mod:`core.checkpoint.replicas`): every DTensor shard it
         holds and the replicated tensors it writes, so that an async save copies only those. If
         the ranks do not see the same replicated tensors, each passes all of them and DCP picks."""
-        if self.where.group is None:
+        if self.where.group is None or self.where.dist.pp > 1:  # pipeline stages hold different tensors: DCP picks
             return state
         mine = replicas.agreed_share(state, self.where.dist.rank, self.where.dist.world_size, self.where.agree)
         if mine is None:

@@ -142,7 +142,7 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
             f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {dist.world_size} rank(s), {dist.device} | precision {precision}",
             f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
             f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
-            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {data_ranks(dist.dp_size, dist.world_size, dist.tp)} x {prep.grad_accum} "
+            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {data_ranks(dist.dp_size, dist.world_size, dist.tp, dist.pp)} x {prep.grad_accum} "
             f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {run.step} -> {run.total_steps}",
         ]
     )
