@@ -130,7 +130,8 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
     """What is active, in three lines: printed once at start (rank 0)."""
     rc = prep.rc
     name = lambda slot: rc.slots[slot].component.name  # noqa: E731
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    whole = prep.model_meta if dist.pp > 1 and prep.model_meta is not None else model  # a pipeline stage holds only its own
+    params = sum(p.numel() for p in {id(p): p for p in whole.parameters()}.values())
     reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
     precision = name("precision") + (f" (fallback skipped {reasons})" if reasons else "")
     train = rc.train

@@ -29,13 +29,6 @@ def stages_per_rank(schedule: str) -> int:
     return 2 if schedule == "Interleaved1F1B" else 1
 
 
-def bubble_fraction(schedule: str, pp: int, micro_batches: int) -> float:
-    """The idle fraction of a step: (p - 1) / (m + p - 1) for 1F1B and GPipe; interleaving v stages
-    per rank shrinks the bubble v times, (p - 1) / (v m + p - 1) (Narayanan et al. 2021)."""
-    v = stages_per_rank(schedule)
-    return (pp - 1) / (v * micro_batches + pp - 1)
-
-
 def check_micro_batches(schedule: str, pp: int, micro_batches: int) -> None:
     """Interleaved 1F1B runs its micro-batches in rounds of ``pp``: a multiple of ``pp`` (torch asks
     ``m % max(1, m // pp) == 0``; a multiple always passes)."""
