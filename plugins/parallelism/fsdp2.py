@@ -67,7 +67,7 @@ class FSDP2:
 
     def check_world(self, world_size: int) -> None:
         o = self.options
-        if world_size % (o.pp * o.tp):
+        if o.pp > 1 and world_size % (o.pp * o.tp):
             raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp} x tp = {o.tp} does not divide the world size {world_size}; expected world size = pp x dp x tp")
         if o.pp > 1 and (o.replicate > 1 or o.cpu_offload):
             raise ConfigError(
