@@ -462,12 +462,16 @@ class SaveContents:
         self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
 
     def dcp_state(self) -> dict[str, Any]:
-        """The model's and optimizer's state dicts, as DCP saves them (full, unsharded names)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        """The model's and optimizer's state dicts, as DCP saves them (full, unsharded names). Under
+        pipeline parallelism the optimizer's is flattened (a key per parameter's state and group
+        setting): each stage holds other parameters, and DCP keeps one rank's copy of a nested
+        ``param_groups``; a load reads either form (:mod:`core.checkpoint.resume`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+        flat = StateDictOptions(flatten_optimizer_state_dict=self.where.dist.pp > 1)
         return {
             "model": get_model_state_dict(self.state.model),
-            "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer),
+            "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer, options=flat),
         }
 
     def written_share(self, state: dict[str, Any]) -> dict[str, Any]:
