@@ -48,28 +48,29 @@ class Pipeline:
     """This rank's stages of the model and the schedule that runs a step through them."""
 
     def __init__(self, stages: list[nn.Module], stage_ids: list[int], n_stages: int, schedule: str, pp_mesh: Any, device: torch.device) -> None:
-        from torch.distributed.pipelining import PipelineStage
-
-        self.modules, self.schedule_name, self.n_stages = stages, schedule, n_stages
+        self.modules, self.stage_ids, self.schedule_name, self.n_stages, self.device = stages, stage_ids, schedule, n_stages, device
         self.group = pp_mesh.get_group()
         self.pp = pp_mesh.size()
-        self.stages: list[Any] = [PipelineStage(m, s, n_stages, device, group=self.group) for m, s in zip(stages, stage_ids)]
         self.has_last = n_stages - 1 in stage_ids
         self.schedule: Any = None
-        self.micro_batches = 0
+        self.shape: tuple[int, ...] = ()  # (micro-batches, micro-batch, sequence) the schedule was made for
 
     def make_schedule(self, micro_batches: int) -> Any:
-        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        """The schedule over fresh ``PipelineStage`` objects: a stage infers the shapes it sends and
+        receives on its first step, so a new micro-batch shape (a sequence-length stage) needs new ones."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+        stages: list[Any] = [PipelineStage(m, s, self.n_stages, self.device, group=self.group) for m, s in zip(self.modules, self.stage_ids)]
         if self.schedule_name == "Interleaved1F1B":
-            return ScheduleInterleaved1F1B(self.stages, micro_batches, loss_fn=_stage_loss)
+            return ScheduleInterleaved1F1B(stages, micro_batches, loss_fn=_stage_loss)
         kind = Schedule1F1B if self.schedule_name == "1F1B" else ScheduleGPipe
-        return kind(self.stages[0], micro_batches, loss_fn=_stage_loss)
+        return kind(stages[0], micro_batches, loss_fn=_stage_loss)
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], tensor_parallel: bool) -> torch.Tensor:
         """Forward and backward of the step's micro-batches; the mean loss, on every rank of the pipeline."""
-        if self.schedule is None or len(micro_batches) != self.micro_batches:
-            self.schedule, self.micro_batches = self.make_schedule(len(micro_batches)), len(micro_batches)
+        shape = (len(micro_batches), *micro_batches[0][0].shape)
+        if self.schedule is None or shape != self.shape:
+            self.schedule, self.shape = self.make_schedule(len(micro_batches)), shape
         tokens = torch.cat([inputs for inputs, _ in micro_batches])
         labels = torch.cat([lab for _, lab in micro_batches])
         losses: list[torch.Tensor] = []
