@@ -149,7 +149,7 @@ CONTRACT: dict[str, list[Member]] = {
             "pipeline_step",
             2,
             "(model, micro_batches) -> the step's mean loss on every rank: forward and backward of the step's [(inputs, labels)] "
-            "through the pipeline schedule, replacing the micro-batch loop; needed when pipeline_parallel > 1",
+            "through the pipeline schedule, replacing the micro-batch loop; default: the micro-batch loop (pipeline_parallel must be 1)",
             False,
         ),
         method("check_micro_batches", 1, "(micro-batches per step) refuse a count its pipeline schedule cannot run (raise ConfigError); default: any", False),

@@ -19,6 +19,8 @@ def check_pipeline(components: dict[str, Any], rc: RunConfig, path: str) -> int:
         return 1
     model_name = rc.slots["model"].component.name
     where = f"{path}: [parallelism] pp = {pp}"
+    if member("parallelism", components["parallelism"], "pipeline_step") is None:
+        raise ConfigError(f"{where}: parallelism {rc.slots['parallelism'].component.name!r} has no pipeline_step to run the stages; expected pp = 1")
     check = member("model", components["model"], "check_pipeline")
     if check is None:
         raise ConfigError(f"{where}: model {model_name!r} has no pipeline stage split (pipeline_stages); expected pp = 1")
