@@ -5,7 +5,8 @@ per rank), pp 2 x dp 2 (with activation checkpointing), pp 2 x tp 2, and the 3-D
 same float32 math summed in another order; seen: below 3e-7), the document mask with per-document
 RoPE positions too; a pp 2 x dp 2 checkpoint (each stage's ranks write their own FQNs) resumes on one
 process and a one-process checkpoint under pp 2 x dp 2, with the uninterrupted run's next losses, and
-export reads the pipeline checkpoint as the whole model."""
+export reads the pipeline checkpoint as the whole model. recurrent_moe too: pp 2 under 1F1B and GPipe
+and pp 2 x dp 2 equal one process, and its pp 2 x dp 2 checkpoint resumes on one process."""
 
 from __future__ import annotations
 
@@ -84,3 +85,22 @@ def test_three_dimensional_pp_dp_tp_on_eight_ranks_equals_one_process(tiny_confi
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x 2 data-parallel ranks (8 ranks, tp 2, pp 2) x 2 accumulation" in proc.stdout, proc.stdout
     assert_equal(tmp_path / "three_d", curve(tmp_path / "one"))
+
+
+def test_recurrent_moe_stages_equal_one_process_and_a_pipeline_checkpoint_resumes_on_one_process(tiny_config, tmp_path):
+    """The prelude and the looped core on stage 0, the coda on stage 1: the load-balancing and z-loss
+    sums travel with the hidden states, and the loss and its gradients are the one-process ones."""
+    cfg = tiny_config(steps=5)
+    moe = "--model.name=recurrent_moe"
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", moe)
+    one = curve(tmp_path / "one")
+    for schedule in ("1F1B", "GPipe"):
+        train(2, cfg, tmp_path / schedule, *PP, f"--parallelism.pipeline_schedule={schedule}", moe)
+        assert_equal(tmp_path / schedule, one)
+    train(4, cfg, tmp_path / "pp2dp2", *PP, "--checkpoint.every=3", moe)
+    assert_equal(tmp_path / "pp2dp2", one)
+    ckpt = tmp_path / "pp2dp2" / "checkpoints" / "step_000000003"
+    resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={ckpt}", moe)
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "one_again")
+    assert loss == pytest.approx(one[0][3:], rel=TOL) and norm == pytest.approx(one[1][3:], rel=TOL)

@@ -67,7 +67,12 @@ def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(
         (3, ["--parallelism.tp=2"], "[parallelism] fsdp2: tp = 2 does not divide the world size 3; expected world size = dp x tp"),
         (3, ["--parallelism.pp=2"], "[parallelism] fsdp2: pp = 2 x tp = 1 does not divide the world size 3; expected world size = pp x dp x tp"),
         (4, ["--parallelism.pp=2", "--parallelism.replicate=2"], "pp = 2 with replicate > 1 or cpu_offload is not supported yet"),
-        (2, ["--parallelism.pp=2", "--model.name=recurrent_moe"], "[parallelism] pp = 2: model 'recurrent_moe' has no pipeline stage split"),
+        (4, ["--parallelism.pp=4", "--model.name=recurrent_moe"], "4 pipeline stages but recurrent_moe splits only between its 3 parts (prelude, core, coda"),
+        (
+            2,
+            ["--parallelism.pp=2", "--model.name=recurrent_moe", "--parallelism.pipeline_schedule=Interleaved1F1B"],
+            "4 pipeline stages but recurrent_moe splits",
+        ),
         (4, ["--parallelism.pp=4"], "[parallelism]: 4 pipeline stages but the model has 2 layers; expected at most one stage per layer"),
         (2, ["--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B"], "4 pipeline stages but the model has 2 layers"),
         (2, ["--parallelism.pp=2", "--model.tie_embeddings=true"], "[model] tie_embeddings with 2 pipeline stages is not supported"),

@@ -1,6 +1,7 @@
-"""llama3's pipeline stages (``pipeline_stages``), in one process: the blocks split evenly in order,
-each pruned model's state dict holds only its stages' names (together: the whole model's, names
-unchanged), and the stages run one after another give the whole model's loss and gradients."""
+"""The model specs' pipeline stages (``pipeline_stages``), in one process: llama3's blocks split evenly
+in order, recurrent_moe between its prelude, looped core and coda; each pruned model's state dict holds
+only its stages' names (together: the whole model's, unchanged), and the stages run one after another
+give the whole model's loss and gradients."""
 
 from __future__ import annotations
 
@@ -48,3 +49,30 @@ def test_stages_hold_their_own_names_and_chain_to_the_whole_models_loss(stage_se
     grads = {n: p.grad for m in ranks for n, p in m.named_parameters()}
     for n, p in whole.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_recurrent_moe_stages_chain_to_the_whole_models_loss():
+    """Prelude + looped core, then coda: the aux and z sums carried from the first stage to the loss."""
+    from model_specs.recurrent_moe.model import RecurrentMoEOptions
+    from model_specs.recurrent_moe.spec import RecurrentMoESpec
+
+    torch.manual_seed(0)
+    spec = RecurrentMoESpec.from_options(RecurrentMoEOptions(flavor="debug"))
+    whole = spec.build()
+    spec.init_weights(whole)
+    ids, labels = torch.randint(0, 512, (2, 16)), torch.randint(0, 512, (2, 16))
+    expected = whole(ids, labels)
+    expected.backward()
+    ranks = [copy.deepcopy(whole) for _ in range(2)]
+    first, last = (spec.pipeline_stages(m, [s], 2)[0] for m, s in zip(ranks, (0, 1)))
+    for m in ranks:
+        m.zero_grad(set_to_none=True)
+    names = [set(m.state_dict()) for m in ranks]
+    assert not names[0] & names[1] and names[0] | names[1] == set(whole.state_dict())
+    loss = last(*first(tokens=ids, labels=labels), tokens=ids, labels=labels)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    loss.backward()
+    grads = {n: p.grad for m in ranks for n, p in m.named_parameters() if p.grad is not None}
+    for n, p in whole.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-5, atol=1e-6)
