@@ -462,19 +462,23 @@ class SaveContents:
         self.mixed_replicas_said = False  # the warning that the ranks' replicated tensors differ, given once
 
     def dcp_state(self) -> dict[str, Any]:
-        """The model's and optimizer's state dicts, as DCP saves them (full, unsharded names)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        """The model's and optimizer's state dicts, as DCP saves them (full, unsharded names). Under
+        pipeline parallelism the optimizer's is flattened (a key per parameter's state and group
+        setting): each stage holds other parameters, and DCP keeps one rank's copy of a nested
+        ``param_groups``; a load reads either form (:mod:`core.checkpoint.resume`)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+        flat = StateDictOptions(flatten_optimizer_state_dict=self.where.dist.pp > 1)
         return {
             "model": get_model_state_dict(self.state.model),
-            "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer),
+            "optimizer": get_optimizer_state_dict(self.state.model, self.state.optimizer, options=flat),
         }
 
     def written_share(self, state: dict[str, Any]) -> dict[str, Any]:
         """This rank's share of ``state`` (:mod:`core.checkpoint.replicas`): every DTensor shard it
         holds and the replicated tensors it writes, so that an async save copies only those. If
         the ranks do not see the same replicated tensors, each passes all of them and DCP picks."""
-        if self.where.group is None:
+        if self.where.group is None or self.where.dist.pp > 1:  # pipeline stages hold different tensors: DCP picks
             return state
         mine = replicas.agreed_share(state, self.where.dist.rank, self.where.dist.world_size, self.where.agree)
         if mine is None:

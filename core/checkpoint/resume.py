@@ -336,6 +336,7 @@ class Restorer:
     def load_shards(self, path: Path, skip: set[str]) -> None:
         """The model's and optimizer's DCP shards, unless ``skip`` names them; NaN or inf in them is refused."""
         from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
             get_model_state_dict,
             get_optimizer_state_dict,
             set_model_state_dict,
@@ -346,10 +347,19 @@ class Restorer:
 
         model, optimizer = self.state.model, self.state.optimizer
         shards: dict[str, Any] = {}
+        # a pipeline-parallel save flattens the optimizer's state (core.checkpoint.checkpointer): read it as it was written,
+        # its groups' settings keyed by parameter name (optimizer.param_groups.<fqn>.lr), not by group index (...param_groups.0.lr)
+        keys = safe_dcp.load_metadata(path).state_dict_metadata
+        saved_flat = any(k.startswith("optimizer.param_groups.") and not k.split(".")[2].isdigit() for k in keys)
+        flat = StateDictOptions(flatten_optimizer_state_dict=saved_flat or self.where.dist.pp > 1)
+        groups: dict[str, Any] = {}  # a nested save read by pipeline stages: the state by the same names, the groups' settings this run's
         if "model" not in skip:
             shards["model"] = get_model_state_dict(model)
         if "optimizer" not in skip:
-            shards["optimizer"] = get_optimizer_state_dict(model, optimizer)
+            shards["optimizer"] = get_optimizer_state_dict(model, optimizer, options=flat)
+            if flat.flatten_optimizer_state_dict and not saved_flat:
+                groups = {k: v for k, v in shards["optimizer"].items() if k.startswith("param_groups.")}
+                shards["optimizer"] = {k: v for k, v in shards["optimizer"].items() if k not in groups}
         if not shards:
             return
         safe_dcp.load(shards, path, self.where.group)
@@ -359,7 +369,7 @@ class Restorer:
         if "model" in shards:
             set_model_state_dict(model, shards["model"])
         if "optimizer" in shards:
-            set_optimizer_state_dict(model, optimizer, shards["optimizer"])
+            set_optimizer_state_dict(model, optimizer, shards["optimizer"] | groups, options=flat)
 
     def load_json_parts(self, path: Path, meta: dict[str, Any], skip: set[str], changed: dict[str, Any]) -> None:
         """``state.json``'s parts (``meta``) and this rank's RNG and data files, unless ``skip`` names them;

@@ -106,7 +106,8 @@ def make_plan(prep) -> dict[str, Any]:
         "flops_per_token": fpt,
         "seq_len": rc.seq_len,
         "world_size": world,
-        "mesh": {"dp": world // prep.tensor_parallel, "tp": prep.tensor_parallel},  # data-parallel x tensor-parallel ranks
+        "mesh": mesh(prep),
+        "pipeline": pipeline_plan(prep, spec, meta),
         "micro_batch": rc.train.micro_batch,
         "micro_batch_candidates": prep.micro_batch_candidates,  # micro_batch = "auto": the trainer probes down these on CUDA
         "grad_accum": prep.grad_accum,
@@ -121,6 +122,40 @@ def make_plan(prep) -> dict[str, Any]:
         "resume": resume_summary(prep),
         "param_groups": param_group_rows(prep, spec),
         "mup_widths": mup.model_widths(spec, rc.slots["model"].component.name),
+    }
+
+
+def mesh(prep) -> dict[str, int]:
+    """The degrees of the run's mesh: data-parallel x tensor-parallel ranks, pipeline stages outermost when pp > 1."""
+    tp, pp = prep.tensor_parallel, prep.pipeline_parallel
+    dp_tp = {"dp": prep.world_size // (tp * pp), "tp": tp}
+    return {"pp": pp, **dp_tp} if pp > 1 else dp_tp
+
+
+def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
+    """Under pp > 1: the stages, the blocks each rank holds (the first stages one more when they do not
+    divide evenly) and the parameters of the rank with the most (its blocks, and at most every
+    parameter outside the blocks: the embedding sits on the first stage, the head on the last), the
+    micro-batches of a step and the pipeline bubble, the idle fraction of a step:
+    (p - 1) / (v m + p - 1) for p stages, v stages per rank (1 for 1F1B and GPipe, 2 interleaved) and
+    m micro-batches (Narayanan et al. 2021). None without pipeline parallelism."""
+    pp = prep.pipeline_parallel
+    if pp == 1:
+        return None
+    v = member("parallelism", prep.components["parallelism"], "pipeline_stages_per_rank")
+    blocks = spec.blocks(meta)
+    n_stages, m = pp * v, prep.grad_accum
+    layers_per_rank = -(-len(blocks) // n_stages) * v
+    block_params = sum(p.numel() for b in blocks for p in b.parameters())
+    total = sum(p.numel() for p in {id(p): p for p in meta.parameters()}.values())
+    return {
+        "stages": n_stages,
+        "stages_per_rank": v,
+        "layers": len(blocks),
+        "layers_per_rank": layers_per_rank,
+        "params_per_rank_max": block_params * layers_per_rank // max(1, len(blocks)) + total - block_params,
+        "micro_batches": m,
+        "bubble_fraction": (pp - 1) / (v * m + pp - 1),
     }
 
 

@@ -34,7 +34,7 @@ def render(plan: dict[str, Any]) -> str:
         f"  parameters  {plan['params_total']:,} total, {plan['params_non_embedding']:,} non-embedding",
         f"  FLOPs/token {human(plan['flops_per_token'])} (the model spec's flops_per_token at seq {plan['seq_len']}; docs/metrics.md)",
         f"  batch       {plan['tokens_per_step']:,} tokens/step = {plan['micro_batch']} micro x {plan['seq_len']} seq "
-        f"x {data_ranks(plan['mesh']['dp'], plan['world_size'], plan['mesh']['tp'])} x {plan['grad_accum']} accumulation",
+        f"x {data_ranks(plan['mesh']['dp'], plan['world_size'], plan['mesh']['tp'], plan['mesh'].get('pp', 1))} x {plan['grad_accum']} accumulation",
         f"  steps       {plan['steps']:,} ({human(plan['total_tokens'])} tokens, {plan['total_flops']:.3g} FLOPs)",
         f"  memory/rank {m['total_gib']:.2f} GiB = weights {m['weights_gib']:.2f} + grads {m['grads_gib']:.2f} "
         f"+ optimizer {m['optimizer_gib']:.2f} + activations {m['activations_gib']:.2f} (estimate"
@@ -44,6 +44,7 @@ def render(plan: dict[str, Any]) -> str:
             else ")"
         ),
         checkpoint_line(plan["checkpoint"], plan["world_size"]),
+        *pipeline_lines(plan.get("pipeline")),
         *param_group_lines(plan),
     ]
     st = plan["seq_len_stages"]
@@ -71,6 +72,15 @@ def render(plan: dict[str, Any]) -> str:
     if problems:
         lines.append(f"  {len(problems)} problem(s) found: a start with this config is refused (exit code 2) until they are fixed")
     return "\n".join(lines)
+
+
+def pipeline_lines(p: dict[str, Any] | None) -> list[str]:
+    if p is None:
+        return []
+    return [
+        f"  pipeline    {p['stages']} stages ({p['stages_per_rank']} per rank): {p['layers_per_rank']} of {p['layers']} layers per rank, "
+        f"at most {p['params_per_rank_max']:,} parameters; {p['micro_batches']} micro-batches, bubble {p['bubble_fraction']:.1%} of a step"
+    ]
 
 
 def param_group_lines(plan: dict[str, Any]) -> list[str]:

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from core.preflight import run_files
     from core.runtime import distributed, watchdog
 
-    info = distributed.init(prep.rc.train.device, prep.rc.train.collective_timeout_s, prep.tensor_parallel)
+    info = distributed.init(prep.rc.train.device, prep.rc.train.collective_timeout_s, prep.tensor_parallel, prep.pipeline_parallel)
     trainer = None
 
     def write_stall_status(code: int, reason: str, step: int, detail: str) -> None:

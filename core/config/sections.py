@@ -248,7 +248,10 @@ def total_steps(train: TrainOptions, tokens_per_step: int) -> int:
     return steps
 
 
-def data_ranks(dp: int, world: int, tp: int) -> str:
-    """The ranks that read different batches, said in a batch line: ``4 ranks``, or with tensor
-    parallelism ``2 data-parallel ranks (4 ranks, tp 2)``."""
-    return f"{world} ranks" if tp == 1 else f"{dp} data-parallel ranks ({world} ranks, tp {tp})"
+def data_ranks(dp: int, world: int, tp: int, pp: int = 1) -> str:
+    """The ranks that read different batches, said in a batch line: ``4 ranks``, or with tensor or
+    pipeline parallelism ``2 data-parallel ranks (4 ranks, tp 2)``, ``... (4 ranks, pp 2)``."""
+    if tp == 1 and pp == 1:
+        return f"{world} ranks"
+    degrees = (f", tp {tp}" if tp > 1 else "") + (f", pp {pp}" if pp > 1 else "")
+    return f"{dp} data-parallel ranks ({world} ranks{degrees})"

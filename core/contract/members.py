@@ -112,6 +112,21 @@ CONTRACT: dict[str, list[Member]] = {
             False,
             needs="check_tensor_parallel",
         ),
+        method(
+            "check_pipeline",
+            1,
+            "(n_stages) refuse a pipeline stage count its layers or options cannot split into (raise ConfigError); default: pp > 1 refused",
+            False,
+            needs="pipeline_stages",
+        ),
+        method(
+            "pipeline_stages",
+            3,
+            "(model, stage_ids, n_stages) -> the modules of those pipeline stages, model pruned to them (embedding first, head last, "
+            "blocks split evenly; forward(h=None, *, tokens, labels)); default: pp > 1 refused",
+            False,
+            needs="check_pipeline",
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
         method(
             "mup_widths",
@@ -128,6 +143,16 @@ CONTRACT: dict[str, list[Member]] = {
         method("check_world", 1, "refuse a world size it cannot use (raise ConfigError); default: any", False),
         value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False, default=False),
         value("tensor_parallel", (int,), "ranks of one tensor-parallel group (data-parallel ranks: world size / it); default 1", False, default=1),
+        value("pipeline_parallel", (int,), "pipeline-parallel degree (data-parallel ranks: world size / (tp x it)); default 1", False, default=1),
+        value("pipeline_stages_per_rank", (int,), "pipeline stages each rank holds (2 for an interleaved schedule); default 1", False, default=1),
+        method(
+            "pipeline_step",
+            2,
+            "(model, micro_batches) -> the step's mean loss on every rank: forward and backward of the step's [(inputs, labels)] "
+            "through the pipeline schedule, replacing the micro-batch loop; default: the micro-batch loop (pipeline_parallel must be 1)",
+            False,
+        ),
+        method("check_micro_batches", 1, "(micro-batches per step) refuse a count its pipeline schedule cannot run (raise ConfigError); default: any", False),
         method("shard_tensors", 3, "(model, spec, dist) tensor-parallel sharding, before checkpointing and compile; default: none", False),
         value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
     ],

@@ -52,8 +52,10 @@ class DistInfo:
     """Where this process sits in the job: ``rank`` (0-based, over every node), ``world_size`` (the
     job's processes), ``local_rank`` (on its node), ``device`` (this process's torch device) and
     ``backend`` (``nccl``, ``gloo``, or ``none`` without a process group) and ``tp`` (ranks of one
-    tensor-parallel group, consecutive ranks: they read the same batches). ``dp_rank`` and ``dp_size``:
-    this rank's data-parallel group and their count, ``rank // tp`` and ``world_size // tp``."""
+    tensor-parallel group, consecutive ranks: they read the same batches) and ``pp`` (pipeline stages,
+    the mesh's outer dimension: rank = (stage x dp + dp_rank) x tp + tp_rank; the stages of one
+    pipeline read the same batches). ``dp_rank`` and ``dp_size``: this rank's data-parallel group and
+    their count, ``rank // tp % dp_size`` and ``world_size // (tp x pp)``."""
 
     rank: int = 0
     world_size: int = 1
@@ -61,14 +63,15 @@ class DistInfo:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "none"
     tp: int = 1
+    pp: int = 1
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp
+        return self.rank // self.tp % self.dp_size
 
     @property
     def dp_size(self) -> int:
-        return self.world_size // self.tp
+        return self.world_size // (self.tp * self.pp)
 
     @property
     def is_main(self) -> bool:
@@ -100,7 +103,14 @@ class ModelSpec(Protocol):
     into, ConfigError, before any process group) and ``parallelize_tensor(model, tp_mesh)`` (shard its
     modules over the 1-D tensor-parallel DeviceMesh with ``parallelize_module``, before activation
     checkpointing and compile; the forward's loss then runs under the parallelism's ``sync_context``,
-    which may be ``loss_parallel``); a model without them is refused under tp > 1.
+    which may be ``loss_parallel``); a model without them is refused under tp > 1. Pipeline parallelism
+    (``pp > 1``) needs ``check_pipeline(n_stages)`` (refuse a stage count, ConfigError, before any
+    process group) and ``pipeline_stages(model, stage_ids, n_stages)``: the modules of those stages
+    (embedding on the first, final norm and head on the last, blocks split evenly), whose
+    ``forward(h=None, *, tokens, labels)`` takes the previous stage's output (the first: nothing) and
+    the micro-batch's tokens and labels, and returns hidden states or, on the last stage, the mean
+    loss; ``model`` is pruned to those modules with their names unchanged, so each rank's state dict
+    holds only its stages' parameters. A model without them is refused under pp > 1.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;
@@ -181,7 +191,11 @@ class Parallelism(Protocol):
     ``shards_parameters``, ``wraps_before_compile``, ``tensor_parallel`` (ranks of one
     tensor-parallel group, consecutive ranks reading the same batches; the data-parallel ranks are
     world size / it) and ``shard_tensors(model, spec, dist)`` (the tensor-parallel sharding, applied
-    before activation checkpointing and compile).
+    before activation checkpointing and compile); ``pipeline_parallel`` (pipeline stages; the
+    data-parallel ranks are world size / (tp x it)), ``pipeline_stages_per_rank``,
+    ``check_micro_batches(n)`` and ``pipeline_step(model, micro_batches)`` (the step's micro-batches
+    through a pipeline schedule: forward and backward, the step's mean loss returned on every rank),
+    which replaces the micro-batch loop when ``pipeline_parallel > 1``.
     """
 
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...

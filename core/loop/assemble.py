@@ -98,10 +98,11 @@ def assemble(prep: Prepared, dist: DistInfo, control: distributed.ControlPlane, 
     loader = c["data"].loader(loader_spec)
     if not all(callable(member("loader", loader, m)) for m in ("__iter__", "state_dict", "load_state_dict")):
         raise PluginError(f"{name['data']}: loader() returned {type(loader).__name__}; expected an iterable with state_dict() and load_state_dict()")
-    if dist.tp > 1 and loader_state_per_rank(loader):  # a checkpoint keeps a stream position per rank, not per data-parallel rank
+    if dist.dp_size != dist.world_size and loader_state_per_rank(loader):  # a checkpoint keeps a stream position per rank, not per data-parallel rank
+        degree = f"pp = {dist.pp}" if dist.pp > 1 else f"tp = {dist.tp}"
         raise ConfigError(
-            f"{name['data']}: a streaming source (a position per rank) with [parallelism] tp = {dist.tp} is not supported yet; "
-            "expected a source with a global sample index (token_bin) or tp = 1"
+            f"{name['data']}: a streaming source (a position per rank) with [parallelism] {degree} is not supported yet; "
+            "expected a source with a global sample index (token_bin) or tp = pp = 1"
         )
     state = TrainingState(model=model, optimizer=optimizer, scheduler=scheduler, loader=prefetching(loader, prep.grad_accum, dist.device), run=run)
     return Assembled(state=state, train_model=train_model, loader_spec=loader_spec)

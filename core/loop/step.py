@@ -43,6 +43,8 @@ class TrainStep:
         self.guard = NonFiniteGuard(state.optimizer, dist)
         self.post_optimizer_step = member("precision", self.precision, "post_optimizer_step")  # fp8 scale precompute after each update
         self.applied_lr: Any = state.optimizer.param_groups[0]["lr"]  # the LR of the last update
+        pipelined = member("parallelism", self.parallelism, "pipeline_parallel") > 1
+        self.pipeline_step = member("parallelism", self.parallelism, "pipeline_step") if pipelined else None  # replaces the micro-batch loop
 
     def forward_backward(
         self, micro_batches: list[Batch], replace: Callable[[int, torch.Tensor, torch.Tensor], Batch] | None = None, void: bool = False
@@ -52,6 +54,8 @@ class TrainStep:
         may swap micro-batch ``m`` for another (a monitor's ``plait_replace_batch``). ``void``: this
         rank's batches stand in for data it does not have; its loss is NaN, so every rank skips the update."""
         dev, accum = self.dist.device, self.grad_accum
+        if self.pipeline_step is not None:
+            return self.pipelined(micro_batches, replace, void)
         loss_sum: torch.Tensor | None = None
         for m, (inputs, labels) in enumerate(micro_batches):
             if replace is not None:
@@ -72,6 +76,22 @@ class TrainStep:
         grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
         bad = self.guard.flag(loss_sum, grad_norm)
         return loss_sum / accum, grad_norm, bad
+
+    def pipelined(
+        self, micro_batches: list[Batch], replace: Callable[[int, torch.Tensor, torch.Tensor], Batch] | None, void: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward_backward` through the parallelism's pipeline schedule (``pipeline_step``): the
+        same micro-batches, the same mean loss, on every rank."""
+        dev = self.dist.device
+        batches = [replace(m, *batch) if replace is not None else batch for m, batch in enumerate(micro_batches)]
+        batches = [(inputs.to(dev, non_blocking=True), labels.to(dev, non_blocking=True)) for inputs, labels in batches]
+        assert self.pipeline_step is not None
+        with self.precision.autocast(dev):
+            loss = self.pipeline_step(self.train_model, batches)
+        if void:
+            loss = loss * float("nan")
+        grad_norm = self.parallelism.clip_grad_norm(self.train_model, self.grad_clip)
+        return loss, grad_norm, self.guard.flag(loss, grad_norm)
 
     def clip_coef(self, grad_norm: float) -> float:
         """The factor clipping multiplied the gradients by (``plait_before_update``'s ``clip_coef``):

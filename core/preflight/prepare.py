@@ -33,6 +33,7 @@ from core.contract.members import check_component, member
 from core.contract.protocols import LoaderSpec
 from core.contract.run import PreparedRun
 from core.data.tokenizer_spec import data_end_of_document_id, declared_tokenizer
+from core.preflight.pipeline_checks import check_pipeline, check_pipeline_micro_batches
 from core.preflight.plugin_checks import build_meta, call_plugin, check_data, check_first_step, check_model_answers, check_unchanged
 from core.preflight.start_folders import check_start
 from core.runtime.distributed import env_world, pick_device
@@ -60,6 +61,7 @@ class Prepared:
     tokenizer: dict[str, Any] | None = None  # the data source's declared tokenizer (core.data.tokenizer_spec)
     tensor_parallel: int = 1  # ranks of one tensor-parallel group (the parallelism's tensor_parallel)
     monitor_hooks: Any = None  # the enabled monitors' pluggy manager, after their plait_preflight (core.plan asks plait_planned_evaluation)
+    pipeline_parallel: int = 1  # pipeline stages (the parallelism's pipeline_parallel)
 
     @property
     def saved_facts(self) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def prepare(
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     tp = check_tensor_parallel(components, rc, str(path))
-    dp_world = world // tp  # the ranks that read different batches
+    pp = check_pipeline(components, rc, str(path))
+    dp_world = world // (tp * pp)  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
     for name, monitor in monitors:
@@ -146,6 +149,7 @@ def prepare(
         micro_auto = micro_batch_candidates(rc.train.global_batch_tokens, rc.seq_len, dp_world, rc.train.micro_batch_max)
         rc.train.micro_batch = micro_auto[0]  # CUDA: the trainer probes down from here
     accum = batch_layout(rc.train.global_batch_tokens, rc.train.micro_batch, rc.seq_len, dp_world)
+    check_pipeline_micro_batches(components["parallelism"], pp, accum, str(path))
     warn_if_lr_never_peaks(components["lr_schedule"], steps, rc.slots["lr_schedule"].component.name)
 
     precision = choose_precision(rc, components, device, str(path))
@@ -176,6 +180,7 @@ def prepare(
     prep = Prepared(str(path), raw, rc, components, world, device, accum, rc.train.global_batch_tokens, steps)
     prep.micro_batch_candidates = micro_auto
     prep.tensor_parallel = tp
+    prep.pipeline_parallel = pp
     prep.model_meta = model_meta
     prep.architecture = architecture
     data_name = f"data {rc.slots['data'].component.name!r}"

@@ -130,7 +130,8 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
     """What is active, in three lines: printed once at start (rank 0)."""
     rc = prep.rc
     name = lambda slot: rc.slots[slot].component.name  # noqa: E731
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    whole = prep.model_meta if dist.pp > 1 and prep.model_meta is not None else model  # a pipeline stage holds only its own
+    params = sum(p.numel() for p in {id(p): p for p in whole.parameters()}.values())
     reasons = "; ".join(f"{k}: {v}" for k, v in rc.precision_reasons.items()) if rc.precision_chain else ""
     precision = name("precision") + (f" (fallback skipped {reasons})" if reasons else "")
     train = rc.train
@@ -142,7 +143,7 @@ def summary(prep: Prepared, dist: DistInfo, model: torch.nn.Module, run: Any) ->
             f"plait: model {name('model')}, {params:,} parameters | {name('parallelism')} on {dist.world_size} rank(s), {dist.device} | precision {precision}",
             f"plait: activation checkpointing {ac} | compile {'on' if train.compile else 'off'} | optimizer "
             f"{name('optimizer')} | schedule {name('lr_schedule')} | data {name('data')}",
-            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {data_ranks(dist.dp_size, dist.world_size, dist.tp)} x {prep.grad_accum} "
+            f"plait: batch {train.micro_batch} micro x {rc.seq_len} seq x {data_ranks(dist.dp_size, dist.world_size, dist.tp, dist.pp)} x {prep.grad_accum} "
             f"accumulation = {prep.tokens_per_step:,} tokens/step | steps {run.step} -> {run.total_steps}",
         ]
     )

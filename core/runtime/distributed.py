@@ -30,8 +30,8 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
 _timeout = datetime.timedelta(seconds=1800)  # init's, for the control plane's own group too
 
 
-def init(preference: str = "auto", timeout_s: int = 1800, tp: int = 1) -> DistInfo:
-    """The process group of torchrun's ranks; ``tp``: ranks of one tensor-parallel group."""
+def init(preference: str = "auto", timeout_s: int = 1800, tp: int = 1, pp: int = 1) -> DistInfo:
+    """The process group of torchrun's ranks; ``tp``: ranks of one tensor-parallel group; ``pp``: pipeline stages."""
     global _timeout
     rank, world, local = env_world()
     _timeout = datetime.timedelta(seconds=timeout_s)
@@ -48,7 +48,7 @@ def init(preference: str = "auto", timeout_s: int = 1800, tp: int = 1) -> DistIn
         )
     elif dist.is_initialized():
         backend = dist.get_backend()
-    return DistInfo(rank=rank, world_size=world, local_rank=local, device=device, backend=backend, tp=tp)
+    return DistInfo(rank=rank, world_size=world, local_rank=local, device=device, backend=backend, tp=tp, pp=pp)
 
 
 def gloo_group():

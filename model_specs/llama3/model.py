@@ -578,6 +578,11 @@ class Transformer(nn.Module):
         cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, self.args, self.eod_id)  # once for every block
         for layer in self.layers:
             h = layer(h, cos, sin, mask)
+        return self.head(h, labels)
+
+    def head(self, h: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """The final norm and the output layer on the last block's output ``h``: logits, or the mean
+        cross-entropy given labels (the forward's end; a last pipeline stage's too)."""
         h = self.norm(h)
         if self.args.width_ratio != 1.0:  # µP's output multiplier, on the head's input: the chunked loss sees it too
             h = h * self.args.width_ratio

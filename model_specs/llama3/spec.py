@@ -21,6 +21,7 @@ from torch import nn
 from core.api import ConfigError, log
 from model_specs.llama3.model import FLAVORS, Llama3Options, Transformer, param_counts
 from model_specs.llama3.parallelize import check_tensor_parallel, parallelize_tensor
+from model_specs.llama3.pipeline import check_pipeline, pipeline_stages
 
 
 def end_of_document(attention_mask: str, eod_id: int | None) -> int | None:
@@ -110,7 +111,8 @@ class Llama3Spec:
         _unwrap(model).init_weights(self.args.init_std)
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
-        return list(_unwrap(model).layers)
+        layers = _unwrap(model).layers  # a ModuleDict once split into pipeline stages
+        return list(layers.values() if isinstance(layers, nn.ModuleDict) else layers)
 
     def use_end_of_document_id(self, eod_id: int | None) -> None:
         """The data's end-of-document id, given by the core before the model is built
@@ -124,6 +126,15 @@ class Llama3Spec:
     def parallelize_tensor(self, model: nn.Module, tp_mesh: Any) -> None:
         """Tensor + sequence parallelism over ``tp_mesh`` (:mod:`model_specs.llama3.parallelize`)."""
         parallelize_tensor(_unwrap(model), tp_mesh)
+
+    def check_pipeline(self, n_stages: int) -> None:
+        """Refuse a pipeline stage count these shapes or options cannot split into (ConfigError)."""
+        check_pipeline(self.args, n_stages)
+
+    def pipeline_stages(self, model: nn.Module, stage_ids: list[int], n_stages: int) -> list[nn.Module]:
+        """The modules of pipeline stages ``stage_ids`` of ``n_stages``, ``model`` pruned to them
+        (:mod:`model_specs.llama3.pipeline`)."""
+        return pipeline_stages(_unwrap(model), stage_ids, n_stages)
 
     def compile_loss(self, model: nn.Module) -> None:
         """Under ``train.compile``: the output projection and cross-entropy (chunked or not) run as

@@ -315,14 +315,22 @@ class RecurrentMoE(nn.Module):
             h, aux, z = run(self.core, h, aux, z)
             states.append(h.detach())
         h, aux, z = run(self.coda, h, aux, z)
+        return self.head(h, labels, aux, z, states)
+
+    def head(self, h: torch.Tensor, labels: torch.Tensor | None, aux: torch.Tensor, z: torch.Tensor, states: list[torch.Tensor] | None) -> torch.Tensor:
+        """The final norm and the output layer on the last block's output ``h``: logits, or the loss given
+        labels, with ``aux`` and ``z`` summed over every applied block (the forward's end; a last pipeline
+        stage's too). ``states``: the hidden states around the loops, for this step's metrics (None: not
+        recorded, as under pipeline parallelism, where no rank sees them all)."""
+        a = self.args
         h = self.norm(h)
         logits = self.output(h * a.base.width_ratio if a.base.width_ratio != 1.0 else h)  # µP's output multiplier
         if labels is None:
             return logits
-        n_moe = len(self.prelude) + len(self.core) * a.options.n_loops + len(self.coda)
+        n_moe = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda  # every applied block, on whichever stage
         aux, z = aux / n_moe, z / n_moe
         lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        if torch.is_grad_enabled():  # a training micro-batch (validation runs under no_grad)
+        if torch.is_grad_enabled() and states is not None:  # a training micro-batch (validation runs under no_grad)
             self.accumulate(lm.detach(), aux.detach(), z.detach(), states)
         return lm + a.options.aux_weight * aux + a.options.z_weight * z
 

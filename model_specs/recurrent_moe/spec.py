@@ -10,6 +10,7 @@ from torch import nn
 from model_specs.llama3.model import Llama3Options
 from model_specs.llama3.spec import end_of_document
 from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, RecurrentMoE, RecurrentMoEOptions
+from model_specs.recurrent_moe.pipeline import check_pipeline, pipeline_stages
 
 
 @dataclass
@@ -97,6 +98,15 @@ class RecurrentMoESpec:
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return _inner(model).blocks()
+
+    def check_pipeline(self, n_stages: int) -> None:
+        """Refuse more pipeline stages than the model's parts (ConfigError)."""
+        check_pipeline(self.args, n_stages)
+
+    def pipeline_stages(self, model: nn.Module, stage_ids: list[int], n_stages: int) -> list[nn.Module]:
+        """The modules of pipeline stages ``stage_ids`` of ``n_stages``, ``model`` pruned to them
+        (:mod:`model_specs.recurrent_moe.pipeline`)."""
+        return pipeline_stages(_inner(model), stage_ids, n_stages)
 
     def _active_params(self) -> int:
         """Parameters a token passes through: attention + top_k experts per applied block, head."""

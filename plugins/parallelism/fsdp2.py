@@ -17,19 +17,27 @@ its own, which is how an 8B model is meant to fit on one 80 GB GPU.
 size / tp): consecutive ranks form a tensor-parallel group, which reads the same batches, and the
 model spec's ``parallelize_tensor`` shards its modules over it (before checkpointing and compile);
 FSDP then shards over ``dp`` (over nothing when dp = 1). Degrees are checked against the world size
-before any process group; ``pp`` (pipeline stages) is declared but only 1 is supported yet.
+before any process group.
+
+``pp > 1`` adds pipeline parallelism (:mod:`plugins.parallelism.pipeline`): the mesh is
+``pp`` x ``dp`` x ``tp`` (pp outermost), the model spec's ``pipeline_stages`` gives each rank its
+stages, FSDP shards each stage over ``dp`` (parameters kept gathered between micro-batches, as
+torchtitan does), and ``pipeline_schedule`` runs a step's micro-batches (at least one per stage;
+``Interleaved1F1B`` holds two stages per rank and needs a multiple of ``pp``). Not with
+``replicate`` or ``cpu_offload``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from core.api import ConfigError, log, option
+from plugins.parallelism import pipeline
 from plugins.parallelism.common import clip_grad_norm
 
 
@@ -39,7 +47,10 @@ class FSDP2Options:
     replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica", ge=1)
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
     tp: int = option(1, "tensor-parallel degree: ranks of one group that split each layer (world size = dp x tp)", ge=1)
-    pp: int = option(1, "pipeline-parallel degree (only 1: pipeline parallelism is not supported yet)", ge=1)
+    pp: int = option(1, "pipeline-parallel degree: stages the model's blocks are split into (world size = pp x dp x tp)", ge=1)
+    pipeline_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = option(
+        "1F1B", "pipeline schedule under pp > 1 (Interleaved1F1B: two stages per rank, micro-batches a multiple of pp)"
+    )
 
 
 class FSDP2:
@@ -49,12 +60,19 @@ class FSDP2:
         self.options = options
 
         self.tensor_parallel = options.tp
-        self.mesh: Any = None  # the dp x tp mesh, made by shard_tensors when tp > 1
+        self.pipeline_parallel = options.pp
+        self.pipeline_stages_per_rank = pipeline.stages_per_rank(options.pipeline_schedule)
+        self.mesh: Any = None  # the [pp x] dp x tp mesh, made by shard_tensors when tp > 1 or pp > 1
+        self.pipeline: pipeline.Pipeline | None = None  # this rank's stages and schedule, made by wrap when pp > 1
 
     def check_world(self, world_size: int) -> None:
         o = self.options
-        if o.pp != 1:
-            raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp}: pipeline parallelism is not supported yet; expected pp = 1")
+        if o.pp > 1 and world_size % (o.pp * o.tp):
+            raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp} x tp = {o.tp} does not divide the world size {world_size}; expected world size = pp x dp x tp")
+        if o.pp > 1 and (o.replicate > 1 or o.cpu_offload):
+            raise ConfigError(
+                f"[parallelism] fsdp2: pp = {o.pp} with replicate > 1 or cpu_offload is not supported yet; expected replicate = 1, cpu_offload = false"
+            )
         if world_size % o.tp:
             raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
         if o.tp > 1 and o.replicate > 1:
@@ -64,18 +82,27 @@ class FSDP2:
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
+    def check_micro_batches(self, micro_batches: int) -> None:
+        pipeline.check_micro_batches(self.options.pipeline_schedule, self.options.pp, micro_batches)
+
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
-        """tp > 1: the dp x tp mesh, and the model's modules sharded over its ``tp`` dimension."""
+        """tp > 1 or pp > 1: the [pp x] dp x tp mesh; tp > 1: the model's modules sharded over its ``tp`` dimension."""
         o = self.options
-        if o.tp == 1:
+        if o.tp == 1 and o.pp == 1:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
-        spec.parallelize_tensor(model, self.mesh["tp"])
+        if o.pp > 1:
+            self.mesh = init_device_mesh(dist.device.type, (o.pp, dist.world_size // (o.pp * o.tp), o.tp), mesh_dim_names=("pp", "dp", "tp"))
+        else:
+            self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
+        if o.tp > 1:
+            spec.parallelize_tensor(model, self.mesh["tp"])
 
     def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
         o = self.options
+        if o.pp > 1:
+            return self.wrap_pipeline(model, spec, dist, precision)
         dp = dist.world_size // o.tp
         if dp == 1 and not o.cpu_offload:
             return model  # nothing to shard over: behave like a single process (tensor-parallel only)
@@ -105,6 +132,32 @@ class FSDP2:
             log.info(f"fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))")
         return model
 
+    def wrap_pipeline(self, model: nn.Module, spec, dist, precision) -> nn.Module:
+        """This rank's stages (``model`` pruned to them), each FSDP-sharded over ``dp`` when dp > 1,
+        and the schedule that runs them; the stages, in a ModuleList, are the module to call."""
+        o = self.options
+        n_stages = o.pp * self.pipeline_stages_per_rank
+        pp_rank = self.mesh["pp"].get_local_rank()
+        stage_ids = pipeline.pipeline_stage_ids(pp_rank, o.pp, o.pipeline_schedule)
+        stages = spec.pipeline_stages(model, stage_ids, n_stages)
+        if self.mesh["dp"].size() > 1:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            kwargs: dict[str, Any] = {"mesh": self.mesh["dp"], "reshard_after_forward": False}  # gathered across the micro-batches
+            if precision.param_dtype is not None:
+                kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
+            for block in spec.blocks(model):
+                fully_shard(block, **kwargs)
+            for stage in stages:
+                fully_shard(stage, **kwargs)
+        self.pipeline = pipeline.Pipeline(stages, stage_ids, n_stages, o.pipeline_schedule, self.mesh["pp"], dist.device)
+        return nn.ModuleList(stages)
+
+    def pipeline_step(self, model: nn.Module, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The step's micro-batches through the schedule: forward, backward, the mean loss on every rank."""
+        assert self.pipeline is not None, "wrap() made the pipeline (pp > 1)"
+        return self.pipeline.step(micro_batches, tensor_parallel=self.options.tp > 1)
+
     def sync_context(self, model: nn.Module, sync: bool):
         """Gradient sync on the last micro-step only; with tp > 1, the loss computed on the
         vocabulary-sharded logits (``loss_parallel``, forward and backward)."""
@@ -118,6 +171,8 @@ class FSDP2:
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        if self.pipeline is not None:
+            return self.pipeline.clip_grad_norm(model, max_norm)
         return clip_grad_norm(model, max_norm)
 
 

@@ -1,5 +1,5 @@
 """Layouts by degrees on one mesh (``[parallelism] fsdp2`` with ``tp``, ``pp``): the plan shows the
-dp x tp mesh and the batch over the data-parallel ranks; a layout that cannot work is one line,
+[pp x] dp x tp mesh, the batch over the data-parallel ranks and the pipeline's layers per rank and bubble; a layout that cannot work is one line,
 exit 2, before any process group (``core.plan``, in process)."""
 
 from __future__ import annotations
@@ -17,6 +17,33 @@ def test_tensor_parallel_ranks_read_the_same_batches():
     got = [(DistInfo(rank=r, world_size=4, tp=2).dp_rank, DistInfo(rank=r, world_size=4, tp=2).dp_size) for r in range(4)]
     assert got == [(0, 2), (0, 2), (1, 2), (1, 2)]
     assert (DistInfo(rank=3, world_size=4).dp_rank, DistInfo(rank=3, world_size=4).dp_size) == (3, 4)
+
+
+def test_pipeline_stages_are_the_outer_mesh_dimension():
+    """Rank = (stage x dp + dp_rank) x tp + tp_rank: the stages of one pipeline read the same batches."""
+    got = [(DistInfo(rank=r, world_size=8, tp=2, pp=2).dp_rank, DistInfo(rank=r, world_size=8, tp=2, pp=2).dp_size) for r in range(8)]
+    assert got == [(0, 2), (0, 2), (1, 2), (1, 2)] * 2
+    assert [DistInfo(rank=r, world_size=4, pp=2).dp_rank for r in range(4)] == [0, 1, 0, 1]
+
+
+def test_the_plan_shows_the_pipeline_layers_per_rank_and_its_bubble(tiny_config, capsys):
+    from core.cli import plan
+
+    args = ["--config", str(tiny_config()), "--config-only", "--parallelism.name=fsdp2", "--parallelism.pp=2", "--model.n_layers=4"]
+    assert plan.main([*args, "--nproc", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
+    p = got["pipeline"]
+    assert (p["stages"], p["stages_per_rank"], p["layers"], p["layers_per_rank"], p["micro_batches"]) == (2, 1, 4, 2, 2)
+    assert p["bubble_fraction"] == pytest.approx(1 / 3)  # (p - 1) / (m + p - 1)
+    assert got["params_total"] > p["params_per_rank_max"]
+    assert plan.main([*args, "--nproc", "2", "--parallelism.pipeline_schedule=Interleaved1F1B", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)["pipeline"]
+    assert (p["stages"], p["stages_per_rank"], p["layers_per_rank"], p["micro_batches"]) == (4, 2, 2, 4)
+    assert p["bubble_fraction"] == pytest.approx(1 / 9)  # (p - 1) / (v m + p - 1)
+    assert plan.main([*args, "--nproc", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "pipeline    2 stages (1 per rank): 2 of 4 layers per rank" in text and "4 micro-batches, bubble 20.0% of a step" in text, text
 
 
 def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(tiny_config, capsys):
@@ -38,7 +65,36 @@ def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(
     "nproc, overrides, expected",
     [
         (3, ["--parallelism.tp=2"], "[parallelism] fsdp2: tp = 2 does not divide the world size 3; expected world size = dp x tp"),
-        (2, ["--parallelism.pp=2"], "[parallelism] fsdp2: pp = 2: pipeline parallelism is not supported yet; expected pp = 1"),
+        (3, ["--parallelism.pp=2"], "[parallelism] fsdp2: pp = 2 x tp = 1 does not divide the world size 3; expected world size = pp x dp x tp"),
+        (4, ["--parallelism.pp=2", "--parallelism.replicate=2"], "pp = 2 with replicate > 1 or cpu_offload is not supported yet"),
+        (4, ["--parallelism.pp=4", "--model.name=recurrent_moe"], "4 pipeline stages but recurrent_moe splits only between its 3 parts (prelude, core, coda"),
+        (
+            2,
+            ["--parallelism.pp=2", "--model.name=recurrent_moe", "--parallelism.pipeline_schedule=Interleaved1F1B"],
+            "4 pipeline stages but recurrent_moe splits",
+        ),
+        (4, ["--parallelism.pp=4"], "[parallelism]: 4 pipeline stages but the model has 2 layers; expected at most one stage per layer"),
+        (2, ["--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B"], "4 pipeline stages but the model has 2 layers"),
+        (2, ["--parallelism.pp=2", "--model.tie_embeddings=true"], "[model] tie_embeddings with 2 pipeline stages is not supported"),
+        (2, ["--parallelism.pp=2", "--validation.every=3"], "validation during training with pipeline parallelism is not supported yet"),
+        (2, ["--parallelism.pp=2", "--train.micro_batch=auto"], 'train.micro_batch = "auto" with pipeline parallelism is not supported'),
+        (
+            4,
+            ["--parallelism.pp=2", "--train.micro_batch=4"],
+            "pp = 2: 1 micro-batch(es) per step (global_batch_tokens / (micro_batch x seq_len x data-parallel ranks)) is below the stage count; expected at least 2",
+        ),
+        (
+            2,
+            [
+                "--parallelism.pp=2",
+                "--parallelism.pipeline_schedule=Interleaved1F1B",
+                "--model.n_layers=4",
+                "--train.micro_batch=1",
+                "--data.seq_len=256",
+                "--train.global_batch_tokens=768",
+            ],
+            "pipeline_schedule = 'Interleaved1F1B' with pp = 2 runs micro-batches in rounds of 2, but a step has 3; expected a multiple of 2",
+        ),
         (4, ["--parallelism.tp=2", "--parallelism.replicate=2"], "replicate = 2 with tp = 2 is not supported yet"),
         (2, ["--parallelism.tp=2", "--parallelism.cpu_offload=true"], "cpu_offload with tp = 2 is not supported"),
         (2, ["--parallelism.tp=2", "--model.name=recurrent_moe"], "[parallelism] tp = 2: model 'recurrent_moe' has no tensor-parallel plan"),
