@@ -10,6 +10,7 @@ from torch import nn
 from model_specs.llama3.model import Llama3Options
 from model_specs.llama3.spec import end_of_document
 from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, RecurrentMoE, RecurrentMoEOptions
+from model_specs.recurrent_moe.parallelize import check_tensor_parallel, parallelize_tensor
 
 
 @dataclass
@@ -97,6 +98,15 @@ class RecurrentMoESpec:
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return _inner(model).blocks()
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Refuse a tensor-parallel degree the heads or the vocabulary cannot split into (ConfigError)."""
+        check_tensor_parallel(self.args, tp)
+
+    def parallelize_tensor(self, model: nn.Module, tp_mesh: Any) -> None:
+        """Tensor + sequence parallelism over ``tp_mesh``, the MoE layers whole on every rank
+        (:mod:`model_specs.recurrent_moe.parallelize`)."""
+        parallelize_tensor(_inner(model), tp_mesh)
 
     def _active_params(self) -> int:
         """Parameters a token passes through: attention + top_k experts per applied block, head."""
