@@ -51,7 +51,8 @@ class WholeOnEveryRank:
     norm), its input gathered to the whole sequence, its output ``(y, aux, z)`` with ``y`` cut to this
     rank's sequence shard (the backward gathers ``y``'s gradient whole, so every rank computes the same
     full gradients, which the replicated placement declares). Inside, the layer computes on the
-    parameters' local tensors, swapped in for its forward: the sparse dispatch runs as without TP."""
+    parameters' local tensors, swapped in for its forward (and back, also when activation checkpointing's
+    recomputation stops early): the sparse dispatch runs as without TP."""
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
         from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
@@ -67,23 +68,20 @@ class WholeOnEveryRank:
             y = DTensor.from_local(y, mesh, (Replicate(),), run_check=False).redistribute(placements=(Shard(1),)).to_local()
             return y, aux, z
 
-        swapped: list[tuple[nn.Module, str, Any]] = []
+        forward = module.forward
 
-        def local_parameters(_module, _inputs):
-            swapped.clear()
-            for sub in module.modules():
-                for name, p in list(sub._parameters.items()):
-                    if isinstance(p, DTensor):
-                        swapped.append((sub, name, p))
-                        sub._parameters[name] = p.to_local()  # type: ignore[assignment]  # a view whose gradient reaches p
-
-        def distributed_parameters(_module, _inputs, _outputs):
+        def on_local_parameters(*args: Any, **kwargs: Any) -> Any:
+            swapped = [(sub, name, p) for sub in module.modules() for name, p in sub._parameters.items() if isinstance(p, DTensor)]
             for sub, name, p in swapped:
-                sub._parameters[name] = p
+                sub._parameters[name] = p.to_local()  # type: ignore[assignment]  # a view whose gradient reaches p
+            try:
+                return forward(*args, **kwargs)
+            finally:  # also when activation checkpointing's recomputation stops early (it raises)
+                for sub, name, p in swapped:
+                    sub._parameters[name] = p
 
         distribute_module(module, device_mesh, input_fn=gather, output_fn=cut)  # no partition_fn: parameters replicated
-        module.register_forward_pre_hook(local_parameters)
-        module.register_forward_hook(distributed_parameters)
+        module.forward = on_local_parameters  # type: ignore[method-assign]
         return module
 
 
