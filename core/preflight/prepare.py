@@ -132,7 +132,7 @@ def prepare(
     check_world = member("parallelism", components["parallelism"], "check_world")
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
-    tp = check_tensor_parallel(components, rc, str(path))
+    tp = check_tensor_parallel(components, rc, device, str(path))
     dp_world = world // tp  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
@@ -206,9 +206,9 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         problems.append(e)
 
 
-def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) -> int:
-    """The parallelism's tensor-parallel degree, once the model, the precision and the sequence length
-    can take it: ConfigError (one line) before any process group otherwise."""
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device, path: str) -> int:
+    """The parallelism's tensor-parallel degree, once the model, the precision, compile on ``device`` and
+    the sequence length can take it: ConfigError (one line) before any process group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
         return 1
@@ -220,9 +220,10 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) 
     call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
     if precision_name in ("fp8", "mxfp8", "te_fp8"):
         raise ConfigError(f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet; expected fp32 or bf16")
-    if rc.train.compile:
+    if rc.train.compile and device.type == "cpu":
         raise ConfigError(
-            f"{where}: train.compile with tensor parallelism is not supported yet (a compiled block's backward fails in DTensor); expected compile = false"
+            f"{where}: train.compile with tensor parallelism on CPU is not supported (torch {torch.__version__.split('+')[0]}: a compiled block's "
+            "backward fails in DTensor's redistribute); expected compile = false, or a CUDA device"
         )
     if rc.train.micro_batch == "auto":
         raise ConfigError(

@@ -260,8 +260,6 @@ def test_a_model_whose_forward_returns_a_tuple_is_one_line_naming_it(tmp_path):
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
     assert (status["exit_code"], status["reason"], status["step"]) == (2, "bad_input", 0)
     # a model spec without the tensor-parallel members runs data-parallel only: tp = 2 is one line, before any process group
-    plan = run_module(
-        "core.plan", "--config", str(tmp_path / "run.toml"), "--nproc", "2", "--parallelism.name=fsdp2", "--parallelism.tp=2", extra_env=env
-    )
+    plan = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--nproc", "2", "--parallelism.name=fsdp2", "--parallelism.tp=2", extra_env=env)
     assert plan.returncode == 2 and "Traceback" not in plan.stderr, plan.stderr[-3000:]
     assert "[parallelism] tp = 2: model 'hf_habit' has no tensor-parallel plan (parallelize_tensor); expected tp = 1" in error_lines(plan)[0]
