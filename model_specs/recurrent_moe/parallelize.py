@@ -71,9 +71,12 @@ class WholeOnEveryRank:
         forward = module.forward
 
         def on_local_parameters(*args: Any, **kwargs: Any) -> Any:
-            swapped = [(sub, name, p) for sub in module.modules() for name, p in sub._parameters.items() if isinstance(p, DTensor)]
-            for sub, name, p in swapped:
-                sub._parameters[name] = p.to_local()  # type: ignore[assignment]  # a view whose gradient reaches p
+            swapped: list[tuple[nn.Module, str, Any]] = []
+            for sub in module.modules():
+                for name, p in list(sub._parameters.items()):
+                    if isinstance(p, DTensor):
+                        swapped.append((sub, name, p))
+                        sub._parameters[name] = p.to_local()  # type: ignore[assignment]  # a view whose gradient reaches p
             try:
                 return forward(*args, **kwargs)
             finally:  # also when activation checkpointing's recomputation stops early (it raises)
