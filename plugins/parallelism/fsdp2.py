@@ -16,8 +16,10 @@ its own, which is how an 8B model is meant to fit on one 80 GB GPU.
 ``tp > 1`` adds tensor + sequence parallelism on one device mesh (``dp`` x ``tp``, dp = world
 size / tp): consecutive ranks form a tensor-parallel group, which reads the same batches, and the
 model spec's ``parallelize_tensor`` shards its modules over it (before checkpointing and compile);
-FSDP then shards over ``dp`` (over nothing when dp = 1). Degrees are checked against the world size
-before any process group; ``pp`` (pipeline stages) is declared but only 1 is supported yet.
+FSDP then shards over ``dp`` (over nothing when dp = 1). With ``replicate > 1`` too, the mesh is 3-D
+(``replicate`` x ``shard`` x ``tp``): HSDP over the data-parallel ranks, TP within each group. Degrees
+are checked against the world size before any process group; ``pp`` (pipeline stages) is declared but
+only 1 is supported yet.
 """
 
 from __future__ import annotations
@@ -57,21 +59,27 @@ class FSDP2:
             raise ConfigError(f"[parallelism] fsdp2: pp = {o.pp}: pipeline parallelism is not supported yet; expected pp = 1")
         if world_size % o.tp:
             raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
-        if o.tp > 1 and o.replicate > 1:
-            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} with tp = {o.tp} is not supported yet; expected replicate = 1 or tp = 1")
-        if world_size % o.replicate:
-            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the world size {world_size}")
+        if (world_size // o.tp) % o.replicate:
+            raise ConfigError(
+                f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the {world_size // o.tp} data-parallel ranks "
+                f"(world size {world_size} / tp {o.tp}); expected world size = replicate x shard x tp"
+            )
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
-        """tp > 1: the dp x tp mesh, and the model's modules sharded over its ``tp`` dimension."""
+        """tp > 1: the dp x tp mesh (replicate x shard x tp with ``replicate > 1``), and the model's
+        modules sharded over its ``tp`` dimension."""
         o = self.options
         if o.tp == 1:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
+        dp = dist.world_size // o.tp
+        if o.replicate > 1:
+            self.mesh = init_device_mesh(dist.device.type, (o.replicate, dp // o.replicate, o.tp), mesh_dim_names=("replicate", "shard", "tp"))
+        else:
+            self.mesh = init_device_mesh(dist.device.type, (dp, o.tp), mesh_dim_names=("dp", "tp"))
         spec.parallelize_tensor(model, self.mesh["tp"])
 
     def wrap(self, model: nn.Module, spec, dist, precision) -> nn.Module:
@@ -86,7 +94,7 @@ class FSDP2:
             one_rank_group(dist.device)
         device_type = dist.device.type
         if o.tp > 1:
-            mesh = self.mesh["dp"]
+            mesh = self.mesh["replicate", "shard"] if o.replicate > 1 else self.mesh["dp"]
         elif o.replicate > 1:
             mesh = init_device_mesh(device_type, (o.replicate, dist.world_size // o.replicate), mesh_dim_names=("replicate", "shard"))
         else:
