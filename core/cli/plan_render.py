@@ -43,6 +43,7 @@ def render(plan: dict[str, Any]) -> str:
             if len(plan["micro_batch_candidates"]) > 1
             else ")"
         ),
+        *layout_lines(plan),
         checkpoint_line(plan["checkpoint"], plan["world_size"]),
         *param_group_lines(plan),
     ]
@@ -70,6 +71,23 @@ def render(plan: dict[str, Any]) -> str:
     if problems:
         lines.append(f"  {len(problems)} problem(s) found: a start with this config is refused (exit code 2) until they are fixed")
     return "\n".join(lines)
+
+
+def layout_lines(plan: dict[str, Any]) -> list[str]:
+    """The device mesh and what one rank sends per step (GiB, estimate; core.cli.plan.communication)."""
+    if plan["world_size"] == 1:
+        return []
+    mesh = " x ".join(f"{name} {size}" for name, size in plan["mesh"].items() if name != "dp" or len(plan["mesh"]) == 2)
+    names = {
+        "fsdp_all_gather": "FSDP all-gather",
+        "fsdp_reduce_scatter": "reduce-scatter",
+        "hsdp_all_reduce": "HSDP all-reduce",
+        "ddp_all_reduce": "DDP all-reduce",
+        "tp": "TP",
+    }
+    comm = plan["communication_per_step_gib"]
+    parts = [f"{names[k]} {'not estimated' if v is None else f'{v:.3g}'}" for k, v in comm.items()]
+    return [f"  mesh        {mesh}", f"  comm/step   {', '.join(parts) or 'none'} GiB sent per rank (estimate, ring collectives)"]
 
 
 def param_group_lines(plan: dict[str, Any]) -> list[str]:

@@ -100,7 +100,9 @@ class ModelSpec(Protocol):
     into, ConfigError, before any process group) and ``parallelize_tensor(model, tp_mesh)`` (shard its
     modules over the 1-D tensor-parallel DeviceMesh with ``parallelize_module``, before activation
     checkpointing and compile; the forward's loss then runs under the parallelism's ``sync_context``,
-    which may be ``loss_parallel``); a model without them is refused under tp > 1.
+    which may be ``loss_parallel``); a model without them is refused under tp > 1. The optional
+    ``tensor_parallel_costs(tp, micro_batch, seq_len, bytes_per_element)`` tells ``core.plan`` the
+    parameters every tp rank holds whole, one rank's activations and its tp communication.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;

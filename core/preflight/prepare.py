@@ -102,6 +102,7 @@ def prepare(
     dry_run: bool = False,
     lock: bool = False,
     problems: list[PlaitError] | None = None,
+    node_size: int | None = None,
 ) -> Prepared:
     """``validate_data``: check the data, the resume checkpoint and the output folders (what
     ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
@@ -132,7 +133,8 @@ def prepare(
     check_world = member("parallelism", components["parallelism"], "check_world")
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
-    tp = check_tensor_parallel(components, rc, device, str(path))
+    node = node_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on one node: torchrun's, or the whole world
+    tp = check_tensor_parallel(components, rc, device, node, str(path))
     dp_world = world // tp  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
@@ -206,14 +208,19 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         problems.append(e)
 
 
-def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device, path: str) -> int:
-    """The parallelism's tensor-parallel degree, once the model, the precision, compile on ``device`` and
-    the sequence length can take it: ConfigError (one line) before any process group otherwise."""
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device, node_size: int, path: str) -> int:
+    """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile on
+    ``device`` and the sequence length can take it: ConfigError (one line) before any process group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
         return 1
     model_name, precision_name = rc.slots["model"].component.name, rc.slots["precision"].component.name
     where = f"{path}: [parallelism] tp = {tp}"
+    if node_size % tp:
+        raise ConfigError(
+            f"{where} does not divide the {node_size} ranks of a node; expected a divisor of the ranks per node (a tensor-parallel group "
+            "talks every layer: it stays within one node's links)"
+        )
     check = member("model", components["model"], "check_tensor_parallel")
     if check is None:
         raise ConfigError(f"{where}: model {model_name!r} has no tensor-parallel plan (parallelize_tensor); expected tp = 1")

@@ -60,10 +60,8 @@ class FSDP2:
         if world_size % o.tp:
             raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
         if (world_size // o.tp) % o.replicate:
-            raise ConfigError(
-                f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the {world_size // o.tp} data-parallel ranks "
-                f"(world size {world_size} / tp {o.tp}); expected world size = replicate x shard x tp"
-            )
+            ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 

@@ -192,15 +192,15 @@ def moe_config(tiny_config, steps=5):
 
 def test_recurrent_moe_under_tp_and_fsdp_x_tp_equals_one_process(tiny_config, tmp_path):
     """recurrent_moe's attention, norms, embedding and head split as llama3's, its MoE layers whole on
-    every tp rank (routing the whole sequence): tp = 2, and dp = 2 x tp = 2 with full activation
-    checkpointing, give the one-process losses, gradient norms and tokens per expert (the sparse,
-    dropless dispatch)."""
+    every tp rank (routing the whole sequence): tp = 2, dp = 2 x tp = 2 with full activation
+    checkpointing, and HSDP x TP (replicate 2 x shard 1 x tp 2, a 3-D mesh) give the one-process losses,
+    gradient norms and tokens per expert (the sparse, dropless dispatch)."""
     cfg = moe_config(tiny_config)
     train(1, cfg, tmp_path / "one", "--parallelism.name=single")
     one_loss, one_norm = curve(tmp_path / "one")
     one_tokens = [r["moe/expert_tokens"] for r in read_metrics(tmp_path / "one")]
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
-    runs = {"tp2": (2, ()), "dp2tp2": (4, ("--train.activation_checkpointing=full",))}
+    runs = {"tp2": (2, ()), "dp2tp2": (4, ("--train.activation_checkpointing=full",)), "hsdp2tp2": (4, ("--parallelism.replicate=2",))}
     for out, (nproc, extra) in runs.items():
         train(nproc, cfg, tmp_path / out, "--parallelism.name=fsdp2", "--parallelism.tp=2", *extra)
         loss, norm = curve(tmp_path / out)
