@@ -101,9 +101,10 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
     param_bytes = bytes_per_element
     out: dict[str, float | None] = {}
     if member("parallelism", c["parallelism"], "shards_parameters"):
-        gathers = 2 if getattr(prep.rc.slots["parallelism"].options, "reshard_after_forward", True) else 1
-        out["fsdp_all_gather"] = accum * gathers * (shard - 1) / shard * n * param_bytes / GiB
-        out["fsdp_reduce_scatter"] = (shard - 1) / shard * n * 4 / GiB
+        if shard > 1:
+            gathers = 2 if getattr(prep.rc.slots["parallelism"].options, "reshard_after_forward", True) else 1
+            out["fsdp_all_gather"] = accum * gathers * (shard - 1) / shard * n * param_bytes / GiB
+            out["fsdp_reduce_scatter"] = (shard - 1) / shard * n * 4 / GiB
         if replicate > 1:
             out["hsdp_all_reduce"] = 2 * (replicate - 1) / replicate * n / shard * 4 / GiB
     elif layout["mesh"]["dp"] > 1:

@@ -134,7 +134,9 @@ def prepare(
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     node = node_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on one node: torchrun's, or the whole world
-    tp = check_tensor_parallel(components, rc, device, node, str(path))
+    # compile's check needs the run's device: not this machine's when only the config is planned (core.plan --config-only) for "auto"
+    run_device = device if validate_data or rc.train.device != "auto" else None
+    tp = check_tensor_parallel(components, rc, run_device, node, str(path))
     dp_world = world // tp  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
@@ -208,9 +210,10 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         problems.append(e)
 
 
-def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device, node_size: int, path: str) -> int:
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device | None, node_size: int, path: str) -> int:
     """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile on
-    ``device`` and the sequence length can take it: ConfigError (one line) before any process group otherwise."""
+    ``device`` (None: not known, a config planned for another machine) and the sequence length can take it:
+    ConfigError (one line) before any process group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
         return 1
@@ -227,7 +230,7 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: tor
     call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
     if precision_name in ("fp8", "mxfp8", "te_fp8"):
         raise ConfigError(f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet; expected fp32 or bf16")
-    if rc.train.compile and device.type == "cpu":
+    if rc.train.compile and device is not None and device.type == "cpu":
         raise ConfigError(
             f"{where}: train.compile with tensor parallelism on CPU is not supported (torch {torch.__version__.split('+')[0]}: a compiled block's "
             "backward fails in DTensor's redistribute); expected compile = false, or a CUDA device"

@@ -79,7 +79,7 @@ def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, c
     got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
     assert got["mesh"] == {"dp": 2, "replicate": 2, "shard": 1, "tp": 2}
     comm = got["communication_per_step_gib"]
-    assert comm["fsdp_all_gather"] == 0 and comm["hsdp_all_reduce"] > 0 and comm["tp"] > 0
+    assert "fsdp_all_gather" not in comm and comm["hsdp_all_reduce"] > 0 and comm["tp"] > 0
 
 
 @pytest.mark.parametrize(
