@@ -38,7 +38,7 @@ from plugins.parallelism.common import clip_grad_norm
 @dataclass
 class FSDP2Options:
     reshard_after_forward: bool = option(True, "free gathered parameters after each block's forward (less memory, one more all-gather)")
-    replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica", ge=1)
+    replicate: int = option(1, "HSDP: number of replica groups; (world size / tp) / replicate ranks shard each replica", ge=1)
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
     tp: int = option(1, "tensor-parallel degree: ranks of one group that split each layer (world size = dp x tp)", ge=1)
     pp: int = option(1, "pipeline-parallel degree (only 1: pipeline parallelism is not supported yet)", ge=1)
