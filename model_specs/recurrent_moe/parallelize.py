@@ -92,6 +92,7 @@ def parallelize_tensor(model: RecurrentMoE, tp_mesh: Any) -> None:
     """Shard ``model``'s modules over ``tp_mesh`` in place (see the module's docstring)."""
     from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
+    # a ParallelStyle made here: torch.distributed.tensor is imported by a run that uses it, not by loading the plugins
     moe_style = type("WholeOnEveryRank", (WholeOnEveryRank, ParallelStyle), {})()
     parallelize_module(model, tp_mesh, root_plan())
     block_plan = attention_plan(qk_norm=False) | {"ffn_norm": SequenceParallel(), "moe": moe_style}
