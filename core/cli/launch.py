@@ -50,13 +50,13 @@ def parse_args(argv: list[str] | None):
     return args, overrides
 
 
-def preflight(config: str, overrides: list[str], world_size: int) -> Path:
-    """``core.plan``'s checks for this world size (nothing is left behind, no folder is locked): the
-    run's output folder, or bad input as a PlaitError."""
+def preflight(config: str, overrides: list[str], world_size: int, node_size: int | None = None) -> Path:
+    """``core.plan``'s checks for this world size and ``node_size`` ranks per node (nothing is left
+    behind, no folder is locked): the run's output folder, or bad input as a PlaitError."""
     from core.preflight.prepare import prepare
     from core.runtime.ownership import check_run_folders
 
-    prep = prepare(config, overrides, world_size=world_size, dry_run=True)
+    prep = prepare(config, overrides, world_size=world_size, dry_run=True, node_size=node_size)
     check_run_folders([prep.rc.train.output_dir, prep.checkpoint_root])  # a job writing there now
     return Path(prep.rc.train.output_dir)
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_and_exit(["--config", args.config, *overrides])  # leaves the process
     try:
-        output_dir = preflight(args.config, overrides, args.nproc * args.nnodes)
+        output_dir = preflight(args.config, overrides, args.nproc * args.nnodes, node_size=args.nproc)
     except PlaitError as e:
         exit_bad_input(e)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several ranks, without its banner

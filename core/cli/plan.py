@@ -62,6 +62,75 @@ def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
     return total, total - sum(unique[i].numel() for i in emb if i in unique)
 
 
+def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The mesh and what one rank holds: ``params_per_rank`` (TP splits all but the model's
+    ``whole_params``, FSDP shards the rest over the data-parallel ranks of a shard group; under pp > 1
+    the share of the rank with the most, :func:`pipeline_plan`), one step's ``activation_bytes`` kept
+    at once (a micro-batch's; under pp > 1 its stages' share, times the micro-batches in flight), and
+    TP's ``comm_bytes`` per micro-batch (None: the model does not say)."""
+    rc, c = prep.rc, prep.components
+    spec, tp, pp, world = c["model"], prep.tensor_parallel, prep.pipeline_parallel, prep.world_size
+    dp = world // (tp * pp)
+    replicate = getattr(rc.slots["parallelism"].options, "replicate", 1)  # fsdp2's HSDP groups
+    shards = member("parallelism", c["parallelism"], "shards_parameters")
+    shard = dp // replicate if shards else 1  # ranks one parameter is sharded over
+    costs = member("model", spec, "tensor_parallel_costs")
+    if tp > 1 and costs is not None:
+        got = costs(tp, rc.train.micro_batch, rc.seq_len, bytes_per_element)
+    else:
+        act = spec.activation_bytes(rc.train.micro_batch, rc.seq_len, bytes_per_element)
+        got = {"whole_params": 0, "activation_bytes": act // tp, "comm_bytes": None if tp > 1 else 0}
+    whole = got["whole_params"]
+    held = (total - whole) / tp + whole  # what one rank of a tp group computes with
+    activations = got["activation_bytes"]
+    if pipeline is not None:
+        held *= pipeline["params_per_rank_max"] / total
+        activations = activations * pipeline["layers_per_rank"] / max(1, pipeline["layers"]) * pipeline["in_flight_micro_batches"]
+    mesh = {"dp": dp, "tp": tp} if replicate == 1 else {"dp": dp, "replicate": replicate, "shard": dp // replicate, "tp": tp}
+    if pp > 1:
+        mesh = {"pp": pp, **mesh}
+    return {
+        "mesh": mesh,
+        "shard": shard,
+        "replicate": replicate,
+        "params_unsharded": held,
+        "params_per_rank": held / shard,
+        "activation_bytes": activations,
+        "tp_comm_bytes": got["comm_bytes"],
+    }
+
+
+def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[str, float | None]:
+    """GiB one rank sends per optimizer step (ring collectives: (n - 1) / n of the tensor each).
+    FSDP: the parameters all-gathered in each micro-batch's forward and again in its backward (once with
+    ``reshard_after_forward = false``), the gradients reduce-scattered in fp32 once per step, and under
+    HSDP the shards all-reduced across the replicas; DDP: the gradients all-reduced; TP: the model's
+    collectives per micro-batch (None: not estimated); PP: the stages' send and receive of activations
+    (not estimated)."""
+    c, accum = prep.components, prep.grad_accum
+    n, shard, replicate = layout["params_unsharded"], layout["shard"], layout["replicate"]
+    param_bytes = bytes_per_element
+    out: dict[str, float | None] = {}
+    if member("parallelism", c["parallelism"], "shards_parameters"):
+        if shard > 1:
+            gathers = 2 if getattr(prep.rc.slots["parallelism"].options, "reshard_after_forward", True) else 1
+            if prep.pipeline_parallel > 1:  # a stage's parameters stay gathered over the step's micro-batches
+                gathers, accum = 1, 1
+            out["fsdp_all_gather"] = accum * gathers * (shard - 1) / shard * n * param_bytes / GiB
+            out["fsdp_reduce_scatter"] = (shard - 1) / shard * n * 4 / GiB
+        if replicate > 1:
+            out["hsdp_all_reduce"] = 2 * (replicate - 1) / replicate * n / shard * 4 / GiB
+    elif layout["mesh"]["dp"] > 1:
+        dp = layout["mesh"]["dp"]
+        out["ddp_all_reduce"] = 2 * (dp - 1) / dp * n * 4 / GiB
+    tp_bytes = layout["tp_comm_bytes"]
+    if layout["mesh"]["tp"] > 1:
+        out["tp"] = None if tp_bytes is None else prep.grad_accum * tp_bytes / GiB
+    if prep.pipeline_parallel > 1:
+        out["pp"] = None
+    return out
+
+
 def make_plan(prep) -> dict[str, Any]:
     rc, c = prep.rc, prep.components
     spec = c["model"]
@@ -69,17 +138,15 @@ def make_plan(prep) -> dict[str, Any]:
     assert meta is not None  # prepare() builds it for its checks
     total, non_emb = count_params(spec, meta)
     world = prep.world_size
-    shards = member("parallelism", c["parallelism"], "shards_parameters")
-    shard = world if shards else 1
     act_bytes_per_el = 4 if c["precision"].param_dtype is None else 2
     opt_bytes = member("optimizer", c["optimizer"], "state_bytes_per_param")
+    pipeline = pipeline_plan(prep, spec, meta)
+    layout = tensor_parallel_layout(prep, total, act_bytes_per_el, pipeline)
     mem = {
-        "weights_gib": total * 4 / shard / GiB,
-        "grads_gib": total * 4 / shard / GiB,
-        "optimizer_gib": total * opt_bytes / shard / GiB,
-        # tensor + sequence parallelism splits each block's activations over the tp ranks (estimate: the
-        # gathered inputs of attention and the MLP are whole)
-        "activations_gib": spec.activation_bytes(rc.train.micro_batch, rc.seq_len, act_bytes_per_el) / prep.tensor_parallel / GiB,
+        "weights_gib": layout["params_per_rank"] * 4 / GiB,
+        "grads_gib": layout["params_per_rank"] * 4 / GiB,
+        "optimizer_gib": layout["params_per_rank"] * opt_bytes / GiB,
+        "activations_gib": layout["activation_bytes"] / GiB,
     }
     mem["total_gib"] = sum(mem.values())
     ckpt_opts = rc.sections["checkpoint"]
@@ -106,8 +173,9 @@ def make_plan(prep) -> dict[str, Any]:
         "flops_per_token": fpt,
         "seq_len": rc.seq_len,
         "world_size": world,
-        "mesh": mesh(prep),
-        "pipeline": pipeline_plan(prep, spec, meta),
+        "mesh": layout["mesh"],  # pipeline stages x data-parallel x tensor-parallel ranks (dp = replicate x shard under HSDP)
+        "pipeline": pipeline,
+        "communication_per_step_gib": communication(prep, layout, act_bytes_per_el),
         "micro_batch": rc.train.micro_batch,
         "micro_batch_candidates": prep.micro_batch_candidates,  # micro_batch = "auto": the trainer probes down these on CUDA
         "grad_accum": prep.grad_accum,
@@ -125,13 +193,6 @@ def make_plan(prep) -> dict[str, Any]:
     }
 
 
-def mesh(prep) -> dict[str, int]:
-    """The degrees of the run's mesh: data-parallel x tensor-parallel ranks, pipeline stages outermost when pp > 1."""
-    tp, pp = prep.tensor_parallel, prep.pipeline_parallel
-    dp_tp = {"dp": prep.world_size // (tp * pp), "tp": tp}
-    return {"pp": pp, **dp_tp} if pp > 1 else dp_tp
-
-
 def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
     """Under pp > 1: the stages, the blocks each rank holds (the first stages one more when they do not
     divide evenly) and the parameters of the rank with the most (its blocks, and at most every
@@ -143,6 +204,7 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
     if pp == 1:
         return None
     v = member("parallelism", prep.components["parallelism"], "pipeline_stages_per_rank")
+    schedule = getattr(prep.rc.slots["parallelism"].options, "pipeline_schedule", "1F1B")
     blocks = spec.blocks(meta)
     n_stages, m = pp * v, prep.grad_accum
     layers_per_rank = -(-len(blocks) // n_stages) * v
@@ -155,6 +217,9 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
         "layers_per_rank": layers_per_rank,
         "params_per_rank_max": block_params * layers_per_rank // max(1, len(blocks)) + total - block_params,
         "micro_batches": m,
+        # the micro-batches whose activations the first stage keeps at once: all of them under GPipe,
+        # at most one per stage under 1F1B (interleaved: about the same, Narayanan et al. 2021)
+        "in_flight_micro_batches": m if schedule == "GPipe" else min(m, n_stages),
         "bubble_fraction": (pp - 1) / (v * m + pp - 1),
     }
 
@@ -311,6 +376,7 @@ def parser() -> ArgumentParser:
     parser = ArgumentParser(prog="python -m core.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, metavar="F", help="the run's TOML file; further --section.key=value flags override its values")
     parser.add_argument("--nproc", type=int, default=None, help="world size to plan for (default: $WORLD_SIZE or 1)")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="K", help="ranks per node, which tp must divide (default: --nproc, one node)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
         "--config-only",
@@ -356,13 +422,17 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = flags.parse_known_args(argv)
     if args.nproc is not None and args.nproc < 1:
         flags.error(f"argument --nproc: expected an integer >= 1, got {args.nproc}")
+    if args.nproc_per_node is not None and not 1 <= args.nproc_per_node <= (args.nproc or 1):
+        flags.error(f"argument --nproc-per-node: expected an integer from 1 to --nproc, got {args.nproc_per_node}")
     problems: list[PlaitError] = []  # missing or unusable data and checkpoints: listed under the plan
     try:
         from core.preflight.prepare import prepare
 
         if args.plot_lr:
             check_plot_path(args.plot_lr)
-        prep = prepare(args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True, problems=problems)
+        prep = prepare(
+            args.config, overrides, world_size=args.nproc, validate_data=not args.config_only, dry_run=True, problems=problems, node_size=args.nproc_per_node
+        )
         plan = make_plan(prep)
         from core.runtime.ownership import check_run_folders
 

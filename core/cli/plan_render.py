@@ -43,6 +43,7 @@ def render(plan: dict[str, Any]) -> str:
             if len(plan["micro_batch_candidates"]) > 1
             else ")"
         ),
+        *layout_lines(plan),
         checkpoint_line(plan["checkpoint"], plan["world_size"]),
         *pipeline_lines(plan.get("pipeline")),
         *param_group_lines(plan),
@@ -79,8 +80,27 @@ def pipeline_lines(p: dict[str, Any] | None) -> list[str]:
         return []
     return [
         f"  pipeline    {p['stages']} stages ({p['stages_per_rank']} per rank): {p['layers_per_rank']} of {p['layers']} layers per rank, "
-        f"at most {p['params_per_rank_max']:,} parameters; {p['micro_batches']} micro-batches, bubble {p['bubble_fraction']:.1%} of a step"
+        f"at most {p['params_per_rank_max']:,} parameters; {p['micro_batches']} micro-batches ({p['in_flight_micro_batches']} in flight), "
+        f"bubble {p['bubble_fraction']:.1%} of a step"
     ]
+
+
+def layout_lines(plan: dict[str, Any]) -> list[str]:
+    """The device mesh and what one rank sends per step (GiB, estimate; core.cli.plan.communication)."""
+    if plan["world_size"] == 1:
+        return []
+    mesh = " x ".join(f"{name} {size}" for name, size in plan["mesh"].items() if name != "dp" or "shard" not in plan["mesh"])
+    names = {
+        "fsdp_all_gather": "FSDP all-gather",
+        "fsdp_reduce_scatter": "reduce-scatter",
+        "hsdp_all_reduce": "HSDP all-reduce",
+        "ddp_all_reduce": "DDP all-reduce",
+        "tp": "TP",
+        "pp": "PP send/recv",
+    }
+    comm = plan["communication_per_step_gib"]
+    parts = [f"{names[k]} {'not estimated' if v is None else f'{v:.3g}'}" for k, v in comm.items()]
+    return [f"  mesh        {mesh}", f"  comm/step   {', '.join(parts) or 'none'} GiB sent per rank (estimate, ring collectives)"]
 
 
 def param_group_lines(plan: dict[str, Any]) -> list[str]:

@@ -127,6 +127,14 @@ CONTRACT: dict[str, list[Member]] = {
             False,
             needs="check_pipeline",
         ),
+        method(
+            "tensor_parallel_costs",
+            4,
+            "(tp, micro_batch, seq_len, bytes_per_element) -> {whole_params: parameters every tp rank holds whole, activation_bytes: one "
+            "micro-batch's activations on one rank, comm_bytes: what one rank sends in tp collectives for one micro-batch, forward and backward} "
+            "(core.plan); default: every parameter split, activations / tp, communication not estimated",
+            False,
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
         method(
             "mup_widths",

@@ -111,6 +111,9 @@ class ModelSpec(Protocol):
     the micro-batch's tokens and labels, and returns hidden states or, on the last stage, the mean
     loss; ``model`` is pruned to those modules with their names unchanged, so each rank's state dict
     holds only its stages' parameters. A model without them is refused under pp > 1.
+    The optional ``tensor_parallel_costs(tp, micro_batch, seq_len, bytes_per_element)`` tells
+    ``core.plan`` the parameters every tp rank holds whole, one rank's activations and its tp
+    communication.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;

@@ -105,6 +105,7 @@ def prepare(
     dry_run: bool = False,
     lock: bool = False,
     problems: list[PlaitError] | None = None,
+    node_size: int | None = None,
 ) -> Prepared:
     """``validate_data``: check the data, the resume checkpoint and the output folders (what
     ``core.train`` and ``core.plan`` do). ``dry_run`` (``core.plan``): the folder probe removes
@@ -135,7 +136,10 @@ def prepare(
     check_world = member("parallelism", components["parallelism"], "check_world")
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
-    tp = check_tensor_parallel(components, rc, str(path))
+    node = node_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on one node: torchrun's, or the whole world
+    # compile's check needs the run's device: not this machine's when only the config is planned (core.plan --config-only) for "auto"
+    run_device = device if validate_data or rc.train.device != "auto" else None
+    tp = check_tensor_parallel(components, rc, run_device, node, str(path))
     pp = check_pipeline(components, rc, str(path))
     dp_world = world // (tp * pp)  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
@@ -213,23 +217,33 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         problems.append(e)
 
 
-def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, path: str) -> int:
-    """The parallelism's tensor-parallel degree, once the model, the precision and the sequence length
-    can take it: ConfigError (one line) before any process group otherwise."""
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device | None, node_size: int, path: str) -> int:
+    """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile on
+    ``device`` (None: not known, a config planned for another machine) and the sequence length can take it:
+    ConfigError (one line) before any process group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
         return 1
     model_name, precision_name = rc.slots["model"].component.name, rc.slots["precision"].component.name
     where = f"{path}: [parallelism] tp = {tp}"
+    if node_size % tp:
+        raise ConfigError(
+            f"{where} does not divide the {node_size} ranks of a node; expected a divisor of the ranks per node (a tensor-parallel group "
+            "talks every layer: it stays within one node's links)"
+        )
     check = member("model", components["model"], "check_tensor_parallel")
     if check is None:
         raise ConfigError(f"{where}: model {model_name!r} has no tensor-parallel plan (parallelize_tensor); expected tp = 1")
     call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
     if precision_name in ("fp8", "mxfp8", "te_fp8"):
-        raise ConfigError(f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet; expected fp32 or bf16")
-    if rc.train.compile:
         raise ConfigError(
-            f"{where}: train.compile with tensor parallelism is not supported yet (a compiled block's backward fails in DTensor); expected compile = false"
+            f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet (the model plans do not use torchao's "
+            "tensorwise Float8ColwiseParallel/Float8RowwiseParallel styles; MXFP8 and Transformer Engine have none here); expected fp32 or bf16"
+        )
+    if rc.train.compile and device is not None and device.type == "cpu":
+        raise ConfigError(
+            f"{where}: train.compile with tensor parallelism on CPU is not supported (torch {torch.__version__.split('+')[0]}: a compiled block's "
+            "backward fails in DTensor's redistribute); expected compile = false, or a CUDA device"
         )
     if rc.train.micro_batch == "auto":
         raise ConfigError(

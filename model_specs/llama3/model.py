@@ -408,6 +408,18 @@ def attention_inputs(
     return cos, sin, document_mask(doc)
 
 
+def vocab_parallel_output(logits: Any, labels: torch.Tensor | None) -> torch.Tensor:
+    """The head's vocabulary-sharded logits (a DTensor, under tensor parallelism) as the forward's
+    result: gathered for generation (no labels) and evaluation (no grad, one micro-batch's logits);
+    in training, the mean cross-entropy (fp32) computed on the shards, under the parallelism's
+    ``loss_parallel`` (its sync_context, forward and backward), never gathering the logits."""
+    if labels is None or not torch.is_grad_enabled():
+        full = logits.full_tensor()
+        return full if labels is None else F.cross_entropy(full.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+
+
 class Attention(nn.Module):
     """Causal self-attention with grouped-query heads (n_kv_heads <= n_heads) and RoPE; with
     ``qk_norm``, queries and keys RMS-normalized per head before RoPE."""
@@ -587,13 +599,7 @@ class Transformer(nn.Module):
         if self.args.width_ratio != 1.0:  # µP's output multiplier, on the head's input: the chunked loss sees it too
             h = h * self.args.width_ratio
         if self.vocab_parallel:  # tensor parallel: the logits are sharded over the vocabulary
-            logits = self.output(h)
-            if labels is None or not torch.is_grad_enabled():  # generation, evaluation: this micro-batch's logits gathered
-                full = logits.full_tensor()
-                return full if labels is None else F.cross_entropy(full.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-            # training: on the sharded logits, under the parallelism's loss_parallel (its sync_context, forward and backward)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-            return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+            return vocab_parallel_output(self.output(h), labels)
         if labels is None:
             return self.output(h)
         from core.api import chunked_cross_entropy, output_cross_entropy

@@ -123,6 +123,19 @@ class Llama3Spec:
         """Refuse a tensor-parallel degree these shapes or options cannot split into (ConfigError)."""
         check_tensor_parallel(self.args, tp)
 
+    def tensor_parallel_costs(self, tp: int, micro_batch: int, seq_len: int, bytes_per_element: int) -> dict[str, int]:
+        """Under ``tp`` (core.plan): the norms whole on every rank; activations / tp; per block four
+        sequence-parallel collectives of the residual stream forward (all-gather into attention and the
+        MLP, reduce-scatter out of ``wo`` and ``w2``) and four backward, two each for the embedding and
+        the head, each sending (tp - 1) / tp of it (ring)."""
+        a = self.args
+        stream = micro_batch * seq_len * a.dim * bytes_per_element
+        return {
+            "whole_params": (2 * a.n_layers + 1) * a.dim + (2 * a.n_layers * a.head_dim if a.qk_norm else 0),
+            "activation_bytes": self.activation_bytes(micro_batch, seq_len, bytes_per_element) // tp,
+            "comm_bytes": (8 * a.n_layers + 4) * stream * (tp - 1) // tp,
+        }
+
     def parallelize_tensor(self, model: nn.Module, tp_mesh: Any) -> None:
         """Tensor + sequence parallelism over ``tp_mesh`` (:mod:`model_specs.llama3.parallelize`)."""
         parallelize_tensor(_unwrap(model), tp_mesh)

@@ -37,6 +37,7 @@ from model_specs.llama3.model import (
     mup_base_width_option,
     parametrization_option,
     rope_tables,
+    vocab_parallel_output,
 )
 from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
 
@@ -269,6 +270,8 @@ class RecurrentMoE(nn.Module):
         self._parts: dict[str, torch.Tensor] = {}  # this step's sums (means) or minima, on the device
         self._micro = 0  # micro-batches in self._parts
         self._counts: torch.Tensor | None = None  # tokens per expert since the last step_metrics()
+        self.vocab_parallel = False  # set by the tensor-parallel plan: the head's logits are vocabulary-sharded DTensors
+        self.tensor_parallel = 1  # set by the tensor-parallel plan: ranks that route the same tokens
 
     def blocks(self) -> list[nn.Module]:
         return [*self.prelude, *self.core, *self.coda]
@@ -326,10 +329,13 @@ class RecurrentMoE(nn.Module):
         h = self.norm(h)
         logits = self.output(h * a.base.width_ratio if a.base.width_ratio != 1.0 else h)  # µP's output multiplier
         if labels is None:
-            return logits
+            return vocab_parallel_output(logits, None) if self.vocab_parallel else logits
         n_moe = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda  # every applied block, on whichever stage
         aux, z = aux / n_moe, z / n_moe
-        lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        if self.vocab_parallel:
+            lm = vocab_parallel_output(logits, labels)
+        else:
+            lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         if torch.is_grad_enabled() and states is not None:  # a training micro-batch (validation runs under no_grad)
             self.accumulate(lm.detach(), aux.detach(), z.detach(), states)
         return lm + a.options.aux_weight * aux + a.options.z_weight * z
@@ -369,7 +375,7 @@ class RecurrentMoE(nn.Module):
         if not self._parts or self._counts is None:
             return {}
         parts = {key: (PART_OPS[key], value / self._micro if PART_OPS[key] == "mean" else value) for key, value in self._parts.items()}
-        parts["counts"] = ("sum", self._counts.double())
+        parts["counts"] = ("sum", self._counts.double() / self.tensor_parallel)  # the ranks of a tensor-parallel group route the same tokens
         got = reduce(parts)
         self._counts = None
         counts = got["counts"].double()

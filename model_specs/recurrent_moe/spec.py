@@ -10,6 +10,7 @@ from torch import nn
 from model_specs.llama3.model import Llama3Options
 from model_specs.llama3.spec import end_of_document
 from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, RecurrentMoE, RecurrentMoEOptions
+from model_specs.recurrent_moe.parallelize import check_tensor_parallel, parallelize_tensor
 from model_specs.recurrent_moe.pipeline import check_pipeline, pipeline_stages
 
 
@@ -107,6 +108,34 @@ class RecurrentMoESpec:
         """The modules of pipeline stages ``stage_ids`` of ``n_stages``, ``model`` pruned to them
         (:mod:`model_specs.recurrent_moe.pipeline`)."""
         return pipeline_stages(_inner(model), stage_ids, n_stages)
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        """Refuse a tensor-parallel degree the heads or the vocabulary cannot split into (ConfigError)."""
+        check_tensor_parallel(self.args, tp)
+
+    def parallelize_tensor(self, model: nn.Module, tp_mesh: Any) -> None:
+        """Tensor + sequence parallelism over ``tp_mesh``, the MoE layers whole on every rank
+        (:mod:`model_specs.recurrent_moe.parallelize`)."""
+        parallelize_tensor(_inner(model), tp_mesh)
+
+    def tensor_parallel_costs(self, tp: int, micro_batch: int, seq_len: int, bytes_per_element: int) -> dict[str, int]:
+        """Under ``tp`` (core.plan): the MoE layers (router, experts) and the norms whole on every rank,
+        their activations too; per applied block four sequence-parallel collectives of the residual
+        stream around attention and two around the MoE layer (its input gathered forward, its output's
+        gradient gathered backward), two each for the embedding and the head, each sending
+        (tp - 1) / tp of it (ring)."""
+        a, b = self.args, self.args.base
+        layers = a.n_prelude + a.n_core + a.n_coda
+        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        tokens = micro_batch * seq_len
+        moe = a.options.n_experts * (3 * b.dim * b.ffn_dim + b.dim)  # experts and router, per layer
+        stream = tokens * b.dim * bytes_per_element
+        whole = applied * tokens * 4 * b.ffn_dim * a.options.top_k * bytes_per_element  # the experts' saved activations
+        return {
+            "whole_params": layers * (moe + 2 * b.dim) + b.dim,
+            "activation_bytes": whole + (self.activation_bytes(micro_batch, seq_len, bytes_per_element) - whole) // tp,
+            "comm_bytes": (6 * applied + 4) * stream * (tp - 1) // tp,
+        }
 
     def _active_params(self) -> int:
         """Parameters a token passes through: attention + top_k experts per applied block, head."""

@@ -16,8 +16,9 @@ its own, which is how an 8B model is meant to fit on one 80 GB GPU.
 ``tp > 1`` adds tensor + sequence parallelism on one device mesh (``dp`` x ``tp``, dp = world
 size / tp): consecutive ranks form a tensor-parallel group, which reads the same batches, and the
 model spec's ``parallelize_tensor`` shards its modules over it (before checkpointing and compile);
-FSDP then shards over ``dp`` (over nothing when dp = 1). Degrees are checked against the world size
-before any process group.
+FSDP then shards over ``dp`` (over nothing when dp = 1). With ``replicate > 1`` too, the mesh is 3-D
+(``replicate`` x ``shard`` x ``tp``): HSDP over the data-parallel ranks, TP within each group. Degrees
+are checked against the world size before any process group.
 
 ``pp > 1`` adds pipeline parallelism (:mod:`plugins.parallelism.pipeline`): the mesh is
 ``pp`` x ``dp`` x ``tp`` (pp outermost), the model spec's ``pipeline_stages`` gives each rank its
@@ -44,7 +45,7 @@ from plugins.parallelism.common import clip_grad_norm
 @dataclass
 class FSDP2Options:
     reshard_after_forward: bool = option(True, "free gathered parameters after each block's forward (less memory, one more all-gather)")
-    replicate: int = option(1, "HSDP: number of replica groups; world size / replicate ranks shard each replica", ge=1)
+    replicate: int = option(1, "HSDP: number of replica groups; (world size / tp) / replicate ranks shard each replica", ge=1)
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
     tp: int = option(1, "tensor-parallel degree: ranks of one group that split each layer (world size = dp x tp)", ge=1)
     pp: int = option(1, "pipeline-parallel degree: stages the model's blocks are split into (world size = pp x dp x tp)", ge=1)
@@ -75,10 +76,9 @@ class FSDP2:
             )
         if world_size % o.tp:
             raise ConfigError(f"[parallelism] fsdp2: tp = {o.tp} does not divide the world size {world_size}; expected world size = dp x tp")
-        if o.tp > 1 and o.replicate > 1:
-            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} with tp = {o.tp} is not supported yet; expected replicate = 1 or tp = 1")
-        if world_size % o.replicate:
-            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the world size {world_size}")
+        if (world_size // o.tp) % o.replicate:
+            ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
+            raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
@@ -86,7 +86,8 @@ class FSDP2:
         pipeline.check_micro_batches(self.options.pipeline_schedule, self.options.pp, micro_batches)
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
-        """tp > 1 or pp > 1: the [pp x] dp x tp mesh; tp > 1: the model's modules sharded over its ``tp`` dimension."""
+        """tp > 1 or pp > 1: the [pp x] dp x tp mesh (replicate x shard x tp with ``replicate > 1``);
+        tp > 1: the model's modules sharded over its ``tp`` dimension."""
         o = self.options
         if o.tp == 1 and o.pp == 1:
             return
@@ -94,6 +95,9 @@ class FSDP2:
 
         if o.pp > 1:
             self.mesh = init_device_mesh(dist.device.type, (o.pp, dist.world_size // (o.pp * o.tp), o.tp), mesh_dim_names=("pp", "dp", "tp"))
+        elif o.replicate > 1:
+            dp = dist.world_size // o.tp
+            self.mesh = init_device_mesh(dist.device.type, (o.replicate, dp // o.replicate, o.tp), mesh_dim_names=("replicate", "shard", "tp"))
         else:
             self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
         if o.tp > 1:
@@ -113,7 +117,7 @@ class FSDP2:
             one_rank_group(dist.device)
         device_type = dist.device.type
         if o.tp > 1:
-            mesh = self.mesh["dp"]
+            mesh = self.mesh["replicate", "shard"] if o.replicate > 1 else self.mesh["dp"]
         elif o.replicate > 1:
             mesh = init_device_mesh(device_type, (o.replicate, dist.world_size // o.replicate), mesh_dim_names=("replicate", "shard"))
         else:

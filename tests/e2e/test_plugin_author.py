@@ -1,7 +1,7 @@
 """What a third-party plugin author meets relying on the documented contract alone: every rank follows
 any rank's verdict and a failure on rank 1 is named, a stream's per-rank position on another world size
 is refused before training, a plugin that exits while it loads, a monitor's non-JSON ``run.state`` value
-and a model whose forward returns a tuple (or that has no pipeline stage split, under ``pp = 2``) are each one line naming the plugin. Real entry points (a
+and a model whose forward returns a tuple (or that has no pipeline stage split under ``pp = 2``, no tensor-parallel plan under ``tp = 2``) are each one line naming the plugin. Real entry points (a
 distribution on PYTHONPATH), real processes, two ranks under torchrun where ranks matter."""
 
 from __future__ import annotations
@@ -263,3 +263,7 @@ def test_a_model_whose_forward_returns_a_tuple_is_one_line_naming_it(tmp_path):
     plan = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--nproc", "2", "--parallelism.name=fsdp2", "--parallelism.pp=2", extra_env=env)
     assert plan.returncode == 2 and "Traceback" not in plan.stderr, plan.stderr[-3000:]
     assert "[parallelism] pp = 2: model 'hf_habit' has no pipeline stage split (pipeline_stages); expected pp = 1" in error_lines(plan)[0]
+    # a model spec without the tensor-parallel members runs data-parallel only: tp = 2 is one line, before any process group
+    plan = run_module("core.plan", "--config", str(tmp_path / "run.toml"), "--nproc", "2", "--parallelism.name=fsdp2", "--parallelism.tp=2", extra_env=env)
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr, plan.stderr[-3000:]
+    assert "[parallelism] tp = 2: model 'hf_habit' has no tensor-parallel plan (parallelize_tensor); expected tp = 1" in error_lines(plan)[0]

@@ -98,9 +98,10 @@ def test_document_mask_under_sequence_parallelism_equals_one_process(tiny_config
     causal = tmp_path / "causal"
     train(1, cfg, causal, "--parallelism.name=single", f"--data.path={data}")
     assert curve(causal)[0] != pytest.approx(one_loss, rel=1e-3)  # the mask changes the function here
-    train(2, cfg, tmp_path / "tp2", "--parallelism.name=fsdp2", "--parallelism.tp=2", "--train.activation_checkpointing=selective", *mask)
-    loss, norm = curve(tmp_path / "tp2")
-    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
+    for out, nproc, ac in (("tp2", 2, "selective"), ("dp2tp2", 4, "full")):
+        train(nproc, cfg, tmp_path / out, "--parallelism.name=fsdp2", "--parallelism.tp=2", f"--train.activation_checkpointing={ac}", *mask)
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), out
 
 
 def test_a_tied_head_and_qk_norm_under_tensor_parallelism_equal_one_process(tiny_config, tmp_path):
@@ -180,3 +181,56 @@ enabled = ["jsonl"]
     assert (status["exit_code"], status["reason"]) == (2, "bad_input"), status
     assert "data 'text_stream': a streaming source (a position per rank) with [parallelism] tp = 2 is not supported yet" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "out" / "metrics.jsonl").is_file() or not read_metrics(tmp_path / "out")  # no step trained
+
+
+def moe_config(tiny_config, steps=5):
+    """The tiny config with recurrent_moe's debug shapes (4 experts, top-2, the core looped twice)."""
+    cfg = tiny_config(steps=steps)
+    cfg.write_text(cfg.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "recurrent_moe"\nn_loops = 2\n'))
+    return cfg
+
+
+def test_recurrent_moe_under_tp_and_fsdp_x_tp_equals_one_process(tiny_config, tmp_path):
+    """recurrent_moe's attention, norms, embedding and head split as llama3's, its MoE layers whole on
+    every tp rank (routing the whole sequence): tp = 2, dp = 2 x tp = 2 with full activation
+    checkpointing, and HSDP x TP (replicate 2 x shard 1 x tp 2, a 3-D mesh) give the one-process losses,
+    gradient norms and tokens per expert (the sparse, dropless dispatch); the tp = 2 run's checkpoint
+    resumes on one process with the uninterrupted run's losses."""
+    cfg = moe_config(tiny_config)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    one_tokens = [r["moe/expert_tokens"] for r in read_metrics(tmp_path / "one")]
+    assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
+    runs = {
+        "tp2": (2, ("--checkpoint.every=3",)),
+        "dp2tp2": (4, ("--train.activation_checkpointing=full",)),
+        "hsdp2tp2": (4, ("--parallelism.replicate=2",)),
+    }
+    for out, (nproc, extra) in runs.items():
+        train(nproc, cfg, tmp_path / out, "--parallelism.name=fsdp2", "--parallelism.tp=2", *extra)
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), out
+        assert [r["moe/expert_tokens"] for r in read_metrics(tmp_path / out)] == one_tokens, out  # counted once per tp group
+    # the tp = 2 run's step-3 checkpoint (MoE layers as replicated DTensors) resumed on one process
+    ckpt = tmp_path / "tp2" / "checkpoints" / "step_000000003"
+    resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={ckpt}")
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "one_again")
+    assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL)
+
+
+def test_recurrent_moe_with_document_mask_and_capacity_under_tp_equals_one_process(tiny_config, tmp_path):
+    """The document mask with per-document RoPE positions, and a capacity factor whose drops depend on the
+    order of the whole sequence's tokens: tp = 2 with selective activation checkpointing and dp = 2 x tp = 2
+    give the one-process losses and gradient norms."""
+    data = short_documents(tmp_path)
+    cfg = moe_config(tiny_config, steps=3)
+    options = ("--model.attention_mask=document", "--model.rope_positions=document", "--model.capacity_factor=1.0", f"--data.path={data}")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", *options)
+    one_loss, one_norm = curve(tmp_path / "one")
+    train(1, cfg, tmp_path / "dropless", "--parallelism.name=single", *options[:2], f"--data.path={data}")
+    assert curve(tmp_path / "dropless")[0] != pytest.approx(one_loss, rel=1e-4)  # the capacity drops tokens here
+    for out, nproc, ac in (("tp2", 2, "selective"), ("dp2tp2", 4, "full")):
+        train(nproc, cfg, tmp_path / out, "--parallelism.name=fsdp2", "--parallelism.tp=2", f"--train.activation_checkpointing={ac}", *options)
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), out

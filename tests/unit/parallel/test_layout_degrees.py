@@ -1,6 +1,7 @@
-"""Layouts by degrees on one mesh (``[parallelism] fsdp2`` with ``tp``, ``pp``): the plan shows the
-[pp x] dp x tp mesh, the batch over the data-parallel ranks and the pipeline's layers per rank and bubble; a layout that cannot work is one line,
-exit 2, before any process group (``core.plan``, in process)."""
+"""Layouts by degrees on one mesh (``[parallelism] fsdp2`` with ``tp``, ``replicate``, ``pp``): the plan
+shows the [pp x] dp x tp mesh, the batch over the data-parallel ranks, the memory per rank, the
+communication per step and the pipeline's layers per rank and bubble as the layout changes them; a
+layout that cannot work is one line, exit 2, before any process group (``core.plan``, in process)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,53 @@ def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(
     assert tp["memory_per_rank"]["activations_gib"] == pytest.approx(dp["memory_per_rank"]["activations_gib"] / 2)
 
 
+def plan_json(capsys, cfg, nproc, *overrides):
+    from core.cli import plan
+
+    capsys.readouterr()
+    assert plan.main(["--config", str(cfg), "--config-only", "--nproc", str(nproc), "--parallelism.name=fsdp2", *overrides, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_tensor_parallelism_divides_weights_activations_and_fsdp_traffic_and_adds_its_own(tiny_config, capsys):
+    """Two data-parallel ranks either way: tp = 2 halves what a rank holds (llama3: all but the norms), its
+    activations and its FSDP all-gather and reduce-scatter, and adds TP's collectives, which grow with tp."""
+    cfg, kv = tiny_config(), "--model.n_kv_heads=4"  # tp = 4 splits them too
+    dp = plan_json(capsys, cfg, 2, kv)
+    tp = plan_json(capsys, cfg, 4, "--parallelism.tp=2", kv)
+    tp4 = plan_json(capsys, cfg, 8, "--parallelism.tp=4", kv)
+    for key in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert 0.5 < tp["memory_per_rank"][key] / dp["memory_per_rank"][key] < 0.51, key  # the norms stay whole
+    assert tp["memory_per_rank"]["activations_gib"] == pytest.approx(dp["memory_per_rank"]["activations_gib"] / 2)
+    # the same accumulation (two data-parallel ranks), FSDP's collectives on half the weights
+    comm_dp, comm_tp = dp["communication_per_step_gib"], tp["communication_per_step_gib"]
+    assert dp["grad_accum"] == tp["grad_accum"] == 2
+    assert 0.5 < comm_tp["fsdp_all_gather"] / comm_dp["fsdp_all_gather"] < 0.51
+    assert 0.5 < comm_tp["fsdp_reduce_scatter"] / comm_dp["fsdp_reduce_scatter"] < 0.51
+    assert "tp" not in comm_dp and comm_tp["tp"] > 0
+    # (8 x 2 layers + 4) collectives of the 2 x 128 x 64 fp32 residual stream, half of it sent, per micro-batch
+    assert comm_tp["tp"] == pytest.approx(2 * 20 * 2 * 128 * 64 * 4 / 2 / 2**30)  # x 2 micro-batches
+    assert tp4["communication_per_step_gib"]["tp"] == pytest.approx(comm_tp["tp"] * 1.5)  # (tp - 1) / tp, the same accumulation
+
+
+def test_recurrent_moe_keeps_its_experts_whole_under_tensor_parallelism(tiny_config, capsys):
+    """recurrent_moe's MoE layers stay whole on every tp rank: tp = 2 divides its weights by much less than 2."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    dp = plan_json(capsys, cfg, 2, *moe)["memory_per_rank"]
+    tp = plan_json(capsys, cfg, 4, "--parallelism.tp=2", *moe)["memory_per_rank"]
+    assert 0.75 < tp["weights_gib"] / dp["weights_gib"] < 1
+    assert 0.5 < tp["activations_gib"] / dp["activations_gib"] < 1
+
+
+def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
+    """replicate 2 x shard 1 x tp 2: nothing sharded (no all-gather), the gradients all-reduced across the replicas."""
+    got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
+    assert got["mesh"] == {"dp": 2, "replicate": 2, "shard": 1, "tp": 2}
+    comm = got["communication_per_step_gib"]
+    assert "fsdp_all_gather" not in comm and comm["hsdp_all_reduce"] > 0 and comm["tp"] > 0
+
+
 @pytest.mark.parametrize(
     "nproc, overrides, expected",
     [
@@ -95,13 +143,19 @@ def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(
             ],
             "pipeline_schedule = 'Interleaved1F1B' with pp = 2 runs micro-batches in rounds of 2, but a step has 3; expected a multiple of 2",
         ),
-        (4, ["--parallelism.tp=2", "--parallelism.replicate=2"], "replicate = 2 with tp = 2 is not supported yet"),
+        (
+            8,
+            ["--nproc-per-node=2", "--parallelism.tp=4"],
+            "[parallelism] tp = 4 does not divide the 2 ranks of a node; expected a divisor of the ranks per node",
+        ),
+        (4, ["--parallelism.tp=2", "--parallelism.replicate=4"], "replicate = 4 does not divide the 2 data-parallel ranks (world size 4 / tp 2)"),
         (2, ["--parallelism.tp=2", "--parallelism.cpu_offload=true"], "cpu_offload with tp = 2 is not supported"),
-        (2, ["--parallelism.tp=2", "--model.name=recurrent_moe"], "[parallelism] tp = 2: model 'recurrent_moe' has no tensor-parallel plan"),
+        (4, ["--parallelism.tp=4", "--model.name=recurrent_moe"], "[model] recurrent_moe: n_kv_heads = 2 is not divisible by tp; expected a multiple of 4"),
+        (2, ["--parallelism.tp=2", "--model.name=recurrent_moe", "--model.vocab_size=513"], "[model] recurrent_moe: vocab_size = 513 is not divisible by tp"),
         (4, ["--parallelism.tp=4", "--model.n_kv_heads=2"], "[model] llama3: n_kv_heads = 2 is not divisible by tp; expected a multiple of 4"),
         (2, ["--parallelism.tp=2", "--model.loss_chunk_tokens=64"], "loss_chunk_tokens (chunked loss) is not supported under tensor parallelism"),
         (2, ["--parallelism.tp=2", "--precision.name=fp8"], "precision 'fp8' under tensor parallelism is not supported yet"),
-        (2, ["--parallelism.tp=2", "--train.compile=true"], "train.compile with tensor parallelism is not supported yet"),
+        (2, ["--parallelism.tp=2", "--train.compile=true"], "train.compile with tensor parallelism on CPU is not supported (torch "),
         (2, ["--parallelism.tp=2", "--train.micro_batch=auto"], 'train.micro_batch = "auto" with tensor parallelism is not supported yet'),
         (2, ["--parallelism.tp=2", "--data.seq_len=127"], "data.seq_len 127 is not divisible by tp (sequence parallelism splits it)"),
     ],

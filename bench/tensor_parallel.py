@@ -1,0 +1,115 @@
+"""Step time and peak memory per rank of the data- and tensor-parallel layouts on CPU (gloo): fsdp2
+alone on 4 ranks, fsdp2 dp 2 x tp 2 on 4 ranks, and tp 2 on 2 ranks, one global batch each.
+
+Each layout is a ``torchrun`` of ``core.train`` on synthetic tokens (the model's ``debug`` shape), in
+alternating rounds; a run's step time is the median ``step_time_s`` of its steps after the first
+two, and its memory the peak resident set of its largest rank (``ru_maxrss`` of the torchrun
+subtree, read by ``os.wait4``: torch's own libraries included, so on the debug shape it says little about the layout).
+
+    nice -n 10 python -m bench.tensor_parallel --rounds 3 --steps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import REPO, free_port, report, table
+
+LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "fsdp2 x4": (4, ()),
+    "fsdp2 dp2 x tp2": (4, ("--parallelism.tp=2",)),
+    "tp2 (2 ranks)": (2, ("--parallelism.tp=2",)),
+}
+
+
+def write_config(folder: Path, model: str, seq_len: int, micro: int, steps: int) -> Path:
+    cfg = folder / "bench.toml"
+    cfg.write_text(f"""
+extends = "{REPO / "train_configs" / "base.toml"}"
+[train]
+steps = {steps}
+global_batch_tokens = {4 * micro * seq_len}
+micro_batch = {micro}
+device = "cpu"
+log_every = 1
+[model]
+name = "{model}"
+flavor = "debug"
+[data]
+name = "synthetic"
+kind = "random"
+seq_len = {seq_len}
+[parallelism]
+name = "fsdp2"
+[monitors]
+enabled = ["jsonl"]
+[checkpoint]
+at_end = false
+resume = "none"
+keep_latest = 0
+""")
+    return cfg
+
+
+def run(cfg: Path, out: Path, nproc: int, extra: tuple[str, ...]) -> tuple[float, float]:
+    """(median step seconds after the first two, peak RSS MiB of the largest rank) of one torchrun."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--master-port={free_port()}", "-m", "core.train"]
+    out.mkdir(parents=True)
+    with open(out / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            [*argv, "--config", str(cfg), f"--train.output_dir={out}", *extra],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        _, status, usage = os.wait4(proc.pid, 0)  # torchrun's usage, its ranks (reaped by it) included
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeError((out / "stderr.txt").read_text()[-3000:])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    times = [r["step_time_s"] for r in rows if r.get("kind") == "train"][2:]
+    return statistics.median(times), usage.ru_maxrss / 1024  # KiB: the largest process of the subtree
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama3", choices=["llama3", "recurrent_moe"])
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-record", action="store_true")
+    a = p.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="plait-bench-tp-"))
+    cfg = write_config(folder, a.model, a.seq_len, a.micro_batch, a.steps)
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in LAYOUTS}
+    for r in range(a.rounds):
+        for name, (nproc, extra) in LAYOUTS.items():
+            got[name].append(run(cfg, folder / f"{r}-{name.replace(' ', '_')}", nproc, extra))
+            print(f"round {r + 1} {name}: {got[name][-1][0] * 1e3:.1f} ms/step", flush=True)
+    rows = []
+    for name, (nproc, _) in LAYOUTS.items():
+        step = statistics.median(t for t, _ in got[name]) * 1e3
+        mem = max(m for _, m in got[name])
+        rows.append([name, nproc, step, mem])
+    body = table(["layout", "ranks", "step ms (median)", "peak RSS MiB, largest rank"], rows) + (
+        f"\n\n`{a.model}` `debug`, fp32, {4 * a.micro_batch * a.seq_len} tokens per step (micro-batch {a.micro_batch} x seq {a.seq_len} "
+        f"x 4 ranks' worth: accumulation 1, 2 and 4), {a.steps} steps per run (the first two left out), {a.rounds} alternating rounds, "
+        "gloo on CPU, one thread per rank, under `nice -n 10` on a shared, loaded 2-core machine (6 helpers' tests beside it): "
+        "the ratios, not the times, are the figure. Peak RSS is the largest rank's process, torch included."
+    )
+    print(body)
+    if not a.no_record:
+        report(f"tensor-parallel layouts, `{a.model}` `debug`, CPU", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
