@@ -6,7 +6,7 @@ same float32 math summed in another order; seen: below 3e-7), the document mask 
 RoPE positions too; a pp 2 x dp 2 checkpoint (each stage's ranks write their own FQNs) resumes on one
 process and a one-process checkpoint under pp 2 x dp 2, with the uninterrupted run's next losses, and
 export reads the pipeline checkpoint as the whole model. recurrent_moe too: pp 2 under 1F1B and GPipe
-and pp 2 x dp 2 equal one process, and its pp 2 x dp 2 checkpoint resumes on one process."""
+pp 2 x dp 2 and pp 2 x tp 2 equal one process, and its pp 2 x dp 2 checkpoint resumes on one process."""
 
 from __future__ import annotations
 
@@ -99,6 +99,8 @@ def test_recurrent_moe_stages_equal_one_process_and_a_pipeline_checkpoint_resume
         assert_equal(tmp_path / schedule, one)
     train(4, cfg, tmp_path / "pp2dp2", *PP, "--checkpoint.every=3", moe)
     assert_equal(tmp_path / "pp2dp2", one)
+    train(4, cfg, tmp_path / "pp2tp2", *PP, "--parallelism.tp=2", moe)  # the MoE layers whole on each tp rank of a stage
+    assert_equal(tmp_path / "pp2tp2", one)
     ckpt = tmp_path / "pp2dp2" / "checkpoints" / "step_000000003"
     resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={ckpt}", moe)
     assert "at step 3" in resumed.stdout, resumed.stdout

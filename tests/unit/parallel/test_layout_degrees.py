@@ -44,7 +44,28 @@ def test_the_plan_shows_the_pipeline_layers_per_rank_and_its_bubble(tiny_config,
     assert p["bubble_fraction"] == pytest.approx(1 / 9)  # (p - 1) / (v m + p - 1)
     assert plan.main([*args, "--nproc", "2"]) == 0
     text = capsys.readouterr().out
-    assert "pipeline    2 stages (1 per rank): 2 of 4 layers per rank" in text and "4 micro-batches, bubble 20.0% of a step" in text, text
+    assert "pipeline    2 stages (1 per rank): 2 of 4 layers per rank" in text and "4 micro-batches (2 in flight), bubble 20.0% of a step" in text, text
+
+
+def test_pipeline_stages_divide_weights_and_keep_in_flight_micro_batches(tiny_config, capsys):
+    """pp = 2 on 4 ranks vs FSDP over 2 ranks (the same accumulation): a rank holds about half the
+    layers' weights and, under 1F1B, one micro-batch's activations in all (its half of the layers for two
+    micro-batches in flight); GPipe keeps every micro-batch of the step in flight; FSDP gathers once a
+    step under pp, and the stages' sends are named, not estimated."""
+    cfg, layers = tiny_config(), "--model.n_layers=4"
+    dp = plan_json(capsys, cfg, 2, layers, "--train.micro_batch=1")
+    pp = plan_json(capsys, cfg, 4, layers, "--train.micro_batch=1", "--parallelism.pp=2")
+    gpipe = plan_json(capsys, cfg, 4, layers, "--train.micro_batch=1", "--parallelism.pp=2", "--parallelism.pipeline_schedule=GPipe")
+    assert dp["grad_accum"] == pp["grad_accum"] == pp["pipeline"]["micro_batches"] == 4
+    assert pp["mesh"] == {"pp": 2, "dp": 2, "tp": 1}
+    assert (pp["pipeline"]["in_flight_micro_batches"], gpipe["pipeline"]["in_flight_micro_batches"]) == (2, 4)
+    mem_dp, mem_pp = dp["memory_per_rank"], pp["memory_per_rank"]
+    assert 0.5 <= mem_pp["weights_gib"] / mem_dp["weights_gib"] < 1  # half the blocks, the embedding or head whole
+    assert mem_pp["activations_gib"] == pytest.approx(mem_dp["activations_gib"])  # 2 of 4 layers x 2 in flight
+    assert gpipe["memory_per_rank"]["activations_gib"] == pytest.approx(2 * mem_dp["activations_gib"])
+    comm_dp, comm_pp = dp["communication_per_step_gib"], pp["communication_per_step_gib"]
+    assert comm_pp["fsdp_all_gather"] < comm_dp["fsdp_all_gather"] / 4  # once a step, on a stage's share, not 2 x 4 micro-batches
+    assert comm_pp["pp"] is None and "pp" not in comm_dp
 
 
 def test_the_plan_shows_the_mesh_and_divides_the_batch_over_data_parallel_ranks(tiny_config, capsys):
