@@ -176,10 +176,14 @@ def load(
                 raise
             except Exception as e:  # noqa: BLE001 - lm-evaluation-harness's and datasets' own errors, named with the task
                 why = " ".join(str(e).split())[:300]
-                raise DataError(
-                    f"{key}: lm-evaluation-harness task {spec!r} could not be loaded ({type(e).__name__}: {why}); plait reads local data only "
-                    "(no network): give the task dataset_path: json (or csv, parquet) and dataset_kwargs: data_files: {split: FILE}"
-                ) from None
+                expected = (
+                    "plait reads local data only (no network): give the task dataset_path: json (or csv, parquet) and dataset_kwargs: data_files: {split: FILE}"
+                    if isinstance(e, (ConnectionError, FileNotFoundError))
+                    else "data_files for every split the task names (training_split, validation_split, test_split, fewshot_split)"
+                    if isinstance(e, KeyError)
+                    else "a task lm-evaluation-harness itself can load"
+                )
+                raise DataError(f"{key}: lm-evaluation-harness task {spec!r} could not be loaded ({type(e).__name__}: {why}); expected {expected}") from None
         for name, task in tasks.items():
             output_type = task.get_config("output_type")
             if output_type not in SCORED:
