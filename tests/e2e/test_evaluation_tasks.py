@@ -25,7 +25,7 @@ TASKS = Path(lm_eval.__file__).parent / "tasks"
 
 def passage(text: str, rng: random.Random, chars: int) -> str:
     s = rng.randrange(0, len(text) - chars - 1)
-    return " ".join(text[s : s + chars].split())
+    return " ".join(text[s : s + chars].split()) or "nothing"
 
 
 def hellaswag_rows(n: int, seed: int) -> list[dict]:
