@@ -167,6 +167,11 @@ def load(
     for noisy in ("lm_eval", "datasets"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     manager = _task_manager([s for s in specs if not s.endswith(YAML_SUFFIXES)], folders, key)
+    for spec in specs:  # a named task's output type, from its indexed config: before any data is read
+        entry = manager.task_index.get(spec)
+        output_type = (getattr(entry, "cfg", None) or {}).get("output_type")
+        if output_type is not None and output_type not in SCORED:
+            raise ConfigError(f"{key}: lm-evaluation-harness task {spec!r} has output_type {output_type!r}; plait scores {' and '.join(SCORED)}")
     out: list[HarnessTask] = []
     for spec in specs:
         with hub_offline():
@@ -177,7 +182,8 @@ def load(
             except Exception as e:  # noqa: BLE001 - lm-evaluation-harness's and datasets' own errors, named with the task
                 why = " ".join(str(e).split())[:300]
                 expected = (
-                    "plait reads local data only (no network): give the task dataset_path: json (or csv, parquet) and dataset_kwargs: data_files: {split: FILE}"
+                    "local data (plait never reaches the network): dataset_path: json (or csv, parquet) with dataset_kwargs: data_files: {split: FILE}, "
+                    "or the dataset in the datasets cache"
                     if isinstance(e, (ConnectionError, FileNotFoundError))
                     else "data_files for every split the task names (training_split, validation_split, test_split, fewshot_split)"
                     if isinstance(e, KeyError)

@@ -217,7 +217,11 @@ def bad_task(folder: Path, case: str) -> tuple[list[str], str]:
     if case == "unknown":
         return ["hellaswagg"], "unknown lm-evaluation-harness task 'hellaswagg' (did you mean 'hellaswag'?)"
     if case == "hub":
-        return ["hellaswag"], "task 'hellaswag' could not be loaded"
+        return [
+            "hellaswag"
+        ], "task 'hellaswag' could not be loaded (ConnectionError: Couldn't reach 'Rowan/hellaswag' on the Hub (OfflineModeIsEnabled)); expected local data"
+    if case == "stock_output_type":  # said from its config, before its (hub) data is looked for
+        return ["gsm8k"], "task 'gsm8k' has output_type 'generate_until'; plait scores multiple_choice and loglikelihood_rolling"
     (folder / "gen.yaml").write_text(
         f"task: my_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\noutput_type: generate_until\n"
         'doc_to_text: "{{question}}"\ndoc_to_target: "{{answer}}"\n'
@@ -228,7 +232,7 @@ def bad_task(folder: Path, case: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.parametrize("module", ["core.eval", "core.plan"])
-@pytest.mark.parametrize("case", ["unknown", "output_type", "hub"])
+@pytest.mark.parametrize("case", ["unknown", "output_type", "stock_output_type", "hub"])
 def test_bad_harness_task_is_one_line_and_exit_2_before_any_model(tmp_path, module, case):
     """An unknown name, an output type plait does not score, a hub dataset with no network (none here: the
     Hub is kept offline, so this never waits): one line naming the task and what was expected, exit 2,
