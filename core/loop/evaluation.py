@@ -54,7 +54,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, ContextManager, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, ContextManager, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -75,6 +75,16 @@ class Example:
     gold: int
     line: int  # 1-based line of its file
     target_delimiter: str = ""  # put between the context and each continuation; not counted by acc_norm
+    # lm-evaluation-harness's multiple_input (winogrande): choice i is target_delimiter + target scored after
+    # contexts[i]; continuations are then its choices, whose lengths acc_norm divides by, as lm-evaluation-harness does
+    contexts: tuple[str, ...] = ()
+    target: str = ""
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(context, continuation) of each choice, the delimiter put before the continuation."""
+        if self.contexts:
+            return [(c, self.target_delimiter + self.target) for c in self.contexts]
+        return [(self.context, self.target_delimiter + c) for c in self.continuations]
 
 
 @dataclass(frozen=True)
@@ -191,7 +201,7 @@ def from_harness(task: harness_tasks.HarnessTask) -> Task | RollingTask:
     if task.output_type == "loglikelihood_rolling":
         docs: list[harness_tasks.RollingDoc] = task.docs
         return RollingTask(task.name, task.source, [d.text for d in docs], sum(d.words for d in docs), sum(d.n_bytes for d in docs))
-    examples = [Example(d.context, d.choices, d.gold, d.doc_id + 1, d.target_delimiter) for d in task.docs]
+    examples = [Example(d.context, d.choices, d.gold, d.doc_id + 1, d.target_delimiter, d.contexts, d.target) for d in task.docs]
     return Task(task.name, Path(task.source), examples, harness=True)
 
 
@@ -210,25 +220,37 @@ def encode_pair(context: str, continuation: str, encode: Callable[[str], list[in
     return ctx, list(encode(context + continuation))[len(ctx) :]
 
 
-def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[tuple[list[int], list[list[int]]]]:
-    """Each example as (context ids, [continuation ids, ...]) by :func:`encode_pair`. A text the tokenizer
+class Encoded(NamedTuple):
+    """An example's ids: its context's and each choice's continuation's; ``contexts``: one per choice where
+    they differ (lm-evaluation-harness's ``multiple_input``), else None."""
+
+    ctx: list[int]
+    conts: list[list[int]]
+    contexts: list[list[int]] | None = None
+
+    def requests(self) -> list[Request]:
+        return list(zip(self.contexts, self.conts)) if self.contexts is not None else [(self.ctx, c) for c in self.conts]
+
+
+def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[Encoded]:
+    """Each example's :meth:`Example.requests` encoded by :func:`encode_pair`. A text the tokenizer
     cannot encode, a context or continuation of no tokens or an id at or above ``vocab_size``: DataError naming the line."""
     out = []
     for ex in task.examples:
         where = task.where(ex)
         try:
-            pairs = [encode_pair(ex.context, ex.target_delimiter + c, encode, eos_id) for c in ex.continuations]
+            pairs = [encode_pair(ctx, cont, encode, eos_id) for ctx, cont in ex.requests()]
         except Exception as e:  # noqa: BLE001 - a tokenizer's own error, named with the line
             raise DataError(f"{where}: the tokenizer cannot encode this example ({type(e).__name__}: {e})") from None
         ctx, conts = pairs[0][0], [cont for _, cont in pairs]
         if not all(c for c, _ in pairs) or not all(conts):
             raise DataError(f"{where}: the context or a continuation encodes to no tokens")
-        if any(c != ctx for c, _ in pairs):  # a continuation starting with EOS after an empty context
+        if not ex.contexts and any(c != ctx for c, _ in pairs):  # a continuation starting with EOS after an empty context
             raise DataError(f"{where}: an empty context and a continuation that starts with the EOS token; give the context")
-        top = max(max(ctx), *(max(c) for c in conts))
+        top = max(max(max(c) for c, _ in pairs), *(max(c) for c in conts))
         if top >= vocab_size:
             raise DataError(f"{where}: token id {top} is at or above the model's vocabulary size {vocab_size}")
-        out.append((ctx, conts))
+        out.append(Encoded(ctx, conts, [c for c, _ in pairs] if ex.contexts else None))
     return out
 
 
@@ -327,8 +349,8 @@ def argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
-def example_requests(encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int]) -> list[Request]:
-    return [(encoded[e][0], cont) for e in items for cont in encoded[e][1]]
+def example_requests(encoded: list[Encoded], items: Sequence[int]) -> list[Request]:
+    return [r for e in items for r in encoded[e].requests()]
 
 
 def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[float]) -> tuple[bool, bool, bool]:
@@ -338,7 +360,7 @@ def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[fl
     return argmax(lls) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold
 
 
-def per_example(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
+def per_example(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
     """(example index, its continuations' log-likelihoods) of ``items``, from ``lls`` in :func:`example_requests` order."""
     k = 0
     for e in items:
@@ -347,7 +369,7 @@ def per_example(task: Task, encoded: list[tuple[list[int], list[list[int]]]], it
         k += n
 
 
-def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
+def task_sums(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
     """The sums :data:`SUMS` over examples ``items`` of ``task``, from their continuations' log-likelihoods
     in :func:`example_requests` order (float64, to be summed over the ranks)."""
     sums = torch.zeros(len(SUMS), dtype=torch.float64)
@@ -357,7 +379,7 @@ def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], item
     return sums
 
 
-def task_samples(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
+def task_samples(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
     """One record per example of ``items`` (``core.eval --log-samples``): its text, each choice's log-likelihood, acc and acc_norm."""
     for e, mine in per_example(task, encoded, items, lls):
         ex = task.examples[e]
@@ -367,6 +389,7 @@ def task_samples(task: Task, encoded: list[tuple[list[int], list[list[int]]]], i
             "index": e,
             **({"doc_id": ex.line - 1} if task.harness else {"line": ex.line}),
             "context": ex.context,
+            **({"contexts": list(ex.contexts), "target": ex.target} if ex.contexts else {}),
             "target_delimiter": ex.target_delimiter,
             "choices": list(ex.continuations),
             "loglikelihoods": mine,
@@ -501,7 +524,7 @@ class Evaluation:
     """Tasks, rolling tasks and held-out files, encoded once, scored by :meth:`run` on this rank's share."""
 
     tasks: list[Task]
-    encoded: list[list[tuple[list[int], list[list[int]]]]]
+    encoded: list[list[Encoded]]
     held_out: list[HeldOut]
     eos_id: int
     rolling: list[tuple[RollingTask, list[list[int]]]] = dataclasses.field(default_factory=list)  # each with its texts' ids

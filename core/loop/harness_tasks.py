@@ -17,8 +17,9 @@ Datasets are read with the Hugging Face Hub offline: local files (``dataset_path
 cache. lm-evaluation-harness is imported here only, when a task asks for it (the optional extra
 ``eval``). Bad input is a :class:`ConfigError` or :class:`DataError` naming the task and what was
 expected: lm_eval missing, an unknown name, an output type plait does not score, data that is
-not local, a document plait cannot score (several contexts per document, several gold answers, a gold
-answer not among the choices, an empty choice).
+not local, a document plait cannot score (several gold answers, a gold answer not among the choices,
+an empty choice). ``multiple_input`` tasks (winogrande: a context per choice, one target) keep their
+contexts per choice.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class ChoiceDoc:
     choices: tuple[str, ...]
     gold: int
     target_delimiter: str
+    contexts: tuple[str, ...] = ()  # multiple_input: one context per choice, each followed by target
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,6 @@ def _task_manager(names: list[str], include_path: list[Path], key: str) -> Any:
 
 def _choice_docs(task: Any, name: str) -> list[ChoiceDoc]:
     """Each document's request, from the task's own instances (context with its few-shot examples)."""
-    if task.multiple_input:
-        raise DataError(f"lm-evaluation-harness task {name!r}: a context per choice (multiple_input, winogrande-style); plait scores one context per document")
     by_doc: dict[int, list[Any]] = {}
     for inst in task.instances:
         by_doc.setdefault(inst.doc_id, []).append(inst)
@@ -113,16 +114,19 @@ def _choice_docs(task: Any, name: str) -> list[ChoiceDoc]:
         choices = [str(c) for c in task.doc_to_choice(doc)]
         args = [inst.args for inst in sorted(instances, key=lambda i: i.idx)][: len(choices)]  # acc_mutual_info adds unconditional ones after
         context = args[0][0]
-        if any(a != (context, f"{delimiter}{c}") for a, c in zip(args, choices)):
-            raise DataError(f"{where}: requests that are not (context, target_delimiter + choice); plait scores those")
+        target = str(task.doc_to_target(doc)) if task.multiple_input else ""
+        wanted = [(a[0], f"{delimiter}{target}") for a in args] if task.multiple_input else [(context, f"{delimiter}{c}") for c in choices]
+        if [tuple(a) for a in args] != wanted or len(args) != len(choices):
+            raise DataError(f"{where}: requests that are not (context, target_delimiter + choice) nor multiple_input's; plait scores those")
         if not all(choices):
             raise DataError(f"{where}: an empty choice; expected non-empty choices (acc_norm divides by their length)")
-        gold = task.doc_to_target(doc)
+        gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
         if isinstance(gold, str):
             gold = choices.index(gold) if gold in choices else gold
         if isinstance(gold, list) or isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
             raise DataError(f"{where}: gold answer {gold!r}; expected one index into the {len(choices)} choices (or one of them)")
-        docs.append(ChoiceDoc(doc_id, context, tuple(choices), gold, delimiter))
+        contexts = tuple(a[0] for a in args) if task.multiple_input else ()
+        docs.append(ChoiceDoc(doc_id, context, tuple(choices), gold, delimiter, contexts, target))
     return docs
 
 

@@ -5,6 +5,7 @@ batches contexts sharing one token and pads forwards; rolling windows predict ev
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from shared import write_task
@@ -91,7 +92,7 @@ def test_a_text_the_tokenizer_cannot_encode_is_one_error_naming_the_file_and_lin
         with pytest.raises(DataError) as e:
             evaluation.encode_task(task, encode, 0, vocab)
         assert str(e.value).startswith(str(f)) and says in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert evaluation.encode_task(evaluation.Task("t", f, task.examples[:1]), ascii_only, 0, 256) == [([97], [[32, 98]])]
+    assert evaluation.encode_task(evaluation.Task("t", f, task.examples[:1]), ascii_only, 0, 256) == [evaluation.Encoded([97], [[32, 98]])]
 
 
 # -- scoring ---------------------------------------------------------------
@@ -204,7 +205,7 @@ def test_task_lines_with_a_target_delimiter_are_scored_after_it_and_acc_norm_div
     f.write_text('{"context": "Q: ", "continuations": ["ab", "abcdef"], "gold": 1, "target_delimiter": " "}\n')
     task = evaluation.read_task(f)
     enc = evaluation.encode_task(task, lambda s: list(s.encode("utf-8")), 256, 256)
-    assert enc == [(list(b"Q:"), [list(b"  ab"), list(b"  abcdef")])]  # the context's space moved, then the delimiter
+    assert enc == [evaluation.Encoded(list(b"Q:"), [list(b"  ab"), list(b"  abcdef")])]  # the context's space moved, then the delimiter
     # log-likelihoods -2.9 and -7.5: per character of the choice (2, 6) the second wins (lm-evaluation-harness:
     # len(choice)); per character of what was scored (4, 8) the first would
     sums = evaluation.task_sums(task, enc, [0], [-2.9, -7.5])
@@ -291,3 +292,16 @@ def test_the_adapter_replaces_a_cuda_device_that_does_not_exist_in_one_line(caps
     assert device_that_exists("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match="--device 'gpu0': not a torch device"):
         device_that_exists("gpu0")
+
+
+def test_a_multiple_input_example_scores_its_target_after_each_context_and_acc_norm_divides_by_the_choice():
+    """lm-evaluation-harness's multiple_input (winogrande): choice i is target_delimiter + target after
+    contexts[i]; acc_norm divides by the choices' characters, as its process_results does."""
+    ex = evaluation.Example("He took the", ("He took the cat", "He took the elephant"), 1, 1, " ", ("He took the cat", "He took the elephant"), "home")
+    task = evaluation.Task("w", Path("w.yaml"), [ex], harness=True)
+    [enc] = evaluation.encode_task(task, lambda s: list(s.encode("utf-8")), 256, 256)
+    assert enc.requests() == [(list(b"He took the cat"), list(b" home")), (list(b"He took the elephant"), list(b" home"))]
+    assert evaluation.example_requests([enc], [0]) == enc.requests()
+    metrics = evaluation.task_metrics("w", evaluation.task_sums(task, [enc], [0], [-3.0, -3.5]))
+    assert metrics["eval/w/acc"] == 0.0 and metrics["eval/w/acc_norm"] == 1.0  # -3/15 < -3.5/20
+    assert task.where(ex) == "lm-evaluation-harness task 'w', document 0"
