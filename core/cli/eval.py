@@ -1,12 +1,15 @@
-"""``python -m core.eval --checkpoint DIR --tasks F [F ...] [--held-out NAME=FILE ...] [--limit N] [--json OUT] [--log-samples FILE]``
+"""``python -m core.eval --checkpoint DIR --tasks T [T ...] [--include-path DIR ...] [--num-fewshot N] [--held-out NAME=FILE ...] [--limit N] [--json OUT] [--log-samples FILE]``
 
 Evaluates a plait checkpoint folder or export (whatever ``core.generate`` reads) offline with the
-code the ``downstream`` monitor runs in the loop (:mod:`core.loop.evaluation`): multiple-choice task
-files (``eval/<task>/acc``, ``acc_norm`` per character, ``acc_norm_tokens``, ``gold_ll``, standard errors
-``acc_stderr``, ``acc_norm_stderr``) and bits per byte on held-out text or token ``.bin`` files
-(``eval/<name>/bpb``). Prints a table; writes files only where asked: the metrics as JSON (``--json
-OUT``), one JSON line per task example (``--log-samples FILE``). Task files are checked before the
-model is loaded: a bad one is one line naming ``file:line``, exit 2.
+code the ``downstream`` monitor runs in the loop (:mod:`core.loop.evaluation`): multiple-choice tasks
+(``eval/<task>/acc``, ``acc_norm`` per character, ``acc_norm_tokens``, ``gold_ll``, standard errors
+``acc_stderr``, ``acc_norm_stderr``), rolling tasks (``word_perplexity``, ``byte_perplexity``,
+``bits_per_byte``) and bits per byte on held-out text or token ``.bin`` files (``eval/<name>/bpb``).
+A task is an lm-evaluation-harness task name or ``.yaml`` (read by lm-evaluation-harness's own task
+loading, ``--include-path`` folders searched too) or a plait ``.jsonl`` task file. Prints a table;
+writes files only where asked: the metrics as JSON (``--json OUT``), one JSON line per multiple-choice
+example (``--log-samples FILE``). Tasks are read and checked before the model is loaded: bad input is
+one line naming the task (or ``file:line``), exit 2.
 """
 
 from __future__ import annotations
@@ -70,16 +73,22 @@ def evaluate_checkpoint(
     tokenizer: str | None = None,
     device: str | None = None,
     samples: list[dict] | None = None,
+    include_path: list[str] | None = None,
+    num_fewshot: int | None = None,
+    fewshot_seed: int = evaluation.harness_tasks.DEFAULT_FEWSHOT_SEED,
 ) -> dict[str, float]:
-    """Every metric of ``tasks`` and ``held_out`` on ``checkpoint`` (one process); ``samples``: extended
-    with a record per task example (:func:`core.loop.evaluation.task_samples`)."""
+    """Every metric of ``tasks`` (:func:`core.loop.evaluation.read_tasks`, with ``include_path``,
+    ``num_fewshot`` and ``fewshot_seed``) and ``held_out`` on ``checkpoint`` (one process); ``samples``:
+    extended with a record per multiple-choice example (:func:`core.loop.evaluation.task_samples`)."""
     from core.cli.generate import load, pick_device
     from core.cli.text_codec import Codec, TokenizerRecord, resolve
 
-    read = evaluation.read_tasks(tasks, limit, key="--tasks")  # before the model: bad input first
+    read = evaluation.read_tasks(  # before the model: bad input first
+        tasks, limit, key="--tasks", include_path=include_path or [], num_fewshot=num_fewshot, fewshot_seed=fewshot_seed
+    )
     both = sorted({t.name for t in read} & set(held_out))
     if both:
-        raise ConfigError(f"{both[0]!r} names both a task file and a --held-out file")
+        raise ConfigError(f"{both[0]!r} names both a task and a --held-out file")
     loaded = load(checkpoint)
     record = TokenizerRecord(resolve(tokenizer, [Path.cwd()], "--tokenizer"), None, "--tokenizer") if tokenizer else loaded.tokenizer
     if record is None:
@@ -101,7 +110,33 @@ def evaluate_checkpoint(
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m core.eval", description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("--checkpoint", required=True, type=Path, help="a committed checkpoint folder or an export made by core.export")
-    p.add_argument("--tasks", nargs="*", default=[], help="multiple-choice task files (JSON lines: context, continuations, gold)")
+    p.add_argument(
+        "--tasks",
+        nargs="*",
+        default=[],
+        help="lm-evaluation-harness task names or .yaml files (multiple_choice, loglikelihood_rolling), or plait .jsonl task files",
+    )
+    p.add_argument(
+        "--include-path",
+        "--include_path",
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="folders of lm-evaluation-harness task .yaml files, searched for --tasks names (default: none)",
+    )
+    p.add_argument(
+        "--num-fewshot",
+        "--num_fewshot",
+        type=int,
+        default=None,
+        help="few-shot examples per context of lm-evaluation-harness tasks (default: the task's own, else 0)",
+    )
+    p.add_argument(
+        "--fewshot-seed",
+        type=int,
+        default=evaluation.harness_tasks.DEFAULT_FEWSHOT_SEED,
+        help="seed of lm-evaluation-harness's few-shot sampler (default: %(default)s, lm_eval's)",
+    )
     p.add_argument("--held-out", nargs="*", default=[], metavar="NAME=FILE", help="held-out text or token .bin files: eval/NAME/bpb")
     p.add_argument("--limit", type=int, default=0, help="examples per task, the first ones; 0: all (default: %(default)s)")
     p.add_argument("--held-out-tokens", type=int, default=0, help="tokens read from each .bin file; 0: all (default: %(default)s)")
@@ -121,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for flag, value, low in (
             ("--limit", args.limit, 0),
+            ("--num-fewshot", 0 if args.num_fewshot is None else args.num_fewshot, 0),
             ("--held-out-tokens", args.held_out_tokens, 0),
             ("--batch-size", args.batch_size, 1),
             ("--max-len", args.max_len, 0),
@@ -145,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                 tokenizer=args.tokenizer,
                 device=args.device,
                 samples=samples,
+                include_path=args.include_path,
+                num_fewshot=args.num_fewshot,
+                fewshot_seed=args.fewshot_seed,
             )
     except PlaitError as e:
         exit_bad_input(e)

@@ -3,6 +3,10 @@
 The one implementation that the in-loop ``downstream`` monitor (``plugins/monitors/downstream.py``),
 ``python -m core.eval`` and the lm-evaluation-harness model (``core/cli/lm_eval_model.py``) share.
 
+* **Tasks** (:func:`read_tasks`): plait's task files (``.jsonl``), and lm-evaluation-harness task names
+  and ``.yaml`` files of output type ``multiple_choice`` or ``loglikelihood_rolling``, read by
+  lm-evaluation-harness's own task loading and prompt templates (:mod:`core.loop.harness_tasks`: its
+  requests, few-shot contexts included, become :class:`Example` items and :class:`RollingTask` texts).
 * **Task files** (:func:`read_task`): JSON lines, one example each:
   ``{"context": "...", "continuations": ["...", "..."], "gold": 0}`` and optionally
   ``"target_delimiter": " "`` (default ``""``), lm-evaluation-harness's ``multiple_choice`` request:
@@ -26,6 +30,9 @@ The one implementation that the in-loop ``downstream`` monitor (``plugins/monito
   ``acc_norm_tokens`` (plait's own: divided by the continuation's length in tokens) and ``gold_ll``
   (plait's own: the gold continuation's mean log-likelihood, nats); ``acc_stderr`` and ``acc_norm_stderr``
   (lm-evaluation-harness's ``mean_stderr``); per example, :func:`task_samples`.
+* **Rolling tasks** (:func:`rolling_metrics`): each document's text scored in the rolling windows below,
+  ``word_perplexity``, ``byte_perplexity`` and ``bits_per_byte`` weighted by the words and bytes the
+  task counts, as lm-evaluation-harness reports them.
 * **Bits per byte** (:func:`rolling_requests`, :func:`bits_per_byte`): a text's tokens after the EOS
   token in lm-evaluation-harness's rolling windows (``get_rolling_token_windows`` with a context of one
   token, made disjoint): every token predicted once, each window's input ``max_len`` tokens long (the
@@ -41,16 +48,18 @@ numbers or changes the model: forwards run under ``torch.no_grad`` in eval mode,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, ContextManager, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, ContextManager, Iterator, NamedTuple, Sequence
 
 import torch
 
 from core.contract.errors import ConfigError, DataError
+from core.loop import harness_tasks
 
 Request = tuple[Sequence[int], Sequence[int]]  # (context ids, continuation ids)
 SUMS = ("examples", "acc", "acc_norm", "acc_norm_tokens", "gold_ll")  # task_sums' order
@@ -66,13 +75,39 @@ class Example:
     gold: int
     line: int  # 1-based line of its file
     target_delimiter: str = ""  # put between the context and each continuation; not counted by acc_norm
+    # lm-evaluation-harness's multiple_input (winogrande): choice i is target_delimiter + target scored after
+    # contexts[i]; continuations are then its choices, whose lengths acc_norm divides by, as lm-evaluation-harness does
+    contexts: tuple[str, ...] = ()
+    target: str = ""
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(context, continuation) of each choice, the delimiter put before the continuation."""
+        if self.contexts:
+            return [(c, self.target_delimiter + self.target) for c in self.contexts]
+        return [(self.context, self.target_delimiter + c) for c in self.continuations]
 
 
 @dataclass(frozen=True)
 class Task:
-    name: str  # the file's stem: eval/<name>/acc
-    path: Path
+    name: str  # the file's stem, or lm-evaluation-harness's task name: eval/<name>/acc
+    path: Path  # the task file, or the lm-evaluation-harness task name or .yaml asked for
     examples: list[Example]
+    harness: bool = False  # read by lm-evaluation-harness: an Example's line is its doc_id + 1
+
+    def where(self, ex: Example) -> str:
+        """The example, for a message: ``file:line``, or the lm-evaluation-harness task and document."""
+        return f"lm-evaluation-harness task {self.name!r}, document {ex.line - 1}" if self.harness else f"{self.path}:{ex.line}"
+
+
+@dataclass(frozen=True)
+class RollingTask:
+    """An lm-evaluation-harness ``loglikelihood_rolling`` task: each text's log-likelihood in rolling windows."""
+
+    name: str
+    source: str  # the task name or .yaml asked for
+    texts: list[str]
+    words: int  # summed over the texts, as the task counts them
+    n_bytes: int
 
 
 def _example(obj: Any, where: str, line: int) -> Example:
@@ -131,15 +166,43 @@ def read_task(path: Path, limit: int = 0) -> Task:
     return Task(path.stem, path, examples)
 
 
-def read_tasks(paths: Sequence[str | Path], limit: int = 0, key: str = "tasks") -> list[Task]:
-    """Every task file, each checked (:func:`read_task`); two files of one name are a ConfigError naming ``key``."""
-    tasks = [read_task(Path(p), limit) for p in paths]
-    seen: dict[str, Path] = {}
+TASK_FILE_SUFFIXES = (".jsonl", ".json")  # plait's own task files; anything else is lm-evaluation-harness's
+
+
+def read_tasks(
+    specs: Sequence[str | Path],
+    limit: int = 0,
+    key: str = "tasks",
+    *,
+    include_path: Sequence[str | Path] = (),
+    num_fewshot: int | None = None,
+    fewshot_seed: int = harness_tasks.DEFAULT_FEWSHOT_SEED,
+) -> list[Task | RollingTask]:
+    """Every task, each checked: a ``.jsonl``/``.json`` path is plait's task file (:func:`read_task`); any
+    other spec is an lm-evaluation-harness task name or ``.yaml`` file (:func:`harness_tasks.load`, with
+    ``include_path``, ``num_fewshot`` and ``fewshot_seed``). Two tasks of one name: a ConfigError naming ``key``."""
+    files = [str(s) for s in specs if str(s).endswith(TASK_FILE_SUFFIXES)]
+    named = [str(s) for s in specs if not str(s).endswith(TASK_FILE_SUFFIXES)]
+    tasks: list[Task | RollingTask] = [read_task(Path(p), limit) for p in files]
+    if named:
+        loaded = harness_tasks.load(named, include_path=include_path, limit=limit, num_fewshot=num_fewshot, fewshot_seed=fewshot_seed, key=key)
+        tasks += [from_harness(t) for t in loaded]
+    seen: dict[str, str] = {}
     for t in tasks:
+        origin = str(t.path) if isinstance(t, Task) else t.source
         if t.name in seen:
-            raise ConfigError(f"{key}: task {t.name!r} named twice ({seen[t.name]} and {t.path}); rename one file")
-        seen[t.name] = t.path
+            raise ConfigError(f"{key}: task {t.name!r} named twice ({seen[t.name]} and {origin}); rename one")
+        seen[t.name] = origin
     return tasks
+
+
+def from_harness(task: harness_tasks.HarnessTask) -> Task | RollingTask:
+    """An lm-evaluation-harness task's requests as a :class:`Task` (multiple choice) or :class:`RollingTask`."""
+    if task.output_type == "loglikelihood_rolling":
+        docs: list[harness_tasks.RollingDoc] = task.docs
+        return RollingTask(task.name, task.source, [d.text for d in docs], sum(d.words for d in docs), sum(d.n_bytes for d in docs))
+    examples = [Example(d.context, d.choices, d.gold, d.doc_id + 1, d.target_delimiter, d.contexts, d.target) for d in task.docs]
+    return Task(task.name, Path(task.source), examples, harness=True)
 
 
 def encode_pair(context: str, continuation: str, encode: Callable[[str], list[int]], eos_id: int) -> tuple[list[int], list[int]]:
@@ -157,25 +220,37 @@ def encode_pair(context: str, continuation: str, encode: Callable[[str], list[in
     return ctx, list(encode(context + continuation))[len(ctx) :]
 
 
-def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[tuple[list[int], list[list[int]]]]:
-    """Each example as (context ids, [continuation ids, ...]) by :func:`encode_pair`. A text the tokenizer
+class Encoded(NamedTuple):
+    """An example's ids: its context's and each choice's continuation's; ``contexts``: one per choice where
+    they differ (lm-evaluation-harness's ``multiple_input``), else None."""
+
+    ctx: list[int]
+    conts: list[list[int]]
+    contexts: list[list[int]] | None = None
+
+    def requests(self) -> list[Request]:
+        return list(zip(self.contexts, self.conts)) if self.contexts is not None else [(self.ctx, c) for c in self.conts]
+
+
+def encode_task(task: Task, encode: Callable[[str], list[int]], eos_id: int, vocab_size: int) -> list[Encoded]:
+    """Each example's :meth:`Example.requests` encoded by :func:`encode_pair`. A text the tokenizer
     cannot encode, a context or continuation of no tokens or an id at or above ``vocab_size``: DataError naming the line."""
     out = []
     for ex in task.examples:
-        where = f"{task.path}:{ex.line}"
+        where = task.where(ex)
         try:
-            pairs = [encode_pair(ex.context, ex.target_delimiter + c, encode, eos_id) for c in ex.continuations]
+            pairs = [encode_pair(ctx, cont, encode, eos_id) for ctx, cont in ex.requests()]
         except Exception as e:  # noqa: BLE001 - a tokenizer's own error, named with the line
             raise DataError(f"{where}: the tokenizer cannot encode this example ({type(e).__name__}: {e})") from None
         ctx, conts = pairs[0][0], [cont for _, cont in pairs]
         if not all(c for c, _ in pairs) or not all(conts):
             raise DataError(f"{where}: the context or a continuation encodes to no tokens")
-        if any(c != ctx for c, _ in pairs):  # a continuation starting with EOS after an empty context
+        if not ex.contexts and any(c != ctx for c, _ in pairs):  # a continuation starting with EOS after an empty context
             raise DataError(f"{where}: an empty context and a continuation that starts with the EOS token; give the context")
-        top = max(max(ctx), *(max(c) for c in conts))
+        top = max(max(max(c) for c, _ in pairs), *(max(c) for c in conts))
         if top >= vocab_size:
             raise DataError(f"{where}: token id {top} is at or above the model's vocabulary size {vocab_size}")
-        out.append((ctx, conts))
+        out.append(Encoded(ctx, conts, [c for c, _ in pairs] if ex.contexts else None))
     return out
 
 
@@ -284,8 +359,8 @@ def argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: (values[i], -i))
 
 
-def example_requests(encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int]) -> list[Request]:
-    return [(encoded[e][0], cont) for e in items for cont in encoded[e][1]]
+def example_requests(encoded: list[Encoded], items: Sequence[int]) -> list[Request]:
+    return [r for e in items for r in encoded[e].requests()]
 
 
 def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[float]) -> tuple[bool, bool, bool]:
@@ -295,7 +370,7 @@ def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[fl
     return argmax(lls) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold
 
 
-def per_example(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
+def per_example(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
     """(example index, its continuations' log-likelihoods) of ``items``, from ``lls`` in :func:`example_requests` order."""
     k = 0
     for e in items:
@@ -304,7 +379,7 @@ def per_example(task: Task, encoded: list[tuple[list[int], list[list[int]]]], it
         k += n
 
 
-def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
+def task_sums(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> torch.Tensor:
     """The sums :data:`SUMS` over examples ``items`` of ``task``, from their continuations' log-likelihoods
     in :func:`example_requests` order (float64, to be summed over the ranks)."""
     sums = torch.zeros(len(SUMS), dtype=torch.float64)
@@ -314,7 +389,7 @@ def task_sums(task: Task, encoded: list[tuple[list[int], list[list[int]]]], item
     return sums
 
 
-def task_samples(task: Task, encoded: list[tuple[list[int], list[list[int]]]], items: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
+def task_samples(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
     """One record per example of ``items`` (``core.eval --log-samples``): its text, each choice's log-likelihood, acc and acc_norm."""
     for e, mine in per_example(task, encoded, items, lls):
         ex = task.examples[e]
@@ -322,8 +397,9 @@ def task_samples(task: Task, encoded: list[tuple[list[int], list[list[int]]]], i
         yield {
             "task": task.name,
             "index": e,
-            "line": ex.line,
+            **({"doc_id": ex.line - 1} if task.harness else {"line": ex.line}),
             "context": ex.context,
+            **({"contexts": list(ex.contexts), "target": ex.target} if ex.contexts else {}),
             "target_delimiter": ex.target_delimiter,
             "choices": list(ex.continuations),
             "loglikelihoods": mine,
@@ -349,6 +425,17 @@ def task_metrics(name: str, sums: torch.Tensor | Sequence[float]) -> dict[str, f
         for key in STDERR:
             out[f"eval/{name}/{key}_stderr"] = mean_stderr(out[f"eval/{name}/{key}"], s[0])
     return out
+
+
+def rolling_metrics(task: RollingTask, sums: torch.Tensor | Sequence[float]) -> dict[str, float]:
+    """``eval/<name>/word_perplexity``, ``byte_perplexity`` and ``bits_per_byte`` from summed (negative
+    log-likelihood, tokens): lm-evaluation-harness's ``weighted_perplexity`` and ``bits_per_byte``."""
+    nll = float(sums[0])
+    return {
+        f"eval/{task.name}/word_perplexity": math.exp(nll / max(task.words, 1)),
+        f"eval/{task.name}/byte_perplexity": math.exp(nll / max(task.n_bytes, 1)),
+        f"eval/{task.name}/bits_per_byte": bits_per_byte(nll, task.n_bytes),
+    }
 
 
 def rolling_requests(ids: Sequence[int], prefix: int, max_len: int) -> list[Request]:
@@ -458,21 +545,23 @@ class PassCost:
 
 @dataclass
 class Evaluation:
-    """Tasks and held-out files, encoded once, scored by :meth:`run` on this rank's share."""
+    """Tasks, rolling tasks and held-out files, encoded once, scored by :meth:`run` on this rank's share."""
 
     tasks: list[Task]
-    encoded: list[list[tuple[list[int], list[list[int]]]]]
+    encoded: list[list[Encoded]]
     held_out: list[HeldOut]
     eos_id: int
+    rolling: list[tuple[RollingTask, list[list[int]]]] = dataclasses.field(default_factory=list)  # each with its texts' ids
 
     def _work(self, scorer: Scorer, rank: int, world: int) -> Iterator[tuple[str, Any, list[Request], list[Request]]]:
         for t, enc in zip(self.tasks, self.encoded):
             every = [example_requests(enc, share(len(enc), r, world)) for r in range(world)]
             yield "task", (t, enc, share(len(enc), rank, world)), every[rank], max(every, key=scorer.forwards)
-        for h in self.held_out:
-            windows = rolling_requests(h.ids, self.eos_id, scorer.max_len)
+        texts: list[tuple[Any, list[list[int]]]] = [*self.rolling, *((h, [h.ids]) for h in self.held_out)]
+        for what, ids in texts:
+            windows = [w for one in ids for w in rolling_requests(one, self.eos_id, scorer.max_len)]
             every = [[windows[w] for w in share(len(windows), r, world)] for r in range(world)]
-            yield "held_out", h, every[rank], max(every, key=scorer.forwards)
+            yield "rolling" if isinstance(what, RollingTask) else "held_out", what, every[rank], max(every, key=scorer.forwards)
 
     def run(
         self, scorer: Scorer, rank: int = 0, world: int = 1, samples: list[dict[str, Any]] | None = None
@@ -489,16 +578,17 @@ class Evaluation:
                 if samples is not None:
                     samples.extend(task_samples(task, enc, items, lls))
             else:
-                h = what
                 total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
-                out[h.name] = (total, functools.partial(held_out_metrics, h))
+                out[what.name] = (total, functools.partial(rolling_metrics if kind == "rolling" else held_out_metrics, what))
         return out
 
     def pass_cost(self, max_len: int, batch_size: int) -> PassCost:
         """The forwards one pass runs on one process (the work the ranks share), batched as :class:`Scorer`
-        batches them: each task and held-out file on its own, rows by :func:`score_rows`, cut at ``max_len``."""
+        batches them: each task, rolling task and held-out file on its own, rows by :func:`score_rows`, cut
+        at ``max_len``."""
         groups = [example_requests(enc, range(len(enc))) for enc in self.encoded]
-        windows = [rolling_requests(h.ids, self.eos_id, max_len) for h in self.held_out]
+        texts = [ids for _, ids in self.rolling] + [[h.ids] for h in self.held_out]  # rolling tasks' documents, held-out files
+        windows = [[w for one in ids for w in rolling_requests(one, self.eos_id, max_len)] for ids in texts]
         forwards = tuple(
             (len(batch), max(len(ids) for ids, _ in batch))
             for group in groups + windows
@@ -508,15 +598,34 @@ class Evaluation:
         return PassCost(items, sum(len(g) for g in groups + windows), forwards)
 
 
+def encode_rolling(task: RollingTask, encode: Callable[[str], list[int]], vocab_size: int) -> list[list[int]]:
+    """Each text's ids (an empty text none, scored as nothing); a failure or an id at or above ``vocab_size``: DataError naming the task."""
+    out = []
+    for i, text in enumerate(task.texts):
+        try:
+            ids = list(encode(text)) if text else []
+        except Exception as e:  # noqa: BLE001 - a tokenizer's own error, named with the document
+            raise DataError(f"lm-evaluation-harness task {task.name!r}, document {i}: the tokenizer cannot encode it ({type(e).__name__}: {e})") from None
+        if ids and max(ids) >= vocab_size:
+            raise DataError(
+                f"lm-evaluation-harness task {task.name!r}, document {i}: token id {max(ids)} is at or above the model's vocabulary size {vocab_size}"
+            )
+        out.append(ids)
+    return out
+
+
 def prepare(
-    tasks: list[Task],
+    tasks: Sequence[Task | RollingTask],
     held_out: list[HeldOut],
     encode: Callable[[str], list[int]],
     eos_id: int,
     vocab_size: int,
 ) -> Evaluation:
-    """Tasks encoded (:func:`encode_task`; a DataError names the line the tokenizer fails on) with the held-out files."""
-    return Evaluation(tasks, [encode_task(t, encode, eos_id, vocab_size) for t in tasks], held_out, eos_id)
+    """Tasks encoded (:func:`encode_task`, :func:`encode_rolling`; a DataError names the line or document the
+    tokenizer fails on) with the held-out files."""
+    choice = [t for t in tasks if isinstance(t, Task)]
+    rolling = [(t, encode_rolling(t, encode, vocab_size)) for t in tasks if isinstance(t, RollingTask)]
+    return Evaluation(choice, [encode_task(t, encode, eos_id, vocab_size) for t in choice], held_out, eos_id, rolling)
 
 
 def evaluate_locally(evaluation: Evaluation, scorer: Scorer, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:

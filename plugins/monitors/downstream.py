@@ -1,18 +1,21 @@
-"""``downstream``: multiple-choice tasks and bits per byte on held-out files, evaluated during training.
+"""``downstream``: multiple-choice and rolling tasks and bits per byte on held-out files, evaluated during training.
 
 Every ``every`` steps and at the final step (a log step: ``every`` is a multiple of ``train.log_every``),
-the model as it trains scores each task file's first ``limit`` examples and each held-out file
+the model as it trains scores each task's first ``limit`` examples and each held-out file
 (``core.api.evaluation``, the code ``python -m core.eval`` runs), split over the ranks, batched, and
 adds ``eval/<task>/acc``, ``acc_norm`` (per character), ``acc_norm_tokens``, ``gold_ll``, the standard
-errors ``acc_stderr``, ``acc_norm_stderr`` and
-``eval/<name>/bpb``, ``eval/<name>/loss`` and the pass's wall time ``eval/time_s`` (the slowest rank's) to that step's metrics, so every monitor logs them
+errors ``acc_stderr``, ``acc_norm_stderr`` (rolling tasks: ``word_perplexity``, ``byte_perplexity``,
+``bits_per_byte``) and ``eval/<name>/bpb``, ``eval/<name>/loss`` and the pass's wall time ``eval/time_s`` (the slowest rank's) to that step's metrics, so every monitor logs them
 (whatever the order of ``monitors.enabled``), and ``checkpoint.best_metric`` can rank checkpoints by them. Its sums are returned as
 ``Reduced`` values (the core reduces them); the forwards run under ``torch.no_grad`` in eval mode,
 with the run's precision, and the RNG states are put back afterwards: training is bit-identical with
 it on or off (``tests/e2e/test_evaluation.py``). A stop signal is looked for before every forward
 (``run.stop_signalled``): the pass ends, is not recorded, and the run stops with a checkpoint of the
-step. Task files are read and encoded at start (and by
-``core.plan``, which also estimates what the passes cost from them): a bad one is one line naming ``file:line``, exit 2.
+step. Tasks are lm-evaluation-harness task names (``harness_tasks``, ``include_path`` searched too) or
+``.yaml`` files, read by lm-evaluation-harness's own task loading with ``num_fewshot``, or plait
+``.jsonl`` task files (``tasks``); they are read and encoded at start (and by ``core.plan``, which also
+estimates what the passes cost from them): bad input is one line naming the task (or ``file:line``),
+exit 2.
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ from core.api import ConfigError, DataError, Reduced, Tokenizer, evaluation, hoo
 @dataclass
 class DownstreamOptions:
     every: int = option(500, "steps between evaluations (a multiple of train.log_every); also at the final step", gt=0)
-    tasks: list[str] = option([], "multiple-choice task files (JSON lines: context, continuations, gold)", path=True)
-    limit: int = option(500, "examples per task, the first ones of the file; 0: all", ge=0)
+    tasks: list[str] = option([], "task files: lm-evaluation-harness task .yaml files, or plait .jsonl files (context, continuations, gold)", path=True)
+    harness_tasks: list[str] = option([], "lm-evaluation-harness task, group or tag names (multiple_choice, loglikelihood_rolling), include_path searched too")
+    include_path: list[str] = option([], "folders of lm-evaluation-harness task .yaml files, searched for harness_tasks", path=True)
+    num_fewshot: int = option(-1, "few-shot examples per context of lm-evaluation-harness tasks; -1: the task's own, else 0", ge=-1)
+    fewshot_seed: int = option(1234, "seed of lm-evaluation-harness's few-shot sampler (lm_eval's default)")
+    limit: int = option(500, "examples (or documents) per task, the first ones; 0: all", ge=0)
     held_out: dict[str, str] = option({}, "name -> held-out text file or token .bin file, reported as eval/<name>/bpb", path=True)
     held_out_tokens: int = option(65536, "tokens read from each held-out .bin file; 0: all", ge=0)
     batch_size: int = option(16, "sequences per forward", gt=0)
@@ -42,8 +49,11 @@ class DownstreamOptions:
     tokenizer: str = option("", "bytes | hf:PATH | tiktoken:PATH (PATH from the working directory); empty: the tokenizer the data source declares")
 
     def check(self) -> None:
-        if not self.tasks and not self.held_out:
-            raise ValueError("tasks and held_out are both empty: nothing to evaluate")
+        if not self.tasks and not self.harness_tasks and not self.held_out:
+            raise ValueError("tasks, harness_tasks and held_out are all empty: nothing to evaluate")
+        files = [t for t in self.tasks if not t.endswith((".jsonl", ".json", ".yaml", ".yml"))]
+        if files:
+            raise ValueError(f"tasks: {files[0]!r}: expected a .yaml or .jsonl task file; put lm-evaluation-harness task names in harness_tasks")
 
 
 def byte_length(spec: str, ids: list[int], eos_id: int) -> int:
@@ -79,7 +89,14 @@ class Downstream:
         if tok.vocab_size > vocab_size:
             raise DataError(f"monitors.downstream.tokenizer {spec}: {tok.vocab_size} ids, more than the model's vocabulary {vocab_size}")
         self.max_len = evaluation.resolve_max_len(o.max_len, max_seq_len, "monitors.downstream.max_len")
-        tasks = evaluation.read_tasks(o.tasks, o.limit, key="monitors.downstream.tasks")
+        tasks = evaluation.read_tasks(
+            [*o.tasks, *o.harness_tasks],
+            o.limit,
+            key="monitors.downstream.tasks" if not o.harness_tasks else "monitors.downstream",
+            include_path=o.include_path,
+            num_fewshot=None if o.num_fewshot < 0 else o.num_fewshot,
+            fewshot_seed=o.fewshot_seed,
+        )
         held = [
             evaluation.read_held_out(name, Path(p), tok.encode, lambda ids: byte_length(spec, ids, tok.eos_id), vocab_size, o.held_out_tokens)
             for name, p in o.held_out.items()
@@ -87,7 +104,7 @@ class Downstream:
         names = [t.name for t in tasks]
         both = sorted(set(names) & set(o.held_out))
         if both:
-            raise ConfigError(f"monitors.downstream: {both[0]!r} names both a task file and a held_out file")
+            raise ConfigError(f"monitors.downstream: {both[0]!r} names both a task and a held_out file")
         self.evaluation = evaluation.prepare(tasks, held, tok.encode, tok.eos_id, vocab_size)
 
     @hookimpl

@@ -1,8 +1,8 @@
 """Downstream evaluation over real runs: bad task files and a bad ``every`` are exit 2 before any process
 group; the ``downstream`` monitor logs every metric at its steps and retention keeps the best by it; a
 trained model scores above chance; ``core.eval`` agrees with the loop and with lm-evaluation-harness;
-training is bit-identical with evaluation on and off (two ranks, fp8); the converter turns HellaSwag,
-ARC and PIQA parquet into task files; evaluation runs under fsdp2 and bf16 with uneven shares."""
+training is bit-identical with evaluation on and off (two ranks, fp8); evaluation runs under fsdp2 and
+bf16 with uneven shares. lm-evaluation-harness's own task definitions: test_evaluation_tasks.py."""
 
 from __future__ import annotations
 
@@ -462,47 +462,6 @@ def test_fp8_training_is_bit_identical_with_evaluation_on_and_off(tmp_path):
     assert [r["grad_norm"] for r in runs["on"]] == [r["grad_norm"] for r in runs["off"]]
     scored = {row["step"]: row for row in runs["on"] if "eval/toy/acc" in row}
     assert sorted(scored) == [2, 4] and all(math.isfinite(row["eval/toy/gold_ll"]) for row in scored.values())
-
-
-# -- converter --------------------------------------------------------------
-
-
-def test_the_converter_turns_hellaswag_arc_and_piqa_parquet_into_task_files(tmp_path):
-    pa = pytest.importorskip("pyarrow", reason="the 'data' extra (pyarrow) reads parquet")
-    import pyarrow.parquet as pq
-
-    tables = {
-        "hellaswag": [
-            {
-                "activity_label": "Baking",
-                "ctx_a": "A man mixes flour.",
-                "ctx_b": "he",
-                "endings": ["bakes [title] it.", "sings.", "runs.", "flies."],
-                "label": "0",
-            },
-            {"activity_label": "Baking", "ctx_a": "x", "ctx_b": "y", "endings": ["a", "b", "c", "d"], "label": ""},
-        ],
-        "arc": [{"question": "What is 2+2?", "choices": {"text": ["3", "4"], "label": ["A", "B"]}, "answerKey": "B"}],
-        "piqa": [{"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat it", "label": 0}],
-    }
-    for kind, rows in tables.items():
-        src, out = tmp_path / f"{kind}.parquet", tmp_path / f"{kind}.jsonl"
-        pq.write_table(pa.Table.from_pylist(rows), src)
-        r = run_module("core.cli.eval_convert", "--kind", kind, "--parquet", str(src), "--out", str(out))
-        assert r.returncode == 0, r.stderr
-        task = evaluation.read_task(out)
-        assert len(task.examples) == 1
-        ex = task.examples[0]
-        assert ex.target_delimiter == " " and not any(c.startswith(" ") for c in ex.continuations)  # lm-evaluation-harness's choices
-        if kind == "hellaswag":
-            assert ex.context == "Baking: A man mixes flour. He" and ex.continuations[0] == "bakes. it." and ex.gold == 0
-            assert "1 rows without an answer left out" in r.stdout + r.stderr
-        if kind == "arc":
-            assert ex.context == "Question: What is 2+2?\nAnswer:" and ex.continuations[ex.gold] == "4"
-        if kind == "piqa":
-            assert ex.continuations == ("twist the lid", "eat it") and ex.gold == 0
-    r = run_module("core.cli.eval_convert", "--kind", "arc", "--parquet", str(tmp_path / "piqa.parquet"), "--out", str(tmp_path / "x.jsonl"))
-    assert r.returncode == 2 and "no column 'question'" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ batches contexts sharing one token and pads forwards; rolling windows predict ev
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from shared import write_task
@@ -91,7 +92,7 @@ def test_a_text_the_tokenizer_cannot_encode_is_one_error_naming_the_file_and_lin
         with pytest.raises(DataError) as e:
             evaluation.encode_task(task, encode, 0, vocab)
         assert str(e.value).startswith(str(f)) and says in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert evaluation.encode_task(evaluation.Task("t", f, task.examples[:1]), ascii_only, 0, 256) == [([97], [[32, 98]])]
+    assert evaluation.encode_task(evaluation.Task("t", f, task.examples[:1]), ascii_only, 0, 256) == [evaluation.Encoded([97], [[32, 98]])]
 
 
 # -- scoring ---------------------------------------------------------------
@@ -137,7 +138,7 @@ def test_scorer_batches_shares_one_token_contexts_and_pads_forwards():
 def test_the_pass_cost_core_plan_counts_is_the_forwards_the_scorer_runs():
     """``Evaluation.pass_cost`` (what ``core.plan`` prices) lists the (rows, width) of every forward one
     process runs for the pass: tasks with one-token and longer choices, a context cut at ``max_len``,
-    a held-out text in rolling windows."""
+    a rolling task's two documents and a held-out text in rolling windows."""
     shapes: list[tuple[int, int]] = []
 
     class Recording(Counting):
@@ -150,12 +151,13 @@ def test_the_pass_cost_core_plan_counts_is_the_forwards_the_scorer_runs():
     task = evaluation.Task("t", evaluation.Path("t.jsonl"), [one, long, one])
     held = evaluation.HeldOut("h", evaluation.Path("h.txt"), [i % 7 for i in range(23)], 23)
     encode = lambda text: [ord(ch) % 7 for ch in text]  # noqa: E731 - ids below the stand-in's vocabulary
-    ev = evaluation.prepare([task], [held], encode, 7, 8)
+    rolling = evaluation.RollingTask("r", "r.yaml", ["abcdefghijk", "abc"], 2, 14)  # 11 ids: 2 windows; 3 ids: 1
+    ev = evaluation.prepare([task, rolling], [held], encode, 7, 8)
     cost = ev.pass_cost(max_len=8, batch_size=2)
     evaluation.evaluate_locally(ev, evaluation.Scorer(Recording(), max_len=8, batch_size=2))  # type: ignore[arg-type]
     assert list(cost.forwards) == shapes
     assert cost.tokens == sum(r * w for r, w in shapes) and max(w for _, w in shapes) == 8
-    assert cost.items == 3 + 3 and cost.requests == 3 + 2 + 3 + 3  # examples and windows; choices and windows
+    assert cost.items == 3 + 3 + 3 and cost.requests == 3 + 2 + 3 + 3 + 3  # examples and windows; choices and windows
 
 
 def test_rolling_windows_predict_every_token_once():
@@ -228,7 +230,7 @@ def test_task_lines_with_a_target_delimiter_are_scored_after_it_and_acc_norm_div
     f.write_text('{"context": "Q: ", "continuations": ["ab", "abcdef"], "gold": 1, "target_delimiter": " "}\n')
     task = evaluation.read_task(f)
     enc = evaluation.encode_task(task, lambda s: list(s.encode("utf-8")), 256, 256)
-    assert enc == [(list(b"Q:"), [list(b"  ab"), list(b"  abcdef")])]  # the context's space moved, then the delimiter
+    assert enc == [evaluation.Encoded(list(b"Q:"), [list(b"  ab"), list(b"  abcdef")])]  # the context's space moved, then the delimiter
     # log-likelihoods -2.9 and -7.5: per character of the choice (2, 6) the second wins (lm-evaluation-harness:
     # len(choice)); per character of what was scored (4, 8) the first would
     sums = evaluation.task_sums(task, enc, [0], [-2.9, -7.5])
@@ -315,3 +317,16 @@ def test_the_adapter_replaces_a_cuda_device_that_does_not_exist_in_one_line(caps
     assert device_that_exists("cpu") == torch.device("cpu")
     with pytest.raises(ConfigError, match="--device 'gpu0': not a torch device"):
         device_that_exists("gpu0")
+
+
+def test_a_multiple_input_example_scores_its_target_after_each_context_and_acc_norm_divides_by_the_choice():
+    """lm-evaluation-harness's multiple_input (winogrande): choice i is target_delimiter + target after
+    contexts[i]; acc_norm divides by the choices' characters, as its process_results does."""
+    ex = evaluation.Example("He took the", ("He took the cat", "He took the elephant"), 1, 1, " ", ("He took the cat", "He took the elephant"), "home")
+    task = evaluation.Task("w", Path("w.yaml"), [ex], harness=True)
+    [enc] = evaluation.encode_task(task, lambda s: list(s.encode("utf-8")), 256, 256)
+    assert enc.requests() == [(list(b"He took the cat"), list(b" home")), (list(b"He took the elephant"), list(b" home"))]
+    assert evaluation.example_requests([enc], [0]) == enc.requests()
+    metrics = evaluation.task_metrics("w", evaluation.task_sums(task, [enc], [0], [-3.0, -3.5]))
+    assert metrics["eval/w/acc"] == 0.0 and metrics["eval/w/acc_norm"] == 1.0  # -3/15 < -3.5/20
+    assert task.where(ex) == "lm-evaluation-harness task 'w', document 0"
