@@ -57,7 +57,7 @@ def test_capacity_factor_drops_the_pairs_past_each_experts_capacity():
     y, _, _ = moe(x)
     probs = moe.router(x).softmax(-1)
     w = probs[:, :2] / probs[:, :2].sum(-1, keepdim=True)
-    full = moe.experts[0](x) * w[:, :1] + moe.experts[1](x) * w[:, 1:]
+    full = moe.experts.one(0, x) * w[:, :1] + moe.experts.one(1, x) * w[:, 1:]
     assert torch.allclose(y[:cap], full[:cap], atol=1e-6)  # first come, first served
     assert torch.allclose(y[cap:], torch.zeros_like(y[cap:]))  # both experts full: nothing for the rest
     roomy = MoE(16, 32, 4, 2, capacity_factor=2.0)  # capacity 8: every pair fits
