@@ -112,6 +112,21 @@ CONTRACT: dict[str, list[Member]] = {
             False,
             needs="check_tensor_parallel",
         ),
+        method(
+            "check_expert_parallel",
+            1,
+            "(ep) refuse an expert-parallel degree its experts or options cannot split into (raise ConfigError); default: ep > 1 refused",
+            False,
+            needs="parallelize_experts",
+        ),
+        method(
+            "parallelize_experts",
+            2,
+            "(model, ep_mesh) keep each rank's share of the experts over the 1-D expert-parallel mesh, routed rows exchanged with "
+            "all_to_all_single; returns the expert modules (their parameters are the experts'); default: ep > 1 refused",
+            False,
+            needs="check_expert_parallel",
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
         method(
             "mup_widths",
@@ -128,6 +143,13 @@ CONTRACT: dict[str, list[Member]] = {
         method("check_world", 1, "refuse a world size it cannot use (raise ConfigError); default: any", False),
         value("shards_parameters", (bool,), "parameters are sharded over ranks (plan's memory estimate); default False", False, default=False),
         value("tensor_parallel", (int,), "ranks of one tensor-parallel group (data-parallel ranks: world size / it); default 1", False, default=1),
+        value(
+            "expert_parallel",
+            (int,),
+            "ranks of one expert-parallel group, taken from the data-parallel ranks (they read different batches); default 1",
+            False,
+            default=1,
+        ),
         method("shard_tensors", 3, "(model, spec, dist) tensor-parallel sharding, before checkpointing and compile; default: none", False),
         value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
     ],

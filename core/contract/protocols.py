@@ -100,7 +100,12 @@ class ModelSpec(Protocol):
     into, ConfigError, before any process group) and ``parallelize_tensor(model, tp_mesh)`` (shard its
     modules over the 1-D tensor-parallel DeviceMesh with ``parallelize_module``, before activation
     checkpointing and compile; the forward's loss then runs under the parallelism's ``sync_context``,
-    which may be ``loss_parallel``); a model without them is refused under tp > 1.
+    which may be ``loss_parallel``); a model without them is refused under tp > 1. Expert parallelism
+    (``[parallelism] ep > 1``) needs ``check_expert_parallel(ep)`` and ``parallelize_experts(model,
+    ep_mesh)`` (keep each rank's share of the experts, as DTensors sharded over the 1-D expert-parallel
+    mesh, exchange routed rows with ``all_to_all_single``, and return the expert modules: the
+    parallelism syncs their gradients over the ranks holding the same experts); a model without them
+    is refused under ep > 1.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;
@@ -180,8 +185,9 @@ class Parallelism(Protocol):
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``check_world(world_size)``,
     ``shards_parameters``, ``wraps_before_compile``, ``tensor_parallel`` (ranks of one
     tensor-parallel group, consecutive ranks reading the same batches; the data-parallel ranks are
-    world size / it) and ``shard_tensors(model, spec, dist)`` (the tensor-parallel sharding, applied
-    before activation checkpointing and compile).
+    world size / it), ``expert_parallel`` (ranks of one expert-parallel group, taken from the
+    data-parallel ranks) and ``shard_tensors(model, spec, dist)`` (the tensor- and expert-parallel
+    sharding, applied before activation checkpointing and compile).
     """
 
     def wrap(self, model: nn.Module, spec: ModelSpec, dist: DistInfo, precision: "Precision") -> nn.Module: ...

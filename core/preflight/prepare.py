@@ -133,6 +133,7 @@ def prepare(
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     tp = check_tensor_parallel(components, rc, str(path))
+    check_expert_parallel(components, rc, str(path))
     dp_world = world // tp  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
     pm = plugin_manager()  # the hook contract of every monitor; nothing stays registered
@@ -376,3 +377,21 @@ def seq_len_schedule(pm: Any, order: list[str], rc: RunConfig, steps: int, path:
 def checkpoint_root(rc: RunConfig) -> Path:
     opts = rc.sections["checkpoint"]
     return Path(opts.dir) if opts.dir else Path(rc.train.output_dir) / "checkpoints"
+
+
+def check_expert_parallel(components: dict[str, Any], rc: RunConfig, path: str) -> None:
+    """The parallelism's expert-parallel degree, once the model can split its experts into it:
+    ConfigError (one line) before any process group otherwise."""
+    ep = member("parallelism", components["parallelism"], "expert_parallel")
+    if ep == 1:
+        return
+    model_name = rc.slots["model"].component.name
+    where = f"{path}: [parallelism] ep = {ep}"
+    check = member("model", components["model"], "check_expert_parallel")
+    if check is None:
+        raise ConfigError(f"{where}: model {model_name!r} declares no experts (parallelize_experts); expected ep = 1")
+    call_plugin(f"model {model_name!r}: check_expert_parallel", check, ep)
+    if rc.train.compile:
+        raise ConfigError(f"{where}: train.compile with expert parallelism is not supported yet; expected compile = false")
+    if rc.train.micro_batch == "auto":
+        raise ConfigError(f'{where}: train.micro_batch = "auto" with expert parallelism is not supported yet; expected a number')

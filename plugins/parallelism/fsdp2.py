@@ -18,6 +18,16 @@ size / tp): consecutive ranks form a tensor-parallel group, which reads the same
 model spec's ``parallelize_tensor`` shards its modules over it (before checkpointing and compile);
 FSDP then shards over ``dp`` (over nothing when dp = 1). Degrees are checked against the world size
 before any process group; ``pp`` (pipeline stages) is declared but only 1 is supported yet.
+
+``ep > 1`` adds expert parallelism, as torchtitan does it: the expert-parallel ranks are taken from
+the data-parallel ones (they still read different batches; a mesh ``replica`` x ``ep``, replica =
+world size / ep, consecutive ranks one ``ep`` group), because a MoE layer's experts hold most of its
+weights but each token needs only top-k of them, so splitting them costs no data parallelism. The
+model spec's ``parallelize_experts`` keeps each rank's ``n_experts / ep`` experts and exchanges the
+routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before
+and leaves the experts' out (``ignored_params``); their gradients are divided by the world size (the
+mean FSDP takes of the others) and summed over the ranks holding the same experts (``all_reduce``
+over ``replica``) before the norm.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from core.api import ConfigError, log, option
@@ -40,6 +51,7 @@ class FSDP2Options:
     cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer state in CPU memory")
     tp: int = option(1, "tensor-parallel degree: ranks of one group that split each layer (world size = dp x tp)", ge=1)
     pp: int = option(1, "pipeline-parallel degree (only 1: pipeline parallelism is not supported yet)", ge=1)
+    ep: int = option(1, "expert-parallel degree: ranks that split each MoE layer's experts, taken from the data-parallel ranks", ge=1)
 
 
 class FSDP2:
@@ -50,6 +62,9 @@ class FSDP2:
 
         self.tensor_parallel = options.tp
         self.mesh: Any = None  # the dp x tp mesh, made by shard_tensors when tp > 1
+        self.expert_parallel = options.ep
+        self.expert_mesh: Any = None  # the replica x ep mesh, made by shard_tensors when ep > 1
+        self.expert_params: list[nn.Parameter] = []
 
     def check_world(self, world_size: int) -> None:
         o = self.options
@@ -61,15 +76,25 @@ class FSDP2:
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} with tp = {o.tp} is not supported yet; expected replicate = 1 or tp = 1")
         if world_size % o.replicate:
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide the world size {world_size}")
+        if world_size % o.ep:
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
+        if o.ep > 1 and (o.tp > 1 or o.replicate > 1 or o.cpu_offload):
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with tp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
-        """tp > 1: the dp x tp mesh, and the model's modules sharded over its ``tp`` dimension."""
+        """tp > 1: the dp x tp mesh, and the model's modules sharded over its ``tp`` dimension; ep > 1: the
+        replica x ep mesh, and the model's experts split over its ``ep`` dimension."""
         o = self.options
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if o.ep > 1:
+            self.expert_mesh = init_device_mesh(dist.device.type, (dist.world_size // o.ep, o.ep), mesh_dim_names=("replica", "ep"))
+            modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
+            self.expert_params = [p for m in modules for p in m.parameters()]
         if o.tp == 1:
             return
-        from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(dist.device.type, (dist.world_size // o.tp, o.tp), mesh_dim_names=("dp", "tp"))
         spec.parallelize_tensor(model, self.mesh["tp"])
@@ -92,6 +117,8 @@ class FSDP2:
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
         kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.expert_params:
+            kwargs["ignored_params"] = set(self.expert_params)  # split by expert parallelism, synced in clip_grad_norm
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
@@ -118,6 +145,17 @@ class FSDP2:
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """The experts' gradients made the mean over ranks first (ep > 1), then the global norm."""
+        if self.expert_params:
+            replicas = self.expert_mesh["replica"]
+            world = self.expert_mesh.size()
+            for p in self.expert_params:
+                if p.grad is None:
+                    continue
+                local = p.grad.to_local()
+                local.div_(world)
+                if replicas.size() > 1:
+                    tdist.all_reduce(local, group=replicas.get_group())
         return clip_grad_norm(model, max_norm)
 
 
