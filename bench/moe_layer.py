@@ -92,8 +92,11 @@ def main(argv=None) -> int:
             ratio = f"{med[k] / med[(when, 'dense')]:.2f}"
             rows.append([f"{when}, {mode}", f"{med[k] * 1e3:.1f}", ratio, ", ".join(f"{t * 1e3:.0f}" for t in times[k])])
     body = table(["layer", "median ms (fwd + bwd)", "/ dense", "rounds (ms)"], rows)
+    # each round's sparse / dense of the same code, timed back to back: steadier than a ratio of medians under load
+    per_round = {w: statistics.median(s / d for s, d in zip(times[(w, "sparse")], times[(w, "dense")])) for w in ("before", "after")}
     body += (
-        f"\n\nsparse / dense: before {med[('before', 'sparse')] / med[('before', 'dense')]:.2f}, after {med[('after', 'sparse')] / med[('after', 'dense')]:.2f} "
+        f"\n\nsparse / dense, median of the rounds' ratios: before {per_round['before']:.2f}, after {per_round['after']:.2f}; "
+        f"ratio of medians: before {med[('before', 'sparse')] / med[('before', 'dense')]:.2f}, after {med[('after', 'sparse')] / med[('after', 'dense')]:.2f} "
         f"(ideal {args.top_k / args.experts:.2f}). One MoE layer, dim {args.dim}, ffn_dim {args.ffn_dim}, {args.experts} experts, top-{args.top_k}, "
         f"{args.tokens} tokens, float32, eager, {args.steps} steps per round, {args.rounds} alternating rounds, {torch.get_num_threads()} thread(s), "
         f"'before' = {args.before}; shared machine, load average {os.getloadavg()[0]:.1f} at the end."

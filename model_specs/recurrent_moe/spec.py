@@ -8,7 +8,6 @@ from typing import Any, ClassVar, cast
 from torch import nn
 
 from core.api import ConfigError
-
 from model_specs.llama3.model import Llama3Options
 from model_specs.llama3.spec import end_of_document
 from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, MoEBlock, RecurrentMoE, RecurrentMoEOptions

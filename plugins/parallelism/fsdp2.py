@@ -79,7 +79,9 @@ class FSDP2:
         if world_size % o.ep:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
         if o.ep > 1 and (o.tp > 1 or o.replicate > 1 or o.cpu_offload):
-            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with tp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults")
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} with tp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
+            )
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
@@ -152,7 +154,7 @@ class FSDP2:
             for p in self.expert_params:
                 if p.grad is None:
                     continue
-                local = p.grad.to_local()
+                local = p.grad.to_local()  # type: ignore[attr-defined]  # a DTensor (GroupedExperts.shard)
                 local.div_(world)
                 if replicas.size() > 1:
                     tdist.all_reduce(local, group=replicas.get_group())
