@@ -81,6 +81,7 @@ def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp
 def test_an_expert_parallel_degree_that_does_not_divide_the_world_is_one_line_under_train(tmp_path):
     cfg = moe_config(tmp_path)
     out = tmp_path / "out"
+    out.mkdir()
     proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={out}", "--parallelism.name=fsdp2", "--parallelism.ep=4")
     assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun turns a child's exit code 2 into 1; exit_status.json keeps it
     status = json.loads((out / "exit_status.json").read_text())
