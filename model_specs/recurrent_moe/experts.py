@@ -35,7 +35,6 @@ import torch.distributed as tdist
 import torch.distributed.nn.functional as dist_autograd
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
 
 
 @torch.library.custom_op("plait::grouped_swiglu", mutates_args=())
@@ -174,7 +173,10 @@ class GroupedExperts(nn.Module):
     def shard(self, ep_mesh: Any) -> None:
         """Keep this rank's ``n_experts / ep`` experts (rank r: experts r x n / ep onwards), as DTensors
         sharded on dim 0 over the 1-D ``ep_mesh``; no communication (every rank holds the same full
-        weights before)."""
+        weights before). DTensor is imported here, by a run that uses it: loading the plugins leaves it
+        out (seconds of imports)."""
+        from torch.distributed.tensor import DTensor, Shard
+
         ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
         per = self.n_experts // ep
         for name in ("w1", "w3", "w2"):
@@ -186,7 +188,7 @@ class GroupedExperts(nn.Module):
     def local_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's ``w1, w3, w2`` (all of them without expert parallelism) as plain tensors of ``dtype``."""
         ws = (self.w1, self.w3, self.w2)
-        return tuple(w.to_local().to(dtype) if isinstance(w, DTensor) else w.to(dtype) for w in ws)  # type: ignore[return-value]
+        return tuple(w.to_local().to(dtype) if hasattr(w, "to_local") else w.to(dtype) for w in ws)  # type: ignore[return-value]  # DTensor: shard()
 
     def one(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on rows ``x`` (every expert is local here: no expert parallelism)."""
