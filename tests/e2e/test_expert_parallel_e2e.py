@@ -1,7 +1,8 @@
 """Expert parallelism (``[parallelism] fsdp2`` with ``ep``) for ``recurrent_moe`` on CPU with gloo, real
-processes: the experts split over 2 and 4 ranks (and over 2 of 4 ranks, each half of the experts held by
-two replicas) give the losses and gradient norms of one process, dropless and with a capacity factor
-(relative tolerance 1e-5: the same float32 math, each expert's rows summed in another order); an ep = 2
+processes: the experts split over 2 and 4 ranks, and over 2 of 4 ranks (each half of the experts held
+by two replicas; with full activation checkpointing, so the exchange runs again in the recompute),
+give the losses and gradient norms of one process, dropless and with a capacity factor (relative
+tolerance 1e-5: the same float32 math, each expert's rows summed in another order); an ep = 2
 checkpoint resumes on one process, and a one-process checkpoint under ep = 2 (DCP reshards the stacked
 experts), at the uninterrupted run's losses; a degree that cannot work is one line, exit 2, before any
 process group."""
@@ -43,12 +44,11 @@ def test_expert_parallel_equals_one_process_and_its_checkpoints_move_to_one_proc
     train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--checkpoint.every=3")
     one_loss, one_norm = curve(tmp_path / "one")
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
-    for nproc, ep in ((2, 2), (4, 4), (4, 2)):
+    for nproc, ep, extra in ((2, 2, ()), (4, 4, ()), (4, 2, ("--train.activation_checkpointing=full",))):
         out = tmp_path / f"ep{ep}_of_{nproc}"
-        train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={ep}", "--checkpoint.every=3")
+        train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={ep}", "--checkpoint.every=3", *extra)
         loss, norm = curve(out)
         assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (nproc, ep, loss, one_loss, norm, one_norm)
-    # each rank holds a share of the experts: every rank's gradients were needed for the norm
     # the ep = 2 run's step-3 checkpoint on one process, and the one-process step-3 checkpoint under ep = 2
     for nproc, out, saved, layout in (
         (1, "one_again", "ep2_of_2", ("--parallelism.name=single",)),
