@@ -238,6 +238,12 @@ MADE: dict[str, list[Member]] = {
     "model_module": [
         method("step_metrics", 1, "(reduce) -> {name: value}: its own metrics on log steps, reduced over ranks by the core's reduce; default: none", False),
         method("extra_metrics", 0, "() -> {name: value}: this rank's view, on log steps; default: none", False),
+        method(
+            "log_step",
+            1,
+            "(on) the coming training step is (True) or is not a log step: what only log steps report may be measured on those alone; default: none",
+            False,
+        ),
     ],
 }
 

@@ -394,6 +394,14 @@ def precision_log_step(precision: Any, on: bool) -> None:
         fn(on)
 
 
+def model_log_step(model: nn.Module, on: bool) -> None:
+    """Tell the built model module whether the coming step is a log step (its optional ``log_step(on)``:
+    ``recurrent_moe`` then runs its expert-collapse probe on that step's micro-batches only)."""
+    fn = member("model_module", model, "log_step")
+    if fn is not None:
+        fn(on)
+
+
 @runtime_checkable
 class DataSource(Protocol):
     """A source of training tokens.

@@ -169,6 +169,12 @@ class GroupedExperts(nn.Module):
         self.w3 = nn.Parameter(torch.empty(n_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, hidden))
         self.ep_group: Any = None  # the expert-parallel process group, set by shard()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s default: uniform in +-1/sqrt(fan_in) (the model's ``init_weights`` sets its own)."""
+        for w in (self.w1, self.w3, self.w2):
+            nn.init.uniform_(w, -(w.shape[-1] ** -0.5), w.shape[-1] ** -0.5)
 
     def shard(self, ep_mesh: Any) -> None:
         """Keep this rank's ``n_experts / ep`` experts (rank r: experts r x n / ep onwards), as DTensors

@@ -157,7 +157,7 @@ class MoE(nn.Module):
     times the FFN work. Routing, losses and statistics are the same on every path.
 
     The collapse probe (the spread of every expert's output on the same 16 tokens) runs only when
-    :attr:`probe` is set: on the first training micro-batch of a step (:class:`RecurrentMoE` sets it)."""
+    :attr:`probe` is set: on the training micro-batches of log steps (:meth:`RecurrentMoE.log_step`)."""
 
     def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int, dispatch: str = "sparse", capacity_factor: float = 0.0):
         super().__init__()
@@ -278,9 +278,15 @@ class RecurrentMoE(nn.Module):
         self._parts: dict[str, torch.Tensor] = {}  # this step's sums (means) or minima, on the device
         self._micro = 0  # micro-batches in self._parts
         self._counts: torch.Tensor | None = None  # tokens per expert since the last step_metrics()
+        self.probing = True  # the coming step is a log step (log_step); without the trainer's word, every step
 
     def blocks(self) -> list[nn.Module]:
         return [*self.prelude, *self.core, *self.coda]
+
+    def log_step(self, on: bool) -> None:
+        """Whether the coming training step is a log step: the collapse probe (every expert on 16 of each
+        micro-batch's tokens, for ``moe/expert_spread_min``) runs on log steps' micro-batches only."""
+        self.probing = on
 
     def init_weights(self, init_std: float = 0.02) -> None:
         b = self.args.base
@@ -305,7 +311,7 @@ class RecurrentMoE(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         a = self.args
-        probe = labels is not None and torch.is_grad_enabled() and self.tok_embeddings.weight.grad is None  # a step's first micro-batch
+        probe = labels is not None and torch.is_grad_enabled() and self.probing  # a training micro-batch of a log step
         for block in cast("list[MoEBlock]", self.blocks()):
             block.moe.probe = probe
         h = self.tok_embeddings(input_ids)
@@ -352,7 +358,7 @@ class RecurrentMoE(nn.Module):
             "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
             "loop_cos": cos.float(),
         }
-        if all("spread" in b.moe.stats for b in blocks):  # the micro-batch that probed the experts
+        if all("spread" in b.moe.stats for b in blocks):  # a log step's micro-batch: it probed the experts
             now["spread"] = torch.stack([b.moe.stats["spread"] for b in blocks]).float().min()
         for key, value in now.items():
             old = self._parts.get(key)
