@@ -79,3 +79,19 @@ def test_bad_moe_options_name_the_key():
         RecurrentMoEOptions(top_k=5).check()
     with pytest.raises(ValueError, match=r"capacity_factor 0.5: expected 0 \(dropless\) or at least 1"):
         RecurrentMoEOptions(capacity_factor=0.5).check()
+
+
+def test_the_collapse_probe_runs_on_log_steps_only():
+    """The trainer tells the model whether the coming step is a log step (``log_step``); the probe that runs
+    every expert on 16 tokens runs on those steps' micro-batches only, and no other step reports a spread."""
+    model = build()
+    ids = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(2))
+    model.log_step(False)
+    model(ids, ids).backward()
+    assert all("spread" not in block.moe.stats for block in model.blocks())
+    metrics = model.extra_metrics()  # (it starts the next log window)
+    assert "moe/expert_spread_min" not in metrics and "moe/router_entropy" in metrics
+    model.zero_grad(set_to_none=True)
+    model.log_step(True)
+    model(ids, ids).backward()
+    assert model.extra_metrics()["moe/expert_spread_min"] > 0
