@@ -49,10 +49,10 @@ def _grouped_swiglu(
     start = 0
     for e, n in enumerate(counts.tolist()):
         if n:
-            rows = x[start : start + n]
-            a, b = rows @ w1[e].t(), rows @ w3[e].t()
-            h1[start : start + n], h3[start : start + n] = a, b
-            out[start : start + n] = (F.silu(a) * b) @ w2[e].t()
+            rows = x[start : start + n]  # each product written in place (out=): no copies
+            a = torch.mm(rows, w1[e].t(), out=h1[start : start + n])
+            b = torch.mm(rows, w3[e].t(), out=h3[start : start + n])
+            torch.mm(F.silu(a) * b, w2[e].t(), out=out[start : start + n])
         start += n
     return out, h1, h3
 
@@ -67,21 +67,24 @@ def _grouped_swiglu_backward(
     grad: torch.Tensor, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, h1: torch.Tensor, h3: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`_grouped_swiglu`'s output for x, w1, w3, w2 (an expert without rows gets zeros)."""
-    dx = torch.zeros_like(x)
-    dw1, dw3, dw2 = torch.zeros_like(w1), torch.zeros_like(w3), torch.zeros_like(w2)
+    dx = torch.empty_like(x)  # every row belongs to an expert: all written below
+    dw1, dw3, dw2 = torch.empty_like(w1), torch.empty_like(w3), torch.empty_like(w2)
     start = 0
     for e, n in enumerate(counts.tolist()):
-        if n:
-            rows, dy = x[start : start + n], grad[start : start + n]
-            a, b = h1[start : start + n], h3[start : start + n]
-            sig = torch.sigmoid(a)
-            s = a * sig  # silu(a)
-            dw2[e] = dy.t() @ (s * b)
-            dg = dy @ w2[e]
-            da = dg * b * (sig * (1 + a * (1 - sig)))  # silu'(a)
-            db = dg * s
-            dw1[e], dw3[e] = da.t() @ rows, db.t() @ rows
-            dx[start : start + n] = da @ w1[e] + db @ w3[e]
+        if not n:
+            dw1[e], dw3[e], dw2[e] = 0, 0, 0
+            continue
+        rows, dy = x[start : start + n], grad[start : start + n]
+        a, b = h1[start : start + n], h3[start : start + n]
+        sig = torch.sigmoid(a)
+        s = a * sig  # silu(a)
+        torch.mm(dy.t(), s * b, out=dw2[e])
+        dg = dy @ w2[e]
+        da = dg * b * (sig * (1 + a * (1 - sig)))  # silu'(a)
+        db = dg.mul_(s)
+        torch.mm(da.t(), rows, out=dw1[e])
+        torch.mm(db.t(), rows, out=dw3[e])
+        torch.mm(da, w1[e], out=dx[start : start + n]).addmm_(db, w3[e])
         start += n
     return dx, dw1, dw3, dw2
 
