@@ -27,7 +27,8 @@ model spec's ``parallelize_experts`` keeps each rank's ``n_experts / ep`` expert
 routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before
 and leaves the experts' out (``ignored_params``); their gradients are divided by the world size (the
 mean FSDP takes of the others) and summed over the ranks holding the same experts (``all_reduce``
-over ``replica``) before the norm.
+over ``replica``) before the norm. Each rank keeps its experts whole (with ep below the world size
+they repeat on each replica; torchtitan also FSDP-shards them over the replicas).
 """
 
 from __future__ import annotations
