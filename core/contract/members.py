@@ -135,6 +135,21 @@ CONTRACT: dict[str, list[Member]] = {
             "(core.plan); default: every parameter split, activations / tp, communication not estimated",
             False,
         ),
+        method(
+            "check_expert_parallel",
+            1,
+            "(ep) refuse an expert-parallel degree its experts or options cannot split into (raise ConfigError); default: ep > 1 refused",
+            False,
+            needs="parallelize_experts",
+        ),
+        method(
+            "parallelize_experts",
+            2,
+            "(model, ep_mesh) keep each rank's share of the experts over the 1-D expert-parallel mesh, routed rows exchanged with "
+            "all_to_all_single; returns the expert modules (their parameters are the experts'); default: ep > 1 refused",
+            False,
+            needs="check_expert_parallel",
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
         method(
             "mup_widths",
@@ -161,6 +176,13 @@ CONTRACT: dict[str, list[Member]] = {
             False,
         ),
         method("check_micro_batches", 1, "(micro-batches per step) refuse a count its pipeline schedule cannot run (raise ConfigError); default: any", False),
+        value(
+            "expert_parallel",
+            (int,),
+            "ranks of one expert-parallel group, taken from the data-parallel ranks (they read different batches); default 1",
+            False,
+            default=1,
+        ),
         method("shard_tensors", 3, "(model, spec, dist) tensor-parallel sharding, before checkpointing and compile; default: none", False),
         value("wraps_before_compile", (bool,), "wrap before torch.compile instead of after (DDP); default False", False, default=False),
     ],
@@ -249,6 +271,12 @@ MADE: dict[str, list[Member]] = {
     "model_module": [
         method("step_metrics", 1, "(reduce) -> {name: value}: its own metrics on log steps, reduced over ranks by the core's reduce; default: none", False),
         method("extra_metrics", 0, "() -> {name: value}: this rank's view, on log steps; default: none", False),
+        method(
+            "log_step",
+            1,
+            "(on) the coming training step is (True) or is not a log step: what only log steps report may be measured on those alone; default: none",
+            False,
+        ),
     ],
 }
 

@@ -114,6 +114,11 @@ class ModelSpec(Protocol):
     The optional ``tensor_parallel_costs(tp, micro_batch, seq_len, bytes_per_element)`` tells
     ``core.plan`` the parameters every tp rank holds whole, one rank's activations and its tp
     communication.
+    Expert parallelism (``[parallelism] ep > 1``) needs ``check_expert_parallel(ep)`` and
+    ``parallelize_experts(model, ep_mesh)`` (keep each rank's share of the experts, as DTensors sharded
+    over the 1-D expert-parallel mesh, exchange routed rows with ``all_to_all_single``, and return the
+    expert modules: the parallelism syncs their gradients over the ranks holding the same experts); a
+    model without them is refused under ep > 1.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;
@@ -193,9 +198,10 @@ class Parallelism(Protocol):
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``check_world(world_size)``,
     ``shards_parameters``, ``wraps_before_compile``, ``tensor_parallel`` (ranks of one
     tensor-parallel group, consecutive ranks reading the same batches; the data-parallel ranks are
-    world size / it) and ``shard_tensors(model, spec, dist)`` (the tensor-parallel sharding, applied
-    before activation checkpointing and compile); ``pipeline_parallel`` (pipeline stages; the
-    data-parallel ranks are world size / (tp x it)), ``pipeline_stages_per_rank``,
+    world size / it), ``expert_parallel`` (ranks of one expert-parallel group, taken from the
+    data-parallel ranks) and ``shard_tensors(model, spec, dist)`` (the tensor- and expert-parallel
+    sharding, applied before activation checkpointing and compile); ``pipeline_parallel`` (pipeline
+    stages; the data-parallel ranks are world size / (tp x it)), ``pipeline_stages_per_rank``,
     ``check_micro_batches(n)`` and ``pipeline_step(model, micro_batches)`` (the step's micro-batches
     through a pipeline schedule: forward and backward, the step's mean loss returned on every rank),
     which replaces the micro-batch loop when ``pipeline_parallel > 1``.
@@ -401,6 +407,14 @@ def precision_log_step(precision: Any, on: bool) -> None:
     """Tell the precision plugin whether the coming step is a log step (its optional
     ``log_step(on)``: fp8 plugins then record forward and backward amax for ``metrics``)."""
     fn = member("precision", precision, "log_step")
+    if fn is not None:
+        fn(on)
+
+
+def model_log_step(model: nn.Module, on: bool) -> None:
+    """Tell the built model module whether the coming step is a log step (its optional ``log_step(on)``:
+    ``recurrent_moe`` then runs its expert-collapse probe on that step's micro-batches only)."""
+    fn = member("model_module", model, "log_step")
     if fn is not None:
         fn(on)
 

@@ -23,7 +23,7 @@ from core.contract import log
 from core.contract import metrics as core_metrics
 from core.contract.errors import EXIT_BAD_INPUT, PlaitError
 from core.contract.members import member
-from core.contract.protocols import DistInfo, data_fingerprint, loader_consumed_samples, precision_log_step
+from core.contract.protocols import DistInfo, data_fingerprint, loader_consumed_samples, model_log_step, precision_log_step
 from core.data.prefetch import PrefetchingLoader, prefetching
 from core.data.step_batches import StepBatches
 from core.loop import stop_policy as policy
@@ -133,6 +133,7 @@ class Trainer:
                 batches = self.switch_stage()
             is_log = run.is_log_step(run.step + 1)
             precision_log_step(self.c["precision"], is_log)  # fp8 plugins record amax on log steps only
+            model_log_step(self.model, is_log)  # recurrent_moe probes its experts on log steps only
             watchdog.progress(f"reading the data of step {run.step + 1}", run.step)  # core.runtime.watchdog: what a stall names
             micro_batches, why = self.fetch.fetch(batches, self.built.loader_spec)  # core.data.step_batches
             if micro_batches is None:

@@ -140,6 +140,7 @@ def prepare(
     # compile's check needs the run's device: not this machine's when only the config is planned (core.plan --config-only) for "auto"
     run_device = device if validate_data or rc.train.device != "auto" else None
     tp = check_tensor_parallel(components, rc, run_device, node, str(path))
+    check_expert_parallel(components, rc, str(path))
     pp = check_pipeline(components, rc, str(path))
     dp_world = world // (tp * pp)  # the ranks that read different batches
     monitors = [(chosen.component.name, chosen.instantiate()) for chosen in rc.monitors]
@@ -397,3 +398,21 @@ def seq_len_schedule(pm: Any, order: list[str], rc: RunConfig, steps: int, path:
 def checkpoint_root(rc: RunConfig) -> Path:
     opts = rc.sections["checkpoint"]
     return Path(opts.dir) if opts.dir else Path(rc.train.output_dir) / "checkpoints"
+
+
+def check_expert_parallel(components: dict[str, Any], rc: RunConfig, path: str) -> None:
+    """The parallelism's expert-parallel degree, once the model can split its experts into it:
+    ConfigError (one line) before any process group otherwise."""
+    ep = member("parallelism", components["parallelism"], "expert_parallel")
+    if ep == 1:
+        return
+    model_name = rc.slots["model"].component.name
+    where = f"{path}: [parallelism] ep = {ep}"
+    check = member("model", components["model"], "check_expert_parallel")
+    if check is None:
+        raise ConfigError(f"{where}: model {model_name!r} declares no experts (parallelize_experts); expected ep = 1")
+    call_plugin(f"model {model_name!r}: check_expert_parallel", check, ep)
+    if rc.train.compile:
+        raise ConfigError(f"{where}: train.compile with expert parallelism is not supported yet; expected compile = false")
+    if rc.train.micro_batch == "auto":
+        raise ConfigError(f'{where}: train.micro_batch = "auto" with expert parallelism is not supported yet; expected a number')

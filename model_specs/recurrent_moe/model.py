@@ -20,13 +20,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast
 
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
 from core.api import option
 from model_specs.llama3.model import (
     Attention,
-    FeedForward,
     Llama3Options,
     Parametrization,
     RMSNorm,
@@ -39,7 +39,7 @@ from model_specs.llama3.model import (
     rope_tables,
     vocab_parallel_output,
 )
-from model_specs.recurrent_moe.experts import capacity, capacity_swiglu, grouped_swiglu
+from model_specs.recurrent_moe.experts import GroupedExperts
 
 FLAVORS: dict[str, dict[str, Any]] = {
     "debug": dict(
@@ -152,10 +152,13 @@ class MoE(nn.Module):
 
     ``dispatch = "sparse"`` runs each expert on the tokens routed to it only
     (:mod:`model_specs.recurrent_moe.experts`): dropless, or at most a capacity factor's share of
-    the routed pairs per expert. ``"dense"`` runs every expert on every token and mixes the outputs
-    with the routing weights (zero for an expert not chosen): the same function without drops, at
-    ``n_experts / top_k`` times the FFN work; experts whose linears a precision plugin converted
-    (fp8) run that way too. Routing, losses and statistics are the same on every path."""
+    the routed pairs per expert; under expert parallelism the rows travel to the rank holding their
+    expert. ``"dense"`` runs every expert on every token and mixes the outputs with the routing
+    weights (zero for an expert not chosen): the same function without drops, at ``n_experts / top_k``
+    times the FFN work. Routing, losses and statistics are the same on every path.
+
+    The collapse probe (the spread of every expert's output on the same 16 tokens) runs only when
+    :attr:`probe` is set: on the training micro-batches of log steps (:meth:`RecurrentMoE.log_step`)."""
 
     def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int, dispatch: str = "sparse", capacity_factor: float = 0.0):
         super().__init__()
@@ -163,12 +166,9 @@ class MoE(nn.Module):
         self.dispatch = dispatch
         self.capacity_factor = capacity_factor  # 0: dropless
         self.router = nn.Linear(dim, n_experts, bias=False)
-        self.experts = nn.ModuleList(FeedForward(dim, hidden) for _ in range(n_experts))
+        self.experts = GroupedExperts(dim, hidden, n_experts)
+        self.probe = False
         self.stats: dict[str, torch.Tensor] = {}
-
-    def sparse_ready(self) -> bool:
-        """The experts are plain linears whose weights can be stacked (not fp8-converted modules)."""
-        return self.dispatch == "sparse" and all(type(lin) is nn.Linear for ffn in self.experts for lin in (ffn.w1, ffn.w2, ffn.w3))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         shape = x.shape
@@ -177,47 +177,56 @@ class MoE(nn.Module):
         probs = logits.softmax(-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
-        n = len(self.experts)
+        n = self.experts.n_experts
         counts = F.one_hot(chosen, n).sum((0, 1))
-        out = self.routed(x, weights, chosen, counts) if self.sparse_ready() else self.dense(x, probs, weights, chosen)
+        out = self.routed(x, weights, chosen, counts) if self.dispatch == "sparse" else self.dense(x, probs, weights, chosen)
         # Switch balance loss: n x sum_e (fraction of routed tokens) x (mean router prob)
         frac = counts.float() / chosen.numel()
         aux = n * (frac * probs.mean(0)).sum()
         z = torch.logsumexp(logits, dim=-1).pow(2).mean()
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-9).log()).sum(-1).mean()
-            # collapse probe: every expert on the same few tokens; identical experts give spread 0
-            probe = x[:16].detach()
-            spread = torch.stack([expert(probe).float() for expert in self.experts]).std(0).mean() if n > 1 else x.new_zeros(())
-        self.stats = {"counts": counts.detach(), "entropy": entropy, "spread": spread}
+            self.stats = {"counts": counts.detach(), "entropy": entropy}
+            if self.probe:
+                self.stats["spread"] = self.spread(x[:16].detach())
         return out.reshape(shape), aux, z
+
+    def spread(self, probe: torch.Tensor) -> torch.Tensor:
+        """Std across experts of their outputs on the probe rows, averaged (0: identical experts). Under
+        expert parallelism every rank's probe rows go through every rank's experts (two all_gathers)."""
+        group = self.experts.ep_group
+        if group is not None:
+            ep = tdist.get_world_size(group)
+            probes = probe.new_empty(ep * probe.shape[0], probe.shape[1])
+            tdist.all_gather_into_tensor(probes, probe.contiguous(), group=group)
+            probe = probes
+        w1, w3, w2 = self.experts.local_weights(probe.dtype)
+        outs = torch.bmm(F.silu(torch.einsum("rd,ehd->erh", probe, w1)) * torch.einsum("rd,ehd->erh", probe, w3), w2.transpose(1, 2))
+        if group is not None:
+            every = outs.new_empty(ep * outs.shape[0], *outs.shape[1:])
+            tdist.all_gather_into_tensor(every, outs.contiguous(), group=group)
+            outs = every
+        return outs.float().std(0).mean() if outs.shape[0] > 1 else probe.new_zeros((), dtype=torch.float32)
 
     def dense(self, x: torch.Tensor, probs: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, mixed by the routing weights."""
         gates = torch.zeros_like(probs).scatter(1, chosen, weights).to(x.dtype)  # [tokens, experts]
         out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            out = out + expert(x) * gates[:, e, None]
+        for e in range(self.experts.n_experts):
+            out = out + self.experts.one(e, x) * gates[:, e, None]
         return out
 
     def routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Each (token, expert) pair computed by its expert alone, grouped by expert."""
         k = self.top_k
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        ffns = cast("list[FeedForward]", list(self.experts))
-        w1 = torch.stack([f.w1.weight for f in ffns]).to(dtype)
-        w3 = torch.stack([f.w3.weight for f in ffns]).to(dtype)
-        w2 = torch.stack([f.w2.weight for f in ffns]).to(dtype)
         expert = chosen.reshape(-1)
         order = expert.argsort(stable=True)  # pairs grouped by expert, in token order within a group
         token = order // k
-        rows = x[token].to(dtype)
         gate = weights.reshape(-1)[order]
-        if self.capacity_factor > 0:
-            y, kept = capacity_swiglu(rows, expert[order], counts, w1, w3, w2, capacity(rows.shape[0], len(ffns), self.capacity_factor))
+        y, kept = self.experts(x[token].to(dtype), expert[order], counts, self.capacity_factor)
+        if kept is not None:
             gate = gate * kept
-        else:
-            y = grouped_swiglu(rows, counts, w1, w3, w2)
         y = y * gate[:, None].to(y.dtype)
         return torch.zeros(x.shape, dtype=y.dtype, device=x.device).index_add(0, token, y).to(x.dtype)
 
@@ -272,9 +281,15 @@ class RecurrentMoE(nn.Module):
         self._counts: torch.Tensor | None = None  # tokens per expert since the last step_metrics()
         self.vocab_parallel = False  # set by the tensor-parallel plan: the head's logits are vocabulary-sharded DTensors
         self.tensor_parallel = 1  # set by the tensor-parallel plan: ranks that route the same tokens
+        self.probing = True  # the coming step is a log step (log_step); without the trainer's word, every step
 
     def blocks(self) -> list[nn.Module]:
         return [*self.prelude, *self.core, *self.coda]
+
+    def log_step(self, on: bool) -> None:
+        """Whether the coming training step is a log step: the collapse probe (every expert on 16 of each
+        micro-batch's tokens, for ``moe/expert_spread_min``) runs on log steps' micro-batches only."""
+        self.probing = on
 
     def init_weights(self, init_std: float = 0.02) -> None:
         b = self.args.base
@@ -289,11 +304,9 @@ class RecurrentMoE(nn.Module):
             for lin in (at.wq, at.wk, at.wv, moe.router):
                 nn.init.normal_(lin.weight, std=lin.weight.shape[1] ** -0.5)
             nn.init.normal_(at.wo.weight, std=residual_std)
-            for expert in moe.experts:
-                ffn = cast(FeedForward, expert)
-                nn.init.normal_(ffn.w1.weight, std=b.dim**-0.5)
-                nn.init.normal_(ffn.w3.weight, std=b.dim**-0.5)
-                nn.init.normal_(ffn.w2.weight, std=residual_std)
+            nn.init.normal_(moe.experts.w1, std=b.dim**-0.5)
+            nn.init.normal_(moe.experts.w3, std=b.dim**-0.5)
+            nn.init.normal_(moe.experts.w2, std=residual_std)
             block.attention_norm.reset_parameters()
             block.ffn_norm.reset_parameters()
         self.norm.reset_parameters()
@@ -301,6 +314,9 @@ class RecurrentMoE(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         a = self.args
+        probe = labels is not None and torch.is_grad_enabled() and self.probing  # a training micro-batch of a log step
+        for block in cast("list[MoEBlock]", self.blocks()):
+            block.moe.probe = probe
         h = self.tok_embeddings(input_ids)
         aux = h.new_zeros((), dtype=torch.float32)
         z = h.new_zeros((), dtype=torch.float32)
@@ -355,8 +371,9 @@ class RecurrentMoE(nn.Module):
             "z": z.float(),
             "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
             "loop_cos": cos.float(),
-            "spread": torch.stack([b.moe.stats["spread"] for b in blocks]).float().min(),
         }
+        if all("spread" in b.moe.stats for b in blocks):  # a log step's micro-batch: it probed the experts
+            now["spread"] = torch.stack([b.moe.stats["spread"] for b in blocks]).float().min()
         for key, value in now.items():
             old = self._parts.get(key)
             if old is None:
@@ -379,12 +396,13 @@ class RecurrentMoE(nn.Module):
         got = reduce(parts)
         self._counts = None
         counts = got["counts"].double()
+        spread = {"moe/expert_spread_min": float(got["spread"])} if "spread" in got else {}  # a step whose first micro-batch probed
         return {
             "lm": float(got["lm"]),
             "aux": float(got["aux"]),
             "z": float(got["z"]),
             "moe/loop_cos_min": float(got["loop_cos"]),
-            "moe/expert_spread_min": float(got["spread"]),
+            **spread,
             "moe/load_imbalance": float(counts.max() / counts.mean().clamp(min=1e-9)),
             "moe/router_entropy": float(got["entropy"]),
             "moe/expert_tokens": [int(c) for c in counts.tolist()],

@@ -7,9 +7,10 @@ from typing import Any, ClassVar, cast
 
 from torch import nn
 
+from core.api import ConfigError
 from model_specs.llama3.model import Llama3Options
 from model_specs.llama3.spec import end_of_document
-from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, RecurrentMoE, RecurrentMoEOptions
+from model_specs.recurrent_moe.model import FLAVORS, MoEArgs, MoEBlock, RecurrentMoE, RecurrentMoEOptions
 from model_specs.recurrent_moe.parallelize import check_tensor_parallel, parallelize_tensor
 from model_specs.recurrent_moe.pipeline import check_pipeline, pipeline_stages
 
@@ -71,6 +72,23 @@ class RecurrentMoESpec:
             mup_base_head_dim=r.mup_base_head_dim,
         ).resolved()  # the µP widths filled in (every shape is set)
         return cls(MoEArgs(r, base, f["n_prelude"], f["n_core"], f["n_coda"]))
+
+    def check_expert_parallel(self, ep: int) -> None:
+        """Refuse an expert-parallel degree that does not divide the experts, or the dense dispatch
+        (which runs every expert on every token: nothing to exchange)."""
+        o = self.args.options
+        if o.n_experts % ep:
+            raise ConfigError(f"[parallelism] ep = {ep} does not divide [model] n_experts = {o.n_experts}; expected a divisor of n_experts")
+        if o.dispatch != "sparse":
+            raise ConfigError(f'[parallelism] ep = {ep} needs [model] dispatch = "sparse", not {o.dispatch!r}')
+
+    def parallelize_experts(self, model: nn.Module, ep_mesh: Any) -> list[nn.Module]:
+        """Each MoE layer keeps ``n_experts / ep`` experts per rank (:meth:`GroupedExperts.shard`); the router,
+        attention and norms stay whole. Returns the layers' :class:`GroupedExperts`."""
+        experts = [cast(MoEBlock, block).moe.experts for block in _inner(model).blocks()]
+        for e in experts:
+            e.shard(ep_mesh)
+        return list(experts)
 
     def mup_widths(self) -> tuple[int, int] | None:
         """(dim, mup_base_width) under ``parametrization = "mup"``, None under standard (core.contract.mup).

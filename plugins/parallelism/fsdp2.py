@@ -26,6 +26,17 @@ stages, FSDP shards each stage over ``dp`` (parameters kept gathered between mic
 torchtitan does), and ``pipeline_schedule`` runs a step's micro-batches (at least one per stage;
 ``Interleaved1F1B`` holds two stages per rank and needs a multiple of ``pp``). Not with
 ``replicate`` or ``cpu_offload``.
+
+``ep > 1`` adds expert parallelism, as torchtitan does it: the expert-parallel ranks are taken from
+the data-parallel ones (they still read different batches; a mesh ``replica`` x ``ep``, replica =
+world size / ep, consecutive ranks one ``ep`` group), because a MoE layer's experts hold most of its
+weights but each token needs only top-k of them, so splitting them costs no data parallelism. The
+model spec's ``parallelize_experts`` keeps each rank's ``n_experts / ep`` experts and exchanges the
+routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before
+and leaves the experts' out (``ignored_params``); their gradients are divided by the world size (the
+mean FSDP takes of the others) and summed over the ranks holding the same experts (``all_reduce``
+over ``replica``) before the norm. Each rank keeps its experts whole (with ep below the world size
+they repeat on each replica; torchtitan also FSDP-shards them over the replicas).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.distributed as tdist
 from torch import nn
 
 from core.api import ConfigError, log, option
@@ -52,6 +64,7 @@ class FSDP2Options:
     pipeline_schedule: Literal["1F1B", "Interleaved1F1B", "GPipe"] = option(
         "1F1B", "pipeline schedule under pp > 1 (Interleaved1F1B: two stages per rank, micro-batches a multiple of pp)"
     )
+    ep: int = option(1, "expert-parallel degree: ranks that split each MoE layer's experts, taken from the data-parallel ranks", ge=1)
 
 
 class FSDP2:
@@ -65,6 +78,9 @@ class FSDP2:
         self.pipeline_stages_per_rank = pipeline.stages_per_rank(options.pipeline_schedule)
         self.mesh: Any = None  # the [pp x] dp x tp mesh, made by shard_tensors when tp > 1 or pp > 1
         self.pipeline: pipeline.Pipeline | None = None  # this rank's stages and schedule, made by wrap when pp > 1
+        self.expert_parallel = options.ep
+        self.expert_mesh: Any = None  # the replica x ep mesh, made by shard_tensors when ep > 1
+        self.expert_params: list[nn.Parameter] = []
 
     def check_world(self, world_size: int) -> None:
         o = self.options
@@ -79,6 +95,12 @@ class FSDP2:
         if (world_size // o.tp) % o.replicate:
             ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
+        if world_size % o.ep:
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
+        if o.ep > 1 and (o.tp > 1 or o.pp > 1 or o.replicate > 1 or o.cpu_offload):
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} with tp, pp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
+            )
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
@@ -86,13 +108,18 @@ class FSDP2:
         pipeline.check_micro_batches(self.options.pipeline_schedule, self.options.pp, micro_batches)
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
-        """tp > 1 or pp > 1: the [pp x] dp x tp mesh (replicate x shard x tp with ``replicate > 1``);
-        tp > 1: the model's modules sharded over its ``tp`` dimension."""
+        """tp > 1 or pp > 1: the [pp x] dp x tp mesh (replicate x shard x tp with ``replicate > 1``), and
+        with tp > 1 the model's modules sharded over its ``tp`` dimension; ep > 1: the replica x ep mesh,
+        and the model's experts split over its ``ep`` dimension."""
         o = self.options
-        if o.tp == 1 and o.pp == 1:
-            return
         from torch.distributed.device_mesh import init_device_mesh
 
+        if o.ep > 1:
+            self.expert_mesh = init_device_mesh(dist.device.type, (dist.world_size // o.ep, o.ep), mesh_dim_names=("replica", "ep"))
+            modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
+            self.expert_params = [p for m in modules for p in m.parameters()]
+        if o.tp == 1 and o.pp == 1:
+            return
         if o.pp > 1:
             self.mesh = init_device_mesh(dist.device.type, (o.pp, dist.world_size // (o.pp * o.tp), o.tp), mesh_dim_names=("pp", "dp", "tp"))
         elif o.replicate > 1:
@@ -123,6 +150,8 @@ class FSDP2:
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
         kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.expert_params:
+            kwargs["ignored_params"] = set(self.expert_params)  # split by expert parallelism, synced in clip_grad_norm
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
@@ -175,8 +204,20 @@ class FSDP2:
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """The experts' gradients made the mean over ranks first (ep > 1), then the global norm (over
+        the stages under pp > 1)."""
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm(model, max_norm)
+        if self.expert_params:
+            replicas = self.expert_mesh["replica"]
+            world = self.expert_mesh.size()
+            for p in self.expert_params:
+                if p.grad is None:
+                    continue
+                local = p.grad.to_local()  # type: ignore[attr-defined]  # a DTensor (GroupedExperts.shard)
+                local.div_(world)
+                if replicas.size() > 1:
+                    tdist.all_reduce(local, group=replicas.get_group())
         return clip_grad_norm(model, max_norm)
 
 

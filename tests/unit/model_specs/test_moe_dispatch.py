@@ -57,7 +57,7 @@ def test_capacity_factor_drops_the_pairs_past_each_experts_capacity():
     y, _, _ = moe(x)
     probs = moe.router(x).softmax(-1)
     w = probs[:, :2] / probs[:, :2].sum(-1, keepdim=True)
-    full = moe.experts[0](x) * w[:, :1] + moe.experts[1](x) * w[:, 1:]
+    full = moe.experts.one(0, x) * w[:, :1] + moe.experts.one(1, x) * w[:, 1:]
     assert torch.allclose(y[:cap], full[:cap], atol=1e-6)  # first come, first served
     assert torch.allclose(y[cap:], torch.zeros_like(y[cap:]))  # both experts full: nothing for the rest
     roomy = MoE(16, 32, 4, 2, capacity_factor=2.0)  # capacity 8: every pair fits
@@ -79,3 +79,19 @@ def test_bad_moe_options_name_the_key():
         RecurrentMoEOptions(top_k=5).check()
     with pytest.raises(ValueError, match=r"capacity_factor 0.5: expected 0 \(dropless\) or at least 1"):
         RecurrentMoEOptions(capacity_factor=0.5).check()
+
+
+def test_the_collapse_probe_runs_on_log_steps_only():
+    """The trainer tells the model whether the coming step is a log step (``log_step``); the probe that runs
+    every expert on 16 tokens runs on those steps' micro-batches only, and no other step reports a spread."""
+    model = build()
+    ids = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(2))
+    model.log_step(False)
+    model(ids, ids).backward()
+    assert all("spread" not in block.moe.stats for block in model.blocks())
+    metrics = model.extra_metrics()  # (it starts the next log window)
+    assert "moe/expert_spread_min" not in metrics and "moe/router_entropy" in metrics
+    model.zero_grad(set_to_none=True)
+    model.log_step(True)
+    model(ids, ids).backward()
+    assert model.extra_metrics()["moe/expert_spread_min"] > 0

@@ -1,0 +1,90 @@
+"""Expert parallelism (``[parallelism] fsdp2`` with ``ep``) for ``recurrent_moe`` on CPU with gloo, real
+processes: the experts split over 2 and 4 ranks, and over 2 of 4 ranks (each half of the experts held
+by two replicas; with full activation checkpointing, so the exchange runs again in the recompute),
+give the losses and gradient norms of one process, dropless and with a capacity factor (relative
+tolerance 1e-5: the same float32 math, each expert's rows summed in another order); an ep = 2
+checkpoint resumes on one process, and a one-process checkpoint under ep = 2 (DCP reshards the stacked
+experts), at the uninterrupted run's losses; a degree that cannot work is one line, exit 2, before any
+process group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import read_metrics, run_module, torchrun, write_tiny_config
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-5  # relative, on loss and gradient norm
+
+
+def moe_config(tmp: Path) -> Path:
+    """recurrent_moe debug (4 experts, top-2, 2 loops), 5 steps of 2048 tokens: 4 micro-batches of 2 x 128 on one process."""
+    cfg = write_tiny_config(tmp, steps=5, global_batch_tokens=2048)
+    cfg.write_text(cfg.read_text().replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', 'name = "recurrent_moe"\nn_loops = 2\n'))
+    return cfg
+
+
+def curve(out: Path) -> tuple[list[float], list[float]]:
+    rows = read_metrics(out)
+    return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
+
+
+def train(nproc: int, cfg: Path, out: Path, *args: str):
+    argv = ("--config", str(cfg), f"--train.output_dir={out}", *args)
+    proc = run_module("core.train", *argv) if nproc == 1 else torchrun(nproc, *argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_expert_parallel_equals_one_process_and_its_checkpoints_move_to_one_process_and_back(tmp_path):
+    cfg = moe_config(tmp_path)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--checkpoint.every=3")
+    one_loss, one_norm = curve(tmp_path / "one")
+    assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
+    for nproc, ep, extra in ((2, 2, ()), (4, 4, ()), (4, 2, ("--train.activation_checkpointing=full",))):
+        out = tmp_path / f"ep{ep}_of_{nproc}"
+        train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={ep}", "--checkpoint.every=3", *extra)
+        loss, norm = curve(out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (nproc, ep, loss, one_loss, norm, one_norm)
+    # the ep = 2 run's step-3 checkpoint on one process, and the one-process step-3 checkpoint under ep = 2
+    for nproc, out, saved, layout in (
+        (1, "one_again", "ep2_of_2", ("--parallelism.name=single",)),
+        (2, "ep2_again", "one", ("--parallelism.name=fsdp2", "--parallelism.ep=2")),
+    ):
+        ckpt = tmp_path / saved / "checkpoints" / "step_000000003"
+        resumed = train(nproc, cfg, tmp_path / out, *layout, f"--checkpoint.resume={ckpt}")
+        assert "at step 3" in resumed.stdout, resumed.stdout
+        assert [r["step"] for r in read_metrics(tmp_path / out)] == [4, 5]
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (out, loss, one_loss[3:])
+
+
+def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp_path):
+    """capacity_factor = 1: each rank drops, of its own routed pairs, those one process drops of the same
+    micro-batch (before sending), so the losses are the one-process ones; they differ from dropless."""
+    cfg = moe_config(tmp_path)
+    cap = "--model.capacity_factor=1.0"
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", cap)
+    one_loss, one_norm = curve(tmp_path / "one")
+    train(1, cfg, tmp_path / "dropless", "--parallelism.name=single", "--train.steps=2")
+    assert curve(tmp_path / "dropless")[0] != pytest.approx(one_loss[:2], rel=1e-4)  # the capacity did drop pairs
+    for nproc in (2, 4):
+        out = tmp_path / f"ep{nproc}"
+        train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={nproc}", cap)
+        loss, norm = curve(out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (nproc, loss, one_loss)
+
+
+def test_an_expert_parallel_degree_that_does_not_divide_the_world_is_one_line_under_train(tmp_path):
+    cfg = moe_config(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = torchrun(2, "--config", str(cfg), f"--train.output_dir={out}", "--parallelism.name=fsdp2", "--parallelism.ep=4")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun turns a child's exit code 2 into 1; exit_status.json keeps it
+    status = json.loads((out / "exit_status.json").read_text())
+    assert (status["exit_code"], status["reason"]) == (2, "bad_input"), status
+    assert "[parallelism] fsdp2: ep = 4 does not divide the world size 2" in proc.stderr, proc.stderr[-3000:]
+    assert not (out / "metrics.jsonl").is_file() or not read_metrics(out)
