@@ -1,5 +1,6 @@
-"""Step time and peak memory per rank of the data- and tensor-parallel layouts on CPU (gloo): fsdp2
-alone on 4 ranks, fsdp2 dp 2 x tp 2 on 4 ranks, and tp 2 on 2 ranks, one global batch each.
+"""Step time and peak memory per rank of the parallel layouts on CPU (gloo), one global batch each,
+beside fsdp2 alone on 4 ranks: ``--layouts tp`` adds dp 2 x tp 2 on 4 ranks and tp 2 on 2 ranks,
+``pp`` pp 2 x dp 2 under 1F1B and GPipe (4 ranks), ``ep`` ep 2 and ep 4 on 4 ranks (``recurrent_moe``).
 
 Each layout is a ``torchrun`` of ``core.train`` on synthetic tokens (the model's ``debug`` shape), in
 alternating rounds; a run's step time is the median ``step_time_s`` of its steps after the first
@@ -7,6 +8,8 @@ two, and its memory the peak resident set of its largest rank (``ru_maxrss`` of 
 subtree, read by ``os.wait4``: torch's own libraries included, so on the debug shape it says little about the layout).
 
     nice -n 10 python -m bench.tensor_parallel --rounds 3 --steps 8
+    nice -n 10 python -m bench.tensor_parallel --layouts pp --rounds 3 --steps 8
+    nice -n 10 python -m bench.tensor_parallel --layouts ep --model recurrent_moe --rounds 3 --steps 8
 """
 
 from __future__ import annotations
@@ -22,10 +25,15 @@ from pathlib import Path
 
 from bench.common import REPO, free_port, report, table
 
-LAYOUTS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "fsdp2 x4": (4, ()),
-    "fsdp2 dp2 x tp2": (4, ("--parallelism.tp=2",)),
-    "tp2 (2 ranks)": (2, ("--parallelism.tp=2",)),
+FSDP4: dict[str, tuple[int, tuple[str, ...]]] = {"fsdp2 x4": (4, ())}
+LAYOUTS: dict[str, dict[str, tuple[int, tuple[str, ...]]]] = {  # set -> layout -> (ranks, options)
+    "tp": {**FSDP4, "fsdp2 dp2 x tp2": (4, ("--parallelism.tp=2",)), "tp2 (2 ranks)": (2, ("--parallelism.tp=2",))},
+    "pp": {
+        **FSDP4,
+        "pp2 x dp2, 1F1B": (4, ("--parallelism.pp=2", "--parallelism.pipeline_schedule=1F1B")),
+        "pp2 x dp2, GPipe": (4, ("--parallelism.pp=2", "--parallelism.pipeline_schedule=GPipe")),
+    },
+    "ep": {**FSDP4, "ep2 (4 ranks)": (4, ("--parallelism.ep=2",)), "ep4 (4 ranks)": (4, ("--parallelism.ep=4",))},
 }
 
 
@@ -83,31 +91,36 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="llama3", choices=["llama3", "recurrent_moe"])
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--layouts", default="tp", choices=sorted(LAYOUTS), help="which layouts beside fsdp2 alone")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-record", action="store_true")
     a = p.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="plait-bench-tp-"))
     cfg = write_config(folder, a.model, a.seq_len, a.micro_batch, a.steps)
-    got: dict[str, list[tuple[float, float]]] = {name: [] for name in LAYOUTS}
+    layouts = LAYOUTS[a.layouts]
+    if a.layouts == "ep" and a.model != "recurrent_moe":
+        p.error("--layouts ep needs --model recurrent_moe (llama3 has no experts)")
+    got: dict[str, list[tuple[float, float]]] = {name: [] for name in layouts}
     for r in range(a.rounds):
-        for name, (nproc, extra) in LAYOUTS.items():
+        for name, (nproc, extra) in layouts.items():
             got[name].append(run(cfg, folder / f"{r}-{name.replace(' ', '_')}", nproc, extra))
             print(f"round {r + 1} {name}: {got[name][-1][0] * 1e3:.1f} ms/step", flush=True)
     rows = []
-    for name, (nproc, _) in LAYOUTS.items():
+    for name, (nproc, _) in layouts.items():
         step = statistics.median(t for t, _ in got[name]) * 1e3
         mem = max(m for _, m in got[name])
         rows.append([name, nproc, step, mem])
     body = table(["layout", "ranks", "step ms (median)", "peak RSS MiB, largest rank"], rows) + (
         f"\n\n`{a.model}` `debug`, fp32, {4 * a.micro_batch * a.seq_len} tokens per step (micro-batch {a.micro_batch} x seq {a.seq_len} "
-        f"x 4 ranks' worth: accumulation 1, 2 and 4), {a.steps} steps per run (the first two left out), {a.rounds} alternating rounds, "
+        f"x 4 ranks' worth: accumulation 4 / data-parallel ranks), {a.steps} steps per run (the first two left out), {a.rounds} alternating rounds, "
         "gloo on CPU, one thread per rank, under `nice -n 10` on a shared, loaded 2-core machine (6 helpers' tests beside it): "
         "the ratios, not the times, are the figure. Peak RSS is the largest rank's process, torch included."
     )
     print(body)
     if not a.no_record:
-        report(f"tensor-parallel layouts, `{a.model}` `debug`, CPU", body)
+        title = {"tp": "tensor-parallel", "pp": "pipeline-parallel", "ep": "expert-parallel"}[a.layouts]
+        report(f"{title} layouts, `{a.model}` `debug`, CPU", body)
     return 0
 
 

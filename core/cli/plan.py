@@ -89,7 +89,7 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
     mesh = {"dp": dp, "tp": tp} if replicate == 1 else {"dp": dp, "replicate": replicate, "shard": dp // replicate, "tp": tp}
     if pp > 1:
         mesh = {"pp": pp, **mesh}
-    return {
+    layout = {
         "mesh": mesh,
         "shard": shard,
         "replicate": replicate,
@@ -97,7 +97,34 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
         "params_per_rank": held / shard,
         "activation_bytes": activations,
         "tp_comm_bytes": got["comm_bytes"],
+        "expert_params_per_rank": 0.0,
+        "ep_comm_bytes": 0,
     }
+    return expert_parallel_layout(prep, layout, bytes_per_element)
+
+
+def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[str, Any]:
+    """Under ep > 1 (tp, pp and replicate are 1 then): the mesh gains the experts' ``replica x ep``; a
+    rank holds ``1 / ep`` of the experts whole (not FSDP-sharded, as the runtime keeps them) and its
+    FSDP shard of every other parameter (``params_unsharded``: what FSDP gathers); ``ep_comm_bytes``:
+    the model's all-to-all bytes per micro-batch (None: the model does not say its experts, whose
+    parameters are then counted as FSDP-sharded)."""
+    c, world = prep.components, prep.world_size
+    ep = member("parallelism", c["parallelism"], "expert_parallel")
+    if ep == 1:
+        return layout
+    layout["mesh"] = {**layout["mesh"], "replica": world // ep, "ep": ep}
+    costs = member("model", c["model"], "expert_parallel_costs")
+    if costs is None:
+        layout["ep_comm_bytes"] = None
+        return layout
+    got = costs(ep, prep.rc.train.micro_batch, prep.rc.seq_len, bytes_per_element)
+    experts = got["expert_params"]
+    layout["params_unsharded"] -= experts
+    layout["expert_params_per_rank"] = experts / ep
+    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / ep
+    layout["ep_comm_bytes"] = got["comm_bytes"]
+    return layout
 
 
 def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[str, float | None]:
@@ -106,7 +133,9 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
     ``reshard_after_forward = false``), the gradients reduce-scattered in fp32 once per step, and under
     HSDP the shards all-reduced across the replicas; DDP: the gradients all-reduced; TP: the model's
     collectives per micro-batch (None: not estimated); PP: the stages' send and receive of activations
-    (not estimated)."""
+    (not estimated); EP: the routed rows' all-to-alls per micro-batch (None: not estimated), and the
+    experts' fp32 gradients all-reduced over the replicas holding the same experts (FSDP's gathers and
+    reduce-scatters then cover the other parameters only)."""
     c, accum = prep.components, prep.grad_accum
     n, shard, replicate = layout["params_unsharded"], layout["shard"], layout["replicate"]
     param_bytes = bytes_per_element
@@ -128,6 +157,11 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
         out["tp"] = None if tp_bytes is None else prep.grad_accum * tp_bytes / GiB
     if prep.pipeline_parallel > 1:
         out["pp"] = None
+    if "ep" in layout["mesh"]:
+        ep_bytes, replica = layout["ep_comm_bytes"], layout["mesh"]["replica"]
+        out["ep_all_to_all"] = None if ep_bytes is None else prep.grad_accum * ep_bytes / GiB
+        if replica > 1 and layout["expert_params_per_rank"]:  # the same experts' gradients summed over the replicas
+            out["ep_all_reduce"] = 2 * (replica - 1) / replica * layout["expert_params_per_rank"] * 4 / GiB
     return out
 
 
@@ -173,7 +207,7 @@ def make_plan(prep) -> dict[str, Any]:
         "flops_per_token": fpt,
         "seq_len": rc.seq_len,
         "world_size": world,
-        "mesh": layout["mesh"],  # pipeline stages x data-parallel x tensor-parallel ranks (dp = replicate x shard under HSDP)
+        "mesh": layout["mesh"],  # pipeline stages x data-parallel x tensor-parallel ranks (dp = replicate x shard under HSDP; experts on replica x ep)
         "pipeline": pipeline,
         "communication_per_step_gib": communication(prep, layout, act_bytes_per_el),
         "micro_batch": rc.train.micro_batch,

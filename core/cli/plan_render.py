@@ -89,7 +89,10 @@ def layout_lines(plan: dict[str, Any]) -> list[str]:
     """The device mesh and what one rank sends per step (GiB, estimate; core.cli.plan.communication)."""
     if plan["world_size"] == 1:
         return []
-    mesh = " x ".join(f"{name} {size}" for name, size in plan["mesh"].items() if name != "dp" or "shard" not in plan["mesh"])
+    shown = {name: size for name, size in plan["mesh"].items() if name not in ("replica", "ep") and (name != "dp" or "shard" not in plan["mesh"])}
+    mesh = " x ".join(f"{name} {size}" for name, size in shown.items())
+    if "ep" in plan["mesh"]:
+        mesh += f", experts on replica {plan['mesh']['replica']} x ep {plan['mesh']['ep']}"
     names = {
         "fsdp_all_gather": "FSDP all-gather",
         "fsdp_reduce_scatter": "reduce-scatter",
@@ -97,6 +100,8 @@ def layout_lines(plan: dict[str, Any]) -> list[str]:
         "ddp_all_reduce": "DDP all-reduce",
         "tp": "TP",
         "pp": "PP send/recv",
+        "ep_all_to_all": "EP all-to-all",
+        "ep_all_reduce": "experts' all-reduce",
     }
     comm = plan["communication_per_step_gib"]
     parts = [f"{names[k]} {'not estimated' if v is None else f'{v:.3g}'}" for k, v in comm.items()]

@@ -150,6 +150,14 @@ CONTRACT: dict[str, list[Member]] = {
             False,
             needs="check_expert_parallel",
         ),
+        method(
+            "expert_parallel_costs",
+            4,
+            "(ep, micro_batch, seq_len, bytes_per_element) -> {expert_params: the experts' parameters, all layers (a rank holds 1 / ep "
+            "of them, not FSDP-sharded), comm_bytes: what one rank sends in all-to-alls for one micro-batch, forward and backward} "
+            "(core.plan); default: every parameter FSDP-sharded, all-to-all not estimated",
+            False,
+        ),
         method("resolved_architecture", 0, "{name: value} as built, flavor resolved, resumes compare it; default: as written", False, "architecture_options"),
         method(
             "mup_widths",

@@ -155,6 +155,20 @@ class RecurrentMoESpec:
             "comm_bytes": (6 * applied + 4) * stream * (tp - 1) // tp,
         }
 
+    def expert_parallel_costs(self, ep: int, micro_batch: int, seq_len: int, bytes_per_element: int) -> dict[str, int]:
+        """Under ``ep`` (core.plan): the experts' parameters (all layers, all experts; a rank holds
+        ``1 / ep`` of them, not FSDP-sharded), and what one rank sends in the all-to-alls of one
+        micro-batch: per applied block its ``top_k`` routed rows of ``dim`` (dropless), out to the
+        experts and back (2), forward and backward (2), ``(ep - 1) / ep`` of them to other ranks."""
+        a, b = self.args, self.args.base
+        layers = a.n_prelude + a.n_core + a.n_coda
+        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        rows = micro_batch * seq_len * a.options.top_k
+        return {
+            "expert_params": layers * a.options.n_experts * 3 * b.dim * b.ffn_dim,
+            "comm_bytes": applied * rows * b.dim * bytes_per_element * 2 * 2 * (ep - 1) // ep,
+        }
+
     def _active_params(self) -> int:
         """Parameters a token passes through: attention + top_k experts per applied block, head."""
         a, b = self.args, self.args.base

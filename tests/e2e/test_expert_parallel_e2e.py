@@ -4,7 +4,8 @@ by two replicas; with full activation checkpointing, so the exchange runs again 
 give the losses and gradient norms of one process, dropless and with a capacity factor (relative
 tolerance 1e-5: the same float32 math, each expert's rows summed in another order); an ep = 2
 checkpoint resumes on one process, and a one-process checkpoint under ep = 2 (DCP reshards the stacked
-experts), at the uninterrupted run's losses; a degree that cannot work is one line, exit 2, before any
+experts), at the uninterrupted run's losses; the document mask with per-document RoPE positions
+under ep = 2 equals one process too; a degree that cannot work is one line, exit 2, before any
 process group."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import read_metrics, run_module, torchrun, write_tiny_config
+from test_tensor_parallel import short_documents
 
 pytestmark = pytest.mark.slow
 
@@ -76,6 +78,19 @@ def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp
         train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={nproc}", cap)
         loss, norm = curve(out)
         assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (nproc, loss, one_loss)
+
+
+def test_expert_parallel_with_the_document_mask_equals_one_process(tmp_path):
+    """Each rank routes its own tokens of micro-batches whose attention stops at document ends (and
+    RoPE positions restart there): ep = 2 on 2 ranks gives the one-process losses."""
+    cfg = moe_config(tmp_path)
+    data = short_documents(tmp_path)
+    mask = ("--model.attention_mask=document", "--model.rope_positions=document", f"--data.path={data}")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", *mask)
+    one_loss, one_norm = curve(tmp_path / "one")
+    train(2, cfg, tmp_path / "ep2", "--parallelism.name=fsdp2", "--parallelism.ep=2", *mask)
+    loss, norm = curve(tmp_path / "ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss)
 
 
 def test_an_expert_parallel_degree_that_does_not_divide_the_world_is_one_line_under_train(tmp_path):

@@ -122,6 +122,31 @@ def test_recurrent_moe_keeps_its_experts_whole_under_tensor_parallelism(tiny_con
     assert 0.5 < tp["activations_gib"] / dp["activations_gib"] < 1
 
 
+def test_expert_parallelism_divides_the_experts_by_ep_and_prices_the_all_to_all(tiny_config, capsys):
+    """recurrent_moe on 4 ranks: under ep a rank holds 1 / ep of the experts whole (not FSDP-sharded)
+    and its FSDP shard of the rest, so ep 4 holds what fsdp 4 holds and ep 2 more; FSDP gathers only
+    the rest; the all-to-all grows as (ep - 1) / ep, and the experts' gradients are all-reduced over
+    the replicas only when there are several."""
+    from core.cli import plan
+
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    fsdp, ep2, ep4 = (plan_json(capsys, cfg, 4, *moe, *ep) for ep in ((), ("--parallelism.ep=2",), ("--parallelism.ep=4",)))
+    assert ep2["mesh"] == {"dp": 4, "tp": 1, "replica": 2, "ep": 2} and ep4["mesh"] == {"dp": 4, "tp": 1, "replica": 1, "ep": 4}
+    w1, w2, w4 = (p["memory_per_rank"]["weights_gib"] for p in (fsdp, ep2, ep4))
+    assert w4 == pytest.approx(w1) and w2 > w1  # experts / 4 either way; ep 2: experts / 2 on each rank
+    experts = (w2 - w4) * 4  # GiB of all the experts' fp32 weights: E / 2 - E / 4 = E / 4
+    assert 0.5 * 4 * w1 < experts < 4 * w1  # most of the model, not all of it
+    c1, c2, c4 = (p["communication_per_step_gib"] for p in (fsdp, ep2, ep4))
+    assert c2["fsdp_all_gather"] == pytest.approx(c4["fsdp_all_gather"])
+    assert c1["fsdp_all_gather"] - c2["fsdp_all_gather"] == pytest.approx(fsdp["grad_accum"] * 2 * 3 / 4 * experts)  # the experts are not gathered
+    assert "ep_all_to_all" not in c1 and c2["ep_all_to_all"] > 0 and c4["ep_all_to_all"] == pytest.approx(c2["ep_all_to_all"] * 1.5)
+    assert c2["ep_all_reduce"] == pytest.approx(2 * 1 / 2 * experts / 2) and "ep_all_reduce" not in c4
+    assert plan.main(["--config", str(cfg), "--config-only", "--nproc", "4", "--parallelism.name=fsdp2", "--parallelism.ep=2", *moe]) == 0
+    text = capsys.readouterr().out
+    assert "mesh        dp 4 x tp 1, experts on replica 2 x ep 2" in text and "EP all-to-all" in text, text
+
+
 def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
     """replicate 2 x shard 1 x tp 2: nothing sharded (no all-gather), the gradients all-reduced across the replicas."""
     got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
