@@ -67,7 +67,8 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
     ``whole_params``, FSDP shards the rest over the data-parallel ranks of a shard group; under pp > 1
     the share of the rank with the most, :func:`pipeline_plan`), one step's ``activation_bytes`` kept
     at once (a micro-batch's; under pp > 1 its stages' share, times the micro-batches in flight), and
-    TP's ``comm_bytes`` per micro-batch (None: the model does not say)."""
+    TP's ``comm_bytes`` per micro-batch (None: the model does not say); under ep > 1 the experts' share
+    (:func:`expert_parallel_layout`)."""
     rc, c = prep.rc, prep.components
     spec, tp, pp, world = c["model"], prep.tensor_parallel, prep.pipeline_parallel, prep.world_size
     dp = world // (tp * pp)
