@@ -15,8 +15,10 @@ the same batches. Validation: the mean loss over ``--val-batches`` fixed micro-b
 validation split, the same for every run.
 
 Reported per width and LR: the mean validation loss over ``--seeds`` and its standard deviation
-between seeds; per width the best LR of the mean and the best LR of each seed (its uncertainty); and
-how far the best LR moves across the widths, in grid steps. ``--png`` plots loss against LR, one line
+between seeds; per width the best LR of the mean, the best LR of each seed (its uncertainty), and
+by how much the better grid neighbour of the best is worse, paired by seed (mean ± std of the
+differences: a margin several std above 0 resolves the best LR); and how far the best LR moves
+across the widths, in grid steps. ``--png`` plots loss against LR, one line
 per width, with the seeds' spread as error bars. ``--log`` keeps each run's loss (a JSON line),
 and runs already in it are read back, not rerun.
 
@@ -100,6 +102,18 @@ class Sweep:
         """The grid index of each seed's best LR."""
         return [min(range(len(self.lrs)), key=lambda i: self.loss[param, width, self.lrs[i], s]) for s in self.seeds]
 
+    def margin(self, param: str, width: int) -> tuple[float, float, float]:
+        """How much worse the better grid neighbour of the best LR is, paired by seed: (mean, std)
+        of its loss minus the best's, and that neighbour's LR."""
+        b = self.best(param, width)
+        pairs = []
+        for i in (b - 1, b + 1):
+            if 0 <= i < len(self.lrs):
+                d = [self.loss[param, width, self.lrs[i], s] - self.loss[param, width, self.lrs[b], s] for s in self.seeds]
+                if all(math.isfinite(x) for x in d):
+                    pairs.append((statistics.mean(d), statistics.stdev(d) if len(d) > 1 else 0.0, self.lrs[i]))
+        return min(pairs) if pairs else (math.inf, math.inf, math.nan)
+
     def moves(self, param: str) -> int:
         """Grid steps between the lowest and the highest best LR (of the mean) over all widths."""
         b = [self.best(param, w) for w in self.widths]
@@ -117,13 +131,15 @@ class Sweep:
                 cells = []
                 for lr in self.lrs:
                     m, sd = self.mean_std(param, w, lr)
-                    cells.append(f"{m:.3f} ± {sd:.3f}" if math.isfinite(m) else "diverged")
+                    cells.append(f"{m:.3f} (± {sd:.3f})" if math.isfinite(m) else "diverged")
                 b, per_seed = self.best(param, w), self.seed_best(param, w)
-                rows.append([w, *cells, lr_label(b), ", ".join(f"{self.lrs[i]:g}" for i in per_seed)])
+                dm, dsd, nb = self.margin(param, w)
+                margin = f"{dm:.3f} (± {dsd:.3f}, vs {nb:g})" if math.isfinite(dm) else "-"
+                rows.append([w, *cells, lr_label(b), ", ".join(f"{self.lrs[i]:g}" for i in per_seed), margin])
             body.append(
                 f"### {param} parametrization ({optimizer}): validation loss after {steps} steps, mean ± std over seeds {','.join(map(str, self.seeds))}\n"
             )
-            body.append(table(["width", *[f"lr {lr:g}" for lr in self.lrs], "best lr (mean)", "best lr per seed"], rows))
+            body.append(table(["width", *[f"lr {lr:g}" for lr in self.lrs], "best lr (mean)", "best lr per seed", "next-best margin (paired)"], rows))
             seed_moves = [max(b) - min(b) for b in zip(*(self.seed_best(param, w) for w in self.widths))]
             body.append(
                 f"\n{param}: the best LR (of the mean) moves {self.moves(param)} grid step(s) over widths "
@@ -154,6 +170,8 @@ class Sweep:
                 b = self.lrs[self.best(param, w)]
                 ax.plot([b], [self.mean_std(param, w, b)[0]], "*", ms=13, color=line[0].get_color())
             ax.set_xscale("log", base=2)
+            ax.set_xticks(self.lrs, [f"{lr:g}" for lr in self.lrs])
+            ax.minorticks_off()
             ax.set_xlabel("learning rate")
             ax.set_title(f"{'µP (base width ' + str(self.widths[0]) + ')' if param == 'mup' else 'standard'}, {optimizer}")
             ax.set_ylim(low - 0.05, low + 0.6)
