@@ -12,7 +12,8 @@ Seeds are paired: seed s sets the init (``torch.manual_seed(s)``) and the order 
 batches (``numpy.random.default_rng(s)``), the same at every LR and under both parametrizations (and
 the batch order the same at every width), so the LRs of a width are compared on the same init and
 the same batches. Validation: the mean loss over ``--val-batches`` fixed micro-batches of the
-validation split, the same for every run.
+validation split, the same for every run. µP at the base width is not run again: it is the
+standard run, bitwise (tests/unit/model_specs/test_mup.py).
 
 Reported per width and LR: the mean validation loss over ``--seeds`` and its standard deviation
 between seeds; per width the best LR of the mean, the best LR of each seed (its uncertainty), and
@@ -215,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             for param in PARAMETRIZATIONS:
                 for lr in lrs:
                     key = (param, w, lr, s)
-                    if key not in loss:
+                    if param == "mup" and w == widths[0]:  # µP at its base width is the standard run, bitwise (tests/unit/model_specs/test_mup.py)
+                        loss[key] = loss["standard", w, lr, s]
+                    elif key not in loss:
                         loss[key] = val_loss(param, w, widths[0], lr, a.steps, a.seq_len, a.micro_batch, a.val_batches, s, a.optimizer)
                         if log:
                             with log.open("a") as f:
