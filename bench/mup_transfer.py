@@ -18,8 +18,9 @@ standard run, bitwise (tests/unit/model_specs/test_mup.py).
 Reported per width and LR: the mean validation loss over ``--seeds`` and its standard deviation
 between seeds; per width the best LR of the mean, the best LR of each seed (its uncertainty), and
 by how much the better grid neighbour of the best is worse, paired by seed (mean ± std of the
-differences: a margin several std above 0 resolves the best LR); and how far the best LR moves
-across the widths, in grid steps. ``--png`` plots loss against LR, one line
+differences: a margin several std above 0 resolves the best LR), and the fitted optimum (each
+seed's parabola through its best LR and the two neighbours, in log LR: mean ± std over seeds); and
+how far the best LR and the fitted optimum move across the widths, in grid steps. ``--png`` plots loss against LR, one line
 per width, with the seeds' spread as error bars. ``--log`` keeps each run's loss (a JSON line),
 and runs already in it are read back, not rerun.
 
@@ -80,6 +81,17 @@ def val_loss(
     return mean if math.isfinite(mean) else math.inf
 
 
+def vertex(losses: list[float]) -> float:
+    """Where on the grid (in grid steps, fractional) the parabola through the lowest loss and its two
+    neighbours is lowest; the lowest's own index at the grid's edge or next to a diverged run."""
+    b = min(range(len(losses)), key=lambda i: losses[i])
+    if not 0 < b < len(losses) - 1 or not all(math.isfinite(x) for x in losses[b - 1 : b + 2]):
+        return float(b)
+    left, mid, right = losses[b - 1 : b + 2]
+    curvature = left - 2 * mid + right
+    return b + (0.5 * (left - right) / curvature if curvature > 0 else 0.0)
+
+
 class Sweep:
     """The losses of one sweep, ``loss[(parametrization, width, lr, seed)]``, and what they say."""
 
@@ -103,6 +115,12 @@ class Sweep:
         """The grid index of each seed's best LR."""
         return [min(range(len(self.lrs)), key=lambda i: self.loss[param, width, self.lrs[i], s]) for s in self.seeds]
 
+    def fitted(self, param: str, width: int) -> tuple[float, float]:
+        """The optimum in grid steps (0: the first LR), each seed's from the parabola through its best
+        LR and that LR's two neighbours (the best itself at the grid's edge): (mean, std) over seeds."""
+        where = [vertex([self.loss[param, width, lr, s] for lr in self.lrs]) for s in self.seeds]
+        return statistics.mean(where), (statistics.stdev(where) if len(where) > 1 else 0.0)
+
     def margin(self, param: str, width: int) -> tuple[float, float, float]:
         """How much worse the better grid neighbour of the best LR is, paired by seed: (mean, std)
         of its loss minus the best's, and that neighbour's LR."""
@@ -114,6 +132,10 @@ class Sweep:
                 if all(math.isfinite(x) for x in d):
                     pairs.append((statistics.mean(d), statistics.stdev(d) if len(d) > 1 else 0.0, self.lrs[i]))
         return min(pairs) if pairs else (math.inf, math.inf, math.nan)
+
+    def lr_at(self, position: float) -> float:
+        """The LR at a fractional grid position (a factor-2 grid: geometric between grid points)."""
+        return self.lrs[0] * (self.lrs[1] / self.lrs[0]) ** position if len(self.lrs) > 1 else self.lrs[0]
 
     def moves(self, param: str) -> int:
         """Grid steps between the lowest and the highest best LR (of the mean) over all widths."""
@@ -136,15 +158,21 @@ class Sweep:
                 b, per_seed = self.best(param, w), self.seed_best(param, w)
                 dm, dsd, nb = self.margin(param, w)
                 margin = f"{dm:.3f} (± {dsd:.3f}, vs {nb:g})" if math.isfinite(dm) else "-"
-                rows.append([w, *cells, lr_label(b), ", ".join(f"{self.lrs[i]:g}" for i in per_seed), margin])
+                at, at_sd = self.fitted(param, w)
+                fit = f"{self.lr_at(at):.2g} (± {at_sd:.2f} grid steps)"
+                rows.append([w, *cells, lr_label(b), ", ".join(f"{self.lrs[i]:g}" for i in per_seed), margin, fit])
             body.append(
                 f"### {param} parametrization ({optimizer}): validation loss after {steps} steps, mean ± std over seeds {','.join(map(str, self.seeds))}\n"
             )
-            body.append(table(["width", *[f"lr {lr:g}" for lr in self.lrs], "best lr (mean)", "best lr per seed", "next-best margin (paired)"], rows))
+            body.append(
+                table(["width", *[f"lr {lr:g}" for lr in self.lrs], "best lr (mean)", "best lr per seed", "next-best margin (paired)", "fitted optimum"], rows)
+            )
             seed_moves = [max(b) - min(b) for b in zip(*(self.seed_best(param, w) for w in self.widths))]
+            fits = [self.fitted(param, w)[0] for w in self.widths]
             body.append(
                 f"\n{param}: the best LR (of the mean) moves {self.moves(param)} grid step(s) over widths "
-                f"{self.widths[0]}-{self.widths[-1]}; per seed {', '.join(map(str, seed_moves))}\n"
+                f"{self.widths[0]}-{self.widths[-1]}; per seed {', '.join(map(str, seed_moves))}; the fitted optimum "
+                f"spans {max(fits) - min(fits):.2f} grid steps, {fits[-1] - fits[0]:+.2f} from width {self.widths[0]} to {self.widths[-1]}\n"
             )
         return "\n".join(body)
 
