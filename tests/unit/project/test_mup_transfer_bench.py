@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from bench.mup_transfer import Sweep
+from bench.mup_transfer import Sweep, vertex
 
 LRS = [0.001, 0.002, 0.004, 0.008]
 
@@ -39,6 +39,19 @@ def test_best_lr_of_the_mean_each_seeds_best_and_the_paired_margin():
     assert (mean, std, neighbour) == (pytest.approx(0.05), pytest.approx(0.0), 0.004)
     assert sw.mean_std("standard", 64, 0.008) == (math.inf, math.inf)
     text = sw.text("adamw", 100)
-    assert "| 32 | 2.200 (± 0.071) | 2.150 (± 0.071) | 2.100 (± 0.071) | 2.050 (± 0.071) | 0.008 (edge) | 0.008, 0.008 | 0.050 (± 0.000, vs 0.004) |" in text
+    assert (
+        "| 32 | 2.200 (± 0.071) | 2.150 (± 0.071) | 2.100 (± 0.071) | 2.050 (± 0.071) | 0.008 (edge) | 0.008, 0.008 "
+        "| 0.050 (± 0.000, vs 0.004) | 0.008 (± 0.00 grid steps) |"
+    ) in text
     assert "diverged" in text
     assert sw.summary() == [["standard", "0.008, 0.004, 0.002", 2, "no"], ["mup", "0.004, 0.004, 0.004", 0, "yes"]]
+
+
+def test_the_fitted_optimum_is_the_parabolas_vertex_in_grid_steps():
+    assert vertex([3.0, 1.0, 2.0]) == pytest.approx(1 + 0.5 * (3 - 2) / 3)  # leans toward the lower neighbour
+    assert vertex([2.0, 1.0, 2.0, 5.0]) == 1.0 and vertex([1.0, 2.0, 3.0]) == 0.0  # symmetric; at the edge
+    assert vertex([math.inf, 1.0, 2.0]) == 1.0  # next to a diverged run
+    sw = sweep()
+    assert sw.fitted("mup", 64) == (pytest.approx(2.0), pytest.approx(0.0))
+    assert sw.fitted("mup", 128) == (pytest.approx(2.5), pytest.approx(0.5**0.5))  # seed 0 at 2, seed 1 at the edge (3)
+    assert sw.lr_at(2.0) == pytest.approx(0.004) and sw.lr_at(2.5) == pytest.approx(0.004 * 2**0.5)
