@@ -24,7 +24,8 @@ how far the best LR and the fitted optimum move across the widths, in grid steps
 per width, with the seeds' spread as error bars. ``--log`` keeps each run's loss (a JSON line),
 and runs already in it are read back, not rerun.
 
-    python -m bench.mup_transfer --optimizer adamw --steps 150 --seeds 0,1,2 --png docs/img/mup_transfer_adamw.png
+    python -m bench.mup_transfer --optimizer adamw --png docs/img/mup_transfer_adamw.png
+    python -m bench.mup_transfer --optimizer muon --lrs 0.01,0.02,0.04,0.08,0.16 --png docs/img/mup_transfer_muon.png
 """
 
 from __future__ import annotations
@@ -215,12 +216,12 @@ class Sweep:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--widths", default="32,64,128,256")
-    p.add_argument("--lrs", default="0.0005,0.001,0.002,0.004,0.008,0.016", help="the LR grid, each a factor of 2 above the last")
-    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--widths", default="16,32,64,128")
+    p.add_argument("--lrs", default="0.002,0.004,0.008,0.016,0.032,0.064", help="the LR grid, each a factor of 2 above the last")
+    p.add_argument("--steps", type=int, default=100)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--val-batches", type=int, default=16)
+    p.add_argument("--val-batches", type=int, default=8)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"))
     p.add_argument("--png", default="", help="plot loss against LR to this file (matplotlib)")
