@@ -136,6 +136,25 @@ def stream_docs(folder: Path) -> Path:
     return path
 
 
+def text_stream_config(path: Path, files: Path, *, train: dict, data: dict, monitors: list[str], **tables: dict) -> Path:
+    """``path``: a run over ``train_configs/base.toml`` of the debug llama3 (dim 64) on CPU, micro_batch 2,
+    reading ``files`` through text_stream. ``train`` and ``data`` add their tables' other keys, ``monitors``
+    is ``[monitors] enabled``, ``tables`` whole further tables (``parallelism={"name": "fsdp2", "tp": 2}``)."""
+
+    def table(name: str, keys: dict) -> str:
+        return f"[{name}]\n" + "".join(f"{k} = {json.dumps(str(v) if isinstance(v, Path) else v)}\n" for k, v in keys.items())
+
+    sections = {
+        "train": {"micro_batch": 2, "device": "cpu", **train},
+        "model": {"name": "llama3", "flavor": "debug", "dim": 64},
+        "data": {"name": "text_stream", "files": [str(files)], **data},
+        **tables,
+        "monitors": {"enabled": monitors},
+    }
+    path.write_text(f"extends = {json.dumps(str(REPO / 'train_configs' / 'base.toml'))}\n" + "".join(table(n, keys) for n, keys in sections.items()))
+    return path
+
+
 def token_bin_source(folder, **opts):
     """The token_bin data source over ``folder``, built from its options as a run builds it."""
     from plugins.data.token_bin import TokenBin, TokenBinOptions

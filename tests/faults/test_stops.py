@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, env, read_metrics, start_module, torchrun_argv, write_tiny_config
+from shared import text_stream_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,20 @@ def loader_workers(pid: int) -> list[int]:
     """The loader worker processes of rank ``pid``: the children of its fork server (core.data.worker_start)."""
     servers = [c for c in children(pid) if b"multiprocessing.forkserver" in Path(f"/proc/{c}/cmdline").read_bytes()]
     return [w for server in servers for w in children(server)]
+
+
+def rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """{RANK: pid} of the ranks a torchrun job started (its children)."""
+    environs = {pid: Path(f"/proc/{pid}/environ").read_text().split("\0") for pid in children(torchrun_pid)}
+    return {int(dict(line.split("=", 1) for line in lines if "=" in line)["RANK"]): pid for pid, lines in environs.items()}
+
+
+def stopped_by_a_signal_at_step_2(proc: subprocess.Popen, out: Path, output: str) -> None:
+    """The run in ``out`` ended cleanly as a signal stop at step 2, step 2's checkpoint its only one."""
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 2, status
+    assert committed(out) == ["step_000000002"]
 
 
 def alive(pid: int) -> bool:
@@ -96,29 +111,8 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
     out = tmp_path / "out"
-    cfg = tmp_path / "stream.toml"
-    cfg.write_text(f'''
-extends = "{REPO / "train_configs" / "base.toml"}"
-[train]
-steps = 100000
-global_batch_tokens = 256
-micro_batch = 2
-log_every = 1
-device = "cpu"
-output_dir = "{out}"
-[model]
-name = "llama3"
-flavor = "debug"
-dim = 64
-[data]
-name = "text_stream"
-seq_len = 64
-files = ["{corpus}"]
-workers = 2
-shuffle_buffer = 4
-[monitors]
-enabled = ["jsonl"]
-''')
+    train = {"steps": 100000, "global_batch_tokens": 256, "log_every": 1, "output_dir": out}
+    cfg = text_stream_config(tmp_path / "stream.toml", corpus, train=train, data={"seq_len": 64, "workers": 2, "shuffle_buffer": 4}, monitors=["jsonl"])
     cmd = [PY, "-m", "core.train", "--config", str(cfg)]
     proc = start_module(*cmd[2:])
     try:
@@ -387,19 +381,13 @@ def test_a_signal_during_a_long_validation_stops_every_rank_at_once_with_a_check
     try:
         wait_for_steps(out, 2, proc)
         time.sleep(1.0)  # inside the pass by now
-        ranks = {
-            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
-            for pid in children(proc.pid)
-        }
+        ranks = rank_pids(proc.pid)
         os.kill(ranks[0], signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    status = json.loads((out / "exit_status.json").read_text())
-    assert status["reason"] == "signal" and status["step"] == 2, status
-    assert committed(out) == ["step_000000002"]
+    stopped_by_a_signal_at_step_2(proc, out, output)
     assert read_metrics(out, "val") == [] and "validation interrupted by a signal" in output
 
 
@@ -438,8 +426,7 @@ def test_a_signal_during_a_downstream_evaluation_pass_stops_at_once_with_a_check
         if nproc == 1:
             rank0 = proc.pid
         else:
-            env_of = {pid: dict(ln.split("=", 1) for ln in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in ln) for pid in children(proc.pid)}
-            rank0 = next(pid for pid, e in env_of.items() if e.get("RANK") == "0")
+            rank0 = rank_pids(proc.pid)[0]
         os.kill(rank0, signal.SIGTERM)
         t0 = time.time()
         output, _ = proc.communicate(timeout=60)  # without the check: the pass runs on for minutes
@@ -447,10 +434,7 @@ def test_a_signal_during_a_downstream_evaluation_pass_stops_at_once_with_a_check
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    status = json.loads((out / "exit_status.json").read_text())
-    assert status["reason"] == "signal" and status["step"] == 2, status
-    assert committed(out) == ["step_000000002"]
+    stopped_by_a_signal_at_step_2(proc, out, output)
     assert "step 2: downstream evaluation interrupted by a signal; not recorded" in output, output[-3000:]
     assert not any(k.startswith("eval/") for r in read_metrics(out) for k in r)
     print(f"stopped {took:.1f} s after SIGTERM")
@@ -473,10 +457,7 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path, every):
     stopped = None
     try:
         wait_for_steps(out, 3, proc)
-        ranks = {
-            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
-            for pid in children(proc.pid)
-        }
+        ranks = rank_pids(proc.pid)
         stopped = ranks[1]
         os.kill(stopped, signal.SIGSTOP)
         t0 = time.time()
