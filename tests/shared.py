@@ -1,7 +1,8 @@
 """Helpers that test modules in different folders share (``tests/`` is on ``sys.path`` beside
 ``conftest``): a tokenizer trained here, a command's error lines, a crafted checkpoint, the
-Shakespeare corpus and tasks made from it, the watchdog's test double, checkpoint folder listings, an
-optimizer plugin built as a run builds it."""
+Shakespeare corpus and tasks made from it, a text_stream run's config, launchers/remote.sh's environment
+and a small run's flags, the watchdog's test double, checkpoint folder listings, an optimizer plugin
+built as a run builds it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import json
 import os
 import pickle
 import random
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, flat_checkpoint, read_metrics, write_tiny_config
+from conftest import REPO, env, flat_checkpoint, read_metrics, write_tiny_config
 
 from core.checkpoint.folders import manifest_files
 from core.runtime.marks import Marks
@@ -105,6 +107,29 @@ def plan_text(capsys, *args: str) -> str:
 
     assert main(list(args)) == 0
     return capsys.readouterr().out
+
+
+# -- launchers/remote.sh -----------------------------------------------------------------------
+
+
+def remote_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of ``launchers/remote.sh`` for a 2-rank job with its output in ``tmp_path/out`` (1 s backoff), and ``extra``."""
+    e = env(**{"PYTHON": sys.executable, "OUTPUT_DIR": str(tmp_path / "out"), "NPROC": "2", "BACKOFF_S": "1", **extra})
+    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
+    return e
+
+
+def small_args(steps: int) -> list[str]:
+    """Flags that make base.toml's run small: ``steps`` steps of a dim-64 model, logged each step (console, jsonl)."""
+    return [
+        "--train.steps=%d" % steps,
+        "--model.dim=64",
+        "--data.seq_len=128",
+        "--train.global_batch_tokens=1024",
+        "--train.micro_batch=2",
+        "--train.log_every=1",
+        '--monitors.enabled=["console", "jsonl"]',
+    ]
 
 
 # -- data --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, env, read_metrics, start_module, torchrun_argv, write_tiny_config
-from shared import text_stream_config
+from shared import remote_env, small_args, text_stream_config
 
 pytestmark = pytest.mark.slow
 
@@ -318,19 +318,9 @@ def test_a_full_disk_for_the_run_files_at_start_stops_every_rank_with_code_74(ti
 def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     """launchers/remote.sh reads exit code 74 from exit_status.json and stops: no restart loop."""
     out = tmp_path / "out"
-    e = env(PYTHON=PY, OUTPUT_DIR=str(out), NPROC="2", BACKOFF_S="1", MAX_RESTARTS="2", CKPT_EVERY="2")
-    e["PATH"] = str(Path(PY).parent) + os.pathsep + e["PATH"]
-    args = [
-        "--train.steps=6",
-        "--model.dim=64",
-        "--data.seq_len=128",
-        "--train.global_batch_tokens=1024",
-        "--train.micro_batch=2",
-        "--train.log_every=1",
-        '--monitors.enabled=["console", "jsonl"]',
-    ]
+    e = remote_env(tmp_path, MAX_RESTARTS="2", CKPT_EVERY="2")
     proc = subprocess.run(
-        ["bash", "launchers/remote.sh", *args], check=False, cwd=REPO, env=e, capture_output=True, text=True, timeout=300, preexec_fn=limited_file_size
+        ["bash", "launchers/remote.sh", *small_args(6)], check=False, cwd=REPO, env=e, capture_output=True, text=True, timeout=300, preexec_fn=limited_file_size
     )
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
