@@ -147,10 +147,10 @@ def one_document(folder: Path) -> Path:
     return path
 
 
-def varied_documents(folder: Path) -> Path:
-    """``folder/docs.jsonl``: 200 documents of 1 to 7 repeats of a phrase, so their lengths differ."""
+def varied_documents(folder: Path, count: int = 200) -> Path:
+    """``folder/docs.jsonl``: ``count`` documents of 1 to 7 repeats of a phrase, so their lengths differ."""
     path = folder / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(count)))
     return path
 
 

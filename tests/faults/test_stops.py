@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, env, read_metrics, start_module, torchrun_argv, write_tiny_config
-from shared import remote_env, small_args, text_stream_config
+from shared import committed_steps, remote_env, small_args, text_stream_config, varied_documents
 
 pytestmark = pytest.mark.slow
-
-
-def committed(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
 
 
 def wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -62,7 +58,7 @@ def stopped_by_a_signal_at_step_2(proc: subprocess.Popen, out: Path, output: str
     assert proc.returncode == 0, output[-3000:]
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["step"] == 2, status
-    assert committed(out) == ["step_000000002"]
+    assert committed_steps(out) == ["step_000000002"]
 
 
 def alive(pid: int) -> bool:
@@ -81,8 +77,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     ("Sending process N closing signal SIGHUP"). It stops the run as SIGTERM does (a checkpoint,
     exit_status.json, no step lost), never killing every rank at once; the
     loader's worker processes (text_stream, ``workers = 1``), which get it too, ignore it."""
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
+    corpus = varied_documents(tmp_path, 400)
     cfg = write_tiny_config(tmp_path, steps=100000, global_batch_tokens=256)
     cmd = [PY, "-m", "core.train", "--config", str(cfg), "--data.name=text_stream", f'--data.files=["{corpus}"]', "--data.workers=1", "--data.seq_len=64"]
     proc = start_module(*cmd[2:])
@@ -98,7 +93,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     assert proc.returncode == 0, (proc.returncode, stderr[-2000:])
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0
-    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
+    assert committed_steps(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
 
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
@@ -108,8 +103,7 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
     (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
     gone), then the server's resource tracker."""
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
+    corpus = varied_documents(tmp_path, 400)
     out = tmp_path / "out"
     train = {"steps": 100000, "global_batch_tokens": 256, "log_every": 1, "output_dir": out}
     cfg = text_stream_config(tmp_path / "stream.toml", corpus, train=train, data={"seq_len": 64, "workers": 2, "shuffle_buffer": 4}, monitors=["jsonl"])
@@ -127,7 +121,7 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     assert "exited unexpectedly" not in stderr
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0
-    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
+    assert committed_steps(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
     log = (tmp_path / "resumed.log").open("w")
     proc = start_module(*cmd[2:], stdout=log, stderr=subprocess.STDOUT)
@@ -152,7 +146,7 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
             except OSError:
                 pass
         log.close()
-    assert f"resumed from {out / 'checkpoints' / committed(out)[0]} at step {status['step']}" in (tmp_path / "resumed.log").read_text()
+    assert f"resumed from {out / 'checkpoints' / committed_steps(out)[0]} at step {status['step']}" in (tmp_path / "resumed.log").read_text()
 
 
 # --- Ctrl-C under torchrun ------------------------------------------------------------
@@ -203,7 +197,7 @@ def test_ctrl_c_to_the_process_group_under_torchrun_stops_cleanly(ctrl_c_run):
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
     step = status["step"]
     assert step == max(r["step"] for r in read_metrics(out))  # the stop came at a step boundary ...
-    assert f"step_{step:09d}" in committed(out)  # ... with a checkpoint of it
+    assert f"step_{step:09d}" in committed_steps(out)  # ... with a checkpoint of it
 
 
 def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
@@ -230,7 +224,7 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert time.time() - t0 < 20 and proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
-    assert committed(out) == []
+    assert committed_steps(out) == []
 
 
 # --- a full disk during a save --------------------------------------------------------
@@ -260,7 +254,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     cfg, first, _ = ctrl_c_run
     out = tmp_path / "out"
     shutil.copytree(first, out)
-    before = committed(out)
+    before = committed_steps(out)
     stopped = json.loads((out / "exit_status.json").read_text())["step"]
     proc = subprocess.run(
         torchrun_cmd(cfg, f"--train.output_dir={out}", "--checkpoint.every=2", f"--train.steps={stopped + 6}", f"--checkpoint.async={mode == 'async'}".lower()),
@@ -279,7 +273,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     assert f"checkpoint save at step {failed} failed" in status["detail"]
     assert f"the last complete checkpoint is {before[-1]}" in status["detail"]
     assert not (out / "checkpoints" / f"step_{failed:09d}").exists()  # this save's partial folder is gone ...
-    assert committed(out) == before  # ... and nothing else
+    assert committed_steps(out) == before  # ... and nothing else
     errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
     assert len(errors) == 1 and "disk full?" in errors[0], proc.stderr[-3000:]
     assert "[rank0]" not in proc.stderr and "[rank1]" not in proc.stderr, proc.stderr[-3000:]
@@ -326,7 +320,7 @@ def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
     log = (out / "remote.log").read_text()
     assert log.count("starting (attempt") == 1 and "trainer finished with exit code 74" in log
-    assert committed(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
+    assert committed_steps(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
 
 
 def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
@@ -353,7 +347,7 @@ def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
-    assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed(out)
+    assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed_steps(out)
 
 
 # --- a signal during validation ---------------------------------------------------------------
