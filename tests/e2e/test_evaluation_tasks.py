@@ -90,7 +90,8 @@ def task_yaml(path: Path, include: Path, name: str, builder: str, files: dict[st
 
 
 def multi_gold_rows(n: int, seed: int) -> list[dict]:
-    """Questions with 2 to 4 choices and one to all but one of them right (lm-evaluation-harness's multiple_target)."""
+    """Questions with 2 to 4 choices and one to all but one of them right (lm-evaluation-harness's multiple_target;
+    zero-shot: its few-shot contexts cannot render a list of gold indices)."""
     text, rng = shakespeare_text(), random.Random(seed)
     rows = []
     for i in range(n):
@@ -113,7 +114,7 @@ def write_tasks(folder: Path) -> dict[str, Path]:
     wiki = {s: write_jsonl(folder / f"wiki_{s}.jsonl", pages) for s in ("train", "validation", "test")}
     multi = write_jsonl(folder / "multi_validation.jsonl", multi_gold_rows(13, 9))
     (folder / "local_multi.yaml").write_text(
-        f"task: local_multi\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    validation: {multi}\nvalidation_split: validation\n"
+        f"task: local_multi\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    validation: {multi}\nvalidation_split: validation\nnum_fewshot: 0\n"
         'output_type: multiple_choice\ndoc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: golds\n'
         "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n  - {metric: acc_norm, aggregation: mean, higher_is_better: true}\n"
     )
@@ -332,7 +333,7 @@ def test_a_group_and_several_gold_answers_score_as_lm_evaluation_harness(trained
     not) and a task whose doc_to_target is a list of right answers: per choice within 1e-4 nats, acc and
     acc_norm per document as lm-evaluation-harness's (right when the argmax is any gold), and each task's and
     the group's acc, acc_norm and their pooled standard errors equal lm-evaluation-harness's (hf model on
-    the export, two-shot) within 1e-9."""
+    the export, two-shot where the task does not fix 0) within 1e-9."""
     pytest.importorskip("transformers", reason="the optional extra 'eval'")
     pytest.importorskip("accelerate", reason="the optional extra 'eval'")
     from lm_eval import simple_evaluate
