@@ -119,7 +119,7 @@ class TaskGroup:
     name: str
     source: str  # the group name or .yaml asked for
     tasks: tuple[str, ...]  # leaf task names
-    aggregates: tuple[tuple[str, bool], ...]  # (metric, weight_by_size)
+    aggregates: tuple[tuple[str, bool, tuple[str, ...]], ...]  # (metric, weight_by_size, the leaf tasks reporting it)
 
 
 def _example(obj: Any, where: str, line: int) -> Example:
@@ -474,7 +474,7 @@ def group_metrics(
 ) -> dict[str, float]:
     """``eval/<group>/<metric>`` for each of the group's aggregates, from its leaf tasks' sums laid end to end
     (``parts``: each leaf's sum count and finish; ``sizes``: its documents), as lm-evaluation-harness 0.4.13's
-    ``Group.aggregate``: over the leaves that have the metric, the mean weighted by their sizes
+    ``Group.aggregate``: over the leaves that report the metric (their ``metric_list``), the mean weighted by their sizes
     (``weight_by_size``) or not; ``<metric>_stderr`` when each has one, ``pooled_sample_stderr`` (weighted)
     or ``unweighted_mean_stderr``."""
     leaf: list[dict[str, float]] = []
@@ -483,8 +483,8 @@ def group_metrics(
         leaf.append(finish(sums[k : k + n]))
         k += n
     out: dict[str, float] = {}
-    for metric, weight_by_size in group.aggregates:
-        have = [(m, size, name) for m, size, name in zip(leaf, sizes, group.tasks) if f"eval/{name}/{metric}" in m]
+    for metric, weight_by_size, reporting in group.aggregates:
+        have = [(m, size, name) for m, size, name in zip(leaf, sizes, group.tasks) if name in reporting and f"eval/{name}/{metric}" in m]
         if not have:
             continue
         values = [m[f"eval/{name}/{metric}"] for m, _, name in have]

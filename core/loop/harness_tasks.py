@@ -80,7 +80,8 @@ class HarnessGroup:
     name: str
     source: str  # the name or .yaml path asked for
     tasks: tuple[str, ...]  # its leaf tasks' names (sub-groups' tasks included), as lm-evaluation-harness aggregates over them
-    aggregates: tuple[tuple[str, bool], ...]  # (metric, weight_by_size) of each aggregate_metric_list entry
+    # (metric, weight_by_size, the leaf tasks whose metric_list reports it) of each aggregate_metric_list entry
+    aggregates: tuple[tuple[str, bool, tuple[str, ...]], ...]
 
 
 @contextlib.contextmanager
@@ -166,7 +167,10 @@ def _groups(groups: dict[str, Any], spec: str) -> list[HarnessGroup]:
     """The groups among ``groups`` that aggregate (an ``aggregate_metric_list``), each over its leaf tasks."""
     out = []
     for name, group in groups.items():
-        aggregates = tuple((a.metric, bool(a.weight_by_size)) for a in group.aggregate_metric_list or ())
+        leaves = group.get_all_tasks()
+        aggregates = tuple(
+            (a.metric, bool(a.weight_by_size), tuple(t.task_name for t in leaves if a.metric in t._metric_fn_list)) for a in group.aggregate_metric_list or ()
+        )
         for a in group.aggregate_metric_list or ():
             if a.aggregation != "mean" or a.filter_list not in (None, ["none"]):
                 raise ConfigError(
@@ -174,7 +178,7 @@ def _groups(groups: dict[str, Any], spec: str) -> list[HarnessGroup]:
                     f"(aggregation {a.aggregation!r}, filter_list {a.filter_list!r}); plait aggregates with aggregation: mean over the filter none"
                 )
         if aggregates:
-            out.append(HarnessGroup(name, spec, tuple(t.task_name for t in group.get_all_tasks()), aggregates))
+            out.append(HarnessGroup(name, spec, tuple(t.task_name for t in leaves), aggregates))
     return out
 
 

@@ -103,8 +103,8 @@ def multi_gold_rows(n: int, seed: int) -> list[dict]:
 
 def write_tasks(folder: Path) -> dict[str, Path]:
     """hellaswag-like (json lines), arc-like (parquet) and wikitext-like (json lines, pages longer than max_len) task folders,
-    a task with several gold answers (13 documents) and a group of it and the arc-like task (20) that aggregates
-    acc weighted by size and acc_norm not."""
+    a task with several gold answers (13 documents) and a group of it, the arc-like and the winogrande-like
+    tasks (20 each) that aggregates acc weighted by size and acc_norm (not winogrande's metric) not."""
     folder.mkdir(parents=True, exist_ok=True)
     hs = {s: write_jsonl(folder / f"hs_{s}.jsonl", hellaswag_rows(n, seed)) for s, n, seed in (("train", 12, 1), ("validation", 20, 2))}
     arc = {s: write_parquet(folder / f"arc_{s}.parquet", arc_rows(n, seed)) for s, n, seed in (("train", 10, 3), ("validation", 4, 4), ("test", 20, 5))}
@@ -119,7 +119,7 @@ def write_tasks(folder: Path) -> dict[str, Path]:
         "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n  - {metric: acc_norm, aggregation: mean, higher_is_better: true}\n"
     )
     (folder / "local_group.yaml").write_text(
-        "group: local_group\ntask: [local_arc, local_multi]\naggregate_metric_list:\n  - {metric: acc, aggregation: mean, weight_by_size: true}\n"
+        "group: local_group\ntask: [local_arc, local_multi, local_wino]\naggregate_metric_list:\n  - {metric: acc, aggregation: mean, weight_by_size: true}\n"
         "  - {metric: acc_norm, aggregation: mean, weight_by_size: false}\n"
     )
     return {
@@ -329,8 +329,8 @@ def test_rolling_metrics_are_lm_evaluation_harness_weighted_perplexity_and_bits_
 
 
 def test_a_group_and_several_gold_answers_score_as_lm_evaluation_harness(trained, tmp_path):
-    """A group YAML (task: [local_arc, local_multi], aggregate_metric_list acc weighted by size, acc_norm
-    not) and a task whose doc_to_target is a list of right answers: per choice within 1e-4 nats, acc and
+    """A group YAML (task: [local_arc, local_multi, local_wino], aggregate_metric_list acc weighted by size,
+    acc_norm not, over the tasks whose metric_list has it: not winogrande's) and a task whose doc_to_target is a list of right answers: per choice within 1e-4 nats, acc and
     acc_norm per document as lm-evaluation-harness's (right when the argmax is any gold), and each task's and
     the group's acc, acc_norm and their pooled standard errors equal lm-evaluation-harness's (hf model on
     the export, two-shot where the task does not fix 0) within 1e-9."""
@@ -352,9 +352,9 @@ def test_a_group_and_several_gold_answers_score_as_lm_evaluation_harness(trained
     for name in ("local_arc", "local_multi", "local_group"):
         for metric in ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr"):
             assert metrics[f"eval/{name}/{metric}"] == pytest.approx(out["results"][name][f"{metric},none"], abs=1e-9), (name, metric)
-    acc = metrics["eval/local_arc/acc"], metrics["eval/local_multi/acc"]
+    acc = [metrics[f"eval/{name}/acc"] for name in ("local_arc", "local_multi", "local_wino")]
     acc_norm = metrics["eval/local_arc/acc_norm"], metrics["eval/local_multi/acc_norm"]
-    assert metrics["eval/local_group/acc"] == pytest.approx((20 * acc[0] + 13 * acc[1]) / 33)  # weight_by_size: true
+    assert metrics["eval/local_group/acc"] == pytest.approx((20 * acc[0] + 13 * acc[1] + 20 * acc[2]) / 53)  # weight_by_size: true
     assert metrics["eval/local_group/acc_norm"] == pytest.approx((acc_norm[0] + acc_norm[1]) / 2)  # weight_by_size: false
 
 
