@@ -10,6 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench import results
@@ -99,6 +100,19 @@ def report(title: str, body: str, device: str = "cpu", note: str = "") -> list[d
     results.append(rows)
     print(f"\n{title}: {len(rows)} rows appended to {results.RESULTS}\n" + "".join(f"- {k}: {v}\n" for k, v in facts.items()))
     return rows
+
+
+def loader_rate(source, seq_len: int, micro_batch: int, batches: int, vocab_size: int | None = None) -> float:
+    """Tokens/s that ``source``'s loader delivers to one rank over ``batches`` micro-batches, after a first
+    one (which warms the page cache and the memory maps)."""
+    from core.contract.protocols import LoaderSpec
+
+    it = iter(source.loader(LoaderSpec(seq_len, micro_batch, 1, 0, 1, 42, vocab_size=vocab_size)))
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * micro_batch * seq_len / (time.perf_counter() - t0)
 
 
 def synthetic_config(flavor: str, seq_len: int, micro_batch: int, device: str, out: str, **model) -> Path:

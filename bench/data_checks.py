@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import report, table
+from bench.common import loader_rate, report, table
 
 
 def make_file(folder: Path, gib: float, vocab: int) -> Path:
@@ -37,17 +37,6 @@ def make_file(folder: Path, gib: float, vocab: int) -> Path:
             rng.integers(0, vocab, min(chunk, n - start), dtype=np.uint16).tofile(f)
     (folder / "meta.json").write_text(json.dumps({"dtype": "uint16", "vocab_size": vocab, "tokens": {"train": n}}))
     return folder / "train.bin"
-
-
-def loader_rate(source, seq_len: int, micro: int, batches: int, vocab: int) -> float:
-    from core.contract.protocols import LoaderSpec
-
-    it = iter(source.loader(LoaderSpec(seq_len, micro, 1, 0, 1, 42, vocab_size=vocab)))
-    next(it)
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * micro * seq_len / (time.perf_counter() - t0)
 
 
 def main(argv=None) -> int:

@@ -10,23 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-from bench.common import REPO, report, table
+from bench.common import REPO, loader_rate, report, table
 
 CORPUS = REPO / "plugins" / "data" / "corpus" / "shakespeare"
 
 
 def rate(source, seq_len: int, micro: int, batches: int) -> float:
-    from core.contract.protocols import LoaderSpec
-
     source.validate(512, seq_len)
-    it = iter(source.loader(LoaderSpec(seq_len, micro, 1, 0, 1, 42)))
-    next(it)  # warm the page cache and the memory maps
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * micro * seq_len / (time.perf_counter() - t0)
+    return loader_rate(source, seq_len, micro, batches)
 
 
 def main(argv=None) -> int:

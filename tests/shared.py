@@ -1,7 +1,8 @@
 """Helpers that test modules in different folders share (``tests/`` is on ``sys.path`` beside
 ``conftest``): a tokenizer trained here, a command's error lines, a crafted checkpoint, the
-Shakespeare corpus and tasks made from it, the watchdog's test double, checkpoint folder listings, an
-optimizer plugin built as a run builds it."""
+Shakespeare corpus and tasks made from it, a text_stream run's config, launchers/remote.sh's environment
+and a small run's flags, the watchdog's test double, checkpoint folder listings, an optimizer plugin
+built as a run builds it."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import json
 import os
 import pickle
 import random
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, flat_checkpoint, read_metrics, write_tiny_config
+from conftest import REPO, env, flat_checkpoint, read_metrics, write_tiny_config
 
 from core.checkpoint.folders import manifest_files
 from core.runtime.marks import Marks
@@ -107,6 +109,29 @@ def plan_text(capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
+# -- launchers/remote.sh -----------------------------------------------------------------------
+
+
+def remote_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of ``launchers/remote.sh`` for a 2-rank job with its output in ``tmp_path/out`` (1 s backoff), and ``extra``."""
+    e = env(**{"PYTHON": sys.executable, "OUTPUT_DIR": str(tmp_path / "out"), "NPROC": "2", "BACKOFF_S": "1", **extra})
+    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
+    return e
+
+
+def small_args(steps: int) -> list[str]:
+    """Flags that make base.toml's run small: ``steps`` steps of a dim-64 model, logged each step (console, jsonl)."""
+    return [
+        "--train.steps=%d" % steps,
+        "--model.dim=64",
+        "--data.seq_len=128",
+        "--train.global_batch_tokens=1024",
+        "--train.micro_batch=2",
+        "--train.log_every=1",
+        '--monitors.enabled=["console", "jsonl"]',
+    ]
+
+
 # -- data --------------------------------------------------------------------------------------
 
 
@@ -122,10 +147,10 @@ def one_document(folder: Path) -> Path:
     return path
 
 
-def varied_documents(folder: Path) -> Path:
-    """``folder/docs.jsonl``: 200 documents of 1 to 7 repeats of a phrase, so their lengths differ."""
+def varied_documents(folder: Path, count: int = 200) -> Path:
+    """``folder/docs.jsonl``: ``count`` documents of 1 to 7 repeats of a phrase, so their lengths differ."""
     path = folder / "docs.jsonl"
-    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(200)))
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(count)))
     return path
 
 
@@ -133,6 +158,25 @@ def stream_docs(folder: Path) -> Path:
     """``folder/docs.jsonl``: 200 documents of the same length."""
     path = folder / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * 9}) + "\n" for i in range(200)))
+    return path
+
+
+def text_stream_config(path: Path, files: Path, *, train: dict, data: dict, monitors: list[str], **tables: dict) -> Path:
+    """``path``: a run over ``train_configs/base.toml`` of the debug llama3 (dim 64) on CPU, micro_batch 2,
+    reading ``files`` through text_stream. ``train`` and ``data`` add their tables' other keys, ``monitors``
+    is ``[monitors] enabled``, ``tables`` whole further tables (``parallelism={"name": "fsdp2", "tp": 2}``)."""
+
+    def table(name: str, keys: dict) -> str:
+        return f"[{name}]\n" + "".join(f"{k} = {json.dumps(str(v) if isinstance(v, Path) else v)}\n" for k, v in keys.items())
+
+    sections = {
+        "train": {"micro_batch": 2, "device": "cpu", **train},
+        "model": {"name": "llama3", "flavor": "debug", "dim": 64},
+        "data": {"name": "text_stream", "files": [str(files)], **data},
+        **tables,
+        "monitors": {"enabled": monitors},
+    }
+    path.write_text(f"extends = {json.dumps(str(REPO / 'train_configs' / 'base.toml'))}\n" + "".join(table(n, keys) for n, keys in sections.items()))
     return path
 
 

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         metavar="FILE",
-        help="write one JSON line per task example here: choices' log-likelihoods, acc, acc_norm (default: no file)",
+        help="write one JSON line per task example here (choices' log-likelihoods, acc, acc_norm), per rolling document (its log-likelihood, words, bytes) (default: no file)",
     )
     args = p.parse_args(argv)
     try:

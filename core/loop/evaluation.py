@@ -79,6 +79,7 @@ class Example:
     # contexts[i]; continuations are then its choices, whose lengths acc_norm divides by, as lm-evaluation-harness does
     contexts: tuple[str, ...] = ()
     target: str = ""
+    golds: tuple[int, ...] = ()  # lm-evaluation-harness's multiple_target: every gold index (gold the first); right when the argmax is any
 
     def requests(self) -> list[tuple[str, str]]:
         """(context, continuation) of each choice, the delimiter put before the continuation."""
@@ -108,6 +109,17 @@ class RollingTask:
     texts: list[str]
     words: int  # summed over the texts, as the task counts them
     n_bytes: int
+    docs: tuple[tuple[int, int, int], ...] = ()  # (doc_id, words, bytes) of each text, for its sample record
+
+
+@dataclass(frozen=True)
+class TaskGroup:
+    """An lm-evaluation-harness group's aggregates over its leaf tasks (:func:`group_metrics`)."""
+
+    name: str
+    source: str  # the group name or .yaml asked for
+    tasks: tuple[str, ...]  # leaf task names
+    aggregates: tuple[tuple[str, bool, tuple[str, ...]], ...]  # (metric, weight_by_size, the leaf tasks reporting it)
 
 
 def _example(obj: Any, where: str, line: int) -> Example:
@@ -177,31 +189,36 @@ def read_tasks(
     include_path: Sequence[str | Path] = (),
     num_fewshot: int | None = None,
     fewshot_seed: int = harness_tasks.DEFAULT_FEWSHOT_SEED,
-) -> list[Task | RollingTask]:
+) -> list[Task | RollingTask | TaskGroup]:
     """Every task, each checked: a ``.jsonl``/``.json`` path is plait's task file (:func:`read_task`); any
-    other spec is an lm-evaluation-harness task name or ``.yaml`` file (:func:`harness_tasks.load`, with
-    ``include_path``, ``num_fewshot`` and ``fewshot_seed``). Two tasks of one name: a ConfigError naming ``key``."""
+        other spec is an lm-evaluation-harness task name or ``.yaml`` file (:func:`harness_tasks.load`, with
+        ``include_path``, ``num_fewshot`` and ``fewshot_seed``; a group gives its tasks and, when it aggregates,
+    a :class:`TaskGroup`). Two tasks of one name: a ConfigError naming ``key``."""
     files = [str(s) for s in specs if str(s).endswith(TASK_FILE_SUFFIXES)]
     named = [str(s) for s in specs if not str(s).endswith(TASK_FILE_SUFFIXES)]
-    tasks: list[Task | RollingTask] = [read_task(Path(p), limit) for p in files]
+    tasks: list[Task | RollingTask | TaskGroup] = [read_task(Path(p), limit) for p in files]
     if named:
         loaded = harness_tasks.load(named, include_path=include_path, limit=limit, num_fewshot=num_fewshot, fewshot_seed=fewshot_seed, key=key)
         tasks += [from_harness(t) for t in loaded]
     seen: dict[str, str] = {}
     for t in tasks:
-        origin = str(t.path) if isinstance(t, Task) else t.source
+        origin = str(t.path) if isinstance(t, Task) else t.source  # type: ignore[union-attr]
         if t.name in seen:
             raise ConfigError(f"{key}: task {t.name!r} named twice ({seen[t.name]} and {origin}); rename one")
         seen[t.name] = origin
     return tasks
 
 
-def from_harness(task: harness_tasks.HarnessTask) -> Task | RollingTask:
-    """An lm-evaluation-harness task's requests as a :class:`Task` (multiple choice) or :class:`RollingTask`."""
+def from_harness(task: harness_tasks.HarnessTask | harness_tasks.HarnessGroup) -> Task | RollingTask | TaskGroup:
+    """An lm-evaluation-harness task's requests as a :class:`Task` (multiple choice) or :class:`RollingTask`;
+    a group as a :class:`TaskGroup`."""
+    if isinstance(task, harness_tasks.HarnessGroup):
+        return TaskGroup(task.name, task.source, task.tasks, task.aggregates)
     if task.output_type == "loglikelihood_rolling":
         docs: list[harness_tasks.RollingDoc] = task.docs
-        return RollingTask(task.name, task.source, [d.text for d in docs], sum(d.words for d in docs), sum(d.n_bytes for d in docs))
-    examples = [Example(d.context, d.choices, d.gold, d.doc_id + 1, d.target_delimiter, d.contexts, d.target) for d in task.docs]
+        per_doc = tuple((d.doc_id, d.words, d.n_bytes) for d in docs)
+        return RollingTask(task.name, task.source, [d.text for d in docs], sum(d.words for d in docs), sum(d.n_bytes for d in docs), per_doc)
+    examples = [Example(d.context, d.choices, d.gold, d.doc_id + 1, d.target_delimiter, d.contexts, d.target, d.golds) for d in task.docs]
     return Task(task.name, Path(task.source), examples, harness=True)
 
 
@@ -367,7 +384,8 @@ def example_scores(ex: Example, conts: Sequence[Sequence[int]], lls: Sequence[fl
     """(acc, acc_norm, acc_norm_tokens) of one example from its continuations' log-likelihoods ``lls``."""
     chars = [ll / len(c) for ll, c in zip(lls, ex.continuations)]
     tokens = [ll / len(c) for ll, c in zip(lls, conts)]
-    return argmax(lls) == ex.gold, argmax(chars) == ex.gold, argmax(tokens) == ex.gold
+    right = ex.golds or (ex.gold,)
+    return argmax(lls) in right, argmax(chars) in right, argmax(tokens) in right
 
 
 def per_example(task: Task, encoded: list[Encoded], items: Sequence[int], lls: Sequence[float]) -> Iterator[tuple[int, list[float]]]:
@@ -403,7 +421,7 @@ def task_samples(task: Task, encoded: list[Encoded], items: Sequence[int], lls: 
             "target_delimiter": ex.target_delimiter,
             "choices": list(ex.continuations),
             "loglikelihoods": mine,
-            "gold": ex.gold,
+            "gold": list(ex.golds) if ex.golds else ex.gold,
             "acc": float(acc),
             "acc_norm": float(acc_norm),
         }
@@ -436,6 +454,52 @@ def rolling_metrics(task: RollingTask, sums: torch.Tensor | Sequence[float]) -> 
         f"eval/{task.name}/byte_perplexity": math.exp(nll / max(task.n_bytes, 1)),
         f"eval/{task.name}/bits_per_byte": bits_per_byte(nll, task.n_bytes),
     }
+
+
+def rolling_samples(task: RollingTask, owners: Sequence[int], lls: Sequence[float]) -> Iterator[dict[str, Any]]:
+    """One record per document of ``task`` (``core.eval --log-samples``) from its windows' log-likelihoods
+    ``lls`` (``owners``: each window's document): ``doc_id``, the document's summed ``loglikelihood``
+    (nats), and the ``words`` and ``bytes`` it is weighed by, as lm-evaluation-harness's samples carry them
+    (``word_perplexity: [loglikelihood, words]``, ``bits_per_byte: [loglikelihood, bytes]``)."""
+    total = [0.0] * len(task.texts)
+    for owner, ll in zip(owners, lls):
+        total[owner] += ll
+    docs = task.docs or tuple((i, 0, 0) for i in range(len(task.texts)))
+    for (doc_id, words, n_bytes), ll in zip(docs, total):
+        yield {"task": task.name, "doc_id": doc_id, "loglikelihood": ll, "words": words, "bytes": n_bytes}
+
+
+def group_metrics(
+    group: TaskGroup, sizes: Sequence[int], parts: Sequence[tuple[int, Callable[[Any], dict[str, float]]]], sums: torch.Tensor | Sequence[float]
+) -> dict[str, float]:
+    """``eval/<group>/<metric>`` for each of the group's aggregates, from its leaf tasks' sums laid end to end
+    (``parts``: each leaf's sum count and finish; ``sizes``: its documents), as lm-evaluation-harness 0.4.13's
+    ``Group.aggregate``: over the leaves that report the metric (their ``metric_list``), the mean weighted by their sizes
+    (``weight_by_size``) or not; ``<metric>_stderr`` when each has one, ``pooled_sample_stderr`` (weighted)
+    or ``unweighted_mean_stderr``."""
+    leaf: list[dict[str, float]] = []
+    k = 0
+    for n, finish in parts:
+        leaf.append(finish(sums[k : k + n]))
+        k += n
+    out: dict[str, float] = {}
+    for metric, weight_by_size, reporting in group.aggregates:
+        have = [(m, size, name) for m, size, name in zip(leaf, sizes, group.tasks) if name in reporting and f"eval/{name}/{metric}" in m]
+        if not have:
+            continue
+        values = [m[f"eval/{name}/{metric}"] for m, _, name in have]
+        docs = [size for _, size, _ in have]
+        weights = docs if weight_by_size else [1] * len(docs)
+        out[f"eval/{group.name}/{metric}"] = sum(v * w for v, w in zip(values, weights)) / sum(weights)
+        stderrs = [m.get(f"eval/{name}/{metric}_stderr") for m, _, name in have]
+        if all(e is not None for e in stderrs):
+            errs = [float(e) for e in stderrs if e is not None]
+            out[f"eval/{group.name}/{metric}_stderr"] = (
+                math.sqrt(sum((s - 1) * e**2 * s for s, e in zip(docs, errs)) / (sum(docs) - len(docs)) / sum(docs))
+                if weight_by_size
+                else math.sqrt(sum(e**2 for e in errs)) / len(errs)
+            )
+    return out
 
 
 def rolling_requests(ids: Sequence[int], prefix: int, max_len: int) -> list[Request]:
@@ -552,6 +616,7 @@ class Evaluation:
     held_out: list[HeldOut]
     eos_id: int
     rolling: list[tuple[RollingTask, list[list[int]]]] = dataclasses.field(default_factory=list)  # each with its texts' ids
+    groups: list[tuple[TaskGroup, tuple[int, ...]]] = dataclasses.field(default_factory=list)  # each with its leaf tasks' documents
 
     def _work(self, scorer: Scorer, rank: int, world: int) -> Iterator[tuple[str, Any, list[Request], list[Request]]]:
         for t, enc in zip(self.tasks, self.encoded):
@@ -559,16 +624,19 @@ class Evaluation:
             yield "task", (t, enc, share(len(enc), rank, world)), every[rank], max(every, key=scorer.forwards)
         texts: list[tuple[Any, list[list[int]]]] = [*self.rolling, *((h, [h.ids]) for h in self.held_out)]
         for what, ids in texts:
-            windows = [w for one in ids for w in rolling_requests(one, self.eos_id, scorer.max_len)]
-            every = [[windows[w] for w in share(len(windows), r, world)] for r in range(world)]
-            yield "rolling" if isinstance(what, RollingTask) else "held_out", what, every[rank], max(every, key=scorer.forwards)
+            owned = [(d, w) for d, one in enumerate(ids) for w in rolling_requests(one, self.eos_id, scorer.max_len)]
+            every = [[owned[w][1] for w in share(len(owned), r, world)] for r in range(world)]
+            owners = [owned[w][0] for w in share(len(owned), rank, world)]
+            kind = "rolling" if isinstance(what, RollingTask) else "held_out"
+            yield kind, (what, owners), every[rank], max(every, key=scorer.forwards)
 
     def run(
         self, scorer: Scorer, rank: int = 0, world: int = 1, samples: list[dict[str, Any]] | None = None
     ) -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]]:
         """This rank's sums per task and held-out file with the function that turns their totals over
         the ranks into metrics: ``{name: (sums, finish)}``. Every rank runs the same number of forwards.
-        ``samples``: extended with this rank's :func:`task_samples`."""
+        ``samples``: extended with this rank's :func:`task_samples` and :func:`rolling_samples` (one process's:
+        a document's windows may lie on several ranks). A group's sums are its leaf tasks' laid end to end."""
         out: dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], dict[str, float]]]] = {}
         for kind, what, mine, largest in self._work(scorer, rank, world):
             lls = [ll for ll, _ in scorer.loglikelihoods(mine, forwards=scorer.forwards(largest))]
@@ -578,8 +646,15 @@ class Evaluation:
                 if samples is not None:
                     samples.extend(task_samples(task, enc, items, lls))
             else:
+                text, owners = what
                 total = torch.tensor([-sum(lls), float(sum(len(c) for _, c in mine))], dtype=torch.float64)
-                out[what.name] = (total, functools.partial(rolling_metrics if kind == "rolling" else held_out_metrics, what))
+                out[text.name] = (total, functools.partial(rolling_metrics if kind == "rolling" else held_out_metrics, text))
+                if samples is not None and kind == "rolling":
+                    samples.extend(rolling_samples(text, owners, lls))
+        for group, sizes in self.groups:
+            parts = [out[name] for name in group.tasks]
+            counts = [(len(s), finish) for s, finish in parts]
+            out[group.name] = (torch.cat([s for s, _ in parts]), functools.partial(group_metrics, group, sizes, counts))
         return out
 
     def pass_cost(self, max_len: int, batch_size: int) -> PassCost:
@@ -615,17 +690,19 @@ def encode_rolling(task: RollingTask, encode: Callable[[str], list[int]], vocab_
 
 
 def prepare(
-    tasks: Sequence[Task | RollingTask],
+    tasks: Sequence[Task | RollingTask | TaskGroup],
     held_out: list[HeldOut],
     encode: Callable[[str], list[int]],
     eos_id: int,
     vocab_size: int,
 ) -> Evaluation:
     """Tasks encoded (:func:`encode_task`, :func:`encode_rolling`; a DataError names the line or document the
-    tokenizer fails on) with the held-out files."""
+    tokenizer fails on) with the held-out files; a group sized by its leaf tasks' documents."""
     choice = [t for t in tasks if isinstance(t, Task)]
     rolling = [(t, encode_rolling(t, encode, vocab_size)) for t in tasks if isinstance(t, RollingTask)]
-    return Evaluation(choice, [encode_task(t, encode, eos_id, vocab_size) for t in choice], held_out, eos_id, rolling)
+    size = {t.name: len(t.examples) if isinstance(t, Task) else len(t.texts) for t in tasks if not isinstance(t, TaskGroup)}
+    groups = [(g, tuple(size[name] for name in g.tasks)) for g in tasks if isinstance(g, TaskGroup)]
+    return Evaluation(choice, [encode_task(t, encode, eos_id, vocab_size) for t in choice], held_out, eos_id, rolling, groups)
 
 
 def evaluate_locally(evaluation: Evaluation, scorer: Scorer, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:

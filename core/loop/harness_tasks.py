@@ -10,21 +10,29 @@ sampler's seed set as ``lm_eval.simple_evaluate`` sets them) and builds its requ
 * ``multiple_choice``: per document, (context, choices, gold index, target_delimiter), each choice's
   request being ``context`` and ``target_delimiter + choice`` (:class:`ChoiceDoc`);
 * ``loglikelihood_rolling``: per document, the text scored and the words and bytes the task's own
-  ``process_results`` counts for ``word_perplexity`` and ``bits_per_byte`` (:class:`RollingDoc`).
+  ``process_results`` counts for ``word_perplexity`` and ``bits_per_byte`` (:class:`RollingDoc`);
+* a group (``group:``, ``task:``): each of its tasks, and the group's ``aggregate_metric_list``
+  (:class:`HarnessGroup`), aggregated as lm-evaluation-harness aggregates it.
+
+What is loaded is kept for the process, by the arguments of :func:`load`: lm-evaluation-harness's task
+index (``TaskManager``, seconds to tens of seconds over its own tasks) and the datasets are read once
+however often the same tasks are asked for (the ``downstream`` monitor asks at preflight and at train start).
 
 Datasets are read with the Hugging Face Hub offline: local files (``dataset_path: json`` / ``csv`` /
 ``parquet`` with ``dataset_kwargs: data_files:``, a local folder) or a copy already in the datasets
 cache. lm-evaluation-harness is imported here only, when a task asks for it (the optional extra
 ``eval``). Bad input is a :class:`ConfigError` or :class:`DataError` naming the task and what was
 expected: lm_eval missing, an unknown name, an output type plait does not score, data that is
-not local, a document plait cannot score (several gold answers, a gold answer not among the choices,
-an empty choice). ``multiple_input`` tasks (winogrande: a context per choice, one target) keep their
+not local, a document plait cannot score (a gold answer not among the choices, an empty choice). Several
+gold answers (``doc_to_target`` a list of indices) are lm-evaluation-harness's ``multiple_target``: a
+document is right when its argmax is any of them. ``multiple_input`` tasks (winogrande: a context per choice, one target) keep their
 contexts per choice.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +50,11 @@ class ChoiceDoc:
     doc_id: int
     context: str
     choices: tuple[str, ...]
-    gold: int
+    gold: int  # the first gold answer
     target_delimiter: str
     contexts: tuple[str, ...] = ()  # multiple_input: one context per choice, each followed by target
     target: str = ""
+    golds: tuple[int, ...] = ()  # multiple_target: every gold answer (a list doc_to_target); else empty
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,17 @@ class HarnessTask:
     source: str  # the name or .yaml path asked for
     output_type: str  # one of SCORED
     docs: list[Any]  # ChoiceDoc for multiple_choice, RollingDoc for loglikelihood_rolling
+
+
+@dataclass(frozen=True)
+class HarnessGroup:
+    """An lm-evaluation-harness group with an ``aggregate_metric_list``: its metrics over its leaf tasks."""
+
+    name: str
+    source: str  # the name or .yaml path asked for
+    tasks: tuple[str, ...]  # its leaf tasks' names (sub-groups' tasks included), as lm-evaluation-harness aggregates over them
+    # (metric, weight_by_size, the leaf tasks whose metric_list reports it) of each aggregate_metric_list entry
+    aggregates: tuple[tuple[str, bool, tuple[str, ...]], ...]
 
 
 @contextlib.contextmanager
@@ -123,10 +143,11 @@ def _choice_docs(task: Any, name: str) -> list[ChoiceDoc]:
         gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
         if isinstance(gold, str):
             gold = choices.index(gold) if gold in choices else gold
-        if isinstance(gold, list) or isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
-            raise DataError(f"{where}: gold answer {gold!r}; expected one index into the {len(choices)} choices (or one of them)")
+        golds = gold if isinstance(gold, list) and task.multiple_target else [gold]
+        if not golds or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < len(choices) for g in golds):
+            raise DataError(f"{where}: gold answer {gold!r}; expected an index into the {len(choices)} choices (or one of them), or a list of indices")
         contexts = tuple(a[0] for a in args) if task.multiple_input else ()
-        docs.append(ChoiceDoc(doc_id, context, tuple(choices), gold, delimiter, contexts, target))
+        docs.append(ChoiceDoc(doc_id, context, tuple(choices), golds[0], delimiter, contexts, target, tuple(golds) if task.multiple_target else ()))
     return docs
 
 
@@ -142,6 +163,25 @@ def _rolling_docs(task: Any) -> list[RollingDoc]:
     return docs
 
 
+def _groups(groups: dict[str, Any], spec: str) -> list[HarnessGroup]:
+    """The groups among ``groups`` that aggregate (an ``aggregate_metric_list``), each over its leaf tasks."""
+    out = []
+    for name, group in groups.items():
+        leaves = group.get_all_tasks()
+        aggregates = tuple(
+            (a.metric, bool(a.weight_by_size), tuple(t.task_name for t in leaves if a.metric in t._metric_fn_list)) for a in group.aggregate_metric_list or ()
+        )
+        for a in group.aggregate_metric_list or ():
+            if a.aggregation != "mean" or a.filter_list not in (None, ["none"]):
+                raise ConfigError(
+                    f"lm-evaluation-harness group {name!r} ({spec}): aggregate_metric_list entry {a.metric!r} "
+                    f"(aggregation {a.aggregation!r}, filter_list {a.filter_list!r}); plait aggregates with aggregation: mean over the filter none"
+                )
+        if aggregates:
+            out.append(HarnessGroup(name, spec, tuple(t.task_name for t in leaves), aggregates))
+    return out
+
+
 def load(
     specs: Sequence[str],
     *,
@@ -150,10 +190,18 @@ def load(
     num_fewshot: int | None = None,
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED,
     key: str = "tasks",
-) -> list[HarnessTask]:
+) -> list[HarnessTask | HarnessGroup]:
     """Every task of ``specs`` (names, groups and tags expanded, and ``.yaml`` paths) with its documents'
-    requests (the first ``limit``, 0: all). ``num_fewshot``: None, the task's own (else 0); a number
-    overrides it except where the task fixes 0 (``simple_evaluate``'s rule). Errors name ``key``."""
+    requests (the first ``limit``, 0: all), then the groups that aggregate. ``num_fewshot``: None, the
+    task's own (else 0); a number overrides it except where the task fixes 0 (``simple_evaluate``'s rule).
+    Errors name ``key``. Loaded once per process for the same arguments (:func:`_load`)."""
+    return list(_load(tuple(specs), tuple(str(Path(p).resolve()) for p in include_path), limit, num_fewshot, fewshot_seed, key))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(
+    specs: tuple[str, ...], include_path: tuple[str, ...], limit: int, num_fewshot: int | None, fewshot_seed: int, key: str
+) -> tuple[HarnessTask | HarnessGroup, ...]:
     folders = [Path(p) for p in include_path]
     for folder in folders:
         if not folder.is_dir():
@@ -176,11 +224,13 @@ def load(
         output_type = (getattr(entry, "cfg", None) or {}).get("output_type")
         if output_type is not None and output_type not in SCORED:
             raise ConfigError(f"{key}: lm-evaluation-harness task {spec!r} has output_type {output_type!r}; plait scores {' and '.join(SCORED)}")
-    out: list[HarnessTask] = []
+    out: list[HarnessTask | HarnessGroup] = []
+    groups: list[HarnessGroup] = []
     for spec in specs:
         with hub_offline():
             try:
-                tasks = manager.load([spec])["tasks"]
+                loaded = manager.load([spec])
+                tasks = loaded["tasks"]
             except (ConfigError, DataError):
                 raise
             except Exception as e:  # noqa: BLE001 - lm-evaluation-harness's and datasets' own errors, named with the task
@@ -212,4 +262,5 @@ def load(
             if not docs:
                 raise DataError(f"{key}: lm-evaluation-harness task {name!r} ({spec}): no documents in its evaluation split")
             out.append(HarnessTask(name, spec, output_type, docs))
-    return out
+        groups += _groups(loaded["groups"], spec)
+    return (*out, *groups)

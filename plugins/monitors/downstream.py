@@ -13,9 +13,10 @@ it on or off (``tests/e2e/test_evaluation.py``). A stop signal is looked for bef
 (``run.stop_signalled``): the pass ends, is not recorded, and the run stops with a checkpoint of the
 step. Tasks are lm-evaluation-harness task names (``harness_tasks``, ``include_path`` searched too) or
 ``.yaml`` files, read by lm-evaluation-harness's own task loading with ``num_fewshot``, or plait
-``.jsonl`` task files (``tasks``); they are read and encoded at start (and by ``core.plan``, which also
-estimates what the passes cost from them): bad input is one line naming the task (or ``file:line``),
-exit 2.
+``.jsonl`` task files (``tasks``); a group adds its aggregates (``eval/<group>/<metric>``). They are read
+and encoded at preflight and again at train start, lm-evaluation-harness's tasks loaded once per process
+(and by ``core.plan``, which also estimates what the passes cost from them): bad input is one line
+naming the task (or ``file:line``), exit 2.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from core.api import PluginError, hookimpl, option
-from plugins.monitors.mlflow_logger import numeric
+from core.api import option
+from plugins.monitors.tracker import TrackerLogger
 
 
 @dataclass
@@ -16,37 +16,16 @@ class WandbOptions:
     run_name: str = option("", "run name; empty: the output folder's name")
 
 
-class WandbLogger:
-    def __init__(self, options: WandbOptions) -> None:
-        self.options = options
-        self.run = None
+class WandbLogger(TrackerLogger):
+    package = "wandb"
 
-    @hookimpl
-    def plait_train_start(self, run):
-        if not run.dist.is_main:
-            return
-        try:
-            import wandb
-        except ImportError as e:
-            raise PluginError(f"monitor 'wandb' needs wandb (pip install 'plait[wandb]'): {e}") from None
+    def open(self, package, run):
         o = self.options
-        self.run = wandb.init(
-            project=o.project, mode=o.mode, dir=str(run.output_dir), config=run.config, name=o.run_name or run.output_dir.name, resume="allow"
-        )
+        return package.init(project=o.project, mode=o.mode, dir=str(run.output_dir), config=run.config, name=o.run_name or run.output_dir.name, resume="allow")
 
-    @hookimpl
-    def plait_step_end(self, run, step, metrics):
-        if metrics and self.run is not None:
-            self.run.log(numeric(metrics), step=step)
+    def log(self, metrics, step):
+        self.tracker.log(metrics, step=step)
 
-    @hookimpl
-    def plait_validation_end(self, run, step, metrics):
-        if self.run is not None:
-            self.run.log(numeric(metrics), step=step)
-
-    @hookimpl
-    def plait_train_end(self, run, reason):
-        if self.run is not None:
-            self.run.summary["end_reason"] = reason
-            self.run.finish()
-            self.run = None
+    def close(self, reason):
+        self.tracker.summary["end_reason"] = reason
+        self.tracker.finish()

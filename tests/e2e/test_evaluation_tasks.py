@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import read_metrics, run_module, write_tiny_config
+from conftest import read_metrics, run_module, torchrun, write_tiny_config
 from shared import shakespeare_text
 
 from core.loop import evaluation
@@ -89,8 +89,22 @@ def task_yaml(path: Path, include: Path, name: str, builder: str, files: dict[st
     return path
 
 
+def multi_gold_rows(n: int, seed: int) -> list[dict]:
+    """Questions with 2 to 4 choices and one to all but one of them right (lm-evaluation-harness's multiple_target;
+    zero-shot: its few-shot contexts cannot render a list of gold indices)."""
+    text, rng = shakespeare_text(), random.Random(seed)
+    rows = []
+    for i in range(n):
+        k = 2 + i % 3
+        golds = sorted(rng.sample(range(k), rng.randrange(1, k)))
+        rows.append({"question": passage(text, rng, 50), "choices": [passage(text, rng, rng.randrange(4, 20)) for _ in range(k)], "golds": golds})
+    return rows
+
+
 def write_tasks(folder: Path) -> dict[str, Path]:
-    """hellaswag-like (json lines), arc-like (parquet) and wikitext-like (json lines, pages longer than max_len) task folders."""
+    """hellaswag-like (json lines), arc-like (parquet) and wikitext-like (json lines, pages longer than max_len) task folders,
+    a task with several gold answers (13 documents) and a group of it, the arc-like and the winogrande-like
+    tasks (20 each) that aggregates acc weighted by size and acc_norm (not winogrande's metric) not."""
     folder.mkdir(parents=True, exist_ok=True)
     hs = {s: write_jsonl(folder / f"hs_{s}.jsonl", hellaswag_rows(n, seed)) for s, n, seed in (("train", 12, 1), ("validation", 20, 2))}
     arc = {s: write_parquet(folder / f"arc_{s}.parquet", arc_rows(n, seed)) for s, n, seed in (("train", 10, 3), ("validation", 4, 4), ("test", 20, 5))}
@@ -98,7 +112,19 @@ def write_tasks(folder: Path) -> dict[str, Path]:
     text, rng = shakespeare_text(), random.Random(6)
     pages = [{"page": " = Act = \n " + " @-@ ".join(passage(text, rng, rng.randrange(300, 1500)) for _ in range(2)) + " \n"} for _ in range(5)]
     wiki = {s: write_jsonl(folder / f"wiki_{s}.jsonl", pages) for s in ("train", "validation", "test")}
+    multi = write_jsonl(folder / "multi_validation.jsonl", multi_gold_rows(13, 9))
+    (folder / "local_multi.yaml").write_text(
+        f"task: local_multi\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    validation: {multi}\nvalidation_split: validation\nnum_fewshot: 0\n"
+        'output_type: multiple_choice\ndoc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: golds\n'
+        "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n  - {metric: acc_norm, aggregation: mean, higher_is_better: true}\n"
+    )
+    (folder / "local_group.yaml").write_text(
+        "group: local_group\ntask: [local_arc, local_multi, local_wino]\naggregate_metric_list:\n  - {metric: acc, aggregation: mean, weight_by_size: true}\n"
+        "  - {metric: acc_norm, aggregation: mean, weight_by_size: false}\n"
+    )
     return {
+        "local_multi": folder / "local_multi.yaml",
+        "local_group": folder / "local_group.yaml",
         "local_hellaswag": task_yaml(folder / "local_hellaswag.yaml", TASKS / "hellaswag" / "hellaswag.yaml", "local_hellaswag", "json", hs),
         "local_arc": task_yaml(folder / "local_arc.yaml", TASKS / "arc" / "arc_easy.yaml", "local_arc", "parquet", arc),
         "local_wino": task_yaml(folder / "local_wino.yaml", TASKS / "winogrande" / "default.yaml", "local_wino", "json", wino),
@@ -133,7 +159,7 @@ def core_eval(trained, tmp_path: Path, *tasks: str) -> tuple[dict[str, float], l
         "--json", str(out), "--log-samples", str(log), timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "local_hellaswag" in r.stdout and "bits_per_byte" in r.stdout
+    assert all(Path(t).stem in r.stdout for t in tasks), r.stdout  # a row per task asked
     return json.loads(out.read_text())["metrics"], [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -169,6 +195,12 @@ def test_harness_tasks_score_as_lm_evaluation_harness_hf_model_on_the_export(tra
             assert result["acc_norm,none"] == pytest.approx(metrics[f"eval/{name}/acc_norm"], abs=1e-9)
         assert result["acc_stderr,none"] == pytest.approx(metrics[f"eval/{name}/acc_stderr"], abs=1e-9)
     assert any(len(s["choices"]) == 5 for s in samples if s["task"] == "local_arc")  # ARC's 3 to 5 choices, numeric labels too
+    theirs = sorted(out["samples"]["local_wiki"], key=lambda d: d["doc_id"])  # --log-samples of a rolling task: a record per document
+    ours = [s for s in samples if s["task"] == "local_wiki"]
+    assert [s["doc_id"] for s in ours] == [d["doc_id"] for d in theirs] == list(range(5))
+    for mine, their in zip(ours, theirs):
+        assert mine["loglikelihood"] == pytest.approx(float(their["word_perplexity"][0]), rel=1e-6, abs=1e-4)
+        assert [mine["words"], mine["bytes"]] == [their["word_perplexity"][1], their["bits_per_byte"][1]]
     wiki = out["results"]["local_wiki"]
     assert lm.max_length == 1024 and max(len(d["page"].encode()) for d in map(json.loads, (trained["tasks"] / "wiki_test.jsonl").open())) > 1024
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
@@ -294,3 +326,58 @@ def test_rolling_metrics_are_lm_evaluation_harness_weighted_perplexity_and_bits_
     assert m["eval/w/word_perplexity"] == pytest.approx(math.exp(2.0))
     assert m["eval/w/byte_perplexity"] == pytest.approx(math.exp(1.5))
     assert m["eval/w/bits_per_byte"] == pytest.approx(1.5 / math.log(2))
+
+
+def test_a_group_and_several_gold_answers_score_as_lm_evaluation_harness(trained, tmp_path):
+    """A group YAML (task: [local_arc, local_multi, local_wino], aggregate_metric_list acc weighted by size,
+    acc_norm not, over the tasks whose metric_list has it: not winogrande's) and a task whose doc_to_target is a list of right answers: per choice within 1e-4 nats, acc and
+    acc_norm per document as lm-evaluation-harness's (right when the argmax is any gold), and each task's and
+    the group's acc, acc_norm and their pooled standard errors equal lm-evaluation-harness's (hf model on
+    the export, two-shot where the task does not fix 0) within 1e-9."""
+    pytest.importorskip("transformers", reason="the optional extra 'eval'")
+    pytest.importorskip("accelerate", reason="the optional extra 'eval'")
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lm = HFLM(pretrained=str(trained["hf"]), dtype="float32", device="cpu", batch_size=8)
+    out = simple_evaluate(model=lm, tasks=["local_group"], num_fewshot=2, task_manager=TaskManager(include_path=str(trained["tasks"])), log_samples=True)
+    metrics, samples = core_eval(trained, tmp_path, "local_group")
+    ours = [s for s in samples if s["task"] == "local_multi"]
+    theirs = sorted(out["samples"]["local_multi"], key=lambda d: d["doc_id"])
+    assert len(ours) == len(theirs) == 13 and any(len(s["gold"]) > 1 for s in ours)
+    for mine, their in zip(ours, theirs):
+        assert max(abs(a - float(r[0][0])) for a, r in zip(mine["loglikelihoods"], their["resps"])) < 1e-4
+        assert (mine["acc"], mine["acc_norm"]) == (their["acc"], their["acc_norm"]) and mine["gold"] == their["target"], mine["doc_id"]
+    for name in ("local_arc", "local_multi", "local_group"):
+        for metric in ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr"):
+            assert metrics[f"eval/{name}/{metric}"] == pytest.approx(out["results"][name][f"{metric},none"], abs=1e-9), (name, metric)
+    acc = [metrics[f"eval/{name}/acc"] for name in ("local_arc", "local_multi", "local_wino")]
+    acc_norm = metrics["eval/local_arc/acc_norm"], metrics["eval/local_multi/acc_norm"]
+    assert metrics["eval/local_group/acc"] == pytest.approx((20 * acc[0] + 13 * acc[1] + 20 * acc[2]) / 53)  # weight_by_size: true
+    assert metrics["eval/local_group/acc_norm"] == pytest.approx((acc_norm[0] + acc_norm[1]) / 2)  # weight_by_size: false
+
+
+def test_two_ranks_score_harness_tasks_as_one_process(trained, tmp_path):
+    """The downstream monitor on 2 gloo ranks (ddp, real processes) with lm-evaluation-harness tasks by name
+    (a group, two-shot hellaswag) and by .yaml (a rolling task whose windows are split over the ranks): at
+    the final step its metrics equal core.eval's on that checkpoint in one process, within 1e-6."""
+    body = (
+        f'[monitors.downstream]\nevery = 4\ntasks = ["{trained["yamls"]["local_wiki"]}"]\nharness_tasks = ["local_group", "local_hellaswag"]\n'
+        f'include_path = ["{trained["tasks"]}"]\nnum_fewshot = 2\nlimit = 0\n'
+    )
+    cfg = write_tiny_config(tmp_path, body=body, steps=4, global_batch_tokens=2048, micro_batch=4)
+    cfg.write_text(cfg.read_text().replace('enabled = ["console", "jsonl"]', 'enabled = ["downstream", "console", "jsonl"]'))
+    r = torchrun(2, "--config", str(cfg), "--parallelism.name=ddp", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = {row["step"]: row for row in read_metrics(tmp_path / "out")}
+    alone, _ = core_eval(
+        {**trained, "ckpt": tmp_path / "out" / "checkpoints" / "step_000000004"},
+        tmp_path,
+        "local_group",
+        "local_hellaswag",
+        str(trained["yamls"]["local_wiki"]),
+    )
+    assert {"eval/local_group/acc", "eval/local_multi/acc", "eval/local_hellaswag/acc_norm", "eval/local_wiki/bits_per_byte"} <= set(alone)
+    for key, value in alone.items():
+        assert logged[4][key] == pytest.approx(value, abs=1e-6, rel=1e-6), key

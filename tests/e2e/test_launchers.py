@@ -13,26 +13,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, env, in_a_small_disk, read_metrics, torchrun_argv, write_tiny_config
+from shared import remote_env, small_args
 
 pytestmark = pytest.mark.slow
-
-
-def remote_env(tmp_path, **extra):
-    e = env(**{"PYTHON": sys.executable, "OUTPUT_DIR": str(tmp_path / "out"), "NPROC": "2", "BACKOFF_S": "1", **extra})
-    e["PATH"] = str(Path(sys.executable).parent) + os.pathsep + e["PATH"]
-    return e
-
-
-def small_args(tiny_config, steps):
-    return [
-        "--train.steps=%d" % steps,
-        "--model.dim=64",
-        "--data.seq_len=128",
-        "--train.global_batch_tokens=1024",
-        "--train.micro_batch=2",
-        "--train.log_every=1",
-        '--monitors.enabled=["console", "jsonl"]',
-    ]
 
 
 def descendants(pid: int) -> list[int]:
@@ -55,7 +38,7 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
         [
             "bash",
             "launchers/remote.sh",
-            *small_args(tiny_config, 4),
+            *small_args(4),
             '--monitors.enabled=["console", "jsonl", "budget_guard"]',
             "--monitors.budget_guard.rate_usd_per_hr=1.0",
         ],
@@ -81,7 +64,7 @@ def test_remote_runs_debug_config(tiny_config, tmp_path):
 def test_remote_restarts_after_sigkill_and_resumes(tiny_config, tmp_path):
     proc = subprocess.Popen(
         # exclude_from_loading shapes the first start only: a restart resumes its own checkpoint whole
-        ["bash", "launchers/remote.sh", *small_args(tiny_config, 400), '--checkpoint.exclude_from_loading=["train", "optimizer"]'],
+        ["bash", "launchers/remote.sh", *small_args(400), '--checkpoint.exclude_from_loading=["train", "optimizer"]'],
         cwd=REPO,
         env=remote_env(tmp_path, CKPT_EVERY="5", RESUME="none"),
         stdout=subprocess.PIPE,
@@ -169,7 +152,7 @@ def default_signals() -> None:
 
 def start_remote(tmp_path, steps, **extra):
     return subprocess.Popen(
-        ["bash", "launchers/remote.sh", *small_args(None, steps)],
+        ["bash", "launchers/remote.sh", *small_args(steps)],
         cwd=REPO,
         env=remote_env(tmp_path, **extra),
         stdout=subprocess.DEVNULL,
@@ -253,7 +236,7 @@ def test_the_back_off_holds_the_folder_and_a_signal_there_ends_remote_sh_at_once
     with running_remote(tmp_path, 20, BACKOFF_S="120", PLAIT_TEST_CRASH_AT_STEP="2", PYTHONPATH=seams) as proc:
         wait_for_log(proc, out / "remote.log", "restarting in 120s")
         second = subprocess.run(
-            ["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=300
+            ["bash", "launchers/remote.sh", *small_args(2)], cwd=REPO, env=remote_env(tmp_path), capture_output=True, text=True, timeout=300
         )
         assert second.returncode == 2 and f"in use by another launcher (pid {proc.pid} on" in second.stderr, second.stderr[-2000:]
         t0 = time.time()
@@ -494,7 +477,7 @@ def test_a_run_that_ends_on_a_disk_too_full_for_exit_status_json_is_not_restarte
     out, log = tmp_path / "out", tmp_path / "remote.log"
     out.mkdir()
     fill = f'for i in $(seq 1200); do grep -q \'"step": 2\' "{out}/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done; dd if=/dev/zero of="{out}/filler" bs=4k 2>/dev/null'
-    args = " ".join(f"'{a}'" for a in [*small_args(None, 4), f"--checkpoint.dir={tmp_path / 'ckpt'}", "--checkpoint.every=2"])
+    args = " ".join(f"'{a}'" for a in [*small_args(4), f"--checkpoint.dir={tmp_path / 'ckpt'}", "--checkpoint.every=2"])
     script = f"({fill}) & bash launchers/remote.sh {args}; rc=$?; wait; exit $rc"
     done = in_a_small_disk("1m", out, script, remote_env(tmp_path, NPROC="1", MAX_RESTARTS="1", LOG=str(log)))
     if done is None:
@@ -599,7 +582,7 @@ def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tm
             "core.train",
             "--config",
             "train_configs/debug_cpu.toml",
-            *small_args(None, 6),
+            *small_args(6),
             f"--train.output_dir={source}",
             "--checkpoint.every=2",
         ],
@@ -611,7 +594,7 @@ def test_a_restart_before_the_runs_first_save_starts_as_the_first_attempt_did(tm
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     start = source / "checkpoints" / "step_000000004"
-    args = ["bash", "launchers/remote.sh", *small_args(None, 12)]
+    args = ["bash", "launchers/remote.sh", *small_args(12)]
     e = remote_env(tmp_path, NPROC="1", BACKOFF_S="0", MAX_RESTARTS="1", RESUME=str(start), PYTHONPATH=seams, PLAIT_TEST_CRASH_AT_STEP="6")
     proc = subprocess.run(args, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
     log = (tmp_path / "out" / "remote.log").read_text()
@@ -635,7 +618,7 @@ def test_remote_sh_goes_past_an_unreadable_newest_checkpoint_in_one_attempt(tmp_
     step (one line) and ends with exit 0. It used to end each attempt in a PermissionError traceback at
     that save, which remote.sh restarted into until MAX_RESTARTS ran out."""
     seams = os.pathsep.join([str(REPO / "tests" / "seams"), str(REPO)])
-    args = ["bash", "launchers/remote.sh", *small_args(None, 6)]
+    args = ["bash", "launchers/remote.sh", *small_args(6)]
     proc = subprocess.run(args, cwd=REPO, env=remote_env(tmp_path, NPROC="1", CKPT_EVERY="3"), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     root = tmp_path / "out" / "checkpoints"
@@ -652,7 +635,7 @@ def test_remote_sh_goes_past_an_unreadable_newest_checkpoint_in_one_attempt(tmp_
 def test_remote_sh_with_a_log_it_cannot_write_says_so(tmp_path):
     log = tmp_path / "no_such_folder" / "remote.log"
     env = remote_env(tmp_path, LOG=str(log))
-    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [
@@ -666,7 +649,7 @@ def test_remote_sh_with_a_log_that_opens_but_takes_no_bytes_ends_with_74_naming_
     configuration (exit 2, "not starting"). It is the log's failure, in one line, with a full disk's code
     74 (never retried), before any plan or attempt."""
     env = remote_env(tmp_path, LOG="/dev/full")
-    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(None, 2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", "launchers/remote.sh", *small_args(2)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 74, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("plait: error: remote.sh: cannot write to the log file LOG=/dev/full (No space left on device"), lines

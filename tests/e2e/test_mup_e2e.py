@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import run_module, torchrun, write_tiny_config
-from shared import losses, shakespeare_text, write_task
+from shared import error_lines, losses, shakespeare_text, write_task
+from test_plugin_author import install
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +21,69 @@ pytestmark = pytest.mark.slow
 # hidden matrices' LR all differ from standard parametrization; the debug head is untied (µP's own
 # "output" group).
 MUP = ("--model.dim=128", "--model.parametrization=mup", "--model.mup_base_width=64")
+
+
+# Two third-party models that declare no widths: one without a parametrization option, one with
+# llama3's options (parametrization included) but no mup_widths().
+WIDTHLESS = """
+from core.api import hookimpl
+from model_specs.llama3.spec import Llama3Options, Llama3Spec
+
+class Spec:
+    def __init__(self, options):
+        self.llama = Llama3Spec.from_flavor("debug", dim=64, n_layers=2)
+        self.vocab_size = self.llama.vocab_size
+
+    def build(self):
+        return self.llama.build()
+
+    def init_weights(self, model):
+        self.llama.init_weights(model)
+
+    def blocks(self, model):
+        return self.llama.blocks(model)
+
+    def flops_per_token(self, seq_len):
+        return self.llama.flops_per_token(seq_len)
+
+    def activation_bytes(self, micro_batch, seq_len, bytes_per_element):
+        return self.llama.activation_bytes(micro_batch, seq_len, bytes_per_element)
+
+class NoWidths(Spec):
+    def __init__(self, options):
+        self.llama = Llama3Spec.from_options(options)
+        self.vocab_size = self.llama.vocab_size
+
+@hookimpl
+def plait_register(registry):
+    registry.add("model", "no_option", Spec, doc="llama3 debug without µP's options")
+    registry.add("model", "no_widths", NoWidths, options=Llama3Options, doc="llama3's options, no mup_widths()")
+"""
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("no_option", "[model].parametrization: model 'no_option' has no parametrization option and declares no widths"),
+        ("no_widths", "[model].parametrization = \"mup\" but model 'no_widths' declares no widths"),
+    ],
+)
+def test_mup_asked_of_a_third_party_model_without_widths_is_one_line_before_anything_is_made(tmp_path: Path, model: str, expected: str):
+    """A plugin model (a real distribution found through its entry point) that declares no widths,
+    asked for µP: exit 2, one line naming [model].parametrization, and no run folder made (the
+    refusal comes before the folders, so before any process group)."""
+    env = install(tmp_path / "site", WIDTHLESS)
+    cfg = (
+        write_tiny_config(tmp_path, steps=2)
+        .read_text()
+        .replace('name = "llama3"\nflavor = "debug"\ndim = 64\nn_layers = 2\n', f'name = "{model}"\nparametrization = "mup"\n')
+    )
+    (tmp_path / "run.toml").write_text(cfg)
+    proc = run_module("core.train", "--config", str(tmp_path / "run.toml"), extra_env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and expected in lines[0], proc.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
 def test_mup_fsdp2_checkpoint_resumes_on_one_process_with_the_uninterrupted_losses(tmp_path: Path):

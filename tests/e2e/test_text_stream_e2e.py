@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import REPO, env, read_metrics, run_module
-from shared import varied_documents
+from shared import text_stream_config, varied_documents
 
 
 @pytest.fixture
@@ -18,28 +18,8 @@ def corpus(tmp_path):
 
 @pytest.mark.slow
 def test_trains_and_resumes_exactly(corpus, tmp_path):
-    cfg = tmp_path / "stream.toml"
-    cfg.write_text(f'''
-extends = "{REPO / "train_configs" / "base.toml"}"
-[train]
-steps = 6
-global_batch_tokens = 256
-micro_batch = 2
-log_every = 1
-device = "cpu"
-[model]
-name = "llama3"
-flavor = "debug"
-dim = 64
-[data]
-name = "text_stream"
-seq_len = 64
-files = ["{corpus}"]
-workers = 2
-shuffle_buffer = 4
-[monitors]
-enabled = ["jsonl"]
-''')
+    train = {"steps": 6, "global_batch_tokens": 256, "log_every": 1}
+    cfg = text_stream_config(tmp_path / "stream.toml", corpus, train=train, data={"seq_len": 64, "workers": 2, "shuffle_buffer": 4}, monitors=["jsonl"])
     straight = tmp_path / "straight"
     proc = run_module("core.train", "--config", str(cfg), f"--train.output_dir={straight}")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -162,26 +142,8 @@ def test_workers_under_a_long_tmpdir_start_and_a_run_leaves_nothing_in_tmpdir(co
     import subprocess
     import sys
 
-    cfg = tmp_path / "stream.toml"
-    cfg.write_text(f'''
-extends = "{REPO / "train_configs" / "base.toml"}"
-[train]
-steps = 2
-global_batch_tokens = 128
-micro_batch = 2
-device = "cpu"
-[model]
-name = "llama3"
-flavor = "debug"
-dim = 64
-[data]
-name = "text_stream"
-seq_len = 32
-files = ["{corpus}"]
-workers = 1
-[monitors]
-enabled = []
-''')
+    train = {"steps": 2, "global_batch_tokens": 128}
+    cfg = text_stream_config(tmp_path / "stream.toml", corpus, train=train, data={"seq_len": 32, "workers": 1}, monitors=[])
     short, long = tmp_path / "tmp", tmp_path / ("t" * 100)
     for tmpdir in (short, long):
         tmpdir.mkdir()

@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PY, REPO, env, read_metrics, start_module, torchrun_argv, write_tiny_config
+from shared import committed_steps, remote_env, small_args, text_stream_config, varied_documents
 
 pytestmark = pytest.mark.slow
-
-
-def committed(out: Path) -> list[str]:
-    return sorted(p.name for p in (out / "checkpoints").glob("step_*") if (p / "COMMITTED").exists())
 
 
 def wait_for_steps(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -50,6 +47,20 @@ def loader_workers(pid: int) -> list[int]:
     return [w for server in servers for w in children(server)]
 
 
+def rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """{RANK: pid} of the ranks a torchrun job started (its children)."""
+    environs = {pid: Path(f"/proc/{pid}/environ").read_text().split("\0") for pid in children(torchrun_pid)}
+    return {int(dict(line.split("=", 1) for line in lines if "=" in line)["RANK"]): pid for pid, lines in environs.items()}
+
+
+def stopped_by_a_signal_at_step_2(proc: subprocess.Popen, out: Path, output: str) -> None:
+    """The run in ``out`` ended cleanly as a signal stop at step 2, step 2's checkpoint its only one."""
+    assert proc.returncode == 0, output[-3000:]
+    status = json.loads((out / "exit_status.json").read_text())
+    assert status["reason"] == "signal" and status["step"] == 2, status
+    assert committed_steps(out) == ["step_000000002"]
+
+
 def alive(pid: int) -> bool:
     try:
         return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
@@ -66,8 +77,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     ("Sending process N closing signal SIGHUP"). It stops the run as SIGTERM does (a checkpoint,
     exit_status.json, no step lost), never killing every rank at once; the
     loader's worker processes (text_stream, ``workers = 1``), which get it too, ignore it."""
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
+    corpus = varied_documents(tmp_path, 400)
     cfg = write_tiny_config(tmp_path, steps=100000, global_batch_tokens=256)
     cmd = [PY, "-m", "core.train", "--config", str(cfg), "--data.name=text_stream", f'--data.files=["{corpus}"]', "--data.workers=1", "--data.seq_len=64"]
     proc = start_module(*cmd[2:])
@@ -83,7 +93,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(tmp_path):
     assert proc.returncode == 0, (proc.returncode, stderr[-2000:])
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0
-    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
+    assert committed_steps(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
 
 def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
@@ -93,32 +103,10 @@ def test_text_stream_workers_ignore_sigterm_and_die_with_their_rank(tmp_path):
     checkpoint). Then the resumed run's rank is SIGKILLed alone: the run folder is free at once
     (the workers hold no copy of its lock), and its fork server ends, then the workers (their parent
     gone), then the server's resource tracker."""
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "lorem ipsum " * (i % 7 + 1)}) + "\n" for i in range(400)))
+    corpus = varied_documents(tmp_path, 400)
     out = tmp_path / "out"
-    cfg = tmp_path / "stream.toml"
-    cfg.write_text(f'''
-extends = "{REPO / "train_configs" / "base.toml"}"
-[train]
-steps = 100000
-global_batch_tokens = 256
-micro_batch = 2
-log_every = 1
-device = "cpu"
-output_dir = "{out}"
-[model]
-name = "llama3"
-flavor = "debug"
-dim = 64
-[data]
-name = "text_stream"
-seq_len = 64
-files = ["{corpus}"]
-workers = 2
-shuffle_buffer = 4
-[monitors]
-enabled = ["jsonl"]
-''')
+    train = {"steps": 100000, "global_batch_tokens": 256, "log_every": 1, "output_dir": out}
+    cfg = text_stream_config(tmp_path / "stream.toml", corpus, train=train, data={"seq_len": 64, "workers": 2, "shuffle_buffer": 4}, monitors=["jsonl"])
     cmd = [PY, "-m", "core.train", "--config", str(cfg)]
     proc = start_module(*cmd[2:])
     try:
@@ -133,7 +121,7 @@ enabled = ["jsonl"]
     assert "exited unexpectedly" not in stderr
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0
-    assert committed(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
+    assert committed_steps(out) == [f"step_{status['step']:09d}"] and status["step"] == max(r["step"] for r in read_metrics(out))
 
     log = (tmp_path / "resumed.log").open("w")
     proc = start_module(*cmd[2:], stdout=log, stderr=subprocess.STDOUT)
@@ -158,7 +146,7 @@ enabled = ["jsonl"]
             except OSError:
                 pass
         log.close()
-    assert f"resumed from {out / 'checkpoints' / committed(out)[0]} at step {status['step']}" in (tmp_path / "resumed.log").read_text()
+    assert f"resumed from {out / 'checkpoints' / committed_steps(out)[0]} at step {status['step']}" in (tmp_path / "resumed.log").read_text()
 
 
 # --- Ctrl-C under torchrun ------------------------------------------------------------
@@ -209,7 +197,7 @@ def test_ctrl_c_to_the_process_group_under_torchrun_stops_cleanly(ctrl_c_run):
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
     step = status["step"]
     assert step == max(r["step"] for r in read_metrics(out))  # the stop came at a step boundary ...
-    assert f"step_{step:09d}" in committed(out)  # ... with a checkpoint of it
+    assert f"step_{step:09d}" in committed_steps(out)  # ... with a checkpoint of it
 
 
 def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
@@ -236,7 +224,7 @@ def test_a_deliberate_second_ctrl_c_still_stops_at_once(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert time.time() - t0 < 20 and proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
-    assert committed(out) == []
+    assert committed_steps(out) == []
 
 
 # --- a full disk during a save --------------------------------------------------------
@@ -266,7 +254,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     cfg, first, _ = ctrl_c_run
     out = tmp_path / "out"
     shutil.copytree(first, out)
-    before = committed(out)
+    before = committed_steps(out)
     stopped = json.loads((out / "exit_status.json").read_text())["step"]
     proc = subprocess.run(
         torchrun_cmd(cfg, f"--train.output_dir={out}", "--checkpoint.every=2", f"--train.steps={stopped + 6}", f"--checkpoint.async={mode == 'async'}".lower()),
@@ -285,7 +273,7 @@ def test_full_disk_during_a_save_stops_every_rank_with_code_74(ctrl_c_run, tmp_p
     assert f"checkpoint save at step {failed} failed" in status["detail"]
     assert f"the last complete checkpoint is {before[-1]}" in status["detail"]
     assert not (out / "checkpoints" / f"step_{failed:09d}").exists()  # this save's partial folder is gone ...
-    assert committed(out) == before  # ... and nothing else
+    assert committed_steps(out) == before  # ... and nothing else
     errors = [line for line in proc.stderr.splitlines() if line.startswith("plait: error:")]
     assert len(errors) == 1 and "disk full?" in errors[0], proc.stderr[-3000:]
     assert "[rank0]" not in proc.stderr and "[rank1]" not in proc.stderr, proc.stderr[-3000:]
@@ -324,25 +312,15 @@ def test_a_full_disk_for_the_run_files_at_start_stops_every_rank_with_code_74(ti
 def test_remote_sh_does_not_restart_onto_a_full_disk(tmp_path):
     """launchers/remote.sh reads exit code 74 from exit_status.json and stops: no restart loop."""
     out = tmp_path / "out"
-    e = env(PYTHON=PY, OUTPUT_DIR=str(out), NPROC="2", BACKOFF_S="1", MAX_RESTARTS="2", CKPT_EVERY="2")
-    e["PATH"] = str(Path(PY).parent) + os.pathsep + e["PATH"]
-    args = [
-        "--train.steps=6",
-        "--model.dim=64",
-        "--data.seq_len=128",
-        "--train.global_batch_tokens=1024",
-        "--train.micro_batch=2",
-        "--train.log_every=1",
-        '--monitors.enabled=["console", "jsonl"]',
-    ]
+    e = remote_env(tmp_path, MAX_RESTARTS="2", CKPT_EVERY="2")
     proc = subprocess.run(
-        ["bash", "launchers/remote.sh", *args], check=False, cwd=REPO, env=e, capture_output=True, text=True, timeout=300, preexec_fn=limited_file_size
+        ["bash", "launchers/remote.sh", *small_args(6)], check=False, cwd=REPO, env=e, capture_output=True, text=True, timeout=300, preexec_fn=limited_file_size
     )
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert json.loads((out / "exit_status.json").read_text())["reason"] == "save_failed"
     log = (out / "remote.log").read_text()
     assert log.count("starting (attempt") == 1 and "trainer finished with exit code 74" in log
-    assert committed(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
+    assert committed_steps(out) == [] and not (out / "checkpoints" / "step_000000002").exists()
 
 
 def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
@@ -369,7 +347,7 @@ def test_a_run_whose_console_is_gone_still_stops_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     status = json.loads((out / "exit_status.json").read_text())
     assert status["reason"] == "signal" and status["exit_code"] == 0, status
-    assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed(out)
+    assert status["step"] == max(r["step"] for r in read_metrics(out)) and f"step_{status['step']:09d}" in committed_steps(out)
 
 
 # --- a signal during validation ---------------------------------------------------------------
@@ -387,19 +365,13 @@ def test_a_signal_during_a_long_validation_stops_every_rank_at_once_with_a_check
     try:
         wait_for_steps(out, 2, proc)
         time.sleep(1.0)  # inside the pass by now
-        ranks = {
-            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
-            for pid in children(proc.pid)
-        }
+        ranks = rank_pids(proc.pid)
         os.kill(ranks[0], signal.SIGTERM)
         output, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    status = json.loads((out / "exit_status.json").read_text())
-    assert status["reason"] == "signal" and status["step"] == 2, status
-    assert committed(out) == ["step_000000002"]
+    stopped_by_a_signal_at_step_2(proc, out, output)
     assert read_metrics(out, "val") == [] and "validation interrupted by a signal" in output
 
 
@@ -438,8 +410,7 @@ def test_a_signal_during_a_downstream_evaluation_pass_stops_at_once_with_a_check
         if nproc == 1:
             rank0 = proc.pid
         else:
-            env_of = {pid: dict(ln.split("=", 1) for ln in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in ln) for pid in children(proc.pid)}
-            rank0 = next(pid for pid, e in env_of.items() if e.get("RANK") == "0")
+            rank0 = rank_pids(proc.pid)[0]
         os.kill(rank0, signal.SIGTERM)
         t0 = time.time()
         output, _ = proc.communicate(timeout=60)  # without the check: the pass runs on for minutes
@@ -447,10 +418,7 @@ def test_a_signal_during_a_downstream_evaluation_pass_stops_at_once_with_a_check
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    status = json.loads((out / "exit_status.json").read_text())
-    assert status["reason"] == "signal" and status["step"] == 2, status
-    assert committed(out) == ["step_000000002"]
+    stopped_by_a_signal_at_step_2(proc, out, output)
     assert "step 2: downstream evaluation interrupted by a signal; not recorded" in output, output[-3000:]
     assert not any(k.startswith("eval/") for r in read_metrics(out) for k in r)
     print(f"stopped {took:.1f} s after SIGTERM")
@@ -473,10 +441,7 @@ def test_a_hung_rank_fails_the_run_after_collective_timeout_s(tmp_path, every):
     stopped = None
     try:
         wait_for_steps(out, 3, proc)
-        ranks = {
-            int(dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)["RANK"]): pid
-            for pid in children(proc.pid)
-        }
+        ranks = rank_pids(proc.pid)
         stopped = ranks[1]
         os.kill(stopped, signal.SIGSTOP)
         t0 = time.time()

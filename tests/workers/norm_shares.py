@@ -7,26 +7,13 @@ argv[1] (its rank appended)."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from types import SimpleNamespace
-
 import torch
+from rank_worker import build_model, run_rank, wrap
 from torch import nn
 
 from core.api import DistInfo, squared_norm_share
-from core.runtime import distributed
 from plugins.parallelism.ddp import DDP, DDPOptions
 from plugins.parallelism.fsdp2 import FSDP2, FSDP2Options
-
-
-def build_model() -> nn.Module:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
-    with torch.no_grad():
-        model[0].weight[:8] *= 50  # the rows rank 0 holds under fsdp2
-    return model
 
 
 def shares(wrapped: nn.Module, model: nn.Module, world_size: int) -> dict[str, dict[str, float]]:
@@ -38,23 +25,18 @@ def shares(wrapped: nn.Module, model: nn.Module, world_size: int) -> dict[str, d
     }
 
 
-def main() -> None:
-    info = distributed.init("cpu")
+def results(info: DistInfo) -> dict:
     alone = build_model()
     out = {"single": shares(alone, alone, 1)}
-    spec = SimpleNamespace(blocks=lambda m: [m[0], m[1]])
     for label, parallelism in (("ddp", DDP(DDPOptions())), ("fsdp2", FSDP2(FSDP2Options()))):
         model = build_model()
-        wrapped = parallelism.wrap(model, spec, info, SimpleNamespace(param_dtype=None))
+        wrapped = wrap(parallelism, model, info)
         sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
         assert sharded == (label == "fsdp2"), f"{label}: parameters sharded: {sharded}"
         out[label] = shares(wrapped, model, info.world_size)
     assert isinstance(info, DistInfo) and info.world_size == 2
-    with open(f"{sys.argv[1]}.{info.rank}", "w") as f:
-        json.dump(out, f)
-    distributed.shutdown()
+    return out
 
 
 if __name__ == "__main__":
-    main()
-    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (core/cli/train.py)
+    run_rank(results)

@@ -7,30 +7,18 @@ writes what it got as JSON to argv[1] (its rank appended)."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from rank_worker import build_model, run_rank, wrap
 from torch import nn
 
 from core.contract.options import NoOptions
 from core.contract.protocols import DistInfo
 from core.contract.run import Run
 from core.loop.monitor_hub import MonitorHub
-from core.runtime import distributed
 from plugins.monitors.update_ratio import UpdateRatio
 from plugins.parallelism.fsdp2 import FSDP2, FSDP2Options
-
-
-def build_model() -> nn.Module:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 8))
-    with torch.no_grad():
-        model[0].weight[:8] *= 50  # the rows rank 0 holds under fsdp2
-    return model
 
 
 def groups(model: nn.Module) -> list[dict]:
@@ -60,22 +48,18 @@ def whole_ratio(old: dict, new: dict, names: list[str]) -> float:
     return float(change.sqrt() / norm.sqrt())
 
 
-def main() -> None:
-    info = distributed.init("cpu")
+def results(info: DistInfo) -> dict:
     names = {"matrix": ["0.weight", "1.weight"], "bias": ["0.bias", "1.bias"]}
     _, single, _ = one_step(build_model(), DistInfo())  # one process, no process group used
     out: dict = {"single": single}
     for label, replicate in (("fsdp2", 1), ("hsdp", 2)):
         model = build_model()
-        FSDP2(FSDP2Options(replicate=replicate)).wrap(model, SimpleNamespace(blocks=lambda m: [m[0], m[1]]), info, SimpleNamespace(param_dtype=None))
+        wrap(FSDP2(FSDP2Options(replicate=replicate)), model, info)
         assert all(hasattr(p, "full_tensor") for p in model.parameters()), "fsdp2 left a parameter unsharded"
         old, got, new = one_step(model, info)
         out[label] = {"got": got, "whole": {g: whole_ratio(old, new, ns) for g, ns in names.items()}}
-    with open(f"{sys.argv[1]}.{info.rank}", "w") as f:
-        json.dump(out, f)
-    distributed.shutdown()
+    return out
 
 
 if __name__ == "__main__":
-    main()
-    os._exit(0)  # as core.train leaves: interpreter finalization can abort a finished gloo rank (core/cli/train.py)
+    run_rank(results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from shared import write_task
@@ -330,3 +331,36 @@ def test_a_multiple_input_example_scores_its_target_after_each_context_and_acc_n
     metrics = evaluation.task_metrics("w", evaluation.task_sums(task, [enc], [0], [-3.0, -3.5]))
     assert metrics["eval/w/acc"] == 0.0 and metrics["eval/w/acc_norm"] == 1.0  # -3/15 < -3.5/20
     assert task.where(ex) == "lm-evaluation-harness task 'w', document 0"
+
+
+def test_the_downstream_monitor_loads_lm_evaluation_harness_tasks_once_per_process(tmp_path, monkeypatch):
+    """Preflight then train start in one process (core.train's order): lm-evaluation-harness's TaskManager
+    (a counting wrapper in this process) is built once, and train start scores what preflight read."""
+    pytest.importorskip("lm_eval", reason="the optional extra 'eval' (lm-evaluation-harness)")
+    import lm_eval.tasks
+
+    from plugins.monitors.downstream import Downstream, DownstreamOptions
+
+    data = write_task(tmp_path / "once.jsonl", 5, False)
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "once_task.yaml").write_text(
+        f"task: once_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    validation: {data}\nvalidation_split: validation\n"
+        'output_type: multiple_choice\ndoc_to_text: "{{context}}"\ndoc_to_choice: "{{continuations}}"\ndoc_to_target: "{{gold}}"\n'
+    )
+    built: list[dict] = []
+
+    class Counting(lm_eval.tasks.TaskManager):  # type: ignore[misc]
+        def __init__(self, *args, **kwargs) -> None:
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Counting)
+    monitor = Downstream(DownstreamOptions(harness_tasks=["once_task"], include_path=[str(folder)], limit=0))
+    spec = SimpleNamespace(vocab_size=512, max_seq_len=64)
+    monitor.plait_preflight(SimpleNamespace(resolved={"train": {"log_every": 1}}, tokenizer={"spec": "bytes"}, spec=spec))
+    assert len(built) == 1 and monitor.evaluation is not None
+    first = monitor.evaluation.tasks[0]
+    monitor.plait_train_start(SimpleNamespace(tokenizer={"spec": "bytes"}, spec=spec))
+    assert len(built) == 1  # the second load reads nothing again
+    assert monitor.evaluation.tasks[0].name == "once_task" and monitor.evaluation.tasks[0].examples == first.examples and len(first.examples) == 5

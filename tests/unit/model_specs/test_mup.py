@@ -202,6 +202,36 @@ def test_a_mup_checkpoint_resumed_as_standard_is_one_line_exit_2(tmp_path):
     assert "model.parametrization 'mup' -> 'standard'" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "override, expected",
+    [("--model.parametrization=standard", "model.parametrization 'mup' -> 'standard'"), ("--model.mup_base_width=16", "model.mup_base_width 32 -> 16")],
+)
+def test_core_train_refuses_a_mup_checkpoint_resumed_otherwise_before_any_process_group(tmp_path, monkeypatch, capsys, override, expected):
+    """core.train on a µP run's folder, resumed as standard or with another base width: one line naming
+    the key, exit 2, and ``core.runtime.distributed.init`` (the process group) never called. In this
+    process: core.train's rank 0 holds the run folder's lock when it decides the resume, released here
+    as the process's exit would."""
+    from core.cli.train import main
+    from core.runtime import distributed
+    from core.runtime.ownership import release_run_folders
+
+    cfg = write_tiny_config(tmp_path, steps=2)
+    mu = ("--model.parametrization=mup", "--model.mup_base_width=32")
+    assert trainer_for(cfg, *mu).fit() == 0
+    capsys.readouterr()
+    calls: list[tuple] = []
+    real_init = distributed.init
+    monkeypatch.setattr(distributed, "init", lambda *a, **k: calls.append(a) or real_init(*a, **k))
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main(["--config", str(cfg), "--train.steps=4", *mu, override])
+    finally:
+        release_run_folders()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and calls == [] and "resumed from" not in out
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_plan_prints_each_groups_effective_lr_and_the_widths(tmp_path, capsys):
     cfg = write_tiny_config(tmp_path, body=NO_CHECKPOINT)
     mu = ("--model.parametrization=mup", "--model.dim=128", "--model.mup_base_width=64")
