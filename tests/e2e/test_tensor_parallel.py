@@ -150,31 +150,16 @@ def curve_fp32(tiny_config, tmp_path):
 def test_a_streaming_source_under_tensor_parallelism_is_refused_in_one_line(tmp_path):
     """A stream's checkpoint keeps a position per rank: with tp > 1 a resume under another layout would
     hand one data-parallel rank's position to another. Refused before the first step, exit 2."""
-    from shared import varied_documents
+    from shared import text_stream_config, varied_documents
 
-    cfg = tmp_path / "stream.toml"
-    cfg.write_text(f"""
-extends = "{REPO / "train_configs" / "base.toml"}"
-[train]
-steps = 2
-global_batch_tokens = 256
-micro_batch = 2
-device = "cpu"
-output_dir = "{tmp_path / "out"}"
-[model]
-name = "llama3"
-flavor = "debug"
-dim = 64
-[data]
-name = "text_stream"
-seq_len = 64
-files = ["{varied_documents(tmp_path)}"]
-[parallelism]
-name = "fsdp2"
-tp = 2
-[monitors]
-enabled = ["jsonl"]
-""")
+    cfg = text_stream_config(
+        tmp_path / "stream.toml",
+        varied_documents(tmp_path),
+        train={"steps": 2, "global_batch_tokens": 256, "output_dir": tmp_path / "out"},
+        data={"seq_len": 64},
+        monitors=["jsonl"],
+        parallelism={"name": "fsdp2", "tp": 2},
+    )
     proc = torchrun(2, "--config", str(cfg))
     assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun turns a child's exit code 2 into 1; exit_status.json keeps it
     status = json.loads((tmp_path / "out" / "exit_status.json").read_text())
