@@ -204,6 +204,12 @@ CONTRACT: dict[str, list[Member]] = {
         method("check_model", 1, "(meta model, read only) refuse a model it cannot convert (raise ConfigError); default: none", False),
         method("post_optimizer_step", 1, "(model) work after each optimizer step (fp8 scale precompute); default: none", False),
         method("log_step", 1, "(on) the coming step is (True) or is not a log step: record fp8 forward/backward amax for metrics; default: none", False),
+        method(
+            "check_tensor_parallel",
+            1,
+            "(tp > 1) refuse tensor parallelism its converted modules cannot run under (raise ConfigError, naming what is supported); default: any tp",
+            False,
+        ),
     ],
     "data": [
         method("validate", 2, "(vocab_size, seq_len) check files and ids before anything is built"),

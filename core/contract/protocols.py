@@ -226,7 +226,8 @@ class Precision(Protocol):
     """Numeric format. ``supported`` is asked before anything is built.
 
     Optional members (defaults in ``core.contract.members.CONTRACT``): ``check_model(model)``,
-    ``post_optimizer_step(model)`` and ``log_step(on)``.
+    ``post_optimizer_step(model)``, ``log_step(on)`` and ``check_tensor_parallel(tp)`` (refuse a
+    ``tp > 1`` its converted modules cannot run under, ConfigError, before any process group).
     """
 
     name: str

@@ -236,11 +236,12 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: tor
     if check is None:
         raise ConfigError(f"{where}: model {model_name!r} has no tensor-parallel plan (parallelize_tensor); expected tp = 1")
     call_plugin(f"model {model_name!r}: check_tensor_parallel", check, tp)
-    if precision_name in ("fp8", "mxfp8", "te_fp8"):
-        raise ConfigError(
-            f"{where}: precision {precision_name!r} under tensor parallelism is not supported yet (the model plans do not use torchao's "
-            "tensorwise Float8ColwiseParallel/Float8RowwiseParallel styles; MXFP8 and Transformer Engine have none here); expected fp32 or bf16"
-        )
+    check_precision = member("precision", components["precision"], "check_tensor_parallel")
+    if check_precision is not None:
+        try:
+            call_plugin(f"precision {precision_name!r}: check_tensor_parallel", check_precision, tp)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
     if rc.train.compile and device is not None and device.type == "cpu":
         raise ConfigError(
             f"{where}: train.compile with tensor parallelism on CPU is not supported (torch {torch.__version__.split('+')[0]}: a compiled block's "

@@ -51,6 +51,11 @@ class MXFP8(BF16[MXFP8Options]):
         self.recorder = AmaxRecorder(lambda m: getattr(m, "_plait_lowp", False))
         self.device: torch.device | None = None  # the run's device, as supported() was asked about it
 
+    def check_tensor_parallel(self, tp: int) -> None:
+        raise ConfigError(
+            '[precision] mxfp8 under tensor parallelism is not supported (only fp8 tensorwise is tested equal to one process); expected fp8 with recipe = "tensorwise", or bf16'
+        )
+
     def emulated(self) -> bool:
         """Do the MXFP8 GEMMs run through the emulated kernel (no sm100 device) rather than the real ones?
         Decided by the run's device, not the model's: convert() sees the model on the meta device."""

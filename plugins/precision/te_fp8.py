@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from core.api import option
+from core.api import ConfigError, option
 from plugins.precision.basic import BF16
 from plugins.precision.capability import cuda_capability, kept_high, linear_filter
 
@@ -48,6 +48,12 @@ class TEFP8(BF16[TEFP8Options]):
     def __init__(self, options: TEFP8Options) -> None:
         self.options = options
         self._recipe = None
+
+    def check_tensor_parallel(self, tp: int) -> None:
+        raise ConfigError(
+            "[precision] te_fp8 under tensor parallelism is not supported (the model plans shard torch linears, not Transformer Engine's); "
+            'expected fp8 with recipe = "tensorwise", or bf16'
+        )
 
     def supported(self, device: torch.device) -> tuple[bool, str]:
         try:
