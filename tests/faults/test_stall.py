@@ -94,11 +94,12 @@ def test_a_hang_in_teardown_after_a_completed_run_ends_the_process_and_keeps_com
     the process groups never returns. The watchdog watches until the process exits: one line naming the teardown phase,
     the stacks, and the end of the process, while exit_status.json keeps ``completed`` (a launcher
     does not restart a finished run). One process: the teardown is the same on every rank. The timeout
-    (5 s, 15 s until the first step ends) leaves a loaded machine room to build and train."""
+    (20 s, 60 s until the first step ends) leaves a loaded machine room to build and train: at 5 s, a
+    start whose fsync waited behind other processes' writes for 15 s was ended as stalled."""
     cfg = write_tiny_config(tmp_path, steps=2, global_batch_tokens=256)
     out = tmp_path / "out"
     proc = subprocess.run(
-        [PY, "-m", "core.train", "--config", str(cfg), "--train.stall_timeout_s=5", "--checkpoint.every=0"],
+        [PY, "-m", "core.train", "--config", str(cfg), "--train.stall_timeout_s=20", "--checkpoint.every=0"],
         cwd=REPO,
         env=env(PYTHONPATH=SEAMS, PLAIT_TEST_HANG_AT_EXIT="1"),
         capture_output=True,
