@@ -70,10 +70,16 @@ def pipeline_stages(model: Transformer, stage_ids: list[int], n_stages: int) -> 
     stages: list[nn.Module] = [Stage(model, ranges[s], s == 0, s == n_stages - 1) for s in stage_ids]
     kept = [i for s in stage_ids for i in ranges[s]]
     model.layers = nn.ModuleDict({str(i): model.layers[i] for i in kept})  # type: ignore[assignment]  # names kept: layers.{i}
+    drop_ends(model, stage_ids, n_stages)
+    return stages
+
+
+def drop_ends(model: nn.Module, stage_ids: list[int], n_stages: int) -> None:
+    """Remove the embedding from a model whose rank lacks the first stage, and the final norm and head
+    from one lacking the last (the other names do not change)."""
     none: Any = None
     if 0 not in stage_ids:
         model.register_module("tok_embeddings", none)
     if n_stages - 1 not in stage_ids:
         model.register_module("norm", none)
         model.register_module("output", none)
-    return stages

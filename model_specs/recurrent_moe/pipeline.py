@@ -22,7 +22,7 @@ from torch import nn
 
 from core.api import ConfigError
 from model_specs.llama3.model import attention_inputs
-from model_specs.llama3.pipeline import layer_ranges
+from model_specs.llama3.pipeline import drop_ends, layer_ranges
 from model_specs.recurrent_moe.model import MoEArgs, RecurrentMoE
 
 PARTS = ("prelude", "core", "coda")
@@ -83,13 +83,8 @@ def pipeline_stages(model: RecurrentMoE, stage_ids: list[int], n_stages: int) ->
     ranges = layer_ranges(len(units), n_stages)
     stages: list[nn.Module] = [Stage(model, [units[i] for i in ranges[s]], s == 0, s == n_stages - 1) for s in stage_ids]
     kept = {units[i] for s in stage_ids for i in ranges[s]}
-    none: Any = None
     for part in PARTS:
         if part not in kept:
             model.register_module(part, nn.ModuleList())
-    if 0 not in stage_ids:
-        model.register_module("tok_embeddings", none)
-    if n_stages - 1 not in stage_ids:
-        model.register_module("norm", none)
-        model.register_module("output", none)
+    drop_ends(model, stage_ids, n_stages)
     return stages
