@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from core.contract.protocols import DistInfo, data_tokens_per_epoch, model_step_metrics
+from core.contract.protocols import DistInfo, data_tokens_per_epoch, model_extra_metrics, model_step_metrics
 
 # -- the model's own metrics, over ranks -------------------------------------------
 
@@ -55,8 +55,6 @@ def model_metrics(model: torch.nn.Module, info: DistInfo) -> dict[str, Any]:
     step_metrics = model_step_metrics(model)
     if step_metrics is not None:
         return step_metrics(lambda parts: reduce_parts(parts, info))
-    from core.contract.protocols import model_extra_metrics
-
     extra = model_extra_metrics(model)
     return extra() if extra is not None else {}
 
