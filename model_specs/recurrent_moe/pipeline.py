@@ -36,8 +36,8 @@ def check_pipeline(args: MoEArgs, n_stages: int) -> None:
     n = len(units(args))
     if n_stages > n:
         raise ConfigError(
-            f"[parallelism]: {n_stages} pipeline stages but recurrent_moe splits only between its {n} units "
-            f"({args.n_prelude} prelude blocks, the looped core, {args.n_coda} coda blocks: the core stays on one stage); expected at most {n} stages"
+            f"[parallelism]: {n_stages} pipeline stages but recurrent_moe splits only between its {n} units (each of its {args.n_prelude} prelude "
+            f"and {args.n_coda} coda blocks, and the looped core, which stays on one stage); expected at most {n} stages"
         )
 
 

@@ -161,7 +161,11 @@ def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, c
         (3, ["--parallelism.tp=2"], "[parallelism] fsdp2: tp = 2 does not divide the world size 3; expected world size = dp x tp"),
         (3, ["--parallelism.pp=2"], "[parallelism] fsdp2: pp = 2 x tp = 1 does not divide the world size 3; expected world size = pp x dp x tp"),
         (4, ["--parallelism.pp=2", "--parallelism.replicate=2"], "pp = 2 with replicate > 1 or cpu_offload is not supported yet"),
-        (4, ["--parallelism.pp=4", "--model.name=recurrent_moe"], "4 pipeline stages but recurrent_moe splits only between its 3 parts (prelude, core, coda"),
+        (
+            4,
+            ["--parallelism.pp=4", "--model.name=recurrent_moe"],
+            "[parallelism]: 4 pipeline stages but recurrent_moe splits only between its 3 units (each of its 1 prelude and 1 coda blocks, and the looped core",
+        ),
         (
             2,
             ["--parallelism.pp=2", "--model.name=recurrent_moe", "--parallelism.pipeline_schedule=Interleaved1F1B"],
