@@ -355,6 +355,7 @@ class RecurrentMoE(nn.Module):
         self.records = StepRecords()  # this step's micro-batches, and tokens per expert of the log window
         self.vocab_parallel = False  # set by the tensor-parallel plan: the head's logits are vocabulary-sharded DTensors
         self.tensor_parallel = 1  # set by the tensor-parallel plan: ranks that route the same tokens
+        self.tensor_parallel_group: Any = None  # and their process group, each holding a sequence shard of the residual stream
         self.probing = True  # the coming step is a log step (log_step); without the trainer's word, every step
 
     def blocks(self) -> list[nn.Module]:
@@ -485,7 +486,13 @@ class RecurrentMoE(nn.Module):
             return torch.full((), value, dtype=torch.float64, device=device)
 
         lm, aux, z = (x.double() for x in losses) if losses is not None else (const(0.0),) * 3
-        cos = const(float("inf")) if states is None else loop_cosines(states).min().double() if len(states) > 1 else const(1.0)
+        cos = const(float("inf") if states is None else 1.0)  # the core ran elsewhere; no loops
+        if states is not None and len(states) > 1:
+            per_loop = loop_cosines(states).double()
+            if self.tensor_parallel > 1:  # a sequence shard of the residual stream: the mean over the tp group's (equal) shards
+                tdist.all_reduce(per_loop, group=self.tensor_parallel_group)
+                per_loop = per_loop / self.tensor_parallel
+            cos = per_loop.min()
         probed = all("spread" in b.moe.stats for b in blocks)  # a log step's micro-batch
         spread = torch.stack([b.moe.stats["spread"] for b in blocks]).double().min() if probed else const(float("inf"))
         entropy = torch.stack([b.moe.stats["entropy"] for b in blocks]).double().sum()
