@@ -515,10 +515,9 @@ class RecurrentMoE(nn.Module):
         s = dict(zip(StepRecords.SUMS, got["sums"].tolist()))
         cos, spread = got["minima"].tolist()
         counts = got["counts"].double().round()
+        losses = {key: s[key] / s["losses"] for key in ("lm", "aux", "z")} if s["losses"] else {}  # none: a stage's own view, without the head
         return {
-            "lm": s["lm"] / s["losses"],
-            "aux": s["aux"] / s["losses"],
-            "z": s["z"] / s["losses"],
+            **losses,
             "moe/loop_cos_min": cos if math.isfinite(cos) else 1.0,  # no loops: 1
             **({"moe/expert_spread_min": spread} if math.isfinite(spread) else {}),  # a step whose micro-batches probed
             "moe/load_imbalance": float(counts.max() / counts.mean().clamp(min=1e-9)),
