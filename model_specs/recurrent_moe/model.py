@@ -270,8 +270,10 @@ class StepRecords:
     piece holds the core, the expert spread on a probing micro-batch; +inf elsewhere) and tokens per
     expert. A row given a ``slot`` (the micro-batch's index in the step, a one-element tensor) replaces
     an earlier row of the same piece and slot: a pipeline schedule's first step runs each stage once
-    more on placeholder inputs to infer shapes, before that micro-batch. Tokens per expert are also
-    kept over the log window (every step since the last :meth:`take`)."""
+    more on placeholder inputs to infer shapes, before that micro-batch; rows without one (the whole
+    model's) are combined into one as they come. A step's rows start with the trainer's ``log_step``
+    (:meth:`new_step`); tokens per expert are also kept over the log window (every step since the last
+    :meth:`take`)."""
 
     SUMS = ("lm", "aux", "z", "losses", "entropy", "blocks")
     MINIMA = ("loop_cos", "spread")
@@ -282,7 +284,13 @@ class StepRecords:
         self.taken: torch.Tensor | None = None  # this step's tokens per expert already reported (take)
 
     def add(self, piece: Any, slot: torch.Tensor | None, row: torch.Tensor) -> None:
-        self.rows.setdefault(piece, []).append((slot, row))
+        rows = self.rows.setdefault(piece, [])
+        if slot is None and rows:  # nothing to replace: one row of the piece's sums, minima and counts so far
+            n, m = len(self.SUMS), len(self.SUMS) + len(self.MINIMA)
+            last = rows[-1][1]
+            rows[-1] = (None, torch.cat([last[:n] + row[:n], torch.minimum(last[n:m], row[n:m]), last[m:] + row[m:]]))
+        else:
+            rows.append((slot, row))
 
     def new_step(self) -> None:
         """The coming training step starts with no rows; the last step's tokens per expert join the window."""
