@@ -25,6 +25,7 @@ world size) x hours.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -229,9 +230,11 @@ def make_plan(prep) -> dict[str, Any]:
 
 
 def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
-    """Under pp > 1: the stages, the blocks each rank holds (the first stages one more when they do not
-    divide evenly) and the parameters of the rank with the most (its blocks, and at most every
-    parameter outside the blocks: the embedding sits on the first stage, the head on the last), the
+    """Under pp > 1: the stages, the blocks each rank holds (``v`` times the most the model spec's own split,
+    ``pipeline_stages`` on a copy of the meta model, puts on one stage: llama3's first stages one more
+    when they do not divide evenly, recurrent_moe's looped core whole) and the parameters of the rank
+    with the most (its blocks, and at most every parameter outside the blocks: the embedding sits on
+    the first stage, the head on the last), the
     micro-batches of a step and the pipeline bubble, the idle fraction of a step:
     (p - 1) / (v m + p - 1) for p stages, v stages per rank (1 for 1F1B and GPipe, 2 interleaved) and
     m micro-batches (Narayanan et al. 2021). None without pipeline parallelism."""
@@ -242,7 +245,7 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
     schedule = getattr(prep.rc.slots["parallelism"].options, "pipeline_schedule", "1F1B")
     blocks = spec.blocks(meta)
     n_stages, m = pp * v, prep.grad_accum
-    layers_per_rank = -(-len(blocks) // n_stages) * v
+    layers_per_rank = max(stage_blocks(spec, meta, s, n_stages) for s in range(n_stages)) * v
     block_params = sum(p.numel() for b in blocks for p in b.parameters())
     total = sum(p.numel() for p in {id(p): p for p in meta.parameters()}.values())
     return {
@@ -257,6 +260,14 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
         "in_flight_micro_batches": m if schedule == "GPipe" else min(m, n_stages),
         "bubble_fraction": (pp - 1) / (v * m + pp - 1),
     }
+
+
+def stage_blocks(spec, meta: nn.Module, stage: int, n_stages: int) -> int:
+    """The blocks the model spec puts on pipeline stage ``stage`` of ``n_stages`` (its
+    ``pipeline_stages``, which prunes the model it is given: a copy of the meta model)."""
+    model = copy.deepcopy(meta)
+    spec.pipeline_stages(model, [stage], n_stages)
+    return len(spec.blocks(model))
 
 
 def param_group_rows(prep, spec) -> list[dict[str, Any]]:

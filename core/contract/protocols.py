@@ -107,8 +107,10 @@ class ModelSpec(Protocol):
     (``pp > 1``) needs ``check_pipeline(n_stages)`` (refuse a stage count, ConfigError, before any
     process group) and ``pipeline_stages(model, stage_ids, n_stages)``: the modules of those stages
     (embedding on the first, final norm and head on the last, blocks split evenly), whose
-    ``forward(h=None, *, tokens, labels)`` takes the previous stage's output (the first: nothing) and
-    the micro-batch's tokens and labels, and returns hidden states or, on the last stage, the mean
+    ``forward(h=None, *, tokens, labels, micro_batch)`` takes the previous stage's output (the first:
+    nothing) and the micro-batch's tokens, labels and index in the step (a one-element tensor; the
+    schedule's first step runs each stage once more, on placeholders, to infer shapes, as micro-batch 0
+    before it: state a stage records is to be replaced then), and returns hidden states or, on the last stage, the mean
     loss; ``model`` is pruned to those modules with their names unchanged, so each rank's state dict
     holds only its stages' parameters. A model without them is refused under pp > 1.
     The optional ``tensor_parallel_costs(tp, micro_batch, seq_len, bytes_per_element)`` tells

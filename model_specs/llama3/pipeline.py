@@ -1,10 +1,11 @@
 """Pipeline stages of the llama3 Transformer: the embedding on the first, the blocks split evenly
 in order, the final norm and the head on the last (``pipeline_stages``, ``torch.distributed.pipelining``).
 
-A stage's ``forward(h=None, *, tokens, labels)`` takes the previous stage's hidden states (the first
-stage: nothing, it embeds ``tokens``), and returns its hidden states, or on the last stage the mean
-cross-entropy of ``labels``. Every stage gets the micro-batch's ``tokens``: the RoPE positions and
-the document mask are computed from them on each stage, as the whole model computes them once.
+A stage's ``forward(h=None, *, tokens, labels, micro_batch=None)`` takes the previous stage's hidden
+states (the first stage: nothing, it embeds ``tokens``), and returns its hidden states, or on the last
+stage the mean cross-entropy of ``labels`` (``micro_batch``, the micro-batch's index in the step, is
+not used). Every stage gets the micro-batch's ``tokens``: the RoPE positions and the document mask are
+computed from them on each stage, as the whole model computes them once.
 
 The model a rank keeps is pruned to its stages' modules, their names unchanged (``layers`` becomes a
 ``ModuleDict`` keyed by the block's index), so each rank's state dict holds only its own FQNs and a
@@ -53,7 +54,7 @@ class Stage(nn.Module):
         self.norm = model.norm if last else None
         self.output = model.output if last else None
 
-    def forward(self, h: torch.Tensor | None = None, *, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor | None = None, *, tokens: torch.Tensor, labels: torch.Tensor, micro_batch: torch.Tensor | None = None) -> torch.Tensor:
         model = self.owner[0]
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)

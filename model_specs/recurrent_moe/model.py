@@ -7,10 +7,14 @@ Transformer's balance loss, ST-MoE's z-loss). The model keeps, detached,
 what monitors need: each loss part, tokens per expert, router entropy, the
 spread of expert outputs, and the cosine similarity of consecutive loop states.
 
-These are accumulated on the device over the micro-batches of a training step
-(no host sync per micro-batch; validation and other no-grad forwards are not
-counted) and handed to the core on log steps by :meth:`RecurrentMoE.step_metrics`,
-which says how each is reduced across ranks (docs/metrics.md).
+These are recorded on the device for each training micro-batch by the piece of the
+model that ran it (the whole model, or under pipeline parallelism each stage: its
+blocks' routing, the loop cosines where it holds the core, the loss parts where it
+holds the head; :class:`StepRecords`), with no host sync per micro-batch (validation
+and other no-grad forwards are not recorded), and handed to the core on log steps by
+:meth:`RecurrentMoE.step_metrics` as sums with their weights and minima, so that
+reduced over the ranks they are the values of the same step on one process
+(docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -251,10 +255,90 @@ def loop_cosines(states: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([F.cosine_similarity(a.float(), b.float(), dim=-1).mean() for a, b in zip(states, states[1:])])
 
 
-# How each accumulated value is reduced over the micro-batches of a step and then over the ranks
-# (core.contract.metrics.reduce_parts): loss parts and entropy are means, the health minima are minima,
-# tokens per expert are summed (over the whole log window: the dead-expert check counts windows).
-PART_OPS: dict[str, str] = {"lm": "mean", "aux": "mean", "z": "mean", "entropy": "mean", "loop_cos": "min", "spread": "min", "counts": "sum"}
+def units(a: MoEArgs) -> list[str]:
+    """The model's units in forward order, named as its modules: each prelude block, the looped core
+    as one (its weights serve every loop), each coda block; a pipeline stage holds whole units."""
+    core = ["core"] if a.n_core else []
+    return [f"prelude.{i}" for i in range(a.n_prelude)] + core + [f"coda.{i}" for i in range(a.n_coda)]
+
+
+class StepRecords:
+    """What the training micro-batches of a step showed, recorded on the device by each piece of the model
+    that ran them (``"model"``, or a pipeline stage's index), one row per micro-batch: sums with their
+    weights (:data:`SUMS`: the loss parts and the micro-batches whose loss the piece computed, the router
+    entropy summed over its blocks and their count), minima (:data:`MINIMA`: the loop cosine where the
+    piece holds the core, the expert spread on a probing micro-batch; +inf elsewhere) and tokens per
+    expert. A row given a ``slot`` (the micro-batch's index in the step, a one-element tensor) replaces
+    an earlier row of the same piece and slot: a pipeline schedule's first step runs each stage once
+    more on placeholder inputs to infer shapes, before that micro-batch; rows without one (the whole
+    model's) are combined into one as they come. A step's rows start with the trainer's ``log_step``
+    (:meth:`new_step`); tokens per expert are also kept over the log window (every step since the last
+    :meth:`take`)."""
+
+    SUMS = ("lm", "aux", "z", "losses", "entropy", "blocks")
+    MINIMA = ("loop_cos", "spread")
+
+    def __init__(self) -> None:
+        self.rows: dict[Any, list[tuple[torch.Tensor | None, torch.Tensor]]] = {}  # piece: (slot, row) in order
+        self.window: torch.Tensor | None = None  # tokens per expert of the window's finished steps
+        self.taken: torch.Tensor | None = None  # this step's tokens per expert already reported (take)
+
+    def add(self, piece: Any, slot: torch.Tensor | None, row: torch.Tensor) -> None:
+        rows = self.rows.setdefault(piece, [])
+        if slot is None and rows:  # nothing to replace: one row of the piece's sums, minima and counts so far
+            n, m = len(self.SUMS), len(self.SUMS) + len(self.MINIMA)
+            last = rows[-1][1]
+            rows[-1] = (None, torch.cat([last[:n] + row[:n], torch.minimum(last[n:m], row[n:m]), last[m:] + row[m:]]))
+        else:
+            rows.append((slot, row))
+
+    def new_step(self) -> None:
+        """The coming training step starts with no rows; the last step's tokens per expert join the window."""
+        counts = self.counts()
+        if counts is not None:
+            self.window = counts if self.window is None else self.window + counts
+        self.rows, self.taken = {}, None
+
+    def step(self) -> torch.Tensor | None:
+        """This rank's step as one row: the sums summed, the minima minimized, tokens per expert summed, over
+        the kept rows of every piece (no host sync); None without rows."""
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for pieces in self.rows.values():
+            rows = torch.stack([row for _, row in pieces])
+            keep = torch.ones(len(pieces), dtype=torch.bool, device=rows.device)
+            if all(slot is not None for slot, _ in pieces):  # a row replaced by a later row of its slot is left out
+                slots = torch.cat([cast(torch.Tensor, slot).reshape(1) for slot, _ in pieces]).to(rows.device)
+                later = torch.ones(len(pieces), len(pieces), dtype=torch.bool, device=rows.device).triu(1)
+                keep = ~((slots[:, None] == slots[None, :]) & later).any(1)
+            kept.append((rows, keep))
+        if not kept:
+            return None
+        rows, keep = torch.cat([r for r, _ in kept]), torch.cat([k for _, k in kept])[:, None]
+        n, m = len(self.SUMS), len(self.SUMS) + len(self.MINIMA)
+        left_out = ~keep  # a placeholder's row may hold NaN: filled, not multiplied by 0
+        sums = rows.masked_fill(left_out, 0.0)
+        minima = rows[:, n:m].masked_fill(left_out, float("inf")).amin(0)
+        return torch.cat([sums[:, :n].sum(0), minima, sums[:, m:].sum(0)])
+
+    def counts(self, step: torch.Tensor | None = None) -> torch.Tensor | None:
+        """This step's tokens per expert not yet reported (of ``step``, its row, if given)."""
+        step = self.step() if step is None else step
+        if step is None:
+            return None
+        counts = step[len(self.SUMS) + len(self.MINIMA) :]
+        return counts if self.taken is None else counts - self.taken
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The last step's sums and minima, and tokens per expert since the last take (the log window);
+        None before any training micro-batch."""
+        step = self.step()
+        if step is None:
+            return None
+        n, m = len(self.SUMS), len(self.SUMS) + len(self.MINIMA)
+        counts = cast(torch.Tensor, self.counts(step))
+        window = counts if self.window is None else self.window + counts
+        self.window, self.taken = None, step[m:]
+        return step[:n], step[n:m], window
 
 
 class RecurrentMoE(nn.Module):
@@ -276,19 +360,31 @@ class RecurrentMoE(nn.Module):
         cos, sin = rope_tables(b.head_dim, b.max_seq_len, b.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self._parts: dict[str, torch.Tensor] = {}  # this step's sums (means) or minima, on the device
-        self._micro = 0  # micro-batches in self._parts
-        self._counts: torch.Tensor | None = None  # tokens per expert since the last step_metrics()
+        self.records = StepRecords()  # this step's micro-batches, and tokens per expert of the log window
         self.vocab_parallel = False  # set by the tensor-parallel plan: the head's logits are vocabulary-sharded DTensors
         self.tensor_parallel = 1  # set by the tensor-parallel plan: ranks that route the same tokens
+        self.tensor_parallel_group: Any = None  # and their process group, each holding a sequence shard of the residual stream
         self.probing = True  # the coming step is a log step (log_step); without the trainer's word, every step
 
     def blocks(self) -> list[nn.Module]:
-        return [*self.prelude, *self.core, *self.coda]
+        return [block for unit in units(self.args) if self.holds(unit) for block in self.unit_blocks(unit)]
+
+    def holds(self, unit: str) -> bool:
+        """Whether this model (pruned to its pipeline stages, or whole) holds ``unit``."""
+        part, _, index = unit.partition(".")
+        modules = getattr(self, part)
+        return bool(len(modules)) and (not index or (index in modules if isinstance(modules, nn.ModuleDict) else int(index) < len(modules)))
+
+    def unit_blocks(self, unit: str) -> list[nn.Module]:
+        """The blocks of ``unit`` ("prelude.0", "core", "coda.1"; :func:`units`)."""
+        module = self.get_submodule(unit)
+        return list(module.values()) if isinstance(module, nn.ModuleDict) else list(module) if isinstance(module, nn.ModuleList) else [module]
 
     def log_step(self, on: bool) -> None:
-        """Whether the coming training step is a log step: the collapse probe (every expert on 16 of each
-        micro-batch's tokens, for ``moe/expert_spread_min``) runs on log steps' micro-batches only."""
+        """A training step begins (the trainer says so before every step): its records start empty, and
+        the collapse probe (every expert on 16 of each micro-batch's tokens, for ``moe/expert_spread_min``)
+        runs on its micro-batches when it is a log step (``on``)."""
+        self.records.new_step()
         self.probing = on
 
     def init_weights(self, init_std: float = 0.02) -> None:
@@ -297,7 +393,7 @@ class RecurrentMoE(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
         nn.init.normal_(self.tok_embeddings.weight, std=init_std)
-        depth = len(self.prelude) + len(self.core) * self.args.options.n_loops + len(self.coda)
+        depth = self.args.n_prelude + self.args.n_core * self.args.options.n_loops + self.args.n_coda
         residual_std = b.dim**-0.5 / math.sqrt(2 * depth)
         for block in cast("list[MoEBlock]", self.blocks()):
             at, moe = block.attention, block.moe
@@ -313,98 +409,127 @@ class RecurrentMoE(nn.Module):
         nn.init.normal_(self.output.weight, std=b.mup_base_width**-0.5 if b.parametrization == "mup" else b.dim**-0.5)  # µP: constant in width
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        return self.run(units(self.args), input_ids, labels)
+
+    def run(
+        self,
+        run_units: list[str],
+        tokens: torch.Tensor,
+        labels: torch.Tensor | None,
+        carried: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        head: bool = True,
+        piece: Any = "model",
+        slot: torch.Tensor | None = None,
+    ) -> Any:
+        """``run_units`` (in order, :func:`units`) on a micro-batch: from the embedding of ``tokens``, or
+        from ``carried`` (the hidden states and the running load-balancing and z-loss sums of the units
+        before), to the head's loss given ``labels`` (logits without) when ``head``, else the carried
+        three. A training micro-batch (labels, gradients on) is recorded as ``piece``'s (:class:`StepRecords`).
+        The whole model's forward, and each pipeline stage's."""
         a = self.args
-        probe = labels is not None and torch.is_grad_enabled() and self.probing  # a training micro-batch of a log step
-        for block in cast("list[MoEBlock]", self.blocks()):
-            block.moe.probe = probe
-        h = self.tok_embeddings(input_ids)
-        aux = h.new_zeros((), dtype=torch.float32)
-        z = h.new_zeros((), dtype=torch.float32)
-        cos, sin, mask = attention_inputs(input_ids, self.rope_cos, self.rope_sin, a.base, a.eod_id)  # once for every block
+        training = labels is not None and torch.is_grad_enabled()  # validation runs under no_grad
+        blocks = cast("list[MoEBlock]", [block for unit in run_units for block in self.unit_blocks(unit)])
+        for block in blocks:
+            block.moe.probe = training and self.probing  # a training micro-batch of a log step
+        if carried is None:
+            h = self.tok_embeddings(tokens)
+            aux = z = h.new_zeros((), dtype=torch.float32)
+        else:
+            h, aux, z = carried
+        cos, sin, mask = attention_inputs(tokens, self.rope_cos, self.rope_sin, a.base, a.eod_id)  # once for every block
+        states: list[torch.Tensor] | None = None  # the hidden states around the loops, where the core runs
+        for unit in run_units:
+            if unit == "core":
+                states = [h.detach()]
+            for _ in range(a.options.n_loops if unit == "core" else 1):
+                for block in cast("list[MoEBlock]", self.unit_blocks(unit)):
+                    h, a_, z_ = block(h, cos, sin, mask)
+                    aux, z = aux + a_, z + z_
+                if states is not None and unit == "core":
+                    states.append(h.detach())
+        if not head:
+            out: Any = (h, aux, z)
+            losses = None
+        else:
+            out, losses = self.head(h, labels, aux, z)
+        if training:
+            self.record(piece, slot, blocks, states, losses)
+        return out
 
-        def run(blocks, h, aux, z):
-            for block in blocks:
-                h, a_, z_ = block(h, cos, sin, mask)
-                aux, z = aux + a_, z + z_
-            return h, aux, z
-
-        h, aux, z = run(self.prelude, h, aux, z)
-        states = [h.detach()]
-        for _ in range(a.options.n_loops):
-            h, aux, z = run(self.core, h, aux, z)
-            states.append(h.detach())
-        h, aux, z = run(self.coda, h, aux, z)
-        return self.head(h, labels, aux, z, states)
-
-    def head(self, h: torch.Tensor, labels: torch.Tensor | None, aux: torch.Tensor, z: torch.Tensor, states: list[torch.Tensor] | None) -> torch.Tensor:
+    def head(
+        self, h: torch.Tensor, labels: torch.Tensor | None, aux: torch.Tensor, z: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
         """The final norm and the output layer on the last block's output ``h``: logits, or the loss given
-        labels, with ``aux`` and ``z`` summed over every applied block (the forward's end; a last pipeline
-        stage's too). ``states``: the hidden states around the loops, for this step's metrics (None: not
-        recorded, as under pipeline parallelism, where no rank sees them all)."""
+        labels, with ``aux`` and ``z`` summed over every applied block; and the loss parts (lm, aux, z;
+        None without labels)."""
         a = self.args
         h = self.norm(h)
         logits = self.output(h * a.base.width_ratio if a.base.width_ratio != 1.0 else h)  # µP's output multiplier
         if labels is None:
-            return vocab_parallel_output(logits, None) if self.vocab_parallel else logits
+            return (vocab_parallel_output(logits, None) if self.vocab_parallel else logits), None
         n_moe = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda  # every applied block, on whichever stage
         aux, z = aux / n_moe, z / n_moe
         if self.vocab_parallel:
             lm = vocab_parallel_output(logits, labels)
         else:
             lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-        if torch.is_grad_enabled() and states is not None:  # a training micro-batch (validation runs under no_grad)
-            self.accumulate(lm.detach(), aux.detach(), z.detach(), states)
-        return lm + a.options.aux_weight * aux + a.options.z_weight * z
+        return lm + a.options.aux_weight * aux + a.options.z_weight * z, (lm, aux, z)
 
     @torch.no_grad()
-    def accumulate(self, lm: torch.Tensor, aux: torch.Tensor, z: torch.Tensor, states: list[torch.Tensor]) -> None:
-        """Add one training micro-batch to this step's parts, on the device (no host sync). The first
-        micro-batch of a step is the one that finds no gradient yet (the trainer zeroes gradients with
-        ``set_to_none`` after every step), so the parts always describe the last step."""
-        if self.tok_embeddings.weight.grad is None:
-            self._parts, self._micro = {}, 0
-        blocks = cast("list[MoEBlock]", self.blocks())
-        cos = loop_cosines(states).min() if len(states) > 1 else lm.new_ones(())
-        now = {
-            "lm": lm.float(),
-            "aux": aux.float(),
-            "z": z.float(),
-            "entropy": torch.stack([b.moe.stats["entropy"] for b in blocks]).float().mean(),
-            "loop_cos": cos.float(),
-        }
-        if all("spread" in b.moe.stats for b in blocks):  # a log step's micro-batch: it probed the experts
-            now["spread"] = torch.stack([b.moe.stats["spread"] for b in blocks]).float().min()
-        for key, value in now.items():
-            old = self._parts.get(key)
-            if old is None:
-                self._parts[key] = value
-            else:
-                self._parts[key] = torch.minimum(old, value) if PART_OPS[key] == "min" else old + value
-        self._micro += 1
-        counts = cast(torch.Tensor, sum(block.moe.stats["counts"] for block in blocks))
-        self._counts = counts if self._counts is None else self._counts + counts
+    def record(
+        self,
+        piece: Any,
+        slot: torch.Tensor | None,
+        blocks: list[MoEBlock],
+        states: list[torch.Tensor] | None,
+        losses: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        """One training micro-batch as ``piece`` saw it, one row of :class:`StepRecords` on the device (no
+        host sync): its ``blocks``' router entropy and tokens per expert (each block's last application),
+        the loop cosines of ``states`` (None: the core ran elsewhere), the loss parts (None: the head is
+        elsewhere), the expert spread if every block probed."""
+        device = blocks[0].moe.stats["entropy"].device
+
+        def const(value: float) -> torch.Tensor:
+            return torch.full((), value, dtype=torch.float64, device=device)
+
+        lm, aux, z = (x.double() for x in losses) if losses is not None else (const(0.0),) * 3
+        cos = const(float("inf") if states is None else 1.0)  # the core ran elsewhere; no loops
+        if states is not None and len(states) > 1:
+            per_loop = loop_cosines(states).double()
+            if self.tensor_parallel > 1:  # a sequence shard of the residual stream: the mean over the tp group's (equal) shards
+                tdist.all_reduce(per_loop, group=self.tensor_parallel_group)
+                per_loop = per_loop / self.tensor_parallel
+            cos = per_loop.min()
+        probed = all("spread" in b.moe.stats for b in blocks)  # a log step's micro-batch
+        spread = torch.stack([b.moe.stats["spread"] for b in blocks]).double().min() if probed else const(float("inf"))
+        entropy = torch.stack([b.moe.stats["entropy"] for b in blocks]).double().sum()
+        row = [lm, aux, z, const(float(losses is not None)), entropy, const(float(len(blocks))), cos, spread]  # StepRecords.SUMS, MINIMA
+        counts = torch.stack([b.moe.stats["counts"] for b in blocks]).sum(0).double()
+        self.records.add(piece, slot, torch.cat([torch.stack(row), counts]))
 
     def step_metrics(self, reduce) -> dict[str, float | list[int]]:
-        """Loss parts and health of the last training step, reduced over its micro-batches here and over
-        the ranks by ``reduce`` ({name: (op, tensor)} -> {name: tensor}, one collective; the core's
-        :func:`core.contract.metrics.reduce_parts`); tokens per expert since the last call. Empty before any
-        training step."""
-        if not self._parts or self._counts is None:
+        """Loss parts and health of the last training step over every micro-batch and rank, and tokens per
+        expert since the last call: each rank's sums with their weights, minima and counts
+        (:class:`StepRecords`) reduced over the ranks by ``reduce`` ({name: (op, tensor)} -> {name: tensor},
+        one collective; the core's :func:`core.contract.metrics.reduce_parts}`), the sums then divided by
+        their weights. Under pipeline parallelism each rank gives what its stages saw (zero weights, +inf
+        minima for the rest), so the values are those without it. Empty before any training step."""
+        taken = self.records.take()
+        if taken is None:
             return {}
-        parts = {key: (PART_OPS[key], value / self._micro if PART_OPS[key] == "mean" else value) for key, value in self._parts.items()}
-        parts["counts"] = ("sum", self._counts.double() / self.tensor_parallel)  # the ranks of a tensor-parallel group route the same tokens
-        got = reduce(parts)
-        self._counts = None
-        counts = got["counts"].double()
-        spread = {"moe/expert_spread_min": float(got["spread"])} if "spread" in got else {}  # a step whose first micro-batch probed
+        sums, minima, counts = taken
+        got = reduce({"sums": ("sum", sums), "minima": ("min", minima), "counts": ("sum", counts / self.tensor_parallel)})  # tp ranks route the same tokens
+        s = dict(zip(StepRecords.SUMS, got["sums"].tolist()))
+        cos, spread = got["minima"].tolist()
+        counts = got["counts"].double().round()
+        losses = {key: s[key] / s["losses"] for key in ("lm", "aux", "z")} if s["losses"] else {}  # none: a stage's own view, without the head
         return {
-            "lm": float(got["lm"]),
-            "aux": float(got["aux"]),
-            "z": float(got["z"]),
-            "moe/loop_cos_min": float(got["loop_cos"]),
-            **spread,
+            **losses,
+            "moe/loop_cos_min": cos if math.isfinite(cos) else 1.0,  # no loops: 1
+            **({"moe/expert_spread_min": spread} if math.isfinite(spread) else {}),  # a step whose micro-batches probed
             "moe/load_imbalance": float(counts.max() / counts.mean().clamp(min=1e-9)),
-            "moe/router_entropy": float(got["entropy"]),
+            "moe/router_entropy": s["entropy"] / s["blocks"],
             "moe/expert_tokens": [int(c) for c in counts.tolist()],
         }
 

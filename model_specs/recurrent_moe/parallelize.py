@@ -99,4 +99,4 @@ def parallelize_tensor(model: RecurrentMoE, tp_mesh: Any) -> None:
     for block in model.blocks():
         parallelize_module(inner_block(block), tp_mesh, block_plan)
     model.vocab_parallel = True
-    model.tensor_parallel = tp_mesh.size()
+    model.tensor_parallel, model.tensor_parallel_group = tp_mesh.size(), tp_mesh.get_group()

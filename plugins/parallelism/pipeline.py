@@ -3,7 +3,8 @@
 The model spec splits the model into stages (``pipeline_stages``); each rank runs its stages as
 ``PipelineStage`` objects over the mesh's ``pp`` dimension, and a torch schedule (``1F1B``,
 ``GPipe``, or ``Interleaved1F1B`` with two stages per rank: rank r holds stages r and r + pp) runs a
-step's micro-batches. The micro-batches are the step's gradient-accumulation micro-batches: they are
+step's micro-batches; a stage is given each micro-batch's ``tokens``, ``labels`` and ``micro_batch`` (its
+index in the step, a one-element tensor). The micro-batches are the step's gradient-accumulation micro-batches: they are
 concatenated and the schedule splits them again, each stage's gradients divided by their count, so
 the gradients are those of the step's mean loss, as without pipelining. The last stage's mean loss
 is broadcast over the ``pp`` group, so every rank reports it. The gradient norm is the norm over
@@ -80,7 +81,11 @@ class Pipeline:
 
             context = loss_parallel()
         with context:
-            self.schedule.step(target=labels, losses=losses, return_outputs=False, tokens=tokens, labels=labels)
+            # each stage is told the index of the micro-batch it runs (split with the tokens): the schedule's
+            # first step runs every stage once more on placeholders to infer shapes, a model's records of it
+            # are replaced by those of micro-batch 0
+            micro_batch = torch.arange(len(micro_batches), device=tokens.device)
+            self.schedule.step(target=labels, losses=losses, return_outputs=False, tokens=tokens, labels=labels, micro_batch=micro_batch)
         device = tokens.device
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.has_last else torch.zeros((), device=device)
         tdist.broadcast(loss, group=self.group, group_src=self.pp - 1)  # the last stage's rank in the pp group

@@ -16,7 +16,8 @@ import moe_parts  # noqa: E402
 
 
 def per_micro_batch(model, ids):
-    """One micro-batch alone, as a fresh step (no gradient yet): the model's local view of it, and lm from logits."""
+    """One micro-batch alone, as a fresh log step (the trainer's ``log_step``): the model's local view of it, and lm from logits."""
+    model.log_step(True)
     with torch.enable_grad():
         model(ids, ids)
     local = model.extra_metrics()

@@ -179,12 +179,13 @@ def test_recurrent_moe_under_tp_and_fsdp_x_tp_equals_one_process(tiny_config, tm
     """recurrent_moe's attention, norms, embedding and head split as llama3's, its MoE layers whole on
     every tp rank (routing the whole sequence): tp = 2, dp = 2 x tp = 2 with full activation
     checkpointing, and HSDP x TP (replicate 2 x shard 1 x tp 2, a 3-D mesh) give the one-process losses,
-    gradient norms and tokens per expert (the sparse, dropless dispatch); the tp = 2 run's checkpoint
+    gradient norms, tokens per expert (the sparse, dropless dispatch) and loop cosines; the tp = 2 run's checkpoint
     resumes on one process with the uninterrupted run's losses."""
     cfg = moe_config(tiny_config)
     train(1, cfg, tmp_path / "one", "--parallelism.name=single")
     one_loss, one_norm = curve(tmp_path / "one")
     one_tokens = [r["moe/expert_tokens"] for r in read_metrics(tmp_path / "one")]
+    one_cos = [r["moe/loop_cos_min"] for r in read_metrics(tmp_path / "one")]
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
     runs = {
         "tp2": (2, ("--checkpoint.every=3",)),
@@ -196,6 +197,8 @@ def test_recurrent_moe_under_tp_and_fsdp_x_tp_equals_one_process(tiny_config, tm
         loss, norm = curve(tmp_path / out)
         assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), out
         assert [r["moe/expert_tokens"] for r in read_metrics(tmp_path / out)] == one_tokens, out  # counted once per tp group
+        # each rank's sequence shard of the loop states: their cosines averaged over the tp group
+        assert [r["moe/loop_cos_min"] for r in read_metrics(tmp_path / out)] == pytest.approx(one_cos, rel=TOL), out
     # the tp = 2 run's step-3 checkpoint (MoE layers as replicated DTensors) resumed on one process
     ckpt = tmp_path / "tp2" / "checkpoints" / "step_000000003"
     resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={ckpt}")

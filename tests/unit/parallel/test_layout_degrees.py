@@ -47,6 +47,18 @@ def test_the_plan_shows_the_pipeline_layers_per_rank_and_its_bubble(tiny_config,
     assert "pipeline    2 stages (1 per rank): 2 of 4 layers per rank" in text and "4 micro-batches (2 in flight), bubble 20.0% of a step" in text, text
 
 
+def test_recurrent_moe_stages_are_its_units_and_the_plan_counts_them(tiny_config, capsys):
+    """The small flavor's shapes made tiny: 2 prelude blocks, a core of 2 (one unit), 2 coda blocks are
+    5 units; 2 stages put both prelude blocks and the core on the first (4 blocks, not an even 3), and
+    Interleaved1F1B at pp = 2 has 4 stages: the prelude, the core, each coda block."""
+    cfg = tiny_config()
+    small = ("--model.name=recurrent_moe", "--model.flavor=small", "--model.dim=64", "--model.ffn_dim=128", "--model.vocab_size=512", "--model.n_experts=4")
+    p = plan_json(capsys, cfg, 2, "--parallelism.pp=2", *small)["pipeline"]
+    assert (p["stages"], p["layers"], p["layers_per_rank"]) == (2, 6, 4)
+    p = plan_json(capsys, cfg, 2, "--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B", *small)["pipeline"]
+    assert (p["stages"], p["stages_per_rank"], p["layers_per_rank"]) == (4, 2, 4)  # rank 1: the core, then the last coda block: 2 x 2 at most
+
+
 def test_pipeline_stages_divide_weights_and_keep_in_flight_micro_batches(tiny_config, capsys):
     """pp = 2 on 4 ranks vs FSDP over 2 ranks (the same accumulation): a rank holds about half the
     layers' weights and, under 1F1B, one micro-batch's activations in all (its half of the layers for two
@@ -161,7 +173,11 @@ def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, c
         (3, ["--parallelism.tp=2"], "[parallelism] fsdp2: tp = 2 does not divide the world size 3; expected world size = dp x tp"),
         (3, ["--parallelism.pp=2"], "[parallelism] fsdp2: pp = 2 x tp = 1 does not divide the world size 3; expected world size = pp x dp x tp"),
         (4, ["--parallelism.pp=2", "--parallelism.replicate=2"], "pp = 2 with replicate > 1 or cpu_offload is not supported yet"),
-        (4, ["--parallelism.pp=4", "--model.name=recurrent_moe"], "4 pipeline stages but recurrent_moe splits only between its 3 parts (prelude, core, coda"),
+        (
+            4,
+            ["--parallelism.pp=4", "--model.name=recurrent_moe"],
+            "[parallelism]: 4 pipeline stages but recurrent_moe splits only between its 3 units (each of its 1 prelude and 1 coda blocks, and the looped core",
+        ),
         (
             2,
             ["--parallelism.pp=2", "--model.name=recurrent_moe", "--parallelism.pipeline_schedule=Interleaved1F1B"],
