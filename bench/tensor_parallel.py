@@ -107,6 +107,11 @@ def run(cfg: Path, out: Path, nproc: int, extra: tuple[str, ...]) -> tuple[float
     return statistics.median(times), usage.ru_maxrss / 1024, state  # ru_maxrss in KiB: the largest process of the subtree
 
 
+def mib(value: float) -> str:
+    """A MiB figure: whole MiB from 10 up, two significant digits below (the debug shape's state)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
 def plan(cfg: Path, nproc: int, extra: tuple[str, ...]) -> dict[str, float]:
     """``core.plan``'s memory per rank (GiB) of the config under this layout."""
     argv = [sys.executable, "-m", "core.plan", "--config", str(cfg), "--config-only", "--json", f"--nproc={nproc}", *extra]
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
         step = statistics.median(t for t, _, _ in got[name]) * 1e3
         mem = max(m for _, m, _ in got[name])
         state = got[name][-1][2]
-        rows.append([name, nproc, step, mem, "/".join(f"{v:.0f}" for v in state), "/".join(f"{planned[name][k] * 1024:.0f}" for k in PLAN)])
+        rows.append([name, nproc, step, mem, "/".join(mib(v) for v in state), "/".join(mib(planned[name][k] * 1024) for k in PLAN)])
     tokens = 4 * a.micro_batch * a.seq_len
     body = table(
         [
