@@ -32,7 +32,12 @@ def plait_register(registry):
         doc="multiple-choice tasks (eval/<task>/acc, acc_norm) and bits per byte on held-out files, every N steps, over the ranks",
     )
     registry.add("monitor", "mfu", MFU, doc="adds mfu and peak_tflops to log steps: model FLOPs against the device's dense bf16 peak")
-    registry.add("monitor", "memory", Memory, doc="adds the device memory (allocated, reserved, peak GiB; CUDA) to log steps")
+    registry.add(
+        "monitor",
+        "memory",
+        Memory,
+        doc="adds the largest rank's parameter, gradient and optimizer-state GiB (every device) and the device memory (allocated, reserved, peak; CUDA) to log steps",
+    )
     registry.add("monitor", "update_ratio", UpdateRatio, doc="adds ||update|| / ||parameters|| per parameter group to log steps")
     registry.add(
         "monitor",

@@ -34,6 +34,15 @@ def test_update_ratio_with_sharded_parameters_on_two_ranks(tmp_path):
     rows = read_metrics(tmp_path / "out")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0 < r["update_ratio/matrix"] < 1 for r in rows), rows
+    one = (
+        read_metrics(tmp_path / "one")
+        if run_module("core.train", "--config", str(cfg), f"--train.output_dir={tmp_path / 'one'}", MONITORS).returncode == 0
+        else []
+    )
+    assert one, "the one-process run of the same config failed"
+    for r in rows:  # each rank holds its fsdp2 shard (row shards of each parameter, padded: about half), AdamW's two moments of it
+        assert 0.45 * one[-1]["mem_params_gib"] < r["mem_params_gib"] < 0.6 * one[-1]["mem_params_gib"], (r, one[-1])
+        assert r["mem_grads_gib"] == r["mem_params_gib"] and r["mem_optimizer_gib"] == pytest.approx(2 * r["mem_params_gib"], rel=0.01), r
 
 
 def test_update_ratio_under_fsdp2_and_hsdp_is_the_whole_models_ratio(tmp_path):

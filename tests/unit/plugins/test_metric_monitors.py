@@ -1,7 +1,7 @@
 """The mfu, memory and update_ratio monitors in this process: the hub merges what each monitor returns in
 config order and refuses a result that is not a dict; update_ratio's ratio against one computed here
-from a real AdamW step, on log steps only; mfu's arithmetic, with no guess on CPU; memory adds nothing
-on CPU."""
+from a real AdamW step, on log steps only; mfu's arithmetic, with no guess on CPU; memory's state bytes
+from a real AdamW step, and no device memory on CPU."""
 
 from __future__ import annotations
 
@@ -102,5 +102,27 @@ def test_mfu_arithmetic_and_no_guess_on_cpu(monkeypatch):
     assert mfu_mod.PEAK_BF16_TFLOPS[[k for k, _ in mfu_mod.PEAK_BF16_TFLOPS].index("H100")][1] == 989.0
 
 
-def test_memory_adds_nothing_on_cpu():
-    assert Memory(NoOptions()).plait_metrics(make_run()) == {}
+def test_memory_adds_no_device_memory_on_cpu():
+    assert Memory(NoOptions()).plait_metrics(make_run()) == {}  # no optimizer step counted, no CUDA
+
+
+def test_memory_counts_parameters_gradients_and_optimizer_state_on_log_steps():
+    model = torch.nn.Linear(64, 32)  # 2,080 float32 parameters: 8,320 bytes
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    run = make_run(opt, log_every=2)
+    hub = MonitorHub([("memory", Memory(NoOptions()))])
+    hub.emit("plait_train_start", run=run)
+    for step in (1, 2):
+        model(torch.randn(4, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)  # as the loop does: no gradient is left when the metrics are read
+        run.step = step
+        got = hub.metrics(run, step, {})
+        if step == 1:
+            assert got == {}  # not a log step
+            continue
+        gib = 2**30
+        assert got["mem_params_gib"] == pytest.approx(8320 / gib) and got["mem_grads_gib"] == pytest.approx(8320 / gib)
+        assert got["mem_optimizer_gib"] == pytest.approx((2 * 8320 + 2 * 4) / gib)  # exp_avg, exp_avg_sq and a float32 step per parameter
+        assert not any(k in got for k in ("mem_allocated_gib", "mem_reserved_gib", "mem_peak_gib"))  # a CPU
+    hub.emit("plait_train_end", run=run, reason="completed")
