@@ -153,8 +153,8 @@ CONTRACT: dict[str, list[Member]] = {
         method(
             "expert_parallel_costs",
             4,
-            "(ep, micro_batch, seq_len, bytes_per_element) -> {expert_params: the experts' parameters, all layers (a rank holds 1 / ep "
-            "of them, not FSDP-sharded), comm_bytes: what one rank sends in all-to-alls for one micro-batch, forward and backward} "
+            "(ep, micro_batch, seq_len, bytes_per_element) -> {expert_params: the experts' parameters, all layers (ep splits them, FSDP "
+            "shards each rank's part over the replicas), comm_bytes: what one rank sends in all-to-alls for one micro-batch, forward and backward} "
             "(core.plan); default: every parameter FSDP-sharded, all-to-all not estimated",
             False,
         ),

@@ -32,11 +32,12 @@ the data-parallel ones (they still read different batches; a mesh ``replica`` x 
 world size / ep, consecutive ranks one ``ep`` group), because a MoE layer's experts hold most of its
 weights but each token needs only top-k of them, so splitting them costs no data parallelism. The
 model spec's ``parallelize_experts`` keeps each rank's ``n_experts / ep`` experts and exchanges the
-routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before
-and leaves the experts' out (``ignored_params``); their gradients are divided by the world size (the
-mean FSDP takes of the others) and summed over the ranks holding the same experts (``all_reduce``
-over ``replica``) before the norm. Each rank keeps its experts whole (with ep below the world size
-they repeat on each replica; torchtitan also FSDP-shards them over the replicas).
+routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before;
+each expert module is an FSDP unit of its own, sharded over ``replica`` (the ranks holding the same
+experts; on dim 0, or dim 1 where replica x ep exceeds the experts, as torchtitan), so a rank holds
+1 / world size of the experts' parameters, gradients and optimizer state. Their gradients are
+summed over ``replica`` and divided by the world size (the mean FSDP takes of the others: each
+expert's gradient already sums its ``ep`` group's tokens through the exchange).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class FSDP2:
         self.pipeline: pipeline.Pipeline | None = None  # this rank's stages and schedule, made by wrap when pp > 1
         self.expert_parallel = options.ep
         self.expert_mesh: Any = None  # the replica x ep mesh, made by shard_tensors when ep > 1
-        self.expert_params: list[nn.Parameter] = []
+        self.expert_modules: list[nn.Module] = []  # the model's experts split over ep, FSDP units over replica
 
     def check_world(self, world_size: int) -> None:
         o = self.options
@@ -116,8 +117,7 @@ class FSDP2:
 
         if o.ep > 1:
             self.expert_mesh = init_device_mesh(dist.device.type, (dist.world_size // o.ep, o.ep), mesh_dim_names=("replica", "ep"))
-            modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
-            self.expert_params = [p for m in modules for p in m.parameters()]
+            self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
         if o.tp == 1 and o.pp == 1:
             return
         if o.pp > 1:
@@ -150,12 +150,11 @@ class FSDP2:
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.expert_params:
-            kwargs["ignored_params"] = set(self.expert_params)  # split by expert parallelism, synced in clip_grad_norm
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda")
+        self.shard_experts(kwargs | {"reshard_after_forward": o.reshard_after_forward}, dist)
         blocks = spec.blocks(model)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by the backward pass.
@@ -164,6 +163,33 @@ class FSDP2:
         if o.cpu_offload:
             log.info(f"fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))")
         return model
+
+    def shard_experts(self, kwargs: dict[str, Any], dist) -> None:
+        """ep > 1: each expert module an FSDP unit over ``replica`` (``kwargs``: the other units' options),
+        sharded on dim 0 unless replica x ep exceeds the experts (then dim 1 where it splits evenly), its
+        gradients divided by the world size; the blocks' units, made after, leave its parameters out."""
+        if not self.expert_modules:
+            return
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
+
+        replicas = self.expert_mesh["replica"]
+        ranks = replicas.size() * self.expert_parallel
+
+        def placement(p: nn.Parameter) -> Shard | None:  # dim 1 must split evenly (FSDP); dim 0 may be padded
+            return Shard(1) if ranks > p.shape[0] and p.shape[1] % replicas.size() == 0 else None
+
+        for module in self.expert_modules:
+            fully_shard(module, **(kwargs | {"mesh": replicas, "shard_placement_fn": placement}))
+            module.set_gradient_divide_factor(dist.world_size)  # type: ignore[operator]  # an FSDPModule now
+            # off CUDA a sum then a division (gloo has no pre-multiplied sum); not over one replica,
+            # where FSDP (torch 2.13) would divide twice
+            module.set_force_sum_reduction_for_comms(dist.device.type != "cuda" and replicas.size() > 1)  # type: ignore[operator]
+        params = [p for m in self.expert_modules for p in m.parameters()]
+        held, total = sum(p.to_local().numel() for p in params), sum(p.numel() for p in params)  # type: ignore[attr-defined]  # DTensors
+        log.info(
+            f"fsdp2: experts split over ep {self.expert_parallel}, sharded over replica {replicas.size()}: {held:,} of their {total:,} parameters on this rank"
+        )
 
     def wrap_pipeline(self, model: nn.Module, spec, dist, precision) -> nn.Module:
         """This rank's stages (``model`` pruned to them), each FSDP-sharded over ``dp`` when dp > 1,
@@ -204,27 +230,14 @@ class FSDP2:
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """The experts' gradients made the mean over ranks first (ep > 1), then the global norm (over
-        the stages under pp > 1)."""
+        """The global gradient norm (over the stages under pp > 1; the experts' mesh and the others' under ep > 1)."""
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm(model, max_norm)
-        if self.expert_params:
-            replicas = self.expert_mesh["replica"]
-            world = self.expert_mesh.size()
-            for p in self.expert_params:
-                if p.grad is None:
-                    continue
-                local = p.grad.to_local()  # type: ignore[attr-defined]  # a DTensor (GroupedExperts.shard)
-                local.div_(world)
-                if replicas.size() > 1:
-                    tdist.all_reduce(local, group=replicas.get_group())
         return clip_grad_norm(model, max_norm)
 
 
 def one_rank_group(device: torch.device) -> None:
     """A process group of this process alone (an in-memory store, no rendezvous), for
     ``fully_shard`` with CPU offload in a single-process run."""
-    import torch.distributed as tdist
-
     if not tdist.is_initialized():
         tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=tdist.HashStore(), rank=0, world_size=1)
