@@ -101,31 +101,34 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
         "expert_params_per_rank": 0.0,
         "ep_comm_bytes": 0,
     }
-    return expert_parallel_layout(prep, layout, bytes_per_element)
+    return expert_parallel_layout(prep, layout, bytes_per_element, pipeline)
 
 
-def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[str, Any]:
-    """Under ep > 1 (tp, pp and replicate are 1 then): the mesh gains the experts' ``replica x ep``; ep
-    splits the experts and FSDP shards each rank's part over ``replica``, so a rank holds ``1 / world``
-    of them (``expert_params_per_rank``) and its FSDP shard of every other parameter
-    (``params_unsharded``: what the other units gather); ``ep_comm_bytes``: the model's all-to-all bytes
-    per micro-batch (None: the model does not say its experts, whose parameters are then counted as
-    FSDP-sharded)."""
-    c, world = prep.components, prep.world_size
+def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Under ep > 1 (tp and replicate are 1 then): the mesh gains the experts' ``replica x ep`` (the
+    data-parallel ranks, of each stage under pp); ep splits the experts and FSDP shards each rank's
+    part over ``replica``, so a rank holds ``1 / dp`` of its stages' experts (``expert_params_per_rank``)
+    and its FSDP shard of every other parameter (``params_unsharded``: what the other units gather);
+    ``ep_comm_bytes``: the model's all-to-all bytes per micro-batch (None: the model does not say its
+    experts, whose parameters are then counted as FSDP-sharded). Under pp, experts and all-to-all are
+    the share of the rank with the most layers."""
+    c = prep.components
     ep = member("parallelism", c["parallelism"], "expert_parallel")
     if ep == 1:
         return layout
-    layout["mesh"] = {**layout["mesh"], "replica": world // ep, "ep": ep}
+    dp = layout["mesh"]["dp"]
+    layout["mesh"] = {**layout["mesh"], "replica": dp // ep, "ep": ep}
     costs = member("model", c["model"], "expert_parallel_costs")
     if costs is None:
         layout["ep_comm_bytes"] = None
         return layout
     got = costs(ep, prep.rc.train.micro_batch, prep.rc.seq_len, bytes_per_element)
-    experts = got["expert_params"]
+    share = 1.0 if pipeline is None else pipeline["layers_per_rank"] / max(1, pipeline["layers"])  # of the layers, on this rank
+    experts = got["expert_params"] * share
     layout["params_unsharded"] -= experts
-    layout["expert_params_per_rank"] = experts / world
-    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / world
-    layout["ep_comm_bytes"] = got["comm_bytes"]
+    layout["expert_params_per_rank"] = experts / dp
+    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / dp
+    layout["ep_comm_bytes"] = got["comm_bytes"] * share
     return layout
 
 

@@ -37,7 +37,10 @@ each expert module is an FSDP unit of its own, sharded over ``replica`` (the ran
 experts; on dim 0, or dim 1 where replica x ep exceeds the experts, as torchtitan), so a rank holds
 1 / world size of the experts' parameters, gradients and optimizer state. Their gradients are
 summed over ``replica`` and divided by the world size (the mean FSDP takes of the others: each
-expert's gradient already sums its ``ep`` group's tokens through the exchange).
+expert's gradient already sums its ``ep`` group's tokens through the exchange). With ``pp > 1`` the
+expert-parallel ranks are each stage's data-parallel ones (a mesh ``pp`` x ``replica`` x ``ep``,
+replica x ep = dp) and a rank shards its stages' experts only. Not with ``tp``, ``replicate`` or
+``cpu_offload`` yet.
 """
 
 from __future__ import annotations
@@ -96,11 +99,17 @@ class FSDP2:
         if (world_size // o.tp) % o.replicate:
             ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
-        if world_size % o.ep:
+        if o.pp == 1 and world_size % o.ep:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
-        if o.ep > 1 and (o.tp > 1 or o.pp > 1 or o.replicate > 1 or o.cpu_offload):
+        dp = world_size // (o.pp * o.tp)
+        if o.pp > 1 and dp % o.ep:
             raise ConfigError(
-                f"[parallelism] fsdp2: ep = {o.ep} with tp, pp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {dp} data-parallel ranks of a pipeline stage (world size {world_size} / pp {o.pp}); "
+                f"expected a divisor of {dp}"
+            )
+        if o.ep > 1 and (o.tp > 1 or o.replicate > 1 or o.cpu_offload):
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} with tp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
             )
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
@@ -110,13 +119,15 @@ class FSDP2:
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
         """tp > 1 or pp > 1: the [pp x] dp x tp mesh (replicate x shard x tp with ``replicate > 1``), and
-        with tp > 1 the model's modules sharded over its ``tp`` dimension; ep > 1: the replica x ep mesh,
-        and the model's experts split over its ``ep`` dimension."""
+        with tp > 1 the model's modules sharded over its ``tp`` dimension; ep > 1: the [pp x] replica x ep
+        mesh, and the model's experts split over its ``ep`` dimension."""
         o = self.options
         from torch.distributed.device_mesh import init_device_mesh
 
-        if o.ep > 1:
-            self.expert_mesh = init_device_mesh(dist.device.type, (dist.world_size // o.ep, o.ep), mesh_dim_names=("replica", "ep"))
+        if o.ep > 1:  # under pp, the replica x ep ranks of each stage (its dp ranks, in order)
+            dp = dist.world_size // o.pp
+            shape, names = ((o.pp, dp // o.ep, o.ep), ("pp", "replica", "ep")) if o.pp > 1 else ((dp // o.ep, o.ep), ("replica", "ep"))
+            self.expert_mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
             self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
         if o.tp == 1 and o.pp == 1:
             return
@@ -154,7 +165,7 @@ class FSDP2:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda")
-        self.shard_experts(kwargs | {"reshard_after_forward": o.reshard_after_forward}, dist)
+        self.shard_experts(model, kwargs | {"reshard_after_forward": o.reshard_after_forward}, dist)
         blocks = spec.blocks(model)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by the backward pass.
@@ -164,11 +175,14 @@ class FSDP2:
             log.info(f"fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))")
         return model
 
-    def shard_experts(self, kwargs: dict[str, Any], dist) -> None:
-        """ep > 1: each expert module an FSDP unit over ``replica`` (``kwargs``: the other units' options),
-        sharded on dim 0 unless replica x ep exceeds the experts (then dim 1 where it splits evenly), its
-        gradients divided by the world size; the blocks' units, made after, leave its parameters out."""
-        if not self.expert_modules:
+    def shard_experts(self, model: nn.Module, kwargs: dict[str, Any], dist) -> None:
+        """ep > 1: each expert module ``model`` still holds an FSDP unit over ``replica`` (``kwargs``: the
+        other units' options), sharded on dim 0 unless replica x ep exceeds the experts (then dim 1 where
+        it splits evenly), its gradients divided by the data-parallel ranks (replica x ep, the mean FSDP
+        takes of the others); the blocks' units, made after, leave its parameters out."""
+        kept = {id(m) for m in model.modules()}
+        modules = [m for m in self.expert_modules if id(m) in kept]  # under pp, this rank's stages' experts
+        if not modules:
             return
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.tensor import Shard
@@ -179,13 +193,13 @@ class FSDP2:
         def placement(p: nn.Parameter) -> Shard | None:  # dim 1 must split evenly (FSDP); dim 0 may be padded
             return Shard(1) if ranks > p.shape[0] and p.shape[1] % replicas.size() == 0 else None
 
-        for module in self.expert_modules:
+        for module in modules:
             fully_shard(module, **(kwargs | {"mesh": replicas, "shard_placement_fn": placement}))
-            module.set_gradient_divide_factor(dist.world_size)  # type: ignore[operator]  # an FSDPModule now
+            module.set_gradient_divide_factor(ranks)  # type: ignore[operator]  # an FSDPModule now
             # off CUDA a sum then a division (gloo has no pre-multiplied sum); not over one replica,
             # where FSDP (torch 2.13) would divide twice
             module.set_force_sum_reduction_for_comms(dist.device.type != "cuda" and replicas.size() > 1)  # type: ignore[operator]
-        params = [p for m in self.expert_modules for p in m.parameters()]
+        params = [p for m in modules for p in m.parameters()]
         held, total = sum(p.to_local().numel() for p in params), sum(p.numel() for p in params)  # type: ignore[attr-defined]  # DTensors
         log.info(
             f"fsdp2: experts split over ep {self.expert_parallel}, sharded over replica {replicas.size()}: {held:,} of their {total:,} parameters on this rank"
@@ -205,6 +219,7 @@ class FSDP2:
             kwargs: dict[str, Any] = {"mesh": self.mesh["dp"], "reshard_after_forward": False}  # gathered across the micro-batches
             if precision.param_dtype is not None:
                 kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
+            self.shard_experts(model, kwargs, dist)
             for block in spec.blocks(model):
                 fully_shard(block, **kwargs)
             for stage in stages:

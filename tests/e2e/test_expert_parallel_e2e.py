@@ -5,9 +5,11 @@ checkpointing, so the exchange runs again in the recompute), give the losses and
 one process, dropless and with a capacity factor (relative tolerance 1e-5: the same float32 math,
 each expert's rows summed in another order); an ep = 2 checkpoint resumes on one process, and a
 one-process checkpoint under ep = 2 (DCP reshards the stacked experts); a checkpoint of ep 2 on 4
-ranks resumes under fsdp on 4 ranks and on one process, and theirs back under ep 2 on 4 ranks; all
-at the uninterrupted run's losses. The document mask with per-document RoPE positions under ep = 2
-equals one process too; a degree that cannot work is one line, exit 2, before any process group."""
+ranks resumes under fsdp on 4 ranks and on one process, and theirs back under ep 2 on 4 ranks; pp 2 x
+ep 2 on 4 ranks (each stage's experts split over its 2 data-parallel ranks) equals one process and its
+checkpoints move to one process and back; all at the uninterrupted run's losses. The document mask
+with per-document RoPE positions under ep = 2 equals one process too; a degree that cannot work is one
+line, exit 2, before any process group."""
 
 from __future__ import annotations
 
@@ -83,6 +85,29 @@ def test_expert_parallel_equals_one_process_and_its_checkpoints_move_between_lay
         assert "at step 4" in resumed.stdout, (name, resumed.stdout)
         loss, norm = curve(back)
         assert loss == pytest.approx(one_loss[4:], rel=TOL) and norm == pytest.approx(one_norm[4:], rel=TOL), (name, loss, one_loss[4:])
+
+
+def test_expert_parallel_inside_pipeline_stages_equals_one_process_and_its_checkpoints_move_to_one_process_and_back(tmp_path):
+    """pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks split its MoE layers' experts (half of
+    the stage's experts per rank), 1F1B over 4 micro-batches; the one-process losses and gradient norms;
+    its step-3 checkpoint on one process, and the one-process one under pp 2 x ep 2."""
+    cfg = moe_config(tmp_path)
+    pp2_ep2 = ("--parallelism.name=fsdp2", "--parallelism.pp=2", "--parallelism.ep=2", "--checkpoint.every=3")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--checkpoint.every=3")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "pp2ep2", *pp2_ep2)
+    stage = EXPERT_PARAMS * 2 // 3  # rank 0's stage: the prelude and the core, 2 of the 3 MoE layers
+    assert f"{stage // 2:,} of their {stage:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "pp2ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
+    for nproc, out, saved, layout in (
+        (1, "one_again", "pp2ep2", ("--parallelism.name=single",)),
+        (4, "pp2ep2_again", "one", pp2_ep2),
+    ):
+        resumed = train(nproc, cfg, tmp_path / out, *layout, f"--checkpoint.resume={step(tmp_path / saved, 3)}")
+        assert "at step 3" in resumed.stdout, resumed.stdout
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (out, loss, one_loss[3:])
 
 
 def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp_path):

@@ -148,6 +148,25 @@ def test_expert_parallelism_divides_the_experts_by_the_world_size_and_prices_the
     assert "mesh        dp 4 x tp 1, experts on replica 2 x ep 2" in text and "EP all-to-all" in text and "experts' all-gather" in text, text
 
 
+def test_expert_parallelism_inside_pipeline_stages_splits_each_stages_experts(tiny_config, capsys):
+    """recurrent_moe, pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks are one ep group (replica
+    1), so a rank holds what pp 2 alone holds (its stage's experts / 2); the experts are not gathered,
+    and the all-to-all is the stage's share of the layers'."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe", "--validation.every=0")
+    pp2, pp2ep2, ep2 = (
+        plan_json(capsys, cfg, n, *moe, *o)
+        for n, o in ((4, ("--parallelism.pp=2",)), (4, ("--parallelism.pp=2", "--parallelism.ep=2")), (2, ("--parallelism.ep=2",)))
+    )
+    assert pp2ep2["mesh"] == {"pp": 2, "dp": 2, "tp": 1, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert pp2ep2["memory_per_rank"][kind] == pytest.approx(pp2["memory_per_rank"][kind]), kind
+    c = pp2ep2["communication_per_step_gib"]
+    assert "expert_all_gather" not in c and c["fsdp_all_gather"] < pp2["communication_per_step_gib"]["fsdp_all_gather"]
+    stage = pp2ep2["pipeline"]["layers_per_rank"] / pp2ep2["pipeline"]["layers"]
+    assert c["ep_all_to_all"] == pytest.approx(ep2["communication_per_step_gib"]["ep_all_to_all"] * stage)  # dp 2 either way: the same accumulation
+
+
 def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
     """replicate 2 x shard 1 x tp 2: nothing sharded (no all-gather), the gradients all-reduced across the replicas."""
     got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
