@@ -105,10 +105,11 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
 
 
 def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Under ep > 1 (tp and replicate are 1 then): the mesh gains the experts' ``replica x ep`` (the
-    data-parallel ranks, of each stage under pp); ep splits the experts and FSDP shards each rank's
-    part over ``replica``, so a rank holds ``1 / dp`` of its stages' experts (``expert_params_per_rank``)
-    and its FSDP shard of every other parameter (``params_unsharded``: what the other units gather);
+    """Under ep > 1 (tp is 1 then): the mesh gains the experts' ``replica x ep`` (the data-parallel ranks
+    of a shard group, of each stage under pp); ep splits the experts and FSDP shards each rank's part
+    over ``replica`` (HSDP: and repeats it on each ``replicate`` group), so a rank holds ``1 / shard``
+    of its stages' experts (``expert_params_per_rank``) and its FSDP shard of every other parameter
+    (``params_unsharded``: what the other units gather);
     ``ep_comm_bytes``: the model's all-to-all bytes per micro-batch (None: the model does not say its
     experts, whose parameters are then counted as FSDP-sharded). Under pp, experts and all-to-all are
     the share of the rank with the most layers."""
@@ -116,8 +117,8 @@ def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int,
     ep = member("parallelism", c["parallelism"], "expert_parallel")
     if ep == 1:
         return layout
-    dp = layout["mesh"]["dp"]
-    layout["mesh"] = {**layout["mesh"], "replica": dp // ep, "ep": ep}
+    shard = layout["mesh"]["dp"] // layout["replicate"]
+    layout["mesh"] = {**layout["mesh"], "replica": shard // ep, "ep": ep}
     costs = member("model", c["model"], "expert_parallel_costs")
     if costs is None:
         layout["ep_comm_bytes"] = None
@@ -126,8 +127,8 @@ def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int,
     share = 1.0 if pipeline is None else pipeline["layers_per_rank"] / max(1, pipeline["layers"])  # of the layers, on this rank
     experts = got["expert_params"] * share
     layout["params_unsharded"] -= experts
-    layout["expert_params_per_rank"] = experts / dp
-    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / dp
+    layout["expert_params_per_rank"] = experts / shard
+    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / shard
     layout["ep_comm_bytes"] = got["comm_bytes"] * share
     return layout
 
@@ -141,7 +142,7 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
     (not estimated); EP: the routed rows' all-to-alls per micro-batch (None: not estimated), and with
     several replicas the experts' FSDP units over them: each rank's ``1 / ep`` of the experts gathered
     as the other units are, their fp32 gradients reduce-scattered (``fsdp_*`` then covers the other
-    parameters only)."""
+    parameters only), and under HSDP their shards all-reduced over the replicate groups."""
     c, accum = prep.components, prep.grad_accum
     n, shard, replicate = layout["params_unsharded"], layout["shard"], layout["replicate"]
     param_bytes = bytes_per_element
@@ -170,6 +171,8 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
             part = layout["expert_params_per_rank"] * replica  # this rank's 1 / ep of the experts, gathered whole
             out["expert_all_gather"] = accum * gathers * (replica - 1) / replica * part * param_bytes / GiB
             out["expert_reduce_scatter"] = (replica - 1) / replica * part * 4 / GiB
+        if replicate > 1 and layout["expert_params_per_rank"]:  # HSDP: the experts' shards over the replicate groups
+            out["expert_all_reduce"] = 2 * (replicate - 1) / replicate * layout["expert_params_per_rank"] * 4 / GiB
     return out
 
 

@@ -39,8 +39,9 @@ experts; on dim 0, or dim 1 where replica x ep exceeds the experts, as torchtita
 summed over ``replica`` and divided by the world size (the mean FSDP takes of the others: each
 expert's gradient already sums its ``ep`` group's tokens through the exchange). With ``pp > 1`` the
 expert-parallel ranks are each stage's data-parallel ones (a mesh ``pp`` x ``replica`` x ``ep``,
-replica x ep = dp) and a rank shards its stages' experts only. Not with ``tp``, ``replicate`` or
-``cpu_offload`` yet.
+replica x ep = dp) and a rank shards its stages' experts only. With ``replicate > 1`` they are a replica
+group's shard ranks (a mesh ``replicate`` x ``replica`` x ``ep``) and the experts are HSDP-sharded as
+the rest: over ``replica``, all-reduced over ``replicate``. Not with ``tp`` or ``cpu_offload`` yet.
 """
 
 from __future__ import annotations
@@ -99,18 +100,22 @@ class FSDP2:
         if (world_size // o.tp) % o.replicate:
             ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
-        if o.pp == 1 and world_size % o.ep:
+        if o.pp == 1 and o.replicate == 1 and world_size % o.ep:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
+        if o.replicate > 1 and (world_size // o.tp // o.replicate) % o.ep:
+            shard = world_size // o.tp // o.replicate
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {shard} ranks of a replica group (world size {world_size} / replicate {o.replicate}); "
+                f"expected a divisor of {shard}"
+            )
         dp = world_size // (o.pp * o.tp)
         if o.pp > 1 and dp % o.ep:
             raise ConfigError(
                 f"[parallelism] fsdp2: ep = {o.ep} does not divide the {dp} data-parallel ranks of a pipeline stage (world size {world_size} / pp {o.pp}); "
                 f"expected a divisor of {dp}"
             )
-        if o.ep > 1 and (o.tp > 1 or o.replicate > 1 or o.cpu_offload):
-            raise ConfigError(
-                f"[parallelism] fsdp2: ep = {o.ep} with tp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
-            )
+        if o.ep > 1 and (o.tp > 1 or o.cpu_offload):
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with tp or cpu_offload is not supported yet; expected ep = 1 or tp = 1, cpu_offload = false")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
@@ -124,10 +129,11 @@ class FSDP2:
         o = self.options
         from torch.distributed.device_mesh import init_device_mesh
 
-        if o.ep > 1:  # under pp, the replica x ep ranks of each stage (its dp ranks, in order)
-            dp = dist.world_size // o.pp
-            shape, names = ((o.pp, dp // o.ep, o.ep), ("pp", "replica", "ep")) if o.pp > 1 else ((dp // o.ep, o.ep), ("replica", "ep"))
-            self.expert_mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
+        if o.ep > 1:  # the [pp x] [replicate x] replica x ep ranks, in order: ep groups inside a stage's, a replica group's, ranks
+            shard = dist.world_size // o.pp // o.replicate
+            outer = (("pp", o.pp),) if o.pp > 1 else (("replicate", o.replicate),) if o.replicate > 1 else ()
+            dims = (*outer, ("replica", shard // o.ep), ("ep", o.ep))
+            self.expert_mesh = init_device_mesh(dist.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
             self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
         if o.tp == 1 and o.pp == 1:
             return
@@ -178,8 +184,9 @@ class FSDP2:
     def shard_experts(self, model: nn.Module, kwargs: dict[str, Any], dist) -> None:
         """ep > 1: each expert module ``model`` still holds an FSDP unit over ``replica`` (``kwargs``: the
         other units' options), sharded on dim 0 unless replica x ep exceeds the experts (then dim 1 where
-        it splits evenly), its gradients divided by the data-parallel ranks (replica x ep, the mean FSDP
-        takes of the others); the blocks' units, made after, leave its parameters out."""
+        it splits evenly; HSDP: repeated over ``replicate``), its gradients divided by the data-parallel
+        ranks (replicate x replica x ep, the mean FSDP takes of the others); the blocks' units, made
+        after, leave its parameters out."""
         kept = {id(m) for m in model.modules()}
         modules = [m for m in self.expert_modules if id(m) in kept]  # under pp, this rank's stages' experts
         if not modules:
@@ -188,21 +195,25 @@ class FSDP2:
         from torch.distributed.tensor import Shard
 
         replicas = self.expert_mesh["replica"]
-        ranks = replicas.size() * self.expert_parallel
+        ranks = replicas.size() * self.expert_parallel  # a shard group's (or stage's) data-parallel ranks
+        hsdp = self.options.replicate > 1  # HSDP as the other units: sharded over replica, all-reduced over replicate
+        mesh = self.expert_mesh["replicate", "replica"] if hsdp else replicas
 
         def placement(p: nn.Parameter) -> Shard | None:  # dim 1 must split evenly (FSDP); dim 0 may be padded
             return Shard(1) if ranks > p.shape[0] and p.shape[1] % replicas.size() == 0 else None
 
         for module in modules:
-            fully_shard(module, **(kwargs | {"mesh": replicas, "shard_placement_fn": placement}))
-            module.set_gradient_divide_factor(ranks)  # type: ignore[operator]  # an FSDPModule now
+            fully_shard(module, **(kwargs | {"mesh": mesh, "shard_placement_fn": placement}))
+            module.set_gradient_divide_factor(ranks * self.options.replicate)  # type: ignore[operator]  # an FSDPModule now
             # off CUDA a sum then a division (gloo has no pre-multiplied sum); not over one replica,
             # where FSDP (torch 2.13) would divide twice
             module.set_force_sum_reduction_for_comms(dist.device.type != "cuda" and replicas.size() > 1)  # type: ignore[operator]
         params = [p for m in modules for p in m.parameters()]
         held, total = sum(p.to_local().numel() for p in params), sum(p.numel() for p in params)  # type: ignore[attr-defined]  # DTensors
         log.info(
-            f"fsdp2: experts split over ep {self.expert_parallel}, sharded over replica {replicas.size()}: {held:,} of their {total:,} parameters on this rank"
+            f"fsdp2: experts split over ep {self.expert_parallel}, sharded over replica {replicas.size()}"
+            + (f", replicated over replicate {self.options.replicate}" if hsdp else "")
+            + f": {held:,} of their {total:,} parameters on this rank"
         )
 
     def wrap_pipeline(self, model: nn.Module, spec, dist, precision) -> nn.Module:

@@ -167,6 +167,21 @@ def test_expert_parallelism_inside_pipeline_stages_splits_each_stages_experts(ti
     assert c["ep_all_to_all"] == pytest.approx(ep2["communication_per_step_gib"]["ep_all_to_all"] * stage)  # dp 2 either way: the same accumulation
 
 
+def test_expert_parallelism_under_hsdp_splits_a_replica_groups_experts(tiny_config, capsys):
+    """recurrent_moe, replicate 2 x ep 2 on 4 ranks: each replica group's 2 shard ranks are one ep group,
+    so a rank holds what HSDP alone holds (1 / 2 of every parameter); the experts' shards are all-reduced
+    over the replicate groups, together with the others' what HSDP alone all-reduces."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    hsdp, hsdp_ep = (plan_json(capsys, cfg, 4, *moe, "--parallelism.replicate=2", *o) for o in ((), ("--parallelism.ep=2",)))
+    assert hsdp_ep["mesh"] == {"dp": 4, "replicate": 2, "shard": 2, "tp": 1, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert hsdp_ep["memory_per_rank"][kind] == pytest.approx(hsdp["memory_per_rank"][kind]), kind
+    c, c0 = hsdp_ep["communication_per_step_gib"], hsdp["communication_per_step_gib"]
+    assert c["hsdp_all_reduce"] + c["expert_all_reduce"] == pytest.approx(c0["hsdp_all_reduce"])
+    assert "expert_all_gather" not in c and c["ep_all_to_all"] > 0
+
+
 def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
     """replicate 2 x shard 1 x tp 2: nothing sharded (no all-gather), the gradients all-reduced across the replicas."""
     got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
