@@ -114,8 +114,13 @@ class FSDP2:
                 f"[parallelism] fsdp2: ep = {o.ep} does not divide the {dp} data-parallel ranks of a pipeline stage (world size {world_size} / pp {o.pp}); "
                 f"expected a divisor of {dp}"
             )
-        if o.ep > 1 and (o.tp > 1 or o.cpu_offload):
-            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with tp or cpu_offload is not supported yet; expected ep = 1 or tp = 1, cpu_offload = false")
+        if o.ep > 1 and o.tp > 1:
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} with tp = {o.tp} is not supported yet (the experts are neither split over the tensor-parallel "
+                "ranks nor tensor-parallel themselves); expected ep = 1 or tp = 1"
+            )
+        if o.ep > 1 and o.cpu_offload:
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with cpu_offload is not supported yet; expected ep = 1 or cpu_offload = false")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
