@@ -145,8 +145,9 @@ CONTRACT: dict[str, list[Member]] = {
         method(
             "parallelize_experts",
             2,
-            "(model, ep_mesh) keep each rank's share of the experts over the 1-D expert-parallel mesh, routed rows exchanged with "
-            "all_to_all_single; returns the expert modules (their parameters are the experts'); default: ep > 1 refused",
+            "(model, ep_mesh) keep each rank's share of the experts over the expert-parallel mesh (1-D ep; ep x tp under tp > 1: "
+            "replicated over tp), routed rows exchanged with all_to_all_single over ep; returns the expert modules (their parameters "
+            "are the experts'); default: ep > 1 refused",
             False,
             needs="check_expert_parallel",
         ),

@@ -181,18 +181,20 @@ class GroupedExperts(nn.Module):
 
     def shard(self, ep_mesh: Any) -> None:
         """Keep this rank's ``n_experts / ep`` experts (rank r: experts r x n / ep onwards), as DTensors
-        sharded on dim 0 over the 1-D ``ep_mesh``; no communication (every rank holds the same full
-        weights before). DTensor is imported here, by a run that uses it: loading the plugins leaves it
-        out (seconds of imports)."""
-        from torch.distributed.tensor import DTensor, Shard
+        sharded on dim 0 over the first dimension of ``ep_mesh`` (``ep``) and replicated over any further
+        one (``tp``: every tensor-parallel rank runs the layer whole); no communication (every rank holds
+        the same full weights before). DTensor is imported here, by a run that uses it: loading the
+        plugins leaves it out (seconds of imports)."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+        ep, rank = ep_mesh.size(0), ep_mesh.get_local_rank(0)
         per = self.n_experts // ep
+        placements = [Shard(0), *[Replicate()] * (ep_mesh.ndim - 1)]
         for name in ("w1", "w3", "w2"):
             full = getattr(self, name).detach()
             local = full[rank * per : (rank + 1) * per].clone()
-            setattr(self, name, nn.Parameter(DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)))
-        self.ep_group = ep_mesh.get_group()
+            setattr(self, name, nn.Parameter(DTensor.from_local(local, ep_mesh, placements, run_check=False)))
+        self.ep_group = ep_mesh.get_group(0)
 
     def local_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's ``w1, w3, w2`` (all of them without expert parallelism) as plain tensors of ``dtype``."""

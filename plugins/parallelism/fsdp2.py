@@ -41,7 +41,10 @@ expert's gradient already sums its ``ep`` group's tokens through the exchange). 
 expert-parallel ranks are each stage's data-parallel ones (a mesh ``pp`` x ``replica`` x ``ep``,
 replica x ep = dp) and a rank shards its stages' experts only. With ``replicate > 1`` they are a replica
 group's shard ranks (a mesh ``replicate`` x ``replica`` x ``ep``) and the experts are HSDP-sharded as
-the rest: over ``replica``, all-reduced over ``replicate``. Not with ``tp`` or ``cpu_offload`` yet.
+the rest: over ``replica``, all-reduced over ``replicate``. With ``tp > 1`` they are the data-parallel
+ranks of each tp index (a mesh ``replica`` x ``ep`` x ``tp``): every tp rank runs a MoE layer whole (the
+model spec's TP plan), so the experts repeat over ``tp`` (DTensors replicated on it). Not with ``tp``
+and ``pp`` or ``replicate`` together, nor ``cpu_offload``, yet.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class FSDP2:
         if (world_size // o.tp) % o.replicate:
             ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
-        if o.pp == 1 and o.replicate == 1 and world_size % o.ep:
+        if o.pp == 1 and o.replicate == 1 and o.tp == 1 and world_size % o.ep:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
         if o.replicate > 1 and (world_size // o.tp // o.replicate) % o.ep:
             shard = world_size // o.tp // o.replicate
@@ -114,10 +117,14 @@ class FSDP2:
                 f"[parallelism] fsdp2: ep = {o.ep} does not divide the {dp} data-parallel ranks of a pipeline stage (world size {world_size} / pp {o.pp}); "
                 f"expected a divisor of {dp}"
             )
-        if o.ep > 1 and o.tp > 1:
+        if o.ep > 1 and o.tp > 1 and (o.pp > 1 or o.replicate > 1):
             raise ConfigError(
-                f"[parallelism] fsdp2: ep = {o.ep} with tp = {o.tp} is not supported yet (the experts are neither split over the tensor-parallel "
-                "ranks nor tensor-parallel themselves); expected ep = 1 or tp = 1"
+                f"[parallelism] fsdp2: ep = {o.ep} with tp = {o.tp} and pp or replicate is not supported yet; expected pp = 1 and replicate = 1 with ep and tp"
+            )
+        if o.ep > 1 and o.tp > 1 and (world_size // o.tp) % o.ep:
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp}); "
+                f"expected a divisor of {world_size // o.tp}"
             )
         if o.ep > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with cpu_offload is not supported yet; expected ep = 1 or cpu_offload = false")
@@ -134,12 +141,14 @@ class FSDP2:
         o = self.options
         from torch.distributed.device_mesh import init_device_mesh
 
-        if o.ep > 1:  # the [pp x] [replicate x] replica x ep ranks, in order: ep groups inside a stage's, a replica group's, ranks
-            shard = dist.world_size // o.pp // o.replicate
+        if o.ep > 1:  # the [pp x] [replicate x] replica x ep [x tp] ranks, in order: ep groups inside a stage's, a replica group's, ranks
+            shard = dist.world_size // o.pp // o.replicate // o.tp
             outer = (("pp", o.pp),) if o.pp > 1 else (("replicate", o.replicate),) if o.replicate > 1 else ()
-            dims = (*outer, ("replica", shard // o.ep), ("ep", o.ep))
+            inner = (("tp", o.tp),) if o.tp > 1 else ()
+            dims = (*outer, ("replica", shard // o.ep), ("ep", o.ep), *inner)
             self.expert_mesh = init_device_mesh(dist.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
-            self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
+            # under tp every tensor-parallel rank runs the MoE layers whole: the experts repeat over tp
+            self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep", "tp"] if o.tp > 1 else self.expert_mesh["ep"])
         if o.tp == 1 and o.pp == 1:
             return
         if o.pp > 1:

@@ -8,7 +8,8 @@ one-process checkpoint under ep = 2 (DCP reshards the stacked experts); a checkp
 ranks resumes under fsdp on 4 ranks and on one process, and theirs back under ep 2 on 4 ranks; pp 2 x
 ep 2 on 4 ranks (each stage's experts split over its 2 data-parallel ranks) equals one process and its
 checkpoints move to one process and back; replicate 2 x ep 2 on 4 ranks (HSDP) equals one process and
-its checkpoint resumes on one process; all at the uninterrupted run's losses. The document mask
+its checkpoint resumes on one process, and so do dp 2 x tp 2 x ep 2 on 4 ranks (the experts split over
+the data-parallel ranks, repeated over tp); all at the uninterrupted run's losses. The document mask
 with per-document RoPE positions under ep = 2 equals one process too; a degree that cannot work is one
 line, exit 2, before any process group."""
 
@@ -123,6 +124,23 @@ def test_expert_parallel_under_hsdp_equals_one_process_and_its_checkpoint_resume
     loss, norm = curve(tmp_path / "hsdp_ep2")
     assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
     resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={step(tmp_path / 'hsdp_ep2', 3)}")
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "one_again")
+    assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (loss, one_loss[3:])
+
+
+def test_expert_parallel_with_tensor_parallelism_equals_one_process_and_its_checkpoint_resumes_on_one_process(tmp_path):
+    """dp 2 x tp 2 x ep 2 on 4 ranks: every tp rank runs the MoE layers on the whole micro-batch, so the two
+    data-parallel ranks of each tp index split the experts (repeated over tp); the one-process losses and
+    gradient norms; its step-3 checkpoint on one process."""
+    cfg = moe_config(tmp_path)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "tp2ep2", *EP2_OF_4, "--parallelism.tp=2", "--checkpoint.every=3")
+    assert f"{EXPERT_PARAMS // 2:,} of their {EXPERT_PARAMS:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "tp2ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
+    resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={step(tmp_path / 'tp2ep2', 3)}")
     assert "at step 3" in resumed.stdout, resumed.stdout
     loss, norm = curve(tmp_path / "one_again")
     assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (loss, one_loss[3:])

@@ -22,7 +22,16 @@ MOE = ["--model.name=recurrent_moe", "--model.flavor=debug"]  # 4 experts
         (4, [*MOE, "--parallelism.ep=4", "--model.n_experts=6"], "[parallelism] ep = 4 does not divide [model] n_experts = 6"),
         (2, [*MOE, "--parallelism.ep=2", "--model.dispatch=dense"], "[parallelism] ep = 2 needs [model] dispatch = \"sparse\", not 'dense'"),
         (2, ["--parallelism.ep=2"], "[parallelism] ep = 2: model 'llama3' declares no experts (parallelize_experts); expected ep = 1"),
-        (4, [*MOE, "--parallelism.ep=2", "--parallelism.tp=2"], "[parallelism] fsdp2: ep = 2 with tp = 2 is not supported yet (the experts are neither"),
+        (
+            8,
+            [*MOE, "--parallelism.ep=2", "--parallelism.tp=2", "--parallelism.pp=2"],
+            "[parallelism] fsdp2: ep = 2 with tp = 2 and pp or replicate is not supported yet; expected pp = 1 and replicate = 1 with ep and tp",
+        ),
+        (
+            4,
+            [*MOE, "--parallelism.ep=4", "--parallelism.tp=2"],
+            "[parallelism] fsdp2: ep = 4 does not divide the 2 data-parallel ranks (world size 4 / tp 2); expected a divisor of 2",
+        ),
         (2, [*MOE, "--parallelism.ep=2", "--parallelism.cpu_offload=true"], "[parallelism] fsdp2: ep = 2 with cpu_offload is not supported yet; expected"),
         (
             4,

@@ -182,6 +182,24 @@ def test_expert_parallelism_under_hsdp_splits_a_replica_groups_experts(tiny_conf
     assert "expert_all_gather" not in c and c["ep_all_to_all"] > 0
 
 
+def test_expert_parallelism_under_tensor_parallelism_splits_the_experts_over_the_data_parallel_ranks(tiny_config, capsys):
+    """recurrent_moe, dp 2 x tp 2 x ep 2 on 4 ranks: every tp rank runs the MoE layers whole, so the ep
+    groups are the data-parallel ranks and a rank holds what dp 2 x tp 2 holds (the experts / 2); the
+    experts leave the other units' gathers, and each pair of tp ranks exchanges whole micro-batches."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    tp, tp_ep, ep = (
+        plan_json(capsys, cfg, n, *moe, *o)
+        for n, o in ((4, ("--parallelism.tp=2",)), (4, ("--parallelism.tp=2", "--parallelism.ep=2")), (2, ("--parallelism.ep=2",)))
+    )
+    assert tp_ep["mesh"] == {"dp": 2, "tp": 2, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert tp_ep["memory_per_rank"][kind] == pytest.approx(tp["memory_per_rank"][kind]), kind
+    c = tp_ep["communication_per_step_gib"]
+    assert c["fsdp_all_gather"] < tp["communication_per_step_gib"]["fsdp_all_gather"] and "expert_all_gather" not in c
+    assert c["ep_all_to_all"] == pytest.approx(ep["communication_per_step_gib"]["ep_all_to_all"])  # dp 2 either way
+
+
 def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
     """replicate 2 x shard 1 x tp 2: nothing sharded (no all-gather), the gradients all-reduced across the replicas."""
     got = plan_json(capsys, tiny_config(), 4, "--parallelism.tp=2", "--parallelism.replicate=2")
