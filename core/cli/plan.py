@@ -102,30 +102,35 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
         "expert_params_per_rank": 0.0,
         "ep_comm_bytes": 0,
     }
-    return expert_parallel_layout(prep, layout, bytes_per_element)
+    return expert_parallel_layout(prep, layout, bytes_per_element, pipeline)
 
 
-def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[str, Any]:
-    """Under ep > 1 (tp, pp and replicate are 1 then): the mesh gains the experts' ``replica x ep``; a
-    rank holds ``1 / ep`` of the experts whole (not FSDP-sharded, as the runtime keeps them) and its
-    FSDP shard of every other parameter (``params_unsharded``: what FSDP gathers); ``ep_comm_bytes``:
-    the model's all-to-all bytes per micro-batch (None: the model does not say its experts, whose
-    parameters are then counted as FSDP-sharded)."""
-    c, world = prep.components, prep.world_size
+def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Under ep > 1 (tp is 1 then): the mesh gains the experts' ``replica x ep`` (the data-parallel ranks
+    of a shard group, of each stage under pp); ep splits the experts and FSDP shards each rank's part
+    over ``replica`` (HSDP: and repeats it on each ``replicate`` group), so a rank holds ``1 / shard``
+    of its stages' experts (``expert_params_per_rank``) and its FSDP shard of every other parameter
+    (``params_unsharded``: what the other units gather);
+    ``ep_comm_bytes``: the model's all-to-all bytes per micro-batch (None: the model does not say its
+    experts, whose parameters are then counted as FSDP-sharded). Under pp, experts and all-to-all are
+    the share of the rank with the most layers."""
+    c = prep.components
     ep = member("parallelism", c["parallelism"], "expert_parallel")
     if ep == 1:
         return layout
-    layout["mesh"] = {**layout["mesh"], "replica": world // ep, "ep": ep}
+    shard = layout["mesh"]["dp"] // layout["replicate"]
+    layout["mesh"] = {**layout["mesh"], "replica": shard // ep, "ep": ep}
     costs = member("model", c["model"], "expert_parallel_costs")
     if costs is None:
         layout["ep_comm_bytes"] = None
         return layout
     got = costs(ep, prep.rc.train.micro_batch, prep.rc.seq_len, bytes_per_element)
-    experts = got["expert_params"]
+    share = 1.0 if pipeline is None else pipeline["layers_per_rank"] / max(1, pipeline["layers"])  # of the layers, on this rank
+    experts = got["expert_params"] * share
     layout["params_unsharded"] -= experts
-    layout["expert_params_per_rank"] = experts / ep
-    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / ep
-    layout["ep_comm_bytes"] = got["comm_bytes"]
+    layout["expert_params_per_rank"] = experts / shard
+    layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / shard
+    layout["ep_comm_bytes"] = got["comm_bytes"] * share
     return layout
 
 
@@ -135,18 +140,19 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
     ``reshard_after_forward = false``), the gradients reduce-scattered in fp32 once per step, and under
     HSDP the shards all-reduced across the replicas; DDP: the gradients all-reduced; TP: the model's
     collectives per micro-batch (None: not estimated); PP: the stages' send and receive of activations
-    (not estimated); EP: the routed rows' all-to-alls per micro-batch (None: not estimated), and the
-    experts' fp32 gradients all-reduced over the replicas holding the same experts (FSDP's gathers and
-    reduce-scatters then cover the other parameters only)."""
+    (not estimated); EP: the routed rows' all-to-alls per micro-batch (None: not estimated), and with
+    several replicas the experts' FSDP units over them: each rank's ``1 / ep`` of the experts gathered
+    as the other units are, their fp32 gradients reduce-scattered (``fsdp_*`` then covers the other
+    parameters only), and under HSDP their shards all-reduced over the replicate groups."""
     c, accum = prep.components, prep.grad_accum
     n, shard, replicate = layout["params_unsharded"], layout["shard"], layout["replicate"]
     param_bytes = bytes_per_element
     out: dict[str, float | None] = {}
+    gathers = 2 if getattr(prep.rc.slots["parallelism"].options, "reshard_after_forward", True) else 1
+    if prep.pipeline_parallel > 1:  # a stage's parameters stay gathered over the step's micro-batches
+        gathers, accum = 1, 1
     if member("parallelism", c["parallelism"], "shards_parameters"):
         if shard > 1:
-            gathers = 2 if getattr(prep.rc.slots["parallelism"].options, "reshard_after_forward", True) else 1
-            if prep.pipeline_parallel > 1:  # a stage's parameters stay gathered over the step's micro-batches
-                gathers, accum = 1, 1
             out["fsdp_all_gather"] = accum * gathers * (shard - 1) / shard * n * param_bytes / GiB
             out["fsdp_reduce_scatter"] = (shard - 1) / shard * n * 4 / GiB
         if replicate > 1:
@@ -162,8 +168,12 @@ def communication(prep, layout: dict[str, Any], bytes_per_element: int) -> dict[
     if "ep" in layout["mesh"]:
         ep_bytes, replica = layout["ep_comm_bytes"], layout["mesh"]["replica"]
         out["ep_all_to_all"] = None if ep_bytes is None else prep.grad_accum * ep_bytes / GiB
-        if replica > 1 and layout["expert_params_per_rank"]:  # the same experts' gradients summed over the replicas
-            out["ep_all_reduce"] = 2 * (replica - 1) / replica * layout["expert_params_per_rank"] * 4 / GiB
+        if replica > 1 and layout["expert_params_per_rank"]:  # the experts' FSDP units over the replicas
+            part = layout["expert_params_per_rank"] * replica  # this rank's 1 / ep of the experts, gathered whole
+            out["expert_all_gather"] = accum * gathers * (replica - 1) / replica * part * param_bytes / GiB
+            out["expert_reduce_scatter"] = (replica - 1) / replica * part * 4 / GiB
+        if replicate > 1 and layout["expert_params_per_rank"]:  # HSDP: the experts' shards over the replicate groups
+            out["expert_all_reduce"] = 2 * (replicate - 1) / replicate * layout["expert_params_per_rank"] * 4 / GiB
     return out
 
 

@@ -101,7 +101,9 @@ def layout_lines(plan: dict[str, Any]) -> list[str]:
         "tp": "TP",
         "pp": "PP send/recv",
         "ep_all_to_all": "EP all-to-all",
-        "ep_all_reduce": "experts' all-reduce",
+        "expert_all_gather": "experts' all-gather",
+        "expert_reduce_scatter": "experts' reduce-scatter",
+        "expert_all_reduce": "experts' HSDP all-reduce",
     }
     comm = plan["communication_per_step_gib"]
     parts = [f"{names[k]} {'not estimated' if v is None else f'{v:.3g}'}" for k, v in comm.items()]

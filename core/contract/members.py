@@ -145,16 +145,17 @@ CONTRACT: dict[str, list[Member]] = {
         method(
             "parallelize_experts",
             2,
-            "(model, ep_mesh) keep each rank's share of the experts over the 1-D expert-parallel mesh, routed rows exchanged with "
-            "all_to_all_single; returns the expert modules (their parameters are the experts'); default: ep > 1 refused",
+            "(model, ep_mesh) keep each rank's share of the experts over the expert-parallel mesh (1-D ep; ep x tp under tp > 1: "
+            "replicated over tp), routed rows exchanged with all_to_all_single over ep; returns the expert modules (their parameters "
+            "are the experts'); default: ep > 1 refused",
             False,
             needs="check_expert_parallel",
         ),
         method(
             "expert_parallel_costs",
             4,
-            "(ep, micro_batch, seq_len, bytes_per_element) -> {expert_params: the experts' parameters, all layers (a rank holds 1 / ep "
-            "of them, not FSDP-sharded), comm_bytes: what one rank sends in all-to-alls for one micro-batch, forward and backward} "
+            "(ep, micro_batch, seq_len, bytes_per_element) -> {expert_params: the experts' parameters, all layers (ep splits them, FSDP "
+            "shards each rank's part over the replicas), comm_bytes: what one rank sends in all-to-alls for one micro-batch, forward and backward} "
             "(core.plan); default: every parameter FSDP-sharded, all-to-all not estimated",
             False,
         ),

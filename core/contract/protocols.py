@@ -118,11 +118,13 @@ class ModelSpec(Protocol):
     communication.
     Expert parallelism (``[parallelism] ep > 1``) needs ``check_expert_parallel(ep)`` and
     ``parallelize_experts(model, ep_mesh)`` (keep each rank's share of the experts, as DTensors sharded
-    over the 1-D expert-parallel mesh, exchange routed rows with ``all_to_all_single``, and return the
-    expert modules: the parallelism syncs their gradients over the ranks holding the same experts); a
-    model without them is refused under ep > 1. The optional
+    over the expert-parallel mesh's first dimension, ``ep``, and replicated over its second, ``tp``, when
+    tp > 1; exchange routed rows with ``all_to_all_single`` over ``ep``, and return the
+    expert modules: the parallelism FSDP-shards each over the ranks holding the same experts and
+    syncs their gradients there); a model without them is refused under ep > 1. The optional
     ``expert_parallel_costs(ep, micro_batch, seq_len, bytes_per_element)`` tells ``core.plan`` the
-    experts' parameters (divided by ep, not FSDP-sharded) and one rank's all-to-all bytes.
+    experts' parameters (split by ep, each part FSDP-sharded over the replicas) and one rank's
+    all-to-all bytes.
 
     **Parameter counts.** ``param_counts()`` returns ``(total, non_embedding)``, two ints, for
     ``core.plan`` to print (nothing else reads them). ``total`` counts a tied weight once;

@@ -181,18 +181,20 @@ class GroupedExperts(nn.Module):
 
     def shard(self, ep_mesh: Any) -> None:
         """Keep this rank's ``n_experts / ep`` experts (rank r: experts r x n / ep onwards), as DTensors
-        sharded on dim 0 over the 1-D ``ep_mesh``; no communication (every rank holds the same full
-        weights before). DTensor is imported here, by a run that uses it: loading the plugins leaves it
-        out (seconds of imports)."""
-        from torch.distributed.tensor import DTensor, Shard
+        sharded on dim 0 over the first dimension of ``ep_mesh`` (``ep``) and replicated over any further
+        one (``tp``: every tensor-parallel rank runs the layer whole); no communication (every rank holds
+        the same full weights before). DTensor is imported here, by a run that uses it: loading the
+        plugins leaves it out (seconds of imports)."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
-        ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+        ep, rank = ep_mesh.size(0), ep_mesh.get_local_rank(0)
         per = self.n_experts // ep
+        placements = [Shard(0), *[Replicate()] * (ep_mesh.ndim - 1)]
         for name in ("w1", "w3", "w2"):
             full = getattr(self, name).detach()
             local = full[rank * per : (rank + 1) * per].clone()
-            setattr(self, name, nn.Parameter(DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)))
-        self.ep_group = ep_mesh.get_group()
+            setattr(self, name, nn.Parameter(DTensor.from_local(local, ep_mesh, placements, run_check=False)))
+        self.ep_group = ep_mesh.get_group(0)
 
     def local_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's ``w1, w3, w2`` (all of them without expert parallelism) as plain tensors of ``dtype``."""
@@ -203,20 +205,43 @@ class GroupedExperts(nn.Module):
         """Expert ``e`` on rows ``x`` (every expert is local here: no expert parallelism)."""
         return F.linear(F.silu(F.linear(x, self.w1[e])) * F.linear(x, self.w3[e]), self.w2[e])
 
-    def forward(self, rows: torch.Tensor, expert: torch.Tensor, counts: torch.Tensor, capacity_factor: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, rows: torch.Tensor, expert: torch.Tensor, counts: torch.Tensor, capacity_factor: float, probe: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Rows [R, d] sorted by ``expert`` [R] (``counts`` [E] each), each through its expert: the
-        outputs [R, d], and with a capacity factor the kept mask [R] (a dropped row's output is 0)."""
+        outputs [R, d], with a capacity factor the kept mask [R] (a dropped row's output is 0), and given
+        ``probe`` rows their :meth:`spread` (computed here, where a parallelism that shards the experts
+        has gathered them)."""
         w1, w3, w2 = self.local_weights(rows.dtype)
+        spread = self.spread(probe) if probe is not None else None
         cap = capacity(rows.shape[0], self.n_experts, capacity_factor) if capacity_factor > 0 else 0
         if self.ep_group is None:
             if cap:
-                return capacity_swiglu(rows, expert, counts, w1, w3, w2, cap)
-            return grouped_swiglu(rows, counts, w1, w3, w2), None
+                return *capacity_swiglu(rows, expert, counts, w1, w3, w2, cap), spread
+            return grouped_swiglu(rows, counts, w1, w3, w2), None, spread
         if not cap:
-            return self.exchanged(rows, counts, w1, w3, w2), None
+            return self.exchanged(rows, counts, w1, w3, w2), None, spread
         kept = kept_rows(expert, counts, cap)
         y = self.exchanged(rows[kept], counts.clamp(max=cap), w1, w3, w2)
-        return rows.new_zeros(rows.shape).index_copy(0, kept.nonzero().squeeze(1), y), kept
+        return rows.new_zeros(rows.shape).index_copy(0, kept.nonzero().squeeze(1), y), kept, spread
+
+    @torch.no_grad()
+    def spread(self, probe: torch.Tensor) -> torch.Tensor:
+        """Std across experts of their outputs on the ``probe`` rows, averaged (0: identical experts). Under
+        expert parallelism every rank's probe rows go through every rank's experts (two all_gathers)."""
+        group = self.ep_group
+        if group is not None:
+            ep = tdist.get_world_size(group)
+            probes = probe.new_empty(ep * probe.shape[0], probe.shape[1])
+            tdist.all_gather_into_tensor(probes, probe.contiguous(), group=group)
+            probe = probes
+        w1, w3, w2 = self.local_weights(probe.dtype)
+        outs = torch.bmm(F.silu(torch.einsum("rd,ehd->erh", probe, w1)) * torch.einsum("rd,ehd->erh", probe, w3), w2.transpose(1, 2))
+        if group is not None:
+            every = outs.new_empty(ep * outs.shape[0], *outs.shape[1:])
+            tdist.all_gather_into_tensor(every, outs.contiguous(), group=group)
+            outs = every
+        return outs.float().std(0).mean() if outs.shape[0] > 1 else probe.new_zeros((), dtype=torch.float32)
 
     def exchanged(self, rows: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
         """Expert parallel: each row sent to the rank holding its expert, computed there, sent back."""

@@ -24,7 +24,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast
 
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
@@ -183,7 +182,11 @@ class MoE(nn.Module):
         weights = weights / weights.sum(-1, keepdim=True)
         n = self.experts.n_experts
         counts = F.one_hot(chosen, n).sum((0, 1))
-        out = self.routed(x, weights, chosen, counts) if self.dispatch == "sparse" else self.dense(x, probs, weights, chosen)
+        probe = x[:16].detach() if self.probe else None
+        if self.dispatch == "sparse":
+            out, spread = self.routed(x, weights, chosen, counts, probe)
+        else:
+            out, spread = self.dense(x, probs, weights, chosen), self.experts.spread(probe) if probe is not None else None
         # Switch balance loss: n x sum_e (fraction of routed tokens) x (mean router prob)
         frac = counts.float() / chosen.numel()
         aux = n * (frac * probs.mean(0)).sum()
@@ -191,26 +194,9 @@ class MoE(nn.Module):
         with torch.no_grad():
             entropy = -(probs * probs.clamp_min(1e-9).log()).sum(-1).mean()
             self.stats = {"counts": counts.detach(), "entropy": entropy}
-            if self.probe:
-                self.stats["spread"] = self.spread(x[:16].detach())
+            if spread is not None:
+                self.stats["spread"] = spread
         return out.reshape(shape), aux, z
-
-    def spread(self, probe: torch.Tensor) -> torch.Tensor:
-        """Std across experts of their outputs on the probe rows, averaged (0: identical experts). Under
-        expert parallelism every rank's probe rows go through every rank's experts (two all_gathers)."""
-        group = self.experts.ep_group
-        if group is not None:
-            ep = tdist.get_world_size(group)
-            probes = probe.new_empty(ep * probe.shape[0], probe.shape[1])
-            tdist.all_gather_into_tensor(probes, probe.contiguous(), group=group)
-            probe = probes
-        w1, w3, w2 = self.experts.local_weights(probe.dtype)
-        outs = torch.bmm(F.silu(torch.einsum("rd,ehd->erh", probe, w1)) * torch.einsum("rd,ehd->erh", probe, w3), w2.transpose(1, 2))
-        if group is not None:
-            every = outs.new_empty(ep * outs.shape[0], *outs.shape[1:])
-            tdist.all_gather_into_tensor(every, outs.contiguous(), group=group)
-            outs = every
-        return outs.float().std(0).mean() if outs.shape[0] > 1 else probe.new_zeros((), dtype=torch.float32)
 
     def dense(self, x: torch.Tensor, probs: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, mixed by the routing weights."""
@@ -220,19 +206,22 @@ class MoE(nn.Module):
             out = out + self.experts.one(e, x) * gates[:, e, None]
         return out
 
-    def routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Each (token, expert) pair computed by its expert alone, grouped by expert."""
+    def routed(
+        self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, counts: torch.Tensor, probe: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each (token, expert) pair computed by its expert alone, grouped by expert; and the experts'
+        spread on the ``probe`` rows when given."""
         k = self.top_k
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
         expert = chosen.reshape(-1)
         order = expert.argsort(stable=True)  # pairs grouped by expert, in token order within a group
         token = order // k
         gate = weights.reshape(-1)[order]
-        y, kept = self.experts(x[token].to(dtype), expert[order], counts, self.capacity_factor)
+        y, kept, spread = self.experts(x[token].to(dtype), expert[order], counts, self.capacity_factor, probe)
         if kept is not None:
             gate = gate * kept
         y = y * gate[:, None].to(y.dtype)
-        return torch.zeros(x.shape, dtype=y.dtype, device=x.device).index_add(0, token, y).to(x.dtype)
+        return torch.zeros(x.shape, dtype=y.dtype, device=x.device).index_add(0, token, y).to(x.dtype), spread
 
 
 class MoEBlock(nn.Module):

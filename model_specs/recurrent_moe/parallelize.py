@@ -14,8 +14,9 @@ each expert's FFN on its hidden dimension because:
 * the router, the capacity factor's drops (first come, in token order) and the balance loss
   (fraction routed x mean probability, a product of two means) see the whole sequence, as on one
   process, with no partial sums to reconcile between the router's and the experts' gradients;
-* experts are split by expert parallelism (whole experts per rank, tokens exchanged all-to-all),
-  the axis that divides their memory and FLOPs without an all-reduce per expert; TP of one
+* experts are split by expert parallelism (whole experts per rank, tokens exchanged all-to-all,
+  over the data-parallel ranks of each tp index: ``ep`` with ``tp``), the axis that divides their
+  memory and FLOPs without an all-reduce per expert; TP of one
   expert splits an already narrow FFN (``ffn_dim / tp``) into skinnier matmuls;
 * the sparse dispatch (:mod:`model_specs.recurrent_moe.experts`) runs unchanged.
 
@@ -50,9 +51,10 @@ class WholeOnEveryRank:
     replicated DTensors (one mesh with the rest of the model, for FSDP, the optimizer and the gradient
     norm), its input gathered to the whole sequence, its output ``(y, aux, z)`` with ``y`` cut to this
     rank's sequence shard (the backward gathers ``y``'s gradient whole, so every rank computes the same
-    full gradients, which the replicated placement declares). Inside, the layer computes on the
-    parameters' local tensors, swapped in for its forward (and back, also when activation checkpointing's
-    recomputation stops early): the sparse dispatch runs as without TP."""
+    full gradients, which the replicated placement declares). Inside, the layer computes on the local
+    tensors of its parameters on the tp mesh, swapped in for its forward (and back, also when activation
+    checkpointing's recomputation stops early): the sparse dispatch runs as without TP. Expert-parallel
+    experts (on their own mesh, an FSDP unit of their own) are left to their own forward."""
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
         from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
@@ -74,7 +76,7 @@ class WholeOnEveryRank:
             swapped: list[tuple[nn.Module, str, Any]] = []
             for sub in module.modules():
                 for name, p in list(sub._parameters.items()):
-                    if isinstance(p, DTensor):
+                    if isinstance(p, DTensor) and p.device_mesh == device_mesh:  # not expert-parallel experts (their own FSDP unit)
                         swapped.append((sub, name, p))
                         sub._parameters[name] = p.to_local()  # type: ignore[assignment]  # a view whose gradient reaches p
             try:

@@ -156,8 +156,8 @@ class RecurrentMoESpec:
         }
 
     def expert_parallel_costs(self, ep: int, micro_batch: int, seq_len: int, bytes_per_element: int) -> dict[str, int]:
-        """Under ``ep`` (core.plan): the experts' parameters (all layers, all experts; a rank holds
-        ``1 / ep`` of them, not FSDP-sharded), and what one rank sends in the all-to-alls of one
+        """Under ``ep`` (core.plan): the experts' parameters (all layers, all experts; ep splits them,
+        FSDP shards each rank's part over the replicas), and what one rank sends in the all-to-alls of one
         micro-batch: per applied block its ``top_k`` routed rows of ``dim`` (dropless), out to the
         experts and back (2), forward and backward (2), ``(ep - 1) / ep`` of them to other ranks."""
         a, b = self.args, self.args.base

@@ -32,11 +32,19 @@ the data-parallel ones (they still read different batches; a mesh ``replica`` x 
 world size / ep, consecutive ranks one ``ep`` group), because a MoE layer's experts hold most of its
 weights but each token needs only top-k of them, so splitting them costs no data parallelism. The
 model spec's ``parallelize_experts`` keeps each rank's ``n_experts / ep`` experts and exchanges the
-routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before
-and leaves the experts' out (``ignored_params``); their gradients are divided by the world size (the
-mean FSDP takes of the others) and summed over the ranks holding the same experts (``all_reduce``
-over ``replica``) before the norm. Each rank keeps its experts whole (with ep below the world size
-they repeat on each replica; torchtitan also FSDP-shards them over the replicas).
+routed rows with ``all_to_all_single``. FSDP shards every other parameter over all ranks as before;
+each expert module is an FSDP unit of its own, sharded over ``replica`` (the ranks holding the same
+experts; on dim 0, or dim 1 where replica x ep exceeds the experts, as torchtitan), so a rank holds
+1 / world size of the experts' parameters, gradients and optimizer state. Their gradients are
+summed over ``replica`` and divided by the world size (the mean FSDP takes of the others: each
+expert's gradient already sums its ``ep`` group's tokens through the exchange). With ``pp > 1`` the
+expert-parallel ranks are each stage's data-parallel ones (a mesh ``pp`` x ``replica`` x ``ep``,
+replica x ep = dp) and a rank shards its stages' experts only. With ``replicate > 1`` they are a replica
+group's shard ranks (a mesh ``replicate`` x ``replica`` x ``ep``) and the experts are HSDP-sharded as
+the rest: over ``replica``, all-reduced over ``replicate``. With ``tp > 1`` they are the data-parallel
+ranks of each tp index (a mesh ``replica`` x ``ep`` x ``tp``): every tp rank runs a MoE layer whole (the
+model spec's TP plan), so the experts repeat over ``tp`` (DTensors replicated on it). Not with ``tp``
+and ``pp`` or ``replicate`` together, nor ``cpu_offload``, yet.
 """
 
 from __future__ import annotations
@@ -80,7 +88,7 @@ class FSDP2:
         self.pipeline: pipeline.Pipeline | None = None  # this rank's stages and schedule, made by wrap when pp > 1
         self.expert_parallel = options.ep
         self.expert_mesh: Any = None  # the replica x ep mesh, made by shard_tensors when ep > 1
-        self.expert_params: list[nn.Parameter] = []
+        self.expert_modules: list[nn.Module] = []  # the model's experts split over ep, FSDP units over replica
 
     def check_world(self, world_size: int) -> None:
         o = self.options
@@ -95,12 +103,31 @@ class FSDP2:
         if (world_size // o.tp) % o.replicate:
             ranks = f"the world size {world_size}" if o.tp == 1 else f"the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp})"
             raise ConfigError(f"[parallelism] fsdp2: replicate = {o.replicate} does not divide {ranks}; expected world size = replicate x shard x tp")
-        if world_size % o.ep:
+        if o.pp == 1 and o.replicate == 1 and o.tp == 1 and world_size % o.ep:
             raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} does not divide the world size {world_size}; expected a divisor of the world size")
-        if o.ep > 1 and (o.tp > 1 or o.pp > 1 or o.replicate > 1 or o.cpu_offload):
+        if o.replicate > 1 and (world_size // o.tp // o.replicate) % o.ep:
+            shard = world_size // o.tp // o.replicate
             raise ConfigError(
-                f"[parallelism] fsdp2: ep = {o.ep} with tp, pp, replicate or cpu_offload is not supported yet; expected ep = 1 or those at their defaults"
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {shard} ranks of a replica group (world size {world_size} / replicate {o.replicate}); "
+                f"expected a divisor of {shard}"
             )
+        dp = world_size // (o.pp * o.tp)
+        if o.pp > 1 and dp % o.ep:
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {dp} data-parallel ranks of a pipeline stage (world size {world_size} / pp {o.pp}); "
+                f"expected a divisor of {dp}"
+            )
+        if o.ep > 1 and o.tp > 1 and (o.pp > 1 or o.replicate > 1):
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} with tp = {o.tp} and pp or replicate is not supported yet; expected pp = 1 and replicate = 1 with ep and tp"
+            )
+        if o.ep > 1 and o.tp > 1 and (world_size // o.tp) % o.ep:
+            raise ConfigError(
+                f"[parallelism] fsdp2: ep = {o.ep} does not divide the {world_size // o.tp} data-parallel ranks (world size {world_size} / tp {o.tp}); "
+                f"expected a divisor of {world_size // o.tp}"
+            )
+        if o.ep > 1 and o.cpu_offload:
+            raise ConfigError(f"[parallelism] fsdp2: ep = {o.ep} with cpu_offload is not supported yet; expected ep = 1 or cpu_offload = false")
         if o.tp > 1 and o.cpu_offload:
             raise ConfigError(f"[parallelism] fsdp2: cpu_offload with tp = {o.tp} is not supported; expected tp = 1 or cpu_offload = false")
 
@@ -109,15 +136,19 @@ class FSDP2:
 
     def shard_tensors(self, model: nn.Module, spec, dist) -> None:
         """tp > 1 or pp > 1: the [pp x] dp x tp mesh (replicate x shard x tp with ``replicate > 1``), and
-        with tp > 1 the model's modules sharded over its ``tp`` dimension; ep > 1: the replica x ep mesh,
-        and the model's experts split over its ``ep`` dimension."""
+        with tp > 1 the model's modules sharded over its ``tp`` dimension; ep > 1: the [pp x] replica x ep
+        mesh, and the model's experts split over its ``ep`` dimension."""
         o = self.options
         from torch.distributed.device_mesh import init_device_mesh
 
-        if o.ep > 1:
-            self.expert_mesh = init_device_mesh(dist.device.type, (dist.world_size // o.ep, o.ep), mesh_dim_names=("replica", "ep"))
-            modules = spec.parallelize_experts(model, self.expert_mesh["ep"])
-            self.expert_params = [p for m in modules for p in m.parameters()]
+        if o.ep > 1:  # the [pp x] [replicate x] replica x ep [x tp] ranks, in order: ep groups inside a stage's, a replica group's, ranks
+            shard = dist.world_size // o.pp // o.replicate // o.tp
+            outer = (("pp", o.pp),) if o.pp > 1 else (("replicate", o.replicate),) if o.replicate > 1 else ()
+            inner = (("tp", o.tp),) if o.tp > 1 else ()
+            dims = (*outer, ("replica", shard // o.ep), ("ep", o.ep), *inner)
+            self.expert_mesh = init_device_mesh(dist.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
+            # under tp every tensor-parallel rank runs the MoE layers whole: the experts repeat over tp
+            self.expert_modules = spec.parallelize_experts(model, self.expert_mesh["ep", "tp"] if o.tp > 1 else self.expert_mesh["ep"])
         if o.tp == 1 and o.pp == 1:
             return
         if o.pp > 1:
@@ -150,12 +181,11 @@ class FSDP2:
         else:
             mesh = init_device_mesh(device_type, (dist.world_size,), mesh_dim_names=("shard",))
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.expert_params:
-            kwargs["ignored_params"] = set(self.expert_params)  # split by expert parallelism, synced in clip_grad_norm
         if precision.param_dtype is not None:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
         if o.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=dist.device.type == "cuda")
+        self.shard_experts(model, kwargs | {"reshard_after_forward": o.reshard_after_forward}, dist)
         blocks = spec.blocks(model)
         for i, block in enumerate(blocks):
             # The last block's parameters are needed again at once by the backward pass.
@@ -164,6 +194,41 @@ class FSDP2:
         if o.cpu_offload:
             log.info(f"fsdp2: parameters, gradients and optimizer state offloaded to host memory ({dist.world_size} rank(s))")
         return model
+
+    def shard_experts(self, model: nn.Module, kwargs: dict[str, Any], dist) -> None:
+        """ep > 1: each expert module ``model`` still holds an FSDP unit over ``replica`` (``kwargs``: the
+        other units' options), sharded on dim 0 unless replica x ep exceeds the experts (then dim 1 where
+        it splits evenly; HSDP: repeated over ``replicate``), its gradients divided by the data-parallel
+        ranks (replicate x replica x ep, the mean FSDP takes of the others); the blocks' units, made
+        after, leave its parameters out."""
+        kept = {id(m) for m in model.modules()}
+        modules = [m for m in self.expert_modules if id(m) in kept]  # under pp, this rank's stages' experts
+        if not modules:
+            return
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import Shard
+
+        replicas = self.expert_mesh["replica"]
+        ranks = replicas.size() * self.expert_parallel  # a shard group's (or stage's) data-parallel ranks
+        hsdp = self.options.replicate > 1  # HSDP as the other units: sharded over replica, all-reduced over replicate
+        mesh = self.expert_mesh["replicate", "replica"] if hsdp else replicas
+
+        def placement(p: nn.Parameter) -> Shard | None:  # dim 1 must split evenly (FSDP); dim 0 may be padded
+            return Shard(1) if ranks > p.shape[0] and p.shape[1] % replicas.size() == 0 else None
+
+        for module in modules:
+            fully_shard(module, **(kwargs | {"mesh": mesh, "shard_placement_fn": placement}))
+            module.set_gradient_divide_factor(ranks * self.options.replicate)  # type: ignore[operator]  # an FSDPModule now
+            # off CUDA a sum then a division (gloo has no pre-multiplied sum); not over one replica,
+            # where FSDP (torch 2.13) would divide twice
+            module.set_force_sum_reduction_for_comms(dist.device.type != "cuda" and replicas.size() > 1)  # type: ignore[operator]
+        params = [p for m in modules for p in m.parameters()]
+        held, total = sum(p.to_local().numel() for p in params), sum(p.numel() for p in params)  # type: ignore[attr-defined]  # DTensors
+        log.info(
+            f"fsdp2: experts split over ep {self.expert_parallel}, sharded over replica {replicas.size()}"
+            + (f", replicated over replicate {self.options.replicate}" if hsdp else "")
+            + f": {held:,} of their {total:,} parameters on this rank"
+        )
 
     def wrap_pipeline(self, model: nn.Module, spec, dist, precision) -> nn.Module:
         """This rank's stages (``model`` pruned to them), each FSDP-sharded over ``dp`` when dp > 1,
@@ -179,6 +244,7 @@ class FSDP2:
             kwargs: dict[str, Any] = {"mesh": self.mesh["dp"], "reshard_after_forward": False}  # gathered across the micro-batches
             if precision.param_dtype is not None:
                 kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=precision.param_dtype, reduce_dtype=torch.float32)
+            self.shard_experts(model, kwargs, dist)
             for block in spec.blocks(model):
                 fully_shard(block, **kwargs)
             for stage in stages:
@@ -204,27 +270,14 @@ class FSDP2:
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
-        """The experts' gradients made the mean over ranks first (ep > 1), then the global norm (over
-        the stages under pp > 1)."""
+        """The global gradient norm (over the stages under pp > 1; the experts' mesh and the others' under ep > 1)."""
         if self.pipeline is not None:
             return self.pipeline.clip_grad_norm(model, max_norm)
-        if self.expert_params:
-            replicas = self.expert_mesh["replica"]
-            world = self.expert_mesh.size()
-            for p in self.expert_params:
-                if p.grad is None:
-                    continue
-                local = p.grad.to_local()  # type: ignore[attr-defined]  # a DTensor (GroupedExperts.shard)
-                local.div_(world)
-                if replicas.size() > 1:
-                    tdist.all_reduce(local, group=replicas.get_group())
         return clip_grad_norm(model, max_norm)
 
 
 def one_rank_group(device: torch.device) -> None:
     """A process group of this process alone (an in-memory store, no rendezvous), for
     ``fully_shard`` with CPU offload in a single-process run."""
-    import torch.distributed as tdist
-
     if not tdist.is_initialized():
         tdist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=tdist.HashStore(), rank=0, world_size=1)

@@ -21,6 +21,7 @@ import torch.distributed as tdist
 from torch import nn
 
 from core.api import ConfigError
+from plugins.parallelism.common import by_mesh, clip_to_norm, grad_norm
 
 SCHEDULES = ("1F1B", "Interleaved1F1B", "GPipe")
 
@@ -94,15 +95,12 @@ class Pipeline:
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """The gradient norm over every stage (each rank's squared norm summed over ``pp``), clipped
         when ``max_norm > 0``."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)  # type: ignore[misc]  # grads are set
-        if hasattr(norm, "full_tensor"):  # DTensor gradients under FSDP / TP
-            norm = norm.full_tensor()
-        norm = norm.float() ** 2
+        groups = by_mesh(list(model.parameters()))  # DTensor gradients under FSDP / TP / EP: per mesh, then together
+        norm = grad_norm(groups).float() ** 2
         tdist.all_reduce(norm, op=tdist.ReduceOp.SUM, group=self.group)
         norm = norm.sqrt()
         if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+            clip_to_norm(groups, max_norm, norm)
         return norm
 
 

@@ -1,12 +1,17 @@
 """Expert parallelism (``[parallelism] fsdp2`` with ``ep``) for ``recurrent_moe`` on CPU with gloo, real
-processes: the experts split over 2 and 4 ranks, and over 2 of 4 ranks (each half of the experts held
-by two replicas; with full activation checkpointing, so the exchange runs again in the recompute),
-give the losses and gradient norms of one process, dropless and with a capacity factor (relative
-tolerance 1e-5: the same float32 math, each expert's rows summed in another order); an ep = 2
-checkpoint resumes on one process, and a one-process checkpoint under ep = 2 (DCP reshards the stacked
-experts), at the uninterrupted run's losses; the document mask with per-document RoPE positions
-under ep = 2 equals one process too; a degree that cannot work is one line, exit 2, before any
-process group."""
+processes: the experts split over 2 and 4 ranks, and over 2 of 4 ranks (each half of the experts
+FSDP-sharded over two replicas, so a rank holds a quarter of them; with and without full activation
+checkpointing, so the exchange runs again in the recompute), give the losses and gradient norms of
+one process, dropless and with a capacity factor (relative tolerance 1e-5: the same float32 math,
+each expert's rows summed in another order); an ep = 2 checkpoint resumes on one process, and a
+one-process checkpoint under ep = 2 (DCP reshards the stacked experts); a checkpoint of ep 2 on 4
+ranks resumes under fsdp on 4 ranks and on one process, and theirs back under ep 2 on 4 ranks; pp 2 x
+ep 2 on 4 ranks (each stage's experts split over its 2 data-parallel ranks) equals one process and its
+checkpoints move to one process and back; replicate 2 x ep 2 on 4 ranks (HSDP) equals one process and
+its checkpoint resumes on one process, and so do dp 2 x tp 2 x ep 2 on 4 ranks (the experts split over
+the data-parallel ranks, repeated over tp); all at the uninterrupted run's losses. The document mask
+with per-document RoPE positions under ep = 2 equals one process too; a degree that cannot work is one
+line, exit 2, before any process group."""
 
 from __future__ import annotations
 
@@ -41,14 +46,24 @@ def train(nproc: int, cfg: Path, out: Path, *args: str):
     return proc
 
 
-def test_expert_parallel_equals_one_process_and_its_checkpoints_move_to_one_process_and_back(tmp_path):
+def step(run: Path, n: int) -> Path:
+    return run / "checkpoints" / f"step_{n:09d}"
+
+
+EP2_OF_4 = ("--parallelism.name=fsdp2", "--parallelism.ep=2")
+EXPERT_PARAMS = 3 * 4 * 3 * 64 * 128  # debug: 3 MoE layers of 4 experts, three [dim 64 x ffn_dim 128] matrices each
+
+
+def test_expert_parallel_equals_one_process_and_its_checkpoints_move_between_layouts(tmp_path):
     cfg = moe_config(tmp_path)
     train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--checkpoint.every=3")
     one_loss, one_norm = curve(tmp_path / "one")
     assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
-    for nproc, ep, extra in ((2, 2, ()), (4, 4, ()), (4, 2, ("--train.activation_checkpointing=full",))):
-        out = tmp_path / f"ep{ep}_of_{nproc}"
-        train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={ep}", "--checkpoint.every=3", *extra)
+    for nproc, ep, extra in ((2, 2, ()), (4, 4, ()), (4, 2, ()), (4, 2, ("--train.activation_checkpointing=full",))):
+        out = tmp_path / f"ep{ep}_of_{nproc}{'_ac' if extra else ''}"
+        proc = train(nproc, cfg, out, "--parallelism.name=fsdp2", f"--parallelism.ep={ep}", "--checkpoint.every=3", *extra)
+        # each rank holds 1 / world size of the experts: ep splits them, FSDP shards each part over the replicas
+        assert f"{EXPERT_PARAMS // nproc:,} of their {EXPERT_PARAMS:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
         loss, norm = curve(out)
         assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (nproc, ep, loss, one_loss, norm, one_norm)
     # the ep = 2 run's step-3 checkpoint on one process, and the one-process step-3 checkpoint under ep = 2
@@ -56,12 +71,79 @@ def test_expert_parallel_equals_one_process_and_its_checkpoints_move_to_one_proc
         (1, "one_again", "ep2_of_2", ("--parallelism.name=single",)),
         (2, "ep2_again", "one", ("--parallelism.name=fsdp2", "--parallelism.ep=2")),
     ):
-        ckpt = tmp_path / saved / "checkpoints" / "step_000000003"
-        resumed = train(nproc, cfg, tmp_path / out, *layout, f"--checkpoint.resume={ckpt}")
+        resumed = train(nproc, cfg, tmp_path / out, *layout, f"--checkpoint.resume={step(tmp_path / saved, 3)}")
         assert "at step 3" in resumed.stdout, resumed.stdout
         assert [r["step"] for r in read_metrics(tmp_path / out)] == [4, 5]
         loss, norm = curve(tmp_path / out)
         assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (out, loss, one_loss[3:])
+    # ep 2 on 4 ranks (experts sharded over two replicas) at step 3 under fsdp 4 and on one process; theirs at step 4 back
+    for name, nproc, layout in (("fsdp4", 4, ("--parallelism.name=fsdp2",)), ("one_of_ep2_of_4", 1, ("--parallelism.name=single",))):
+        resumed = train(nproc, cfg, tmp_path / name, *layout, "--checkpoint.every=4", f"--checkpoint.resume={step(tmp_path / 'ep2_of_4', 3)}")
+        assert "at step 3" in resumed.stdout, (name, resumed.stdout)
+        loss, norm = curve(tmp_path / name)
+        assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (name, loss, one_loss[3:])
+        back = tmp_path / f"{name}_back"
+        resumed = train(4, cfg, back, *EP2_OF_4, f"--checkpoint.resume={step(tmp_path / name, 4)}")
+        assert "at step 4" in resumed.stdout, (name, resumed.stdout)
+        loss, norm = curve(back)
+        assert loss == pytest.approx(one_loss[4:], rel=TOL) and norm == pytest.approx(one_norm[4:], rel=TOL), (name, loss, one_loss[4:])
+
+
+def test_expert_parallel_inside_pipeline_stages_equals_one_process_and_its_checkpoints_move_to_one_process_and_back(tmp_path):
+    """pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks split its MoE layers' experts (half of
+    the stage's experts per rank), 1F1B over 4 micro-batches; the one-process losses and gradient norms;
+    its step-3 checkpoint on one process, and the one-process one under pp 2 x ep 2."""
+    cfg = moe_config(tmp_path)
+    pp2_ep2 = ("--parallelism.name=fsdp2", "--parallelism.pp=2", "--parallelism.ep=2", "--checkpoint.every=3")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", "--checkpoint.every=3")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "pp2ep2", *pp2_ep2)
+    stage = EXPERT_PARAMS * 2 // 3  # rank 0's stage: the prelude and the core, 2 of the 3 MoE layers
+    assert f"{stage // 2:,} of their {stage:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "pp2ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
+    for nproc, out, saved, layout in (
+        (1, "one_again", "pp2ep2", ("--parallelism.name=single",)),
+        (4, "pp2ep2_again", "one", pp2_ep2),
+    ):
+        resumed = train(nproc, cfg, tmp_path / out, *layout, f"--checkpoint.resume={step(tmp_path / saved, 3)}")
+        assert "at step 3" in resumed.stdout, resumed.stdout
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (out, loss, one_loss[3:])
+
+
+def test_expert_parallel_under_hsdp_equals_one_process_and_its_checkpoint_resumes_on_one_process(tmp_path):
+    """replicate 2 x ep 2 on 4 ranks: each replica group's 2 ranks split the experts, repeated on the other
+    group (HSDP, the experts' gradients all-reduced over the groups); the one-process losses and gradient
+    norms; its step-3 checkpoint on one process."""
+    cfg = moe_config(tmp_path)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "hsdp_ep2", *EP2_OF_4, "--parallelism.replicate=2", "--checkpoint.every=3")
+    assert f"replicated over replicate 2: {EXPERT_PARAMS // 2:,} of their {EXPERT_PARAMS:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "hsdp_ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
+    resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={step(tmp_path / 'hsdp_ep2', 3)}")
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "one_again")
+    assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (loss, one_loss[3:])
+
+
+def test_expert_parallel_with_tensor_parallelism_equals_one_process_and_its_checkpoint_resumes_on_one_process(tmp_path):
+    """dp 2 x tp 2 x ep 2 on 4 ranks: every tp rank runs the MoE layers on the whole micro-batch, so the two
+    data-parallel ranks of each tp index split the experts (repeated over tp); the one-process losses and
+    gradient norms; its step-3 checkpoint on one process."""
+    cfg = moe_config(tmp_path)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "tp2ep2", *EP2_OF_4, "--parallelism.tp=2", "--checkpoint.every=3")
+    assert f"{EXPERT_PARAMS // 2:,} of their {EXPERT_PARAMS:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "tp2ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss, norm, one_norm)
+    resumed = train(1, cfg, tmp_path / "one_again", "--parallelism.name=single", f"--checkpoint.resume={step(tmp_path / 'tp2ep2', 3)}")
+    assert "at step 3" in resumed.stdout, resumed.stdout
+    loss, norm = curve(tmp_path / "one_again")
+    assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (loss, one_loss[3:])
 
 
 def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp_path):
@@ -103,3 +185,16 @@ def test_an_expert_parallel_degree_that_does_not_divide_the_world_is_one_line_un
     assert (status["exit_code"], status["reason"]) == (2, "bad_input"), status
     assert "[parallelism] fsdp2: ep = 4 does not divide the world size 2" in proc.stderr, proc.stderr[-3000:]
     assert not (out / "metrics.jsonl").is_file() or not read_metrics(out)
+
+
+def test_fewer_experts_than_ranks_shards_them_on_their_width(tmp_path):
+    """2 experts under ep 2 on 4 ranks: one expert per ep rank, which FSDP shards over the 2 replicas on
+    its second dimension (the first has one row); the one-process losses, a quarter of the experts per rank."""
+    cfg = moe_config(tmp_path)
+    two = ("--model.n_experts=2", "--model.top_k=1")
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", *two)
+    one_loss, one_norm = curve(tmp_path / "one")
+    proc = train(4, cfg, tmp_path / "ep2", *EP2_OF_4, *two)
+    assert f"{EXPERT_PARAMS // 2 // 4:,} of their {EXPERT_PARAMS // 2:,} parameters on this rank" in proc.stdout, proc.stdout[-3000:]
+    loss, norm = curve(tmp_path / "ep2")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), (loss, one_loss)

@@ -134,29 +134,82 @@ def test_recurrent_moe_keeps_its_experts_whole_under_tensor_parallelism(tiny_con
     assert 0.5 < tp["activations_gib"] / dp["activations_gib"] < 1
 
 
-def test_expert_parallelism_divides_the_experts_by_ep_and_prices_the_all_to_all(tiny_config, capsys):
-    """recurrent_moe on 4 ranks: under ep a rank holds 1 / ep of the experts whole (not FSDP-sharded)
-    and its FSDP shard of the rest, so ep 4 holds what fsdp 4 holds and ep 2 more; FSDP gathers only
-    the rest; the all-to-all grows as (ep - 1) / ep, and the experts' gradients are all-reduced over
-    the replicas only when there are several."""
+def test_expert_parallelism_divides_the_experts_by_the_world_size_and_prices_the_all_to_all(tiny_config, capsys):
+    """recurrent_moe on 4 ranks: under ep the experts are split over ep and each part FSDP-sharded over
+    the replicas, so ep 2 and ep 4 hold what fsdp 4 holds (1 / 4 of every parameter); the other units'
+    gathers leave the experts out, which (ep 2) gather their own halves over the 2 replicas and
+    reduce-scatter their gradients there; the all-to-all grows as (ep - 1) / ep."""
     from core.cli import plan
 
     cfg = tiny_config()
     moe = ("--model.name=recurrent_moe",)
     fsdp, ep2, ep4 = (plan_json(capsys, cfg, 4, *moe, *ep) for ep in ((), ("--parallelism.ep=2",), ("--parallelism.ep=4",)))
     assert ep2["mesh"] == {"dp": 4, "tp": 1, "replica": 2, "ep": 2} and ep4["mesh"] == {"dp": 4, "tp": 1, "replica": 1, "ep": 4}
-    w1, w2, w4 = (p["memory_per_rank"]["weights_gib"] for p in (fsdp, ep2, ep4))
-    assert w4 == pytest.approx(w1) and w2 > w1  # experts / 4 either way; ep 2: experts / 2 on each rank
-    experts = (w2 - w4) * 4  # GiB of all the experts' fp32 weights: E / 2 - E / 4 = E / 4
-    assert 0.5 * 4 * w1 < experts < 4 * w1  # most of the model, not all of it
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        m1, m2, m4 = (p["memory_per_rank"][kind] for p in (fsdp, ep2, ep4))
+        assert m2 == pytest.approx(m1) and m4 == pytest.approx(m1), kind  # every parameter / 4, experts included
     c1, c2, c4 = (p["communication_per_step_gib"] for p in (fsdp, ep2, ep4))
     assert c2["fsdp_all_gather"] == pytest.approx(c4["fsdp_all_gather"])
-    assert c1["fsdp_all_gather"] - c2["fsdp_all_gather"] == pytest.approx(fsdp["grad_accum"] * 2 * 3 / 4 * experts)  # the experts are not gathered
+    experts = (c1["fsdp_all_gather"] - c2["fsdp_all_gather"]) / (fsdp["grad_accum"] * 2 * 3 / 4)  # GiB of all the experts' fp32 weights
+    assert 0.5 * 4 * fsdp["memory_per_rank"]["weights_gib"] < experts < 4 * fsdp["memory_per_rank"]["weights_gib"]  # most of the model
+    assert c2["expert_all_gather"] == pytest.approx(fsdp["grad_accum"] * 2 * 1 / 2 * experts / 2)  # each half, over 2 replicas
+    assert c2["expert_reduce_scatter"] == pytest.approx(1 / 2 * experts / 2) and "expert_all_gather" not in c4
     assert "ep_all_to_all" not in c1 and c2["ep_all_to_all"] > 0 and c4["ep_all_to_all"] == pytest.approx(c2["ep_all_to_all"] * 1.5)
-    assert c2["ep_all_reduce"] == pytest.approx(2 * 1 / 2 * experts / 2) and "ep_all_reduce" not in c4
     assert plan.main(["--config", str(cfg), "--config-only", "--nproc", "4", "--parallelism.name=fsdp2", "--parallelism.ep=2", *moe]) == 0
     text = capsys.readouterr().out
-    assert "mesh        dp 4 x tp 1, experts on replica 2 x ep 2" in text and "EP all-to-all" in text, text
+    assert "mesh        dp 4 x tp 1, experts on replica 2 x ep 2" in text and "EP all-to-all" in text and "experts' all-gather" in text, text
+
+
+def test_expert_parallelism_inside_pipeline_stages_splits_each_stages_experts(tiny_config, capsys):
+    """recurrent_moe, pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks are one ep group (replica
+    1), so a rank holds what pp 2 alone holds (its stage's experts / 2); the experts are not gathered,
+    and the all-to-all is the stage's share of the layers'."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe", "--validation.every=0")
+    pp2, pp2ep2, ep2 = (
+        plan_json(capsys, cfg, n, *moe, *o)
+        for n, o in ((4, ("--parallelism.pp=2",)), (4, ("--parallelism.pp=2", "--parallelism.ep=2")), (2, ("--parallelism.ep=2",)))
+    )
+    assert pp2ep2["mesh"] == {"pp": 2, "dp": 2, "tp": 1, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert pp2ep2["memory_per_rank"][kind] == pytest.approx(pp2["memory_per_rank"][kind]), kind
+    c = pp2ep2["communication_per_step_gib"]
+    assert "expert_all_gather" not in c and c["fsdp_all_gather"] < pp2["communication_per_step_gib"]["fsdp_all_gather"]
+    stage = pp2ep2["pipeline"]["layers_per_rank"] / pp2ep2["pipeline"]["layers"]
+    assert c["ep_all_to_all"] == pytest.approx(ep2["communication_per_step_gib"]["ep_all_to_all"] * stage)  # dp 2 either way: the same accumulation
+
+
+def test_expert_parallelism_under_hsdp_splits_a_replica_groups_experts(tiny_config, capsys):
+    """recurrent_moe, replicate 2 x ep 2 on 4 ranks: each replica group's 2 shard ranks are one ep group,
+    so a rank holds what HSDP alone holds (1 / 2 of every parameter); the experts' shards are all-reduced
+    over the replicate groups, together with the others' what HSDP alone all-reduces."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    hsdp, hsdp_ep = (plan_json(capsys, cfg, 4, *moe, "--parallelism.replicate=2", *o) for o in ((), ("--parallelism.ep=2",)))
+    assert hsdp_ep["mesh"] == {"dp": 4, "replicate": 2, "shard": 2, "tp": 1, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert hsdp_ep["memory_per_rank"][kind] == pytest.approx(hsdp["memory_per_rank"][kind]), kind
+    c, c0 = hsdp_ep["communication_per_step_gib"], hsdp["communication_per_step_gib"]
+    assert c["hsdp_all_reduce"] + c["expert_all_reduce"] == pytest.approx(c0["hsdp_all_reduce"])
+    assert "expert_all_gather" not in c and c["ep_all_to_all"] > 0
+
+
+def test_expert_parallelism_under_tensor_parallelism_splits_the_experts_over_the_data_parallel_ranks(tiny_config, capsys):
+    """recurrent_moe, dp 2 x tp 2 x ep 2 on 4 ranks: every tp rank runs the MoE layers whole, so the ep
+    groups are the data-parallel ranks and a rank holds what dp 2 x tp 2 holds (the experts / 2); the
+    experts leave the other units' gathers, and each pair of tp ranks exchanges whole micro-batches."""
+    cfg = tiny_config()
+    moe = ("--model.name=recurrent_moe",)
+    tp, tp_ep, ep = (
+        plan_json(capsys, cfg, n, *moe, *o)
+        for n, o in ((4, ("--parallelism.tp=2",)), (4, ("--parallelism.tp=2", "--parallelism.ep=2")), (2, ("--parallelism.ep=2",)))
+    )
+    assert tp_ep["mesh"] == {"dp": 2, "tp": 2, "replica": 1, "ep": 2}
+    for kind in ("weights_gib", "grads_gib", "optimizer_gib"):
+        assert tp_ep["memory_per_rank"][kind] == pytest.approx(tp["memory_per_rank"][kind]), kind
+    c = tp_ep["communication_per_step_gib"]
+    assert c["fsdp_all_gather"] < tp["communication_per_step_gib"]["fsdp_all_gather"] and "expert_all_gather" not in c
+    assert c["ep_all_to_all"] == pytest.approx(ep["communication_per_step_gib"]["ep_all_to_all"])  # dp 2 either way
 
 
 def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, capsys):
