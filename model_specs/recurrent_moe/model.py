@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast
 
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import nn
 
