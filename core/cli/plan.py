@@ -240,11 +240,10 @@ def make_plan(prep) -> dict[str, Any]:
 
 
 def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
-    """Under pp > 1: the stages, the blocks each rank holds (``v`` times the most the model spec's own split,
-    ``pipeline_stages`` on a copy of the meta model, puts on one stage: llama3's first stages one more
-    when they do not divide evenly, recurrent_moe's looped core whole) and the parameters of the rank
-    with the most (its blocks, and at most every parameter outside the blocks: the embedding sits on
-    the first stage, the head on the last), the
+    """Under pp > 1: the stages, the blocks and the parameters of the rank with the most (``v`` times the
+    most the model spec's own split, ``pipeline_stages`` on a copy of the meta model, puts on one stage:
+    llama3's first stages one more block when they do not divide evenly, recurrent_moe's looped core
+    whole, the embedding on the first stage and the head on the last), the
     micro-batches of a step and the pipeline bubble, the idle fraction of a step:
     (p - 1) / (v m + p - 1) for p stages, v stages per rank (1 for 1F1B and GPipe, 2 interleaved) and
     m micro-batches (Narayanan et al. 2021). None without pipeline parallelism."""
@@ -253,17 +252,14 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
         return None
     v = member("parallelism", prep.components["parallelism"], "pipeline_stages_per_rank")
     schedule = getattr(prep.rc.slots["parallelism"].options, "pipeline_schedule", "1F1B")
-    blocks = spec.blocks(meta)
     n_stages, m = pp * v, prep.grad_accum
-    layers_per_rank = max(stage_blocks(spec, meta, s, n_stages) for s in range(n_stages)) * v
-    block_params = sum(p.numel() for b in blocks for p in b.parameters())
-    total = sum(p.numel() for p in {id(p): p for p in meta.parameters()}.values())
+    held = [stage_holds(spec, meta, s, n_stages) for s in range(n_stages)]
     return {
         "stages": n_stages,
         "stages_per_rank": v,
-        "layers": len(blocks),
-        "layers_per_rank": layers_per_rank,
-        "params_per_rank_max": block_params * layers_per_rank // max(1, len(blocks)) + total - block_params,
+        "layers": len(spec.blocks(meta)),
+        "layers_per_rank": max(blocks for blocks, _ in held) * v,
+        "params_per_rank_max": max(params for _, params in held) * v,
         "micro_batches": m,
         # the micro-batches whose activations the first stage keeps at once: all of them under GPipe,
         # at most one per stage under 1F1B (interleaved: about the same, Narayanan et al. 2021)
@@ -272,12 +268,12 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
     }
 
 
-def stage_blocks(spec, meta: nn.Module, stage: int, n_stages: int) -> int:
-    """The blocks the model spec puts on pipeline stage ``stage`` of ``n_stages`` (its
-    ``pipeline_stages``, which prunes the model it is given: a copy of the meta model)."""
+def stage_holds(spec, meta: nn.Module, stage: int, n_stages: int) -> tuple[int, int]:
+    """The blocks and the parameters the model spec puts on pipeline stage ``stage`` of ``n_stages``
+    (its ``pipeline_stages``, which prunes the model it is given: a copy of the meta model)."""
     model = copy.deepcopy(meta)
     spec.pipeline_stages(model, [stage], n_stages)
-    return len(spec.blocks(model))
+    return len(spec.blocks(model)), sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def param_group_rows(prep, spec) -> list[dict[str, Any]]:

@@ -91,6 +91,9 @@ class RecurrentMoEOptions:
     flavor: str = option("debug", f"named set of shapes: {', '.join(FLAVORS)}")
     dim: int = option(0, "model width (0: from flavor)", ge=0)
     ffn_dim: int = option(0, "each expert's SwiGLU hidden width (0: from flavor)", ge=0)
+    n_prelude: int = option(0, "blocks before the recurrent core, applied once (0: from flavor)", ge=0)
+    n_core: int = option(0, "blocks of the recurrent core, applied n_loops times (0: from flavor)", ge=0)
+    n_coda: int = option(0, "blocks after the recurrent core, applied once (0: from flavor)", ge=0)
     n_loops: int = option(0, "times the recurrent core is applied (0: from flavor)", ge=0)
     n_experts: int = option(0, "experts per MoE layer (0: from flavor)", ge=0)
     top_k: int = option(0, "experts each token is routed to (0: from flavor)", ge=0)
@@ -133,7 +136,7 @@ class RecurrentMoEOptions:
             raise ValueError(f"dim {r.dim}: expected a multiple of 2 x n_heads ({f['n_heads']}), for an even head dim")
         if r.parametrization == "mup" and r.mup_base_width and r.dim % r.mup_base_width:
             raise ValueError(f"mup_base_width {r.mup_base_width} is not a divisor of dim {r.dim}; expected the width the hyperparameters were tuned at")
-        layers = f["n_prelude"] + f["n_core"] + f["n_coda"]
+        layers = r.n_prelude + r.n_core + r.n_coda
         per_layer = 4 * r.dim**2 + r.n_experts * (3 * r.dim * r.ffn_dim + r.dim)  # at most: attention, experts, router
         shape = f"n_experts {r.n_experts} of {layers} layers and vocab_size {r.vocab_size}"
         check_size(f["max_seq_len"], layers * per_layer + 2 * r.vocab_size * r.dim, shape)
@@ -145,10 +148,19 @@ class MoEArgs:
 
     options: RecurrentMoEOptions  # resolved (RecurrentMoEOptions.resolved)
     base: Llama3Options  # attention and expert shapes shared with llama3, from the flavor (n_layers unused)
-    n_prelude: int
-    n_core: int
-    n_coda: int
     eod_id: int | None = None  # the data's end-of-document id (use_end_of_document_id); None: the document mask is causal
+
+    @property
+    def n_prelude(self) -> int:
+        return self.options.n_prelude
+
+    @property
+    def n_core(self) -> int:
+        return self.options.n_core
+
+    @property
+    def n_coda(self) -> int:
+        return self.options.n_coda
 
 
 class MoE(nn.Module):

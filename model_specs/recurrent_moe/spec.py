@@ -23,6 +23,9 @@ class RecurrentMoESpec:
         "flavor",
         "dim",
         "ffn_dim",
+        "n_prelude",
+        "n_core",
+        "n_coda",
         "n_loops",
         "n_experts",
         "top_k",
@@ -56,7 +59,7 @@ class RecurrentMoESpec:
         o.check()
         r, f = o.resolved(), FLAVORS[o.flavor]
         base = Llama3Options(
-            n_layers=f["n_prelude"] + f["n_core"] + f["n_coda"],
+            n_layers=r.n_prelude + r.n_core + r.n_coda,
             dim=r.dim,
             n_heads=f["n_heads"],
             n_kv_heads=f["n_kv_heads"],
@@ -71,7 +74,7 @@ class RecurrentMoESpec:
             mup_base_width=r.mup_base_width,
             mup_base_head_dim=r.mup_base_head_dim,
         ).resolved()  # the µP widths filled in (every shape is set)
-        return cls(MoEArgs(r, base, f["n_prelude"], f["n_core"], f["n_coda"]))
+        return cls(MoEArgs(r, base))
 
     def check_expert_parallel(self, ep: int) -> None:
         """Refuse an expert-parallel degree that does not divide the experts, or the dense dispatch

@@ -38,6 +38,12 @@ def test_the_plan_shows_the_pipeline_layers_per_rank_and_its_bubble(tiny_config,
     assert (p["stages"], p["stages_per_rank"], p["layers"], p["layers_per_rank"], p["micro_batches"]) == (2, 1, 4, 2, 2)
     assert p["bubble_fraction"] == pytest.approx(1 / 3)  # (p - 1) / (m + p - 1)
     assert got["params_total"] > p["params_per_rank_max"]
+    assert plan.main([*args, "--model.vocab_size=512", "--nproc", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    # the first stage holds the embedding (512 x 64) and 2 of 4 blocks, the last 2 blocks, the final norm (64)
+    # and the head (64 x 512): the last has the most, half of what is not the final norm, plus the norm
+    blocks = got["params_total"] - 2 * 512 * 64 - 64
+    assert got["pipeline"]["params_per_rank_max"] == blocks // 2 + 512 * 64 + 64
     assert plan.main([*args, "--nproc", "2", "--parallelism.pipeline_schedule=Interleaved1F1B", "--json"]) == 0
     p = json.loads(capsys.readouterr().out)["pipeline"]
     assert (p["stages"], p["stages_per_rank"], p["layers_per_rank"], p["micro_batches"]) == (4, 2, 2, 4)
@@ -57,6 +63,9 @@ def test_recurrent_moe_stages_are_its_units_and_the_plan_counts_them(tiny_config
     assert (p["stages"], p["layers"], p["layers_per_rank"]) == (2, 6, 4)
     p = plan_json(capsys, cfg, 2, "--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B", *small)["pipeline"]
     assert (p["stages"], p["stages_per_rank"], p["layers_per_rank"]) == (4, 2, 4)  # rank 1: the core, then the last coda block: 2 x 2 at most
+    debug = ("--model.name=recurrent_moe", "--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B")
+    p = plan_json(capsys, cfg, 2, *debug, "--model.n_prelude=2")["pipeline"]  # the debug flavor's 1 + 1 + 1 blocks with a prelude of 2: 4 units
+    assert (p["stages"], p["stages_per_rank"], p["layers"], p["layers_per_rank"]) == (4, 2, 4, 2)
 
 
 def test_pipeline_stages_divide_weights_and_keep_in_flight_micro_batches(tiny_config, capsys):
