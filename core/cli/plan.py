@@ -87,7 +87,7 @@ def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: d
     activations = got["activation_bytes"]
     if pipeline is not None:
         held *= pipeline["params_per_rank_max"] / total
-        activations = activations * pipeline["layers_per_rank"] / max(1, pipeline["layers"]) * pipeline["in_flight_micro_batches"]
+        activations = activations * pipeline["block_pass_share"] * pipeline["in_flight_micro_batches"]
     mesh = {"dp": dp, "tp": tp} if replicate == 1 else {"dp": dp, "replicate": replicate, "shard": dp // replicate, "tp": tp}
     if pp > 1:
         mesh = {"pp": pp, **mesh}
@@ -113,7 +113,7 @@ def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int,
     (``params_unsharded``: what the other units gather);
     ``ep_comm_bytes``: the model's all-to-all bytes per micro-batch (None: the model does not say its
     experts, whose parameters are then counted as FSDP-sharded). Under pp, experts and all-to-all are
-    the share of the rank with the most layers."""
+    the share of the rank with the most layers (of the all-to-all: of block applications)."""
     c = prep.components
     ep = member("parallelism", c["parallelism"], "expert_parallel")
     if ep == 1:
@@ -130,7 +130,7 @@ def expert_parallel_layout(prep, layout: dict[str, Any], bytes_per_element: int,
     layout["params_unsharded"] -= experts
     layout["expert_params_per_rank"] = experts / shard
     layout["params_per_rank"] = layout["params_unsharded"] / layout["shard"] + experts / shard
-    layout["ep_comm_bytes"] = got["comm_bytes"] * share
+    layout["ep_comm_bytes"] = got["comm_bytes"] * (1.0 if pipeline is None else pipeline["block_pass_share"])  # one all-to-all per block application
     return layout
 
 
@@ -258,8 +258,11 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
         "stages": n_stages,
         "stages_per_rank": v,
         "layers": len(spec.blocks(meta)),
-        "layers_per_rank": max(blocks for blocks, _ in held) * v,
-        "params_per_rank_max": max(params for _, params in held) * v,
+        "layers_per_rank": max(blocks for blocks, _, _ in held) * v,
+        "params_per_rank_max": max(params for _, _, params in held) * v,
+        # the rank with the most block applications' share of a micro-batch's (a looped block counts once per loop):
+        # of its activations and its all-to-alls
+        "block_pass_share": max(passes for _, passes, _ in held) * v / max(1, block_passes(spec, meta)),
         "micro_batches": m,
         # the micro-batches whose activations the first stage keeps at once: all of them under GPipe,
         # at most one per stage under 1F1B (interleaved: about the same, Narayanan et al. 2021)
@@ -268,12 +271,19 @@ def pipeline_plan(prep, spec, meta: nn.Module) -> dict[str, Any] | None:
     }
 
 
-def stage_holds(spec, meta: nn.Module, stage: int, n_stages: int) -> tuple[int, int]:
-    """The blocks and the parameters the model spec puts on pipeline stage ``stage`` of ``n_stages``
-    (its ``pipeline_stages``, which prunes the model it is given: a copy of the meta model)."""
+def stage_holds(spec, meta: nn.Module, stage: int, n_stages: int) -> tuple[int, int, int]:
+    """The blocks, their applications in one forward (:func:`block_passes`) and the parameters the model
+    spec puts on pipeline stage ``stage`` of ``n_stages`` (its ``pipeline_stages``, which prunes the model
+    it is given: a copy of the meta model)."""
     model = copy.deepcopy(meta)
     spec.pipeline_stages(model, [stage], n_stages)
-    return len(spec.blocks(model)), sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return len(spec.blocks(model)), block_passes(spec, model), sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def block_passes(spec, model: nn.Module) -> int:
+    """The block applications of one forward of ``model`` (the spec's optional ``block_passes``; default: its blocks)."""
+    passes = member("model", spec, "block_passes")
+    return passes(model) if passes is not None else len(spec.blocks(model))
 
 
 def param_group_rows(prep, spec) -> list[dict[str, Any]]:

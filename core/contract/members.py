@@ -136,6 +136,13 @@ CONTRACT: dict[str, list[Member]] = {
             False,
         ),
         method(
+            "block_passes",
+            1,
+            "(model) -> the block applications of one forward of model, pruned or whole (a looped block counts once per loop): "
+            "a pipeline rank's share of the activations in core.plan; default: len(blocks(model))",
+            False,
+        ),
+        method(
             "check_expert_parallel",
             1,
             "(ep) refuse an expert-parallel degree its experts or options cannot split into (raise ConfigError); default: ep > 1 refused",

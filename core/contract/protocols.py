@@ -112,7 +112,10 @@ class ModelSpec(Protocol):
     schedule's first step runs each stage once more, on placeholders, to infer shapes, as micro-batch 0
     before it: state a stage records is to be replaced then), and returns hidden states or, on the last stage, the mean
     loss; ``model`` is pruned to those modules with their names unchanged, so each rank's state dict
-    holds only its stages' parameters. A model without them is refused under pp > 1.
+    holds only its stages' parameters. A model without them is refused under pp > 1. The optional
+    ``block_passes(model)`` tells ``core.plan`` the block applications of one forward of ``model``, whole
+    or pruned to a stage (a looped block counts once per loop; default: its blocks), for a stage's
+    share of the activations.
     The optional ``tensor_parallel_costs(tp, micro_batch, seq_len, bytes_per_element)`` tells
     ``core.plan`` the parameters every tp rank holds whole, one rank's activations and its tp
     communication.

@@ -162,6 +162,11 @@ class MoEArgs:
     def n_coda(self) -> int:
         return self.options.n_coda
 
+    @property
+    def applied_blocks(self) -> int:
+        """Block applications of one forward: the prelude and coda once, the core ``n_loops`` times."""
+        return self.n_prelude + self.n_core * self.options.n_loops + self.n_coda
+
 
 class MoE(nn.Module):
     """Top-k routed SwiGLU experts (softmax over all experts, renormalized over the chosen k).
@@ -395,7 +400,7 @@ class RecurrentMoE(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
         nn.init.normal_(self.tok_embeddings.weight, std=init_std)
-        depth = self.args.n_prelude + self.args.n_core * self.args.options.n_loops + self.args.n_coda
+        depth = self.args.applied_blocks
         residual_std = b.dim**-0.5 / math.sqrt(2 * depth)
         for block in cast("list[MoEBlock]", self.blocks()):
             at, moe = block.attention, block.moe
@@ -469,7 +474,7 @@ class RecurrentMoE(nn.Module):
         logits = self.output(h * a.base.width_ratio if a.base.width_ratio != 1.0 else h)  # µP's output multiplier
         if labels is None:
             return (vocab_parallel_output(logits, None) if self.vocab_parallel else logits), None
-        n_moe = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda  # every applied block, on whichever stage
+        n_moe = a.applied_blocks  # every applied block, on whichever stage
         aux, z = aux / n_moe, z / n_moe
         if self.vocab_parallel:
             lm = vocab_parallel_output(logits, labels)

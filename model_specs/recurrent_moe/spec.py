@@ -121,6 +121,12 @@ class RecurrentMoESpec:
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         return _inner(model).blocks()
 
+    def block_passes(self, model: nn.Module) -> int:
+        """Blocks one forward applies: the prelude and coda once, the core ``n_loops`` times (of a
+        pipeline stage's pruned model, what that stage runs)."""
+        m = _inner(model)
+        return len(m.prelude) + len(m.core) * self.args.options.n_loops + len(m.coda)
+
     def check_pipeline(self, n_stages: int) -> None:
         """Refuse more pipeline stages than the model's parts (ConfigError)."""
         check_pipeline(self.args, n_stages)
@@ -147,7 +153,7 @@ class RecurrentMoESpec:
         (tp - 1) / tp of it (ring)."""
         a, b = self.args, self.args.base
         layers = a.n_prelude + a.n_core + a.n_coda
-        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        applied = a.applied_blocks
         tokens = micro_batch * seq_len
         moe = a.options.n_experts * (3 * b.dim * b.ffn_dim + b.dim)  # experts and router, per layer
         stream = tokens * b.dim * bytes_per_element
@@ -165,7 +171,7 @@ class RecurrentMoESpec:
         experts and back (2), forward and backward (2), ``(ep - 1) / ep`` of them to other ranks."""
         a, b = self.args, self.args.base
         layers = a.n_prelude + a.n_core + a.n_coda
-        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        applied = a.applied_blocks
         rows = micro_batch * seq_len * a.options.top_k
         return {
             "expert_params": layers * a.options.n_experts * 3 * b.dim * b.ffn_dim,
@@ -177,18 +183,18 @@ class RecurrentMoESpec:
         a, b = self.args, self.args.base
         attn = 2 * b.dim * b.dim + 2 * b.dim * b.n_kv_heads * b.head_dim
         per_block = attn + a.options.top_k * 3 * b.dim * b.ffn_dim + b.dim * a.options.n_experts
-        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        applied = a.applied_blocks
         return applied * per_block + b.dim * b.vocab_size
 
     def flops_per_token(self, seq_len: int) -> float:
         """6 x active parameters per token (loops counted as applied) + attention's 12 x L x d x T."""
         a, b = self.args, self.args.base
-        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        applied = a.applied_blocks
         return 6 * self._active_params() + 12 * applied * b.dim * seq_len
 
     def activation_bytes(self, micro_batch: int, seq_len: int, bytes_per_element: int) -> int:
         a, b = self.args, self.args.base
-        applied = a.n_prelude + a.n_core * a.options.n_loops + a.n_coda
+        applied = a.applied_blocks
         tokens = micro_batch * seq_len
         per_block = tokens * (10 * b.dim + 4 * b.ffn_dim * a.options.top_k) * bytes_per_element
         return applied * per_block + tokens * (3 * b.dim * bytes_per_element + 4 * b.vocab_size)

@@ -7,7 +7,7 @@ but the timings, each value within the same tolerance), the document mask with p
 positions too; a pp 2 x dp 2 checkpoint (each stage's ranks write their own FQNs) resumes on one
 process and a one-process checkpoint under pp 2 x dp 2, with the uninterrupted run's next losses, and
 export reads the pipeline checkpoint as the whole model. recurrent_moe too: pp 2 under 1F1B and GPipe,
-pp 2 x dp 2 and pp 2 x tp 2 equal one process, its step metrics included (loss parts and MoE health:
+pp 2 x dp 2, pp 2 x tp 2 and the 3-D layout on 8 ranks equal one process, its step metrics included (loss parts and MoE health:
 each stage records what it runs, the ranks' records combine into the one-process values; tokens per
 expert exactly), Interleaved1F1B over its single prelude and coda blocks and its core (4 stages of 5
 units) too, and its pp 2 x dp 2 checkpoint resumes on one process."""
@@ -104,10 +104,11 @@ def test_interleaved_schedule_and_the_document_mask_equal_one_process(tiny_confi
     assert_same_metrics(tmp_path / "interleaved", tmp_path / "one")
 
 
-def test_three_dimensional_pp_dp_tp_on_eight_ranks_equals_one_process(tiny_config, tmp_path):
+@pytest.mark.parametrize("model", ["llama3", "recurrent_moe"])
+def test_three_dimensional_pp_dp_tp_on_eight_ranks_equals_one_process(tiny_config, tmp_path, model):
     cfg = tiny_config(steps=5)
-    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
-    proc = torchrun(8, "--config", str(cfg), f"--train.output_dir={tmp_path / 'three_d'}", *PP, "--parallelism.tp=2", timeout=600)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single", f"--model.name={model}")
+    proc = torchrun(8, "--config", str(cfg), f"--train.output_dir={tmp_path / 'three_d'}", *PP, "--parallelism.tp=2", f"--model.name={model}", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x 2 data-parallel ranks (8 ranks, tp 2, pp 2) x 2 accumulation" in proc.stdout, proc.stdout
     assert_equal(tmp_path / "three_d", curve(tmp_path / "one"))

@@ -63,6 +63,8 @@ def test_recurrent_moe_stages_are_its_units_and_the_plan_counts_them(tiny_config
     assert (p["stages"], p["layers"], p["layers_per_rank"]) == (2, 6, 4)
     p = plan_json(capsys, cfg, 2, "--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B", *small)["pipeline"]
     assert (p["stages"], p["stages_per_rank"], p["layers_per_rank"]) == (4, 2, 4)  # rank 1: the core, then the last coda block: 2 x 2 at most
+    p = plan_json(capsys, cfg, 2, "--parallelism.pp=2", "--model.name=recurrent_moe")["pipeline"]  # debug: prelude and core | coda
+    assert (p["layers_per_rank"], p["block_pass_share"]) == (2, pytest.approx(4 / 5))  # the core's block applied 3 times: 4 of 5 passes
     debug = ("--model.name=recurrent_moe", "--parallelism.pp=2", "--parallelism.pipeline_schedule=Interleaved1F1B")
     p = plan_json(capsys, cfg, 2, *debug, "--model.n_prelude=2")["pipeline"]  # the debug flavor's 1 + 1 + 1 blocks with a prelude of 2: 4 units
     assert (p["stages"], p["stages_per_rank"], p["layers"], p["layers_per_rank"]) == (4, 2, 4, 2)
@@ -172,7 +174,7 @@ def test_expert_parallelism_divides_the_experts_by_the_world_size_and_prices_the
 def test_expert_parallelism_inside_pipeline_stages_splits_each_stages_experts(tiny_config, capsys):
     """recurrent_moe, pp 2 x ep 2 on 4 ranks: each stage's 2 data-parallel ranks are one ep group (replica
     1), so a rank holds what pp 2 alone holds (its stage's experts / 2); the experts are not gathered,
-    and the all-to-all is the stage's share of the layers'."""
+    and the all-to-all is the stage's share of the block applications."""
     cfg = tiny_config()
     moe = ("--model.name=recurrent_moe", "--validation.every=0")
     pp2, pp2ep2, ep2 = (
@@ -184,7 +186,8 @@ def test_expert_parallelism_inside_pipeline_stages_splits_each_stages_experts(ti
         assert pp2ep2["memory_per_rank"][kind] == pytest.approx(pp2["memory_per_rank"][kind]), kind
     c = pp2ep2["communication_per_step_gib"]
     assert "expert_all_gather" not in c and c["fsdp_all_gather"] < pp2["communication_per_step_gib"]["fsdp_all_gather"]
-    stage = pp2ep2["pipeline"]["layers_per_rank"] / pp2ep2["pipeline"]["layers"]
+    stage = 4 / 5  # the first stage's block applications: the prelude's once, the core's 3 times, of 5 (the coda's on the second)
+    assert pp2ep2["pipeline"]["block_pass_share"] == pytest.approx(stage)
     assert c["ep_all_to_all"] == pytest.approx(ep2["communication_per_step_gib"]["ep_all_to_all"] * stage)  # dp 2 either way: the same accumulation
 
 
