@@ -63,7 +63,7 @@ def count_params(spec: Any, model: nn.Module) -> tuple[int, int]:
     return total, total - sum(unique[i].numel() for i in emb if i in unique)
 
 
-def tensor_parallel_layout(prep, total: int, bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
+def rank_layout(prep, total: int, bytes_per_element: int, pipeline: dict[str, Any] | None = None) -> dict[str, Any]:
     """The mesh and what one rank holds: ``params_per_rank`` (TP splits all but the model's
     ``whole_params``, FSDP shards the rest over the data-parallel ranks of a shard group; under pp > 1
     the share of the rank with the most, :func:`pipeline_plan`), one step's ``activation_bytes`` kept
@@ -187,7 +187,7 @@ def make_plan(prep) -> dict[str, Any]:
     act_bytes_per_el = 4 if c["precision"].param_dtype is None else 2
     opt_bytes = member("optimizer", c["optimizer"], "state_bytes_per_param")
     pipeline = pipeline_plan(prep, spec, meta)
-    layout = tensor_parallel_layout(prep, total, act_bytes_per_el, pipeline)
+    layout = rank_layout(prep, total, act_bytes_per_el, pipeline)
     mem = {
         "weights_gib": layout["params_per_rank"] * 4 / GiB,
         "grads_gib": layout["params_per_rank"] * 4 / GiB,
