@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     layouts = {name: layout for s in sets for name, layout in LAYOUTS[s].items()}
     planned = {name: plan(cfg, nproc, extra) for name, (nproc, extra) in layouts.items()}
     got: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in layouts}
+    load = os.getloadavg()
     for r in range(a.rounds):
         for name, (nproc, extra) in layouts.items():
             got[name].append(run(cfg, folder / f"{r}-{name.replace(' ', '_')}", nproc, extra))
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
     ) + (
         f"\n\n`{a.model}` `{a.shape}` ({SHAPES[a.shape][a.model].replace(chr(10), ', ')}), fp32, {tokens} tokens per step (micro-batch {a.micro_batch} x seq {a.seq_len} "
         f"x 4 ranks' worth: accumulation 4 / data-parallel ranks), {a.steps} steps per run (the first two left out), {a.rounds} alternating rounds, "
-        "gloo on CPU, one thread per rank, under `nice -n 10` on a shared, loaded 2-core machine (other helpers' tests beside it): "
+        f"gloo on CPU, one thread per rank, {os.cpu_count()} cores, load average (1 min) {load[0]:.1f} at the start and {os.getloadavg()[0]:.1f} at the end: "
         "the ratios, not the times, are the figure. Peak RSS is the largest rank's process, torch included; params/grads/optimizer "
         "the largest rank's local tensors at the last step (`memory` monitor)."
     )
