@@ -218,7 +218,7 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
 
 def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, node_size: int, path: str) -> int:
     """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile with
-    activation checkpointing and the sequence length can take it: ConfigError (one line) before any process
+    full activation checkpointing and the sequence length can take it: ConfigError (one line) before any process
     group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
@@ -240,11 +240,11 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, node_size: 
             call_plugin(f"precision {precision_name!r}: check_tensor_parallel", check_precision, tp)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
-    if rc.train.compile and rc.train.activation_checkpointing != "none":
+    if rc.train.compile and rc.train.activation_checkpointing == "full":
         raise ConfigError(
-            f"{where}: train.compile with activation checkpointing under tensor parallelism is not supported (torch "
+            f"{where}: train.compile with full activation checkpointing under tensor parallelism is not supported (torch "
             f"{torch.__version__.split('+')[0]}: AOTAutograd's save_from_forward finds a DeviceMesh among a checkpointed DTensor block's "
-            'saved tensors); expected activation_checkpointing = "none" or compile = false'
+            'saved tensors); expected activation_checkpointing = "selective" or "none", or compile = false'
         )
     if rc.train.micro_batch == "auto":
         raise ConfigError(

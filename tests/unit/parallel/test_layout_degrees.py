@@ -291,7 +291,7 @@ def test_hsdp_with_tensor_parallelism_is_a_three_dimensional_mesh(tiny_config, c
         (
             2,
             ["--parallelism.tp=2", "--train.compile=true", "--train.activation_checkpointing=full"],
-            "train.compile with activation checkpointing under tensor parallelism is not supported (torch ",
+            "train.compile with full activation checkpointing under tensor parallelism is not supported (torch ",
         ),
         (2, ["--parallelism.tp=2", "--train.micro_batch=auto"], 'train.micro_batch = "auto" with tensor parallelism is not supported yet'),
         (2, ["--parallelism.tp=2", "--data.seq_len=127"], "data.seq_len 127 is not divisible by tp (sequence parallelism splits it)"),
