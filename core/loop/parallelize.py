@@ -54,14 +54,32 @@ def apply_activation_checkpointing(model: nn.Module, spec, mode: str, every: int
             _replace(model, block, checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_selective_context))
 
 
+def _await_collectives(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A compiled block's forward pre-hook: an input still awaiting a collective (an
+    ``AsyncCollectiveTensor``, e.g. a tensor-parallel embedding's reduce-scatter handed on as a local
+    tensor) is waited on here, in eager mode, by a differentiable copy. Passed as it is, AOTAutograd
+    (torch 2.13) unwraps it with ``trigger_wait()``, which drops its ``requires_grad``: the compiled
+    block's backward then returns no gradient for it and DTensor's ``Redistribute.backward`` before it
+    fails on a plain zero tensor ("'Tensor' object has no attribute '_local_tensor'")."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    def resolve(a):
+        return a.clone() if isinstance(a, AsyncCollectiveTensor) else a
+
+    return tuple(resolve(a) for a in args), {k: resolve(v) for k, v in kwargs.items()}
+
+
 def apply_compile(model: nn.Module, spec) -> None:
-    """``torch.compile`` each block, and the loss where the spec offers it (``compile_loss``)."""
+    """``torch.compile`` each block (its inputs' pending collectives waited on first:
+    :func:`_await_collectives`), and the loss where the spec offers it (``compile_loss``)."""
     import torch
 
     from core.contract.protocols import spec_compile_loss
 
     for block in spec.blocks(model):
-        _replace(model, block, torch.compile(block))  # type: ignore[arg-type]  # a compiled module is a Module
+        compiled: nn.Module = torch.compile(block)  # type: ignore[assignment]  # a compiled module is a Module
+        compiled.register_forward_pre_hook(_await_collectives, with_kwargs=True)
+        _replace(model, block, compiled)
     spec_compile_loss(spec, model)
 
 

@@ -137,9 +137,7 @@ def prepare(
     if check_world is not None:
         call_plugin(f"parallelism {rc.slots['parallelism'].component.name!r}: check_world", check_world, world)
     node = node_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))  # ranks on one node: torchrun's, or the whole world
-    # compile's check needs the run's device: not this machine's when only the config is planned (core.plan --config-only) for "auto"
-    run_device = device if validate_data or rc.train.device != "auto" else None
-    tp = check_tensor_parallel(components, rc, run_device, node, str(path))
+    tp = check_tensor_parallel(components, rc, node, str(path))
     check_expert_parallel(components, rc, str(path))
     pp = check_pipeline(components, rc, str(path))
     dp_world = world // (tp * pp)  # the ranks that read different batches
@@ -218,10 +216,10 @@ def noted(problems: list[PlaitError] | None) -> Iterator[None]:
         problems.append(e)
 
 
-def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: torch.device | None, node_size: int, path: str) -> int:
-    """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile on
-    ``device`` (None: not known, a config planned for another machine) and the sequence length can take it:
-    ConfigError (one line) before any process group otherwise."""
+def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, node_size: int, path: str) -> int:
+    """The parallelism's tensor-parallel degree, once the node size, the model, the precision, compile with
+    full activation checkpointing and the sequence length can take it: ConfigError (one line) before any process
+    group otherwise."""
     tp = member("parallelism", components["parallelism"], "tensor_parallel")
     if tp == 1:
         return 1
@@ -242,10 +240,11 @@ def check_tensor_parallel(components: dict[str, Any], rc: RunConfig, device: tor
             call_plugin(f"precision {precision_name!r}: check_tensor_parallel", check_precision, tp)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
-    if rc.train.compile and device is not None and device.type == "cpu":
+    if rc.train.compile and rc.train.activation_checkpointing == "full":
         raise ConfigError(
-            f"{where}: train.compile with tensor parallelism on CPU is not supported (torch {torch.__version__.split('+')[0]}: a compiled block's "
-            "backward fails in DTensor's redistribute); expected compile = false, or a CUDA device"
+            f"{where}: train.compile with full activation checkpointing under tensor parallelism is not supported (torch "
+            f"{torch.__version__.split('+')[0]}: AOTAutograd's save_from_forward finds a DeviceMesh among a checkpointed DTensor block's "
+            'saved tensors); expected activation_checkpointing = "selective" or "none", or compile = false'
         )
     if rc.train.micro_batch == "auto":
         raise ConfigError(

@@ -71,6 +71,25 @@ def test_tp_and_fsdp_x_tp_equal_one_process_and_a_tp_checkpoint_resumes_under_dp
         assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL)
 
 
+def test_compiled_blocks_under_tp_and_fsdp_x_tp_equal_one_process(tiny_config, tmp_path):
+    """``train.compile`` under tp = 2 (with selective activation checkpointing) and dp = 2 x tp = 2:
+    every block a torch.compile graph over DTensors (the embedding's pending reduce-scatter waited on
+    before the first block), the losses and gradient norms of the eager one-process run within TOL
+    (measured 3e-7). Compile with full activation checkpointing under tp is refused
+    (tests/unit/parallel/test_layout_degrees.py)."""
+    cfg = tiny_config(steps=5)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one_loss, one_norm = curve(tmp_path / "one")
+    assert len(one_loss) == 5 and one_loss[-1] < one_loss[0]
+    for out, nproc, ac in (("tp2", 2, "selective"), ("dp2tp2", 4, "none")):
+        proc = train(
+            nproc, cfg, tmp_path / out, "--parallelism.name=fsdp2", "--parallelism.tp=2", "--train.compile=true", f"--train.activation_checkpointing={ac}"
+        )
+        assert "compile on" in proc.stdout, proc.stdout
+        loss, norm = curve(tmp_path / out)
+        assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL), out
+
+
 def short_documents(folder):
     """A token_bin folder of Shakespeare's bytes cut into documents of 20 to 60 tokens (eos 256), so
     every 128-token sample holds several."""
