@@ -10,7 +10,7 @@ export reads the pipeline checkpoint as the whole model. recurrent_moe too: pp 2
 pp 2 x dp 2, pp 2 x tp 2 and the 3-D layout on 8 ranks equal one process, its step metrics included (loss parts and MoE health:
 each stage records what it runs, the ranks' records combine into the one-process values; tokens per
 expert exactly), Interleaved1F1B over its single prelude and coda blocks and its core (4 stages of 5
-units) too, and its pp 2 x dp 2 checkpoint resumes on one process."""
+units) too, and its pp 2 x dp 2 checkpoint resumes on one process. Compiled blocks (pp 2, pp 2 x tp 2) too."""
 
 from __future__ import annotations
 
@@ -155,3 +155,17 @@ def test_recurrent_moe_interleaved_over_its_single_prelude_and_coda_blocks_equal
     train(2, cfg, tmp_path / "interleaved", *PP, "--parallelism.pipeline_schedule=Interleaved1F1B", "--train.activation_checkpointing=selective", *options)
     assert_equal(tmp_path / "interleaved", curve(tmp_path / "one"))
     assert_same_metrics(tmp_path / "interleaved", tmp_path / "one")
+
+
+def test_compiled_blocks_in_pipeline_stages_equal_one_process(tiny_config, tmp_path):
+    """train.compile under pp 2 and under pp 2 x tp 2 with selective checkpointing (4 ranks): each stage's
+    blocks compiled, the losses and gradient norms of one process."""
+    cfg = tiny_config(steps=5)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    one = curve(tmp_path / "one")
+    proc = train(2, cfg, tmp_path / "pp2", *PP, "--train.compile=true")
+    assert "compile on" in proc.stdout, proc.stdout
+    assert_equal(tmp_path / "pp2", one)
+    proc = train(4, cfg, tmp_path / "pp2tp2", *PP, "--parallelism.tp=2", "--train.compile=true", "--train.activation_checkpointing=selective")
+    assert "compile on" in proc.stdout, proc.stdout
+    assert_equal(tmp_path / "pp2tp2", one)
