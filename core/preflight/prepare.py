@@ -412,7 +412,5 @@ def check_expert_parallel(components: dict[str, Any], rc: RunConfig, path: str) 
     if check is None:
         raise ConfigError(f"{where}: model {model_name!r} declares no experts (parallelize_experts); expected ep = 1")
     call_plugin(f"model {model_name!r}: check_expert_parallel", check, ep)
-    if rc.train.compile:
-        raise ConfigError(f"{where}: train.compile with expert parallelism is not supported yet; expected compile = false")
     if rc.train.micro_batch == "auto":
         raise ConfigError(f'{where}: train.micro_batch = "auto" with expert parallelism is not supported yet; expected a number')

@@ -199,7 +199,9 @@ class GroupedExperts(nn.Module):
     def local_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's ``w1, w3, w2`` (all of them without expert parallelism) as plain tensors of ``dtype``."""
         ws = (self.w1, self.w3, self.w2)
-        return tuple(w.to_local().to(dtype) if hasattr(w, "to_local") else w.to(dtype) for w in ws)  # type: ignore[return-value]  # DTensor: shard()
+        if self.ep_group is not None:  # DTensors since shard() (asked of the module, not the tensor: torch.compile traces this)
+            ws = tuple(w.to_local() for w in ws)  # type: ignore[operator]
+        return tuple(w.to(dtype) for w in ws)  # type: ignore[return-value]
 
     def one(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on rows ``x`` (every expert is local here: no expert parallelism)."""

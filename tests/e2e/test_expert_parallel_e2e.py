@@ -10,7 +10,8 @@ ep 2 on 4 ranks (each stage's experts split over its 2 data-parallel ranks) equa
 checkpoints move to one process and back; replicate 2 x ep 2 on 4 ranks (HSDP) equals one process and
 its checkpoint resumes on one process, and so do dp 2 x tp 2 x ep 2 on 4 ranks (the experts split over
 the data-parallel ranks, repeated over tp); all at the uninterrupted run's losses. The document mask
-with per-document RoPE positions under ep = 2 equals one process too; a degree that cannot work is one
+with per-document RoPE positions under ep = 2 equals one process too, and so do compiled blocks under
+ep 2 on 4 ranks; a degree that cannot work is one
 line, exit 2, before any process group."""
 
 from __future__ import annotations
@@ -144,6 +145,18 @@ def test_expert_parallel_with_tensor_parallelism_equals_one_process_and_its_chec
     assert "at step 3" in resumed.stdout, resumed.stdout
     loss, norm = curve(tmp_path / "one_again")
     assert loss == pytest.approx(one_loss[3:], rel=TOL) and norm == pytest.approx(one_norm[3:], rel=TOL), (loss, one_loss[3:])
+
+
+def test_compiled_blocks_under_expert_parallelism_equal_one_process(tmp_path):
+    """train.compile with ep 2 on 4 ranks (the experts FSDP-sharded over 2 replicas) and selective
+    checkpointing: each block compiled with its all-to-alls, the losses and gradient norms of one process."""
+    cfg = moe_config(tmp_path)
+    train(1, cfg, tmp_path / "one", "--parallelism.name=single")
+    proc = train(4, cfg, tmp_path / "ep2", *EP2_OF_4, "--train.compile=true", "--train.activation_checkpointing=selective")
+    assert "compile on" in proc.stdout, proc.stdout
+    loss, norm = curve(tmp_path / "ep2")
+    one_loss, one_norm = curve(tmp_path / "one")
+    assert loss == pytest.approx(one_loss, rel=TOL) and norm == pytest.approx(one_norm, rel=TOL)
 
 
 def test_expert_parallel_with_a_capacity_factor_drops_what_one_process_drops(tmp_path):

@@ -43,7 +43,6 @@ MOE = ["--model.name=recurrent_moe", "--model.flavor=debug"]  # 4 experts
             [*MOE, "--parallelism.ep=4", "--parallelism.pp=2"],
             "[parallelism] fsdp2: ep = 4 does not divide the 2 data-parallel ranks of a pipeline stage (world size 4 / pp 2); expected a divisor of 2",
         ),
-        (2, [*MOE, "--parallelism.ep=2", "--train.compile=true"], "train.compile with expert parallelism is not supported yet"),
         (2, [*MOE, "--parallelism.ep=2", "--train.micro_batch=auto"], 'train.micro_batch = "auto" with expert parallelism is not supported yet'),
     ],
 )
