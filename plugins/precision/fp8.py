@@ -82,15 +82,6 @@ class FP8(BF16[FP8Options]):
             return False, f"compute capability {cc[0]}.{cc[1]} < 8.9 has no fp8 tensor cores"
         return True, ""
 
-    def check_tensor_parallel(self, tp: int) -> None:
-        """tensorwise only: its Float8Linear casts DTensors with scales over the whole tensor (the model's torch
-        TP styles; tests/e2e/test_float8_tensor_parallel.py); the rowwise recipes are not tested under TP."""
-        if self.options.recipe != "tensorwise":
-            raise ConfigError(
-                f"[precision] fp8 recipe = {self.options.recipe!r} under tensor parallelism is not supported (only tensorwise is tested "
-                'equal to one process); expected recipe = "tensorwise", or bf16'
-            )
-
     def check_model(self, model: nn.Module) -> None:
         multiple = 1 if self.options.pad_inner_dim else 16
         if count_eligible(model, self.options.skip, multiple) == 0:

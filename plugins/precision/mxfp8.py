@@ -52,8 +52,14 @@ class MXFP8(BF16[MXFP8Options]):
         self.device: torch.device | None = None  # the run's device, as supported() was asked about it
 
     def check_tensor_parallel(self, tp: int) -> None:
+        """Refused: torchao's MXFP8 weight wrapper (``MXFP8TrainingWeightWrapperTensor``) runs its MXFP8 matmul when
+        ``F.linear`` sees the wrapper itself; under TP ``F.linear`` sees a DTensor, whose local op reaches the wrapper
+        as a plain ``aten.mm``, so the sharded linears would silently run in full precision (measured, torchao 0.18:
+        the TP output equals the unconverted linear's bit for bit)."""
         raise ConfigError(
-            '[precision] mxfp8 under tensor parallelism is not supported (only fp8 tensorwise is tested equal to one process); expected fp8 with recipe = "tensorwise", or bf16'
+            "[precision] mxfp8 under tensor parallelism is not supported: torchao's MXFP8 training linear (MXFP8TrainingOpConfig) "
+            "quantizes only when F.linear sees its weight wrapper, and under TP the weight is a DTensor, so the sharded linears "
+            "would silently run unquantized; expected fp8 (any recipe), or bf16"
         )
 
     def emulated(self) -> bool:
