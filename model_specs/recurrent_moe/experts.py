@@ -200,7 +200,7 @@ class GroupedExperts(nn.Module):
         """This rank's ``w1, w3, w2`` (all of them without expert parallelism) as plain tensors of ``dtype``."""
         ws = (self.w1, self.w3, self.w2)
         if self.ep_group is not None:  # DTensors since shard() (asked of the module, not the tensor: torch.compile traces this)
-            ws = tuple(w.to_local() for w in ws)  # type: ignore[operator]
+            ws = tuple(w.to_local() for w in ws)  # type: ignore[attr-defined]
         return tuple(w.to(dtype) for w in ws)  # type: ignore[return-value]
 
     def one(self, e: int, x: torch.Tensor) -> torch.Tensor:
