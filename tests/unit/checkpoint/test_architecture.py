@@ -78,7 +78,7 @@ def test_core_plugins_shows_each_models_architecture_options():
 
     text = render("model")
     assert "architecture (a resume from a checkpoint saved with other values is refused): flavor, n_layers, dim, n_heads, n_kv_heads" in text
-    assert "refused): flavor, dim, ffn_dim, n_loops, n_experts, top_k, vocab_size" in text
+    assert "refused): flavor, dim, ffn_dim, n_prelude, n_core, n_coda, n_loops, n_experts, top_k, vocab_size" in text
 
 
 # -- resolved values (resolved_architecture) ---------------------------------------------------
